@@ -1,0 +1,557 @@
+//! Inodes, names and attributes, built from delimited LISTs and HEADs.
+//!
+//! The bucket (below the mount's prefix) is shown as a tree: common prefixes are directories,
+//! objects are files. Every node gets an inode number the first time it is seen; the number is
+//! never reused or changed within a mount while the node keeps its kind, so `(parent, name)`
+//! maps to the same inode across re-listings. Nodes live in a `Vec` indexed by inode number
+//! (inodes are never freed: a dataset's tree is bounded, and this keeps the per-object cost
+//! near 250 bytes).
+//!
+//! Freshness follows `--metadata-ttl`: a directory listing, a file's attributes and a negative
+//! lookup are trusted for the TTL (forever with `indefinite`), then asked again. A lookup is
+//! answered from the parent's listing when that is fresh; otherwise a HEAD of `prefix/name`
+//! and a one-key LIST of `prefix/name/` run concurrently, and a directory wins over a file of
+//! the same name (the shadowed file is logged). Zero-byte `dir/` marker objects appear as the
+//! directory they name. Keys that cannot be POSIX names are skipped (see [`names`]).
+//!
+//! No lock is held across an `await`: remote calls are made first, their answers merged in
+//! under a short write lock.
+
+pub mod names;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use parking_lot::RwLock;
+
+use crate::store::{ListPage, ObjectMeta, ObjectStore, StoreError};
+use names::{invalid_reason, SkipLog};
+
+/// The root directory's inode number (FUSE's).
+pub const ROOT_INO: u64 = 1;
+
+/// How long metadata is trusted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetadataTtl {
+    For(Duration),
+    /// The dataset is immutable: never ask again.
+    Indefinite,
+}
+
+impl MetadataTtl {
+    fn is_fresh(&self, checked: Instant) -> bool {
+        match self {
+            MetadataTtl::For(ttl) => checked.elapsed() < *ttl,
+            MetadataTtl::Indefinite => true,
+        }
+    }
+
+    /// The TTL to hand to the kernel for entries and attributes.
+    pub fn kernel_ttl(&self) -> Duration {
+        match self {
+            MetadataTtl::For(ttl) => *ttl,
+            MetadataTtl::Indefinite => Duration::from_secs(365 * 24 * 3600),
+        }
+    }
+}
+
+impl std::str::FromStr for MetadataTtl {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.eq_ignore_ascii_case("indefinite") {
+            return Ok(MetadataTtl::Indefinite);
+        }
+        s.parse::<u64>()
+            .map(|secs| MetadataTtl::For(Duration::from_secs(secs)))
+            .map_err(|_| format!("'{s}' is not a number of seconds or 'indefinite'"))
+    }
+}
+
+/// What a node is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kind {
+    Dir,
+    File { size: u64, etag: Arc<str> },
+}
+
+/// Attributes of one node as the filesystem layer needs them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: u64,
+    pub kind: Kind,
+    pub mtime: SystemTime,
+}
+
+impl Attr {
+    pub fn is_dir(&self) -> bool {
+        matches!(self.kind, Kind::Dir)
+    }
+}
+
+/// One entry of a directory listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    pub name: Arc<str>,
+    pub ino: u64,
+    pub is_dir: bool,
+}
+
+/// A file ready to be read: its full key and the version that was current at open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenTarget {
+    pub key: String,
+    pub size: u64,
+    pub etag: Arc<str>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum NamespaceError {
+    #[error("no such file or directory")]
+    NotFound,
+    #[error("not a directory")]
+    NotADirectory,
+    #[error("is a directory")]
+    IsADirectory,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+#[derive(Debug)]
+struct Node {
+    parent: u64,
+    name: Arc<str>,
+    kind: Kind,
+    mtime: SystemTime,
+    checked: Instant,
+    /// Directories only.
+    dir: Option<Box<DirState>>,
+}
+
+#[derive(Debug, Default)]
+struct DirState {
+    children: HashMap<Arc<str>, u64>,
+    /// The last full listing, sorted by name, and when it was made.
+    listing: Option<(Arc<Vec<DirEntry>>, Instant)>,
+    /// Names known not to exist, and since when.
+    missing: HashMap<Arc<str>, Instant>,
+}
+
+#[derive(Debug)]
+struct Tree {
+    /// Index `ino - 1`.
+    nodes: Vec<Node>,
+}
+
+/// See the module documentation.
+pub struct Namespace {
+    store: Arc<dyn ObjectStore>,
+    root_prefix: String,
+    ttl: MetadataTtl,
+    tree: RwLock<Tree>,
+    skipped: SkipLog,
+    mount_time: SystemTime,
+}
+
+/// The outcome of asking the store about one name.
+enum Found {
+    Dir,
+    File(ObjectMeta),
+    Nothing,
+}
+
+impl Namespace {
+    /// `root_prefix` is "" or ends with '/'.
+    pub fn new(store: Arc<dyn ObjectStore>, root_prefix: &str, ttl: MetadataTtl) -> Self {
+        let now = SystemTime::now();
+        let root = Node {
+            parent: ROOT_INO,
+            name: Arc::from(""),
+            kind: Kind::Dir,
+            mtime: now,
+            checked: Instant::now(),
+            dir: Some(Box::default()),
+        };
+        Namespace {
+            store,
+            root_prefix: root_prefix.to_string(),
+            ttl,
+            tree: RwLock::new(Tree { nodes: vec![root] }),
+            skipped: SkipLog::default(),
+            mount_time: now,
+        }
+    }
+
+    pub fn ttl(&self) -> MetadataTtl {
+        self.ttl
+    }
+
+    /// Number of inodes handed out so far.
+    pub fn inode_count(&self) -> u64 {
+        self.tree.read().nodes.len() as u64
+    }
+
+    /// Keys skipped because they cannot be POSIX names.
+    pub fn skipped_count(&self) -> usize {
+        self.skipped.count()
+    }
+
+    /// The key prefix of a directory ("" or ending in '/'), or full key of a file.
+    fn path_of(tree: &Tree, root_prefix: &str, ino: u64) -> String {
+        let mut parts = Vec::new();
+        let mut cur = ino;
+        while cur != ROOT_INO {
+            let node = &tree.nodes[(cur - 1) as usize];
+            parts.push(node.name.clone());
+            cur = node.parent;
+        }
+        let mut path = root_prefix.to_string();
+        for (i, part) in parts.iter().rev().enumerate() {
+            path.push_str(part);
+            if i + 1 < parts.len() {
+                path.push('/');
+            }
+        }
+        path
+    }
+
+    fn dir_prefix(&self, tree: &Tree, ino: u64) -> String {
+        let mut p = Self::path_of(tree, &self.root_prefix, ino);
+        if ino != ROOT_INO {
+            p.push('/');
+        }
+        p
+    }
+
+    fn node(tree: &Tree, ino: u64) -> Result<&Node, NamespaceError> {
+        ino.checked_sub(1)
+            .and_then(|i| tree.nodes.get(i as usize))
+            .ok_or(NamespaceError::NotFound)
+    }
+
+    fn attr_of(ino: u64, node: &Node) -> Attr {
+        Attr {
+            ino,
+            kind: node.kind.clone(),
+            mtime: node.mtime,
+        }
+    }
+
+    /// Attributes of `ino` as last known, without asking the store.
+    pub fn cached_attr(&self, ino: u64) -> Result<Attr, NamespaceError> {
+        let tree = self.tree.read();
+        Self::node(&tree, ino).map(|n| Self::attr_of(ino, n))
+    }
+
+    /// The full key of a node (for logs and the control socket).
+    pub fn key_of(&self, ino: u64) -> String {
+        Self::path_of(&self.tree.read(), &self.root_prefix, ino)
+    }
+
+    /// Looks `name` up in directory `parent`.
+    pub async fn lookup(&self, parent: u64, name: &str) -> Result<Attr, NamespaceError> {
+        if invalid_reason(name).is_some() || name.contains('/') {
+            return Err(NamespaceError::NotFound);
+        }
+        let prefix = {
+            let tree = self.tree.read();
+            let node = Self::node(&tree, parent)?;
+            let dir = node.dir.as_ref().ok_or(NamespaceError::NotADirectory)?;
+            if let Some((_, listed)) = &dir.listing {
+                if self.ttl.is_fresh(*listed) {
+                    return match dir.children.get(name) {
+                        Some(&ino) => Ok(Self::attr_of(ino, &tree.nodes[(ino - 1) as usize])),
+                        None => Err(NamespaceError::NotFound),
+                    };
+                }
+            }
+            if let Some(&ino) = dir.children.get(name) {
+                let child = &tree.nodes[(ino - 1) as usize];
+                if self.ttl.is_fresh(child.checked) {
+                    return Ok(Self::attr_of(ino, child));
+                }
+            }
+            if let Some(since) = dir.missing.get(name) {
+                if self.ttl.is_fresh(*since) {
+                    return Err(NamespaceError::NotFound);
+                }
+            }
+            self.dir_prefix(&tree, parent)
+        };
+        let found = self.probe(&prefix, name).await?;
+        let mut tree = self.tree.write();
+        let now = Instant::now();
+        match found {
+            Found::Nothing => {
+                let dir = Self::dir_mut(&mut tree, parent)?;
+                let name: Arc<str> = Arc::from(name);
+                dir.children.remove(&name);
+                dir.missing.insert(name, now);
+                Err(NamespaceError::NotFound)
+            }
+            Found::Dir => {
+                let ino = Self::upsert(&mut tree, parent, name, Kind::Dir, self.mount_time, now);
+                Ok(Self::attr_of(ino, &tree.nodes[(ino - 1) as usize]))
+            }
+            Found::File(meta) => {
+                let kind = Kind::File {
+                    size: meta.size,
+                    etag: Arc::from(meta.etag.as_str()),
+                };
+                let ino = Self::upsert(&mut tree, parent, name, kind, meta.last_modified, now);
+                Ok(Self::attr_of(ino, &tree.nodes[(ino - 1) as usize]))
+            }
+        }
+    }
+
+    /// HEAD `prefix+name` and LIST `prefix+name/` concurrently.
+    async fn probe(&self, prefix: &str, name: &str) -> Result<Found, NamespaceError> {
+        let key = format!("{prefix}{name}");
+        let dir_prefix = format!("{key}/");
+        let (head, list) = futures::join!(
+            self.store.head(&key),
+            self.store.list_page(&dir_prefix, None, Some(1))
+        );
+        let list = list?;
+        let is_dir = !list.objects.is_empty() || !list.prefixes.is_empty();
+        match head {
+            Ok(meta) if !is_dir => Ok(Found::File(meta)),
+            Ok(_) => {
+                self.skipped
+                    .skip(&key, "an object and a prefix share this name; the directory is shown");
+                Ok(Found::Dir)
+            }
+            Err(StoreError::NotFound) if is_dir => Ok(Found::Dir),
+            Err(StoreError::NotFound) => Ok(Found::Nothing),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn dir_mut(tree: &mut Tree, ino: u64) -> Result<&mut DirState, NamespaceError> {
+        tree.nodes
+            .get_mut((ino - 1) as usize)
+            .ok_or(NamespaceError::NotFound)?
+            .dir
+            .as_deref_mut()
+            .ok_or(NamespaceError::NotADirectory)
+    }
+
+    /// Inserts or refreshes child `name` of `parent`, keeping its inode if its kind is unchanged.
+    fn upsert(
+        tree: &mut Tree,
+        parent: u64,
+        name: &str,
+        kind: Kind,
+        mtime: SystemTime,
+        now: Instant,
+    ) -> u64 {
+        let existing = tree.nodes[(parent - 1) as usize]
+            .dir
+            .as_ref()
+            .and_then(|d| d.children.get(name).copied());
+        if let Some(ino) = existing {
+            let node = &mut tree.nodes[(ino - 1) as usize];
+            if node.dir.is_some() == matches!(kind, Kind::Dir) {
+                if !matches!(kind, Kind::Dir) {
+                    node.mtime = mtime;
+                }
+                node.kind = kind;
+                node.checked = now;
+                return ino;
+            }
+        }
+        let ino = tree.nodes.len() as u64 + 1;
+        let name: Arc<str> = Arc::from(name);
+        let is_dir = matches!(kind, Kind::Dir);
+        tree.nodes.push(Node {
+            parent,
+            name: name.clone(),
+            kind,
+            mtime,
+            checked: now,
+            dir: is_dir.then(Box::default),
+        });
+        if let Some(dir) = tree.nodes[(parent - 1) as usize].dir.as_deref_mut() {
+            dir.missing.remove(&name);
+            dir.children.insert(name, ino);
+        }
+        ino
+    }
+
+    /// Attributes of `ino`, revalidated with a HEAD when a file's are older than the TTL.
+    pub async fn getattr(&self, ino: u64) -> Result<Attr, NamespaceError> {
+        let key = {
+            let tree = self.tree.read();
+            let node = Self::node(&tree, ino)?;
+            if node.dir.is_some() || self.ttl.is_fresh(node.checked) {
+                return Ok(Self::attr_of(ino, node));
+            }
+            Self::path_of(&tree, &self.root_prefix, ino)
+        };
+        let result = self.store.head(&key).await;
+        let mut tree = self.tree.write();
+        let node = tree
+            .nodes
+            .get_mut((ino - 1) as usize)
+            .ok_or(NamespaceError::NotFound)?;
+        match result {
+            Ok(meta) => {
+                node.kind = Kind::File {
+                    size: meta.size,
+                    etag: Arc::from(meta.etag.as_str()),
+                };
+                node.mtime = meta.last_modified;
+                node.checked = Instant::now();
+                Ok(Self::attr_of(ino, node))
+            }
+            Err(StoreError::NotFound) => Err(NamespaceError::NotFound),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// What to read when `ino` is opened: revalidated per the TTL (close-to-open consistency).
+    pub async fn open_target(&self, ino: u64) -> Result<OpenTarget, NamespaceError> {
+        let attr = self.getattr(ino).await?;
+        match attr.kind {
+            Kind::Dir => Err(NamespaceError::IsADirectory),
+            Kind::File { size, etag } => Ok(OpenTarget {
+                key: self.key_of(ino),
+                size,
+                etag,
+            }),
+        }
+    }
+
+    /// Forces the next access to `ino` to ask the store (after it changed under a reader).
+    pub fn invalidate(&self, ino: u64) {
+        let mut tree = self.tree.write();
+        let Some(node) = tree.nodes.get_mut((ino.wrapping_sub(1)) as usize) else {
+            return;
+        };
+        let stale = Instant::now()
+            .checked_sub(Duration::from_secs(365 * 24 * 3600))
+            .unwrap_or_else(Instant::now);
+        if node.dir.is_none() {
+            node.checked = stale;
+        }
+        let parent = node.parent;
+        if let Some(dir) = tree.nodes[(parent - 1) as usize].dir.as_deref_mut() {
+            dir.listing = None;
+        }
+    }
+
+    /// The entries of directory `ino`, listed again when the last listing is older than the TTL.
+    pub async fn readdir(&self, ino: u64) -> Result<Arc<Vec<DirEntry>>, NamespaceError> {
+        let prefix = {
+            let tree = self.tree.read();
+            let node = Self::node(&tree, ino)?;
+            let dir = node.dir.as_ref().ok_or(NamespaceError::NotADirectory)?;
+            if let Some((entries, listed)) = &dir.listing {
+                if self.ttl.is_fresh(*listed) {
+                    return Ok(entries.clone());
+                }
+            }
+            self.dir_prefix(&tree, ino)
+        };
+        let started = Instant::now();
+        let pages = self.list_all(&prefix).await?;
+        Ok(self.apply_listing(ino, &prefix, pages, started))
+    }
+
+    async fn list_all(&self, prefix: &str) -> Result<Vec<ListPage>, NamespaceError> {
+        let mut pages = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let page = self.store.list_page(prefix, token.as_deref(), None).await?;
+            token = page.next_token.clone();
+            pages.push(page);
+            if token.is_none() {
+                return Ok(pages);
+            }
+        }
+    }
+
+    /// Merges a complete listing of directory `ino` into the tree and returns its entries.
+    fn apply_listing(
+        &self,
+        ino: u64,
+        prefix: &str,
+        pages: Vec<ListPage>,
+        started: Instant,
+    ) -> Arc<Vec<DirEntry>> {
+        // Collect names first: directories win over files of the same name.
+        let mut dirs: Vec<String> = Vec::new();
+        let mut files: Vec<ObjectMeta> = Vec::new();
+        for page in pages {
+            for p in page.prefixes {
+                let name = p
+                    .strip_prefix(prefix)
+                    .and_then(|n| n.strip_suffix('/'))
+                    .unwrap_or_default();
+                match invalid_reason(name) {
+                    None => dirs.push(name.to_string()),
+                    Some(why) => self.skipped.skip(&p, why),
+                }
+            }
+            for o in page.objects {
+                let name = o.key.strip_prefix(prefix).unwrap_or_default();
+                if name.is_empty() {
+                    continue; // the directory's own `dir/` marker object
+                }
+                match invalid_reason(name) {
+                    None => files.push(o),
+                    Some(why) => self.skipped.skip(&o.key, why),
+                }
+            }
+        }
+        dirs.sort_unstable();
+        dirs.dedup();
+        let mut tree = self.tree.write();
+        let mut seen: HashMap<Arc<str>, u64> = HashMap::with_capacity(dirs.len() + files.len());
+        let mut entries = Vec::with_capacity(dirs.len() + files.len());
+        for name in &dirs {
+            let child = Self::upsert(&mut tree, ino, name, Kind::Dir, self.mount_time, started);
+            let name: Arc<str> = tree.nodes[(child - 1) as usize].name.clone();
+            seen.insert(name.clone(), child);
+            entries.push(DirEntry {
+                name,
+                ino: child,
+                is_dir: true,
+            });
+        }
+        for meta in files {
+            let name = &meta.key[prefix.len()..];
+            if dirs.binary_search_by(|d| d.as_str().cmp(name)).is_ok() {
+                self.skipped.skip(
+                    &meta.key,
+                    "an object and a prefix share this name; the directory is shown",
+                );
+                continue;
+            }
+            let kind = Kind::File {
+                size: meta.size,
+                etag: Arc::from(meta.etag.as_str()),
+            };
+            let child = Self::upsert(&mut tree, ino, name, kind, meta.last_modified, started);
+            let name: Arc<str> = tree.nodes[(child - 1) as usize].name.clone();
+            seen.insert(name.clone(), child);
+            entries.push(DirEntry {
+                name,
+                ino: child,
+                is_dir: false,
+            });
+        }
+        entries.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        // Children that were not listed are gone: `seen` replaces the child map.
+        let entries = Arc::new(entries);
+        if let Some(dir) = tree.nodes[(ino - 1) as usize].dir.as_deref_mut() {
+            dir.children = seen;
+            dir.missing.clear();
+            dir.listing = Some((entries.clone(), started));
+        }
+        entries
+    }
+}
+
+#[cfg(test)]
+mod tests;

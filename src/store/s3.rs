@@ -1,0 +1,252 @@
+//! [`ObjectStore`] over the S3 API (aws-sdk-s3), for AWS S3 and S3-compatible servers.
+//!
+//! Credentials come from the standard AWS chain (environment, shared profile, web identity,
+//! instance metadata) through aws-config, or none at all for public buckets. For S3-compatible
+//! servers the endpoint and path-style addressing can be set, and request checksums are only
+//! computed when an operation requires them (Ceph 16 rejects streaming checksums). The SDK's own
+//! retries are turned off: [`super::retry::RetryingStore`] retries, so one policy applies to
+//! every store and is tested. Timeouts are set so a stalled connection surfaces as a transient
+//! error rather than a hang.
+//!
+//! Secrets never leave the SDK: errors carry the service's error code and message only.
+
+use std::ops::Range;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use aws_config::BehaviorVersion;
+use aws_sdk_s3::config::{
+    Region, RequestChecksumCalculation, ResponseChecksumValidation, StalledStreamProtectionConfig,
+};
+use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
+use aws_smithy_runtime_api::http::Response as HttpResponse;
+use aws_smithy_types::retry::RetryConfig;
+use aws_smithy_types::timeout::TimeoutConfig;
+use bytes::Bytes;
+
+use super::{normalize_etag, ListPage, ObjectMeta, ObjectStore, StoreError};
+
+/// How to reach one bucket.
+#[derive(Debug, Clone, Default)]
+pub struct S3Config {
+    pub bucket: String,
+    pub endpoint_url: Option<String>,
+    pub region: Option<String>,
+    pub force_path_style: bool,
+    pub profile: Option<String>,
+    pub no_sign_request: bool,
+    pub connect_timeout: Option<Duration>,
+    pub read_timeout: Option<Duration>,
+}
+
+/// See the module documentation.
+pub struct S3Store {
+    client: aws_sdk_s3::Client,
+    bucket: String,
+}
+
+impl S3Store {
+    pub async fn new(config: &S3Config) -> Self {
+        let mut loader = aws_config::defaults(BehaviorVersion::latest());
+        if let Some(profile) = &config.profile {
+            loader = loader.profile_name(profile);
+        }
+        if config.no_sign_request {
+            loader = loader.no_credentials();
+        }
+        if let Some(region) = &config.region {
+            loader = loader.region(Region::new(region.clone()));
+        }
+        let sdk = loader.load().await;
+        let timeouts = TimeoutConfig::builder()
+            .connect_timeout(config.connect_timeout.unwrap_or(Duration::from_secs(5)))
+            .read_timeout(config.read_timeout.unwrap_or(Duration::from_secs(20)))
+            .build();
+        let mut builder = aws_sdk_s3::config::Builder::from(&sdk)
+            .force_path_style(config.force_path_style)
+            .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
+            .response_checksum_validation(ResponseChecksumValidation::WhenRequired)
+            .retry_config(RetryConfig::disabled())
+            .timeout_config(timeouts)
+            .stalled_stream_protection(
+                StalledStreamProtectionConfig::enabled()
+                    .grace_period(Duration::from_secs(10))
+                    .build(),
+            );
+        if sdk.region().is_none() {
+            builder = builder.region(Region::new("us-east-1"));
+        }
+        if let Some(endpoint) = &config.endpoint_url {
+            builder = builder.endpoint_url(endpoint);
+        }
+        S3Store {
+            client: aws_sdk_s3::Client::from_conf(builder.build()),
+            bucket: config.bucket.clone(),
+        }
+    }
+
+    fn classify<E>(&self, err: SdkError<E, HttpResponse>) -> StoreError
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        match &err {
+            SdkError::TimeoutError(_) => StoreError::Transient("request timed out".into()),
+            SdkError::DispatchFailure(e) => {
+                if e.is_timeout() {
+                    StoreError::Transient("request timed out".into())
+                } else {
+                    let detail = e
+                        .as_connector_error()
+                        .map(|c| describe_chain(c))
+                        .unwrap_or_else(|| "connection failed".to_string());
+                    StoreError::Unreachable(detail)
+                }
+            }
+            SdkError::ResponseError(_) => {
+                StoreError::Transient(format!("bad response: {}", describe_chain(&err)))
+            }
+            SdkError::ServiceError(ctx) => {
+                let status = ctx.raw().status().as_u16();
+                let err = ctx.err();
+                let code = err.code().unwrap_or("");
+                let message = err.message().unwrap_or("").to_string();
+                let detail = if message.is_empty() {
+                    format!("{code} (HTTP {status})")
+                } else {
+                    format!("{code}: {message} (HTTP {status})")
+                };
+                match (code, status) {
+                    ("NoSuchBucket", _) => StoreError::NoSuchBucket(self.bucket.clone()),
+                    ("NoSuchKey" | "NotFound", _) | (_, 404) => StoreError::NotFound,
+                    ("PreconditionFailed", _) | (_, 412) => StoreError::PreconditionFailed,
+                    ("InvalidAccessKeyId", _) => StoreError::AccessDenied(
+                        "the access key is not known to the store (InvalidAccessKeyId)".into(),
+                    ),
+                    ("SignatureDoesNotMatch", _) => StoreError::AccessDenied(
+                        "the secret key is wrong (SignatureDoesNotMatch)".into(),
+                    ),
+                    ("AccessDenied" | "AllAccessDisabled" | "ExpiredToken", _)
+                    | (_, 401 | 403) => StoreError::AccessDenied(detail),
+                    ("SlowDown" | "InternalError" | "RequestTimeout" | "ServiceUnavailable", _)
+                    | (_, 500..=599 | 408 | 429) => StoreError::Transient(detail),
+                    _ => StoreError::Other(detail),
+                }
+            }
+            _ => StoreError::Other(describe_chain(&err)),
+        }
+    }
+}
+
+/// The error and its sources on one line (the SDK nests the useful part several levels deep).
+fn describe_chain(err: &dyn std::error::Error) -> String {
+    let mut parts = vec![err.to_string()];
+    let mut source = err.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if parts.last() != Some(&text) {
+            parts.push(text);
+        }
+        source = s.source();
+    }
+    parts.join(": ")
+}
+
+fn to_system_time(t: Option<&aws_smithy_types::DateTime>) -> SystemTime {
+    t.and_then(|t| SystemTime::try_from(*t).ok())
+        .unwrap_or(SystemTime::UNIX_EPOCH)
+}
+
+#[async_trait]
+impl ObjectStore for S3Store {
+    async fn list_page(
+        &self,
+        prefix: &str,
+        token: Option<&str>,
+        max_keys: Option<u32>,
+    ) -> Result<ListPage, StoreError> {
+        let mut req = self
+            .client
+            .list_objects_v2()
+            .bucket(&self.bucket)
+            .prefix(prefix)
+            .delimiter("/");
+        if let Some(t) = token {
+            req = req.continuation_token(t);
+        }
+        if let Some(m) = max_keys {
+            req = req.max_keys(m.min(1000) as i32);
+        }
+        let out = req.send().await.map_err(|e| self.classify(e))?;
+        let objects = out
+            .contents()
+            .iter()
+            .filter_map(|o| {
+                Some(ObjectMeta {
+                    key: o.key()?.to_string(),
+                    size: o.size().unwrap_or(0).max(0) as u64,
+                    etag: normalize_etag(o.e_tag().unwrap_or("")),
+                    last_modified: to_system_time(o.last_modified()),
+                })
+            })
+            .collect();
+        let prefixes = out
+            .common_prefixes()
+            .iter()
+            .filter_map(|p| p.prefix().map(str::to_string))
+            .collect();
+        let next_token = if out.is_truncated().unwrap_or(false) {
+            out.next_continuation_token().map(str::to_string)
+        } else {
+            None
+        };
+        Ok(ListPage {
+            objects,
+            prefixes,
+            next_token,
+        })
+    }
+
+    async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
+        let out = self
+            .client
+            .head_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await
+            .map_err(|e| self.classify(e))?;
+        Ok(ObjectMeta {
+            key: key.to_string(),
+            size: out.content_length().unwrap_or(0).max(0) as u64,
+            etag: normalize_etag(out.e_tag().unwrap_or("")),
+            last_modified: to_system_time(out.last_modified()),
+        })
+    }
+
+    async fn get_range(
+        &self,
+        key: &str,
+        range: Range<u64>,
+        etag: Option<&str>,
+    ) -> Result<Bytes, StoreError> {
+        if range.start >= range.end {
+            return Ok(Bytes::new());
+        }
+        let mut req = self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .range(format!("bytes={}-{}", range.start, range.end - 1));
+        if let Some(etag) = etag {
+            req = req.if_match(format!("\"{etag}\""));
+        }
+        let out = req.send().await.map_err(|e| self.classify(e))?;
+        let body = out
+            .body
+            .collect()
+            .await
+            .map_err(|e| StoreError::Transient(format!("body: {}", describe_chain(&e))))?;
+        Ok(body.into_bytes())
+    }
+}
