@@ -5,5 +5,7 @@
 //! GETs with bounded memory and concurrency, `reader` serves reads of one open file with
 //! adaptive read-ahead, `fs` adapts all of it to FUSE, and `cli` is the command line.
 
+pub mod fetch;
 pub mod namespace;
+pub mod reader;
 pub mod store;

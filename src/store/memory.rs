@@ -56,6 +56,17 @@ pub struct MemoryStore {
     version: AtomicU64,
     page_size: usize,
     latency: Mutex<Duration>,
+    active_gets: AtomicU64,
+    max_active_gets: AtomicU64,
+}
+
+/// Counts a GET as active while alive.
+struct ActiveGet<'a>(&'a AtomicU64);
+
+impl Drop for ActiveGet<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Default for MemoryStore {
@@ -77,6 +88,8 @@ impl MemoryStore {
             version: AtomicU64::new(1),
             page_size: page_size.max(1),
             latency: Mutex::new(Duration::ZERO),
+            active_gets: AtomicU64::new(0),
+            max_active_gets: AtomicU64::new(0),
         }
     }
 
@@ -116,6 +129,11 @@ impl MemoryStore {
     /// How many calls of kind `op` reached the store.
     pub fn count(&self, op: Op) -> u64 {
         self.counts.lock().get(&op).copied().unwrap_or(0)
+    }
+
+    /// The most GETs that were ever in progress at once.
+    pub fn max_concurrent_gets(&self) -> u64 {
+        self.max_active_gets.load(Ordering::SeqCst)
     }
 
     pub fn reset_counts(&self) {
@@ -210,6 +228,9 @@ impl ObjectStore for MemoryStore {
         range: Range<u64>,
         etag: Option<&str>,
     ) -> Result<Bytes, StoreError> {
+        let now = self.active_gets.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max_active_gets.fetch_max(now, Ordering::SeqCst);
+        let _active = ActiveGet(&self.active_gets);
         let fault = self.enter(Op::Get).await;
         match &fault {
             Some(Fault::Error(e)) => return Err(e.clone()),

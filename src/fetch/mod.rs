@@ -1,0 +1,398 @@
+//! Turns "bytes X..Y of object version O" into ranged GETs, with bounded concurrency and memory.
+//!
+//! Objects are cut into fixed-size blocks (1 MiB by default; the last one may be short). A block
+//! is the unit of caching and of waiting; a GET covers a run of up to `max_part_blocks`
+//! consecutive missing blocks (one request instead of eight for sequential reads) and carries
+//! `If-Match` with the ETag the file was opened with, so a replaced object fails the read
+//! ([`FetchError::Changed`]) instead of mixing two versions.
+//!
+//! Every block being fetched has one entry in the in-flight table, a shared future that all
+//! readers of that block await: concurrent readers of the same data cause one request. The table
+//! is consulted and updated under one lock, after the block cache, so a block is either cached,
+//! in flight, or fetched anew, never fetched twice at once.
+//!
+//! Two budgets bound the work: `max_inflight` concurrent GETs, and the bytes of GET buffers in
+//! flight (`memory`). Demand reads wait for both (FIFO, so every demand read progresses);
+//! read-ahead only takes what is free at once and otherwise is skipped (the reader's next call
+//! asks again), so prefetching never queues ahead of a demand read. Completed blocks go into a
+//! byte-weighted in-memory cache (moka) of bounded size; the NVMe cache replaces it as the
+//! place blocks land.
+
+mod blocks;
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use futures::future::{FutureExt, Shared};
+use parking_lot::Mutex;
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
+
+use crate::store::{ObjectStore, StoreError};
+pub use blocks::BlockCache;
+
+/// One version of one object: what blocks belong to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ObjectVersion {
+    pub key: Arc<str>,
+    pub etag: Arc<str>,
+    pub size: u64,
+}
+
+/// A block of an object version.
+pub type BlockKey = (Arc<ObjectVersion>, u64);
+
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum FetchError {
+    #[error("the object changed since it was opened")]
+    Changed,
+    #[error(transparent)]
+    Store(StoreError),
+    #[error("the fetch was cancelled")]
+    Cancelled,
+}
+
+impl From<StoreError> for FetchError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::PreconditionFailed => FetchError::Changed,
+            other => FetchError::Store(other),
+        }
+    }
+}
+
+/// Sizes and budgets.
+#[derive(Debug, Clone, Copy)]
+pub struct FetchConfig {
+    pub block_size: u64,
+    /// Blocks per GET at most.
+    pub max_part_blocks: u64,
+    /// Concurrent GETs at most.
+    pub max_inflight: usize,
+    /// Bytes of GET buffers in flight at most (at least one part).
+    pub inflight_memory: u64,
+    /// Bytes of completed blocks kept in memory.
+    pub block_cache_bytes: u64,
+}
+
+impl Default for FetchConfig {
+    fn default() -> Self {
+        FetchConfig {
+            block_size: 1 << 20,
+            max_part_blocks: 8,
+            max_inflight: 64,
+            inflight_memory: 256 << 20,
+            block_cache_bytes: 256 << 20,
+        }
+    }
+}
+
+/// Counters, read by `riffle stats` and tests.
+#[derive(Debug, Default)]
+pub struct FetchStats {
+    pub get_requests: AtomicU64,
+    pub get_bytes: AtomicU64,
+    pub block_hits: AtomicU64,
+    pub block_misses: AtomicU64,
+    pub prefetch_requests: AtomicU64,
+    pub prefetch_skipped: AtomicU64,
+    pub errors: AtomicU64,
+}
+
+type BlockResult = Result<Bytes, FetchError>;
+type Waiter = Shared<futures::future::BoxFuture<'static, BlockResult>>;
+
+/// Memory permits are counted in units of this many bytes (fits a part in a `u32`).
+const MEMORY_UNIT: u64 = 4096;
+
+/// See the module documentation.
+pub struct Fetcher {
+    store: Arc<dyn ObjectStore>,
+    config: FetchConfig,
+    cache: BlockCache,
+    inflight: Mutex<HashMap<BlockKey, Waiter>>,
+    requests: Arc<Semaphore>,
+    memory: Arc<Semaphore>,
+    stats: FetchStats,
+    runtime: tokio::runtime::Handle,
+}
+
+/// A block to be fetched by a new GET, and the channel its waiters listen on.
+struct NewBlock {
+    index: u64,
+    done: oneshot::Sender<BlockResult>,
+}
+
+enum Slot {
+    Ready(Bytes),
+    Wait(Waiter),
+}
+
+impl Fetcher {
+    pub fn new(
+        store: Arc<dyn ObjectStore>,
+        mut config: FetchConfig,
+        runtime: tokio::runtime::Handle,
+    ) -> Arc<Self> {
+        config.max_part_blocks = config.max_part_blocks.max(1);
+        config.max_inflight = config.max_inflight.max(1);
+        let part_bytes = config.block_size * config.max_part_blocks;
+        config.inflight_memory = config.inflight_memory.max(part_bytes);
+        let memory_units = (config.inflight_memory / MEMORY_UNIT) as usize;
+        Arc::new(Fetcher {
+            store,
+            cache: BlockCache::new(config.block_cache_bytes),
+            inflight: Mutex::new(HashMap::new()),
+            requests: Arc::new(Semaphore::new(config.max_inflight)),
+            memory: Arc::new(Semaphore::new(memory_units)),
+            stats: FetchStats::default(),
+            runtime,
+            config,
+        })
+    }
+
+    pub fn config(&self) -> &FetchConfig {
+        &self.config
+    }
+
+    pub fn stats(&self) -> &FetchStats {
+        &self.stats
+    }
+
+    /// GETs in flight right now.
+    pub fn inflight_requests(&self) -> usize {
+        self.config.max_inflight - self.requests.available_permits()
+    }
+
+    /// Bytes of GET buffers reserved right now.
+    pub fn inflight_bytes(&self) -> u64 {
+        let total = self.config.inflight_memory / MEMORY_UNIT;
+        (total - self.memory.available_permits() as u64) * MEMORY_UNIT
+    }
+
+    pub fn block_cache(&self) -> &BlockCache {
+        &self.cache
+    }
+
+    /// Number of blocks of `obj`.
+    pub fn block_count(&self, obj: &ObjectVersion) -> u64 {
+        obj.size.div_ceil(self.config.block_size)
+    }
+
+    fn block_range(&self, obj: &ObjectVersion, index: u64) -> Range<u64> {
+        let start = index * self.config.block_size;
+        start..(start + self.config.block_size).min(obj.size)
+    }
+
+    /// Bytes `range` of `obj` (clamped to its size), fetching what is missing.
+    pub async fn read(self: &Arc<Self>, obj: &Arc<ObjectVersion>, range: Range<u64>) -> BlockResult {
+        let end = range.end.min(obj.size);
+        if range.start >= end {
+            return Ok(Bytes::new());
+        }
+        let bs = self.config.block_size;
+        let blocks = range.start / bs..end.div_ceil(bs);
+        let slots = self.claim(obj, blocks.clone(), true);
+        let mut parts = Vec::with_capacity(slots.len());
+        for slot in slots {
+            parts.push(match slot {
+                Slot::Ready(b) => b,
+                Slot::Wait(w) => w.await?,
+            });
+        }
+        let first = blocks.start * bs;
+        if parts.len() == 1 {
+            let b = &parts[0];
+            return Ok(b.slice((range.start - first) as usize..(end - first) as usize));
+        }
+        let mut out = BytesMut::with_capacity((end - range.start) as usize);
+        for (i, part) in parts.iter().enumerate() {
+            let block_start = first + i as u64 * bs;
+            let lo = range.start.saturating_sub(block_start) as usize;
+            let hi = ((end - block_start) as usize).min(part.len());
+            out.extend_from_slice(&part[lo..hi]);
+        }
+        Ok(out.freeze())
+    }
+
+    /// Starts fetching the missing blocks of `blocks` if the budgets allow it right now.
+    pub fn prefetch(self: &Arc<Self>, obj: &Arc<ObjectVersion>, blocks: Range<u64>) {
+        let blocks = blocks.start..blocks.end.min(self.block_count(obj));
+        if blocks.is_empty() {
+            return;
+        }
+        self.claim(obj, blocks, false);
+    }
+
+    /// Finds or starts every block of `blocks`. Demand claims start GETs that wait for budget;
+    /// prefetch claims start only what the budget allows now and stop at the first refusal.
+    fn claim(self: &Arc<Self>, obj: &Arc<ObjectVersion>, blocks: Range<u64>, demand: bool) -> Vec<Slot> {
+        let mut slots = Vec::with_capacity((blocks.end - blocks.start) as usize);
+        let mut runs: Vec<(Vec<NewBlock>, Option<Budget>)> = Vec::new();
+        let mut refused = false;
+        {
+            let mut inflight = self.inflight.lock();
+            let mut run: Vec<NewBlock> = Vec::new();
+            for index in blocks {
+                let key = (obj.clone(), index);
+                if let Some(data) = self.cache.get(&key) {
+                    if demand {
+                        self.stats.block_hits.fetch_add(1, Ordering::Relaxed);
+                    }
+                    slots.push(Slot::Ready(data));
+                } else if let Some(w) = inflight.get(&key) {
+                    slots.push(Slot::Wait(w.clone()));
+                } else {
+                    if demand {
+                        self.stats.block_misses.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if !run.is_empty() && run.len() as u64 == self.config.max_part_blocks {
+                        runs.push((std::mem::take(&mut run), None));
+                    }
+                    let (tx, rx) = oneshot::channel();
+                    let waiter: Waiter = rx
+                        .map(|r| r.unwrap_or(Err(FetchError::Cancelled)))
+                        .boxed()
+                        .shared();
+                    inflight.insert(key, waiter.clone());
+                    slots.push(Slot::Wait(waiter));
+                    run.push(NewBlock { index, done: tx });
+                    continue;
+                }
+                if !run.is_empty() {
+                    runs.push((std::mem::take(&mut run), None));
+                }
+            }
+            if !run.is_empty() {
+                runs.push((run, None));
+            }
+            if !demand {
+                // Reserve budget for each run in order; drop the runs that do not fit.
+                for (run, budget) in runs.iter_mut() {
+                    if !refused {
+                        *budget = self.try_budget(self.run_bytes(obj, run));
+                        refused = budget.is_none();
+                    }
+                    if refused {
+                        for b in run.drain(..) {
+                            inflight.remove(&(obj.clone(), b.index));
+                        }
+                    }
+                }
+                runs.retain(|(run, _)| !run.is_empty());
+            }
+        }
+        if !demand {
+            self.stats
+                .prefetch_requests
+                .fetch_add(runs.len() as u64, Ordering::Relaxed);
+            if refused {
+                self.stats.prefetch_skipped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        for (run, budget) in runs {
+            self.start_get(obj.clone(), run, budget);
+        }
+        slots
+    }
+
+    fn run_bytes(&self, obj: &ObjectVersion, run: &[NewBlock]) -> u64 {
+        let (Some(first), Some(last)) = (run.first(), run.last()) else {
+            return 0;
+        };
+        self.block_range(obj, last.index).end - self.block_range(obj, first.index).start
+    }
+
+    fn memory_units(bytes: u64) -> u32 {
+        bytes.div_ceil(MEMORY_UNIT).max(1) as u32
+    }
+
+    fn try_budget(&self, bytes: u64) -> Option<Budget> {
+        let request = self.requests.clone().try_acquire_owned().ok()?;
+        let memory = self
+            .memory
+            .clone()
+            .try_acquire_many_owned(Self::memory_units(bytes))
+            .ok()?;
+        Some(Budget {
+            _request: request,
+            _memory: memory,
+        })
+    }
+
+    /// Spawns the GET for one run of consecutive blocks.
+    fn start_get(self: &Arc<Self>, obj: Arc<ObjectVersion>, run: Vec<NewBlock>, budget: Option<Budget>) {
+        let (Some(first), Some(last)) = (run.first(), run.last()) else {
+            return;
+        };
+        let range =
+            self.block_range(&obj, first.index).start..self.block_range(&obj, last.index).end;
+        let this = self.clone();
+        self.runtime.spawn(async move {
+            let _budget = match budget {
+                Some(b) => b,
+                None => match this.wait_budget(range.end - range.start).await {
+                    Some(b) => b,
+                    None => return,
+                },
+            };
+            this.stats.get_requests.fetch_add(1, Ordering::Relaxed);
+            let result = this
+                .store
+                .get_range(&obj.key, range.clone(), Some(&obj.etag))
+                .await
+                .map_err(FetchError::from);
+            match &result {
+                Ok(data) => {
+                    this.stats
+                        .get_bytes
+                        .fetch_add(data.len() as u64, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    this.stats.errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(key = %obj.key, start = range.start, end = range.end, error = %e, "read from the store failed");
+                }
+            }
+            let bs = this.config.block_size;
+            for block in run {
+                let out = result.clone().map(|data| {
+                    // Copy: a cached block must not pin the whole part's buffer.
+                    let lo = (block.index * bs - range.start) as usize;
+                    let hi = (lo + bs as usize).min(data.len());
+                    Bytes::copy_from_slice(&data[lo..hi])
+                });
+                let key = (obj.clone(), block.index);
+                if let Ok(data) = &out {
+                    this.cache.insert(key.clone(), data.clone());
+                }
+                this.inflight.lock().remove(&key);
+                let _ = block.done.send(out);
+            }
+        });
+    }
+
+    async fn wait_budget(&self, bytes: u64) -> Option<Budget> {
+        let request = self.requests.clone().acquire_owned().await.ok()?;
+        let memory = self
+            .memory
+            .clone()
+            .acquire_many_owned(Self::memory_units(bytes))
+            .await
+            .ok()?;
+        Some(Budget {
+            _request: request,
+            _memory: memory,
+        })
+    }
+}
+
+/// Permits held for the life of one GET.
+struct Budget {
+    _request: OwnedSemaphorePermit,
+    _memory: OwnedSemaphorePermit,
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,189 @@
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::store::memory::{Fault, MemoryStore, Op};
+
+const BS: u64 = 1024;
+
+fn data(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+fn setup(config: FetchConfig, objects: &[(&str, Vec<u8>)]) -> (Arc<MemoryStore>, Arc<Fetcher>, Vec<Arc<ObjectVersion>>) {
+    let store = Arc::new(MemoryStore::new());
+    let versions = objects
+        .iter()
+        .map(|(k, d)| {
+            let etag = store.put(k, d.clone());
+            Arc::new(ObjectVersion {
+                key: Arc::from(*k),
+                etag: Arc::from(etag.as_str()),
+                size: d.len() as u64,
+            })
+        })
+        .collect();
+    let fetcher = Fetcher::new(store.clone(), config, tokio::runtime::Handle::current());
+    (store, fetcher, versions)
+}
+
+fn small() -> FetchConfig {
+    FetchConfig {
+        block_size: BS,
+        max_part_blocks: 4,
+        max_inflight: 4,
+        inflight_memory: 64 * BS,
+        block_cache_bytes: 1 << 20,
+    }
+}
+
+#[tokio::test]
+async fn reads_across_blocks_and_clamps_at_the_end() {
+    let body = data(10 * BS as usize + 17, 1);
+    let (store, f, v) = setup(small(), &[("k", body.clone())]);
+    let got = f.read(&v[0], 100..3 * BS + 5).await.unwrap();
+    assert_eq!(&got[..], &body[100..3 * BS as usize + 5]);
+    let tail = f.read(&v[0], 10 * BS..20 * BS).await.unwrap();
+    assert_eq!(&tail[..], &body[10 * BS as usize..]);
+    assert!(f.read(&v[0], 50 * BS..51 * BS).await.unwrap().is_empty());
+    // Blocks 0..4 in one GET (a run of 4), block 10 in another.
+    assert_eq!(store.count(Op::Get), 2);
+    // Everything read is now cached.
+    f.read(&v[0], 0..3 * BS).await.unwrap();
+    assert_eq!(store.count(Op::Get), 2);
+}
+
+#[tokio::test]
+async fn concurrent_readers_of_one_block_share_one_get() {
+    let body = data(BS as usize, 2);
+    let (store, f, v) = setup(small(), &[("k", body.clone())]);
+    store.set_latency(Duration::from_millis(20));
+    let reads: Vec<_> = (0..16)
+        .map(|_| {
+            let f = f.clone();
+            let o = v[0].clone();
+            tokio::spawn(async move { f.read(&o, 0..BS).await })
+        })
+        .collect();
+    for r in reads {
+        assert_eq!(&r.await.unwrap().unwrap()[..], &body[..]);
+    }
+    assert_eq!(store.count(Op::Get), 1);
+}
+
+#[tokio::test]
+async fn prefetched_blocks_serve_later_reads() {
+    let body = data(8 * BS as usize, 3);
+    let (store, f, v) = setup(small(), &[("k", body.clone())]);
+    f.prefetch(&v[0], 0..8);
+    let got = f.read(&v[0], 0..8 * BS).await.unwrap();
+    assert_eq!(&got[..], &body[..]);
+    assert_eq!(store.count(Op::Get), 2, "two parts of four blocks");
+    assert_eq!(f.stats().block_misses.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test]
+async fn a_replaced_object_fails_instead_of_mixing_versions() {
+    let body = data(4 * BS as usize, 4);
+    let (store, f, v) = setup(small(), &[("k", body.clone())]);
+    assert_eq!(&f.read(&v[0], 0..BS).await.unwrap()[..], &body[..BS as usize]);
+    store.inject(Op::Get, Fault::ReplaceWith(Bytes::from(data(4 * BS as usize, 9))));
+    assert_eq!(f.read(&v[0], 2 * BS..3 * BS).await, Err(FetchError::Changed));
+}
+
+#[tokio::test]
+async fn store_errors_reach_the_reader_and_are_not_cached() {
+    let body = data(BS as usize, 5);
+    let (store, f, v) = setup(small(), &[("k", body.clone())]);
+    store.inject(Op::Get, Fault::Error(StoreError::AccessDenied("no".into())));
+    assert!(matches!(
+        f.read(&v[0], 0..10).await,
+        Err(FetchError::Store(StoreError::AccessDenied(_)))
+    ));
+    assert_eq!(&f.read(&v[0], 0..10).await.unwrap()[..], &body[..10]);
+}
+
+#[tokio::test]
+async fn concurrent_gets_stay_within_max_inflight() {
+    let objects: Vec<(String, Vec<u8>)> = (0..20).map(|i| (format!("o{i}"), data(BS as usize, i))).collect();
+    let refs: Vec<(&str, Vec<u8>)> = objects.iter().map(|(k, d)| (k.as_str(), d.clone())).collect();
+    let (store, f, v) = setup(small(), &refs);
+    store.set_latency(Duration::from_millis(5));
+    let reads: Vec<_> = v
+        .iter()
+        .map(|o| {
+            let f = f.clone();
+            let o = o.clone();
+            tokio::spawn(async move { f.read(&o, 0..BS).await })
+        })
+        .collect();
+    for (r, (_, d)) in reads.into_iter().zip(&objects) {
+        assert_eq!(&r.await.unwrap().unwrap()[..], &d[..]);
+    }
+    assert!(store.max_concurrent_gets() <= 4, "{}", store.max_concurrent_gets());
+    assert_eq!(store.count(Op::Get), 20);
+}
+
+#[tokio::test]
+async fn prefetch_never_exceeds_the_memory_budget() {
+    let config = FetchConfig {
+        inflight_memory: 4 * BS,
+        ..small()
+    };
+    let objects: Vec<(String, Vec<u8>)> = (0..8).map(|i| (format!("o{i}"), data(4 * BS as usize, i))).collect();
+    let refs: Vec<(&str, Vec<u8>)> = objects.iter().map(|(k, d)| (k.as_str(), d.clone())).collect();
+    let (store, f, v) = setup(config, &refs);
+    store.set_latency(Duration::from_millis(50));
+    for o in &v {
+        f.prefetch(o, 0..4);
+        assert!(f.inflight_bytes() <= 4 * BS);
+    }
+    // Only the first object's run fit; the others were skipped, not queued.
+    assert_eq!(f.stats().prefetch_requests.load(Ordering::Relaxed), 1);
+    assert_eq!(f.stats().prefetch_skipped.load(Ordering::Relaxed), 7);
+    // Demand reads still complete (they wait for the budget).
+    for (o, (_, d)) in v.iter().zip(&objects) {
+        assert_eq!(&f.read(o, 0..4 * BS).await.unwrap()[..], &d[..]);
+    }
+    let _ = store;
+}
+
+#[tokio::test]
+async fn memory_cache_stays_within_its_budget() {
+    let config = FetchConfig {
+        block_cache_bytes: 8 * BS,
+        ..small()
+    };
+    let body = data(64 * BS as usize, 6);
+    let (_, f, v) = setup(config, &[("k", body.clone())]);
+    for i in 0..64 {
+        f.read(&v[0], i * BS..(i + 1) * BS).await.unwrap();
+    }
+    assert!(f.block_cache().weighted_size() <= 8 * BS);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    /// Any sequence of reads returns exactly the reference bytes, whatever the block layout.
+    #[test]
+    fn reads_match_the_reference(
+        len in 0usize..20_000,
+        reads in proptest::collection::vec((0u64..22_000, 0u64..5_000), 1..20),
+        cache in prop_oneof![Just(0u64), Just(1u64 << 20)],
+    ) {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        rt.block_on(async {
+            let body = data(len, 7);
+            let config = FetchConfig { block_cache_bytes: cache, ..small() };
+            let (_, f, v) = setup(config, &[("k", body.clone())]);
+            for (off, n) in reads {
+                let got = f.read(&v[0], off..off + n).await.unwrap();
+                let lo = (off as usize).min(len);
+                let hi = ((off + n) as usize).min(len);
+                prop_assert_eq!(&got[..], &body[lo..hi.max(lo)]);
+            }
+            Ok(())
+        })?;
+    }
+}

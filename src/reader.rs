@@ -1,0 +1,191 @@
+//! Reads of one open file: a sequential detector driving an adaptive read-ahead window.
+//!
+//! Each open file handle has a [`FileReader`]. On every read it decides whether the reader is
+//! sequential: the read starts at (or within one block of) where the previous one ended — the
+//! tolerance absorbs the kernel issuing its own read-ahead requests slightly out of order on
+//! several FUSE threads. While reads stay sequential the window doubles on each read, from
+//! `initial_window` up to `max_window`; the bytes from the end of the read to the end of the
+//! window are handed to [`Fetcher::prefetch`], which starts GETs for the blocks not already
+//! cached or in flight (only as far as the budgets allow). A read that jumps elsewhere resets
+//! the window to zero: random readers fetch only the blocks they touch.
+//!
+//! Read-ahead is remembered as a high-water mark so each block is requested once per handle,
+//! not once per read.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+
+use crate::fetch::{FetchError, Fetcher, ObjectVersion};
+
+/// Read-ahead tuning.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadAheadConfig {
+    pub initial_window: u64,
+    pub max_window: u64,
+}
+
+impl Default for ReadAheadConfig {
+    fn default() -> Self {
+        ReadAheadConfig {
+            initial_window: 1 << 20,
+            max_window: 64 << 20,
+        }
+    }
+}
+
+/// The sequential detector's state (pure, so it is tested on its own).
+#[derive(Debug, Clone)]
+pub struct ReadAhead {
+    config: ReadAheadConfig,
+    tolerance: u64,
+    /// Where the last sequential run ended.
+    next: u64,
+    window: u64,
+    /// Read-ahead already requested up to here.
+    requested_to: u64,
+    reads: u64,
+}
+
+impl ReadAhead {
+    pub fn new(config: ReadAheadConfig, tolerance: u64) -> Self {
+        ReadAhead {
+            config,
+            tolerance,
+            next: 0,
+            window: 0,
+            requested_to: 0,
+            reads: 0,
+        }
+    }
+
+    /// Records a read of `range` of an object of `size` bytes; returns the byte range to read
+    /// ahead (possibly empty).
+    pub fn observe(&mut self, range: Range<u64>, size: u64) -> Range<u64> {
+        let sequential = if self.reads == 0 {
+            range.start == 0
+        } else {
+            range.start + self.tolerance >= self.next && range.start <= self.next + self.tolerance
+        };
+        self.reads += 1;
+        if sequential {
+            self.window = if self.window == 0 {
+                self.config.initial_window
+            } else {
+                (self.window * 2).min(self.config.max_window)
+            };
+            self.next = self.next.max(range.end);
+        } else {
+            self.window = 0;
+            self.next = range.end;
+            self.requested_to = range.end;
+            return range.end..range.end;
+        }
+        let start = self.requested_to.max(range.end);
+        let end = (range.end + self.window).min(size);
+        if end <= start {
+            return start..start;
+        }
+        self.requested_to = end;
+        start..end
+    }
+
+    pub fn window(&self) -> u64 {
+        self.window
+    }
+}
+
+/// See the module documentation.
+pub struct FileReader {
+    object: Arc<ObjectVersion>,
+    fetcher: Arc<Fetcher>,
+    read_ahead: Mutex<ReadAhead>,
+}
+
+impl FileReader {
+    pub fn new(object: Arc<ObjectVersion>, fetcher: Arc<Fetcher>, config: ReadAheadConfig) -> Self {
+        let tolerance = fetcher.config().block_size;
+        FileReader {
+            object,
+            fetcher,
+            read_ahead: Mutex::new(ReadAhead::new(config, tolerance)),
+        }
+    }
+
+    pub fn object(&self) -> &Arc<ObjectVersion> {
+        &self.object
+    }
+
+    /// Up to `len` bytes at `offset` (fewer at the end of the object).
+    pub async fn read(&self, offset: u64, len: u32) -> Result<Bytes, FetchError> {
+        let size = self.object.size;
+        let end = offset.saturating_add(len as u64).min(size);
+        if offset >= end {
+            return Ok(Bytes::new());
+        }
+        let ahead = self.read_ahead.lock().observe(offset..end, size);
+        if !ahead.is_empty() {
+            let bs = self.fetcher.config().block_size;
+            self.fetcher
+                .prefetch(&self.object, ahead.start / bs..ahead.end.div_ceil(bs));
+        }
+        self.fetcher.read(&self.object, offset..end).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn window_grows_while_sequential_and_resets_on_jumps() {
+        let mut ra = ReadAhead::new(
+            ReadAheadConfig {
+                initial_window: MIB,
+                max_window: 8 * MIB,
+            },
+            MIB,
+        );
+        let size = 1 << 30;
+        assert_eq!(ra.observe(0..128 << 10, size), (128 << 10)..(128 << 10) + MIB);
+        let r = ra.observe(128 << 10..256 << 10, size);
+        assert_eq!(r.end, (256 << 10) + 2 * MIB);
+        for i in 2..10u64 {
+            ra.observe(i * (128 << 10)..(i + 1) * (128 << 10), size);
+        }
+        assert_eq!(ra.window(), 8 * MIB);
+        // A jump far away: no read-ahead.
+        assert!(ra.observe(500 * MIB..500 * MIB + 4096, size).is_empty());
+        assert_eq!(ra.window(), 0);
+        // Sequential again from there: the window restarts small.
+        let r = ra.observe(500 * MIB + 4096..500 * MIB + 8192, size);
+        assert_eq!(r, 500 * MIB + 8192..500 * MIB + 8192 + MIB);
+    }
+
+    #[test]
+    fn read_ahead_is_clamped_to_the_object_and_never_repeated() {
+        let mut ra = ReadAhead::new(ReadAheadConfig::default(), MIB);
+        assert_eq!(ra.observe(0..1000, 3000), 1000..3000);
+        assert!(ra.observe(1000..2000, 3000).is_empty());
+        assert!(ra.observe(2000..3000, 3000).is_empty());
+    }
+
+    #[test]
+    fn a_first_read_not_at_zero_is_random() {
+        let mut ra = ReadAhead::new(ReadAheadConfig::default(), MIB);
+        assert!(ra.observe(10 * MIB..11 * MIB, 100 * MIB).is_empty());
+    }
+
+    #[test]
+    fn slightly_reordered_reads_still_count_as_sequential() {
+        let mut ra = ReadAhead::new(ReadAheadConfig::default(), MIB);
+        ra.observe(0..128 << 10, 100 * MIB);
+        ra.observe(256 << 10..384 << 10, 100 * MIB);
+        ra.observe(128 << 10..256 << 10, 100 * MIB);
+        assert!(ra.window() >= 4 * MIB);
+    }
+}
