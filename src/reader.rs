@@ -151,7 +151,10 @@ mod tests {
             MIB,
         );
         let size = 1 << 30;
-        assert_eq!(ra.observe(0..128 << 10, size), (128 << 10)..(128 << 10) + MIB);
+        assert_eq!(
+            ra.observe(0..128 << 10, size),
+            (128 << 10)..(128 << 10) + MIB
+        );
         let r = ra.observe(128 << 10..256 << 10, size);
         assert_eq!(r.end, (256 << 10) + 2 * MIB);
         for i in 2..10u64 {

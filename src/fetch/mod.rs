@@ -187,7 +187,11 @@ impl Fetcher {
     }
 
     /// Bytes `range` of `obj` (clamped to its size), fetching what is missing.
-    pub async fn read(self: &Arc<Self>, obj: &Arc<ObjectVersion>, range: Range<u64>) -> BlockResult {
+    pub async fn read(
+        self: &Arc<Self>,
+        obj: &Arc<ObjectVersion>,
+        range: Range<u64>,
+    ) -> BlockResult {
         let end = range.end.min(obj.size);
         if range.start >= end {
             return Ok(Bytes::new());
@@ -228,7 +232,12 @@ impl Fetcher {
 
     /// Finds or starts every block of `blocks`. Demand claims start GETs that wait for budget;
     /// prefetch claims start only what the budget allows now and stop at the first refusal.
-    fn claim(self: &Arc<Self>, obj: &Arc<ObjectVersion>, blocks: Range<u64>, demand: bool) -> Vec<Slot> {
+    fn claim(
+        self: &Arc<Self>,
+        obj: &Arc<ObjectVersion>,
+        blocks: Range<u64>,
+        demand: bool,
+    ) -> Vec<Slot> {
         let mut slots = Vec::with_capacity((blocks.end - blocks.start) as usize);
         let mut runs: Vec<(Vec<NewBlock>, Option<Budget>)> = Vec::new();
         let mut refused = false;
@@ -323,7 +332,12 @@ impl Fetcher {
     }
 
     /// Spawns the GET for one run of consecutive blocks.
-    fn start_get(self: &Arc<Self>, obj: Arc<ObjectVersion>, run: Vec<NewBlock>, budget: Option<Budget>) {
+    fn start_get(
+        self: &Arc<Self>,
+        obj: Arc<ObjectVersion>,
+        run: Vec<NewBlock>,
+        budget: Option<Budget>,
+    ) {
         let (Some(first), Some(last)) = (run.first(), run.last()) else {
             return;
         };

@@ -8,10 +8,15 @@ use crate::store::memory::{Fault, MemoryStore, Op};
 const BS: u64 = 1024;
 
 fn data(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
 }
 
-fn setup(config: FetchConfig, objects: &[(&str, Vec<u8>)]) -> (Arc<MemoryStore>, Arc<Fetcher>, Vec<Arc<ObjectVersion>>) {
+fn setup(
+    config: FetchConfig,
+    objects: &[(&str, Vec<u8>)],
+) -> (Arc<MemoryStore>, Arc<Fetcher>, Vec<Arc<ObjectVersion>>) {
     let store = Arc::new(MemoryStore::new());
     let versions = objects
         .iter()
@@ -87,9 +92,18 @@ async fn prefetched_blocks_serve_later_reads() {
 async fn a_replaced_object_fails_instead_of_mixing_versions() {
     let body = data(4 * BS as usize, 4);
     let (store, f, v) = setup(small(), &[("k", body.clone())]);
-    assert_eq!(&f.read(&v[0], 0..BS).await.unwrap()[..], &body[..BS as usize]);
-    store.inject(Op::Get, Fault::ReplaceWith(Bytes::from(data(4 * BS as usize, 9))));
-    assert_eq!(f.read(&v[0], 2 * BS..3 * BS).await, Err(FetchError::Changed));
+    assert_eq!(
+        &f.read(&v[0], 0..BS).await.unwrap()[..],
+        &body[..BS as usize]
+    );
+    store.inject(
+        Op::Get,
+        Fault::ReplaceWith(Bytes::from(data(4 * BS as usize, 9))),
+    );
+    assert_eq!(
+        f.read(&v[0], 2 * BS..3 * BS).await,
+        Err(FetchError::Changed)
+    );
 }
 
 #[tokio::test]
@@ -106,8 +120,13 @@ async fn store_errors_reach_the_reader_and_are_not_cached() {
 
 #[tokio::test]
 async fn concurrent_gets_stay_within_max_inflight() {
-    let objects: Vec<(String, Vec<u8>)> = (0..20).map(|i| (format!("o{i}"), data(BS as usize, i))).collect();
-    let refs: Vec<(&str, Vec<u8>)> = objects.iter().map(|(k, d)| (k.as_str(), d.clone())).collect();
+    let objects: Vec<(String, Vec<u8>)> = (0..20)
+        .map(|i| (format!("o{i}"), data(BS as usize, i)))
+        .collect();
+    let refs: Vec<(&str, Vec<u8>)> = objects
+        .iter()
+        .map(|(k, d)| (k.as_str(), d.clone()))
+        .collect();
     let (store, f, v) = setup(small(), &refs);
     store.set_latency(Duration::from_millis(5));
     let reads: Vec<_> = v
@@ -121,7 +140,11 @@ async fn concurrent_gets_stay_within_max_inflight() {
     for (r, (_, d)) in reads.into_iter().zip(&objects) {
         assert_eq!(&r.await.unwrap().unwrap()[..], &d[..]);
     }
-    assert!(store.max_concurrent_gets() <= 4, "{}", store.max_concurrent_gets());
+    assert!(
+        store.max_concurrent_gets() <= 4,
+        "{}",
+        store.max_concurrent_gets()
+    );
     assert_eq!(store.count(Op::Get), 20);
 }
 
@@ -131,8 +154,13 @@ async fn prefetch_never_exceeds_the_memory_budget() {
         inflight_memory: 4 * BS,
         ..small()
     };
-    let objects: Vec<(String, Vec<u8>)> = (0..8).map(|i| (format!("o{i}"), data(4 * BS as usize, i))).collect();
-    let refs: Vec<(&str, Vec<u8>)> = objects.iter().map(|(k, d)| (k.as_str(), d.clone())).collect();
+    let objects: Vec<(String, Vec<u8>)> = (0..8)
+        .map(|i| (format!("o{i}"), data(4 * BS as usize, i)))
+        .collect();
+    let refs: Vec<(&str, Vec<u8>)> = objects
+        .iter()
+        .map(|(k, d)| (k.as_str(), d.clone()))
+        .collect();
     let (store, f, v) = setup(config, &refs);
     store.set_latency(Duration::from_millis(50));
     for o in &v {

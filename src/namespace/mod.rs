@@ -243,6 +243,12 @@ impl Namespace {
         Self::node(&tree, ino).map(|n| Self::attr_of(ino, n))
     }
 
+    /// The parent directory of `ino` (the root is its own parent).
+    pub fn parent_of(&self, ino: u64) -> u64 {
+        let tree = self.tree.read();
+        Self::node(&tree, ino).map_or(ROOT_INO, |n| n.parent)
+    }
+
     /// The full key of a node (for logs and the control socket).
     pub fn key_of(&self, ino: u64) -> String {
         Self::path_of(&self.tree.read(), &self.root_prefix, ino)
@@ -317,8 +323,10 @@ impl Namespace {
         match head {
             Ok(meta) if !is_dir => Ok(Found::File(meta)),
             Ok(_) => {
-                self.skipped
-                    .skip(&key, "an object and a prefix share this name; the directory is shown");
+                self.skipped.skip(
+                    &key,
+                    "an object and a prefix share this name; the directory is shown",
+                );
                 Ok(Found::Dir)
             }
             Err(StoreError::NotFound) if is_dir => Ok(Found::Dir),

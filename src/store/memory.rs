@@ -102,7 +102,8 @@ impl MemoryStore {
             StoredObject {
                 data: data.into(),
                 etag: etag.clone(),
-                last_modified: SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + version),
+                last_modified: SystemTime::UNIX_EPOCH
+                    + Duration::from_secs(1_700_000_000 + version),
             },
         );
         etag
@@ -146,7 +147,10 @@ impl MemoryStore {
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
         }
-        self.faults.lock().get_mut(&op).and_then(VecDeque::pop_front)
+        self.faults
+            .lock()
+            .get_mut(&op)
+            .and_then(VecDeque::pop_front)
     }
 
     fn meta(key: &str, obj: &StoredObject) -> ObjectMeta {

@@ -63,6 +63,9 @@ pub enum StoreError {
     /// Cannot connect at all (DNS, refused, TLS); retried, but reported as such at mount.
     #[error("cannot reach the endpoint: {0}")]
     Unreachable(String),
+    /// The credential chain produced nothing usable.
+    #[error("no credentials: {0}")]
+    NoCredentials(String),
     #[error("{0}")]
     Other(String),
 }

@@ -150,7 +150,10 @@ mod tests {
     async fn retries_transient_errors_and_short_bodies() {
         let mem = Arc::new(MemoryStore::new());
         mem.put("k", "0123456789");
-        mem.inject(Op::Get, Fault::Error(StoreError::Transient("503 SlowDown".into())));
+        mem.inject(
+            Op::Get,
+            Fault::Error(StoreError::Transient("503 SlowDown".into())),
+        );
         mem.inject(Op::Get, Fault::Truncate(3));
         let store = RetryingStore::new(mem.clone(), fast());
         let data = store.get_range("k", 2..8, None).await.unwrap();
@@ -167,16 +170,25 @@ mod tests {
             mem.inject(Op::Head, Fault::Error(StoreError::Transient("500".into())));
         }
         let store = RetryingStore::new(mem.clone(), fast());
-        assert!(matches!(store.head("k").await, Err(StoreError::Transient(_))));
+        assert!(matches!(
+            store.head("k").await,
+            Err(StoreError::Transient(_))
+        ));
         assert_eq!(mem.count(Op::Head), 4);
     }
 
     #[tokio::test]
     async fn final_errors_are_not_retried() {
         let mem = Arc::new(MemoryStore::new());
-        mem.inject(Op::Head, Fault::Error(StoreError::AccessDenied("no".into())));
+        mem.inject(
+            Op::Head,
+            Fault::Error(StoreError::AccessDenied("no".into())),
+        );
         let store = RetryingStore::new(mem.clone(), fast());
-        assert!(matches!(store.head("k").await, Err(StoreError::AccessDenied(_))));
+        assert!(matches!(
+            store.head("k").await,
+            Err(StoreError::AccessDenied(_))
+        ));
         assert_eq!(mem.count(Op::Head), 1);
     }
 }

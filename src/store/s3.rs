@@ -92,7 +92,10 @@ impl S3Store {
         match &err {
             SdkError::TimeoutError(_) => StoreError::Transient("request timed out".into()),
             SdkError::DispatchFailure(e) => {
-                if e.is_timeout() {
+                let chain = describe_chain(&err);
+                if chain.contains("credential") {
+                    StoreError::NoCredentials(first_line_of_credential_error(&chain))
+                } else if e.is_timeout() {
                     StoreError::Transient("request timed out".into())
                 } else {
                     let detail = e
@@ -125,8 +128,9 @@ impl S3Store {
                     ("SignatureDoesNotMatch", _) => StoreError::AccessDenied(
                         "the secret key is wrong (SignatureDoesNotMatch)".into(),
                     ),
-                    ("AccessDenied" | "AllAccessDisabled" | "ExpiredToken", _)
-                    | (_, 401 | 403) => StoreError::AccessDenied(detail),
+                    ("AccessDenied" | "AllAccessDisabled" | "ExpiredToken", _) | (_, 401 | 403) => {
+                        StoreError::AccessDenied(detail)
+                    }
                     ("SlowDown" | "InternalError" | "RequestTimeout" | "ServiceUnavailable", _)
                     | (_, 500..=599 | 408 | 429) => StoreError::Transient(detail),
                     _ => StoreError::Other(detail),
@@ -149,6 +153,16 @@ fn describe_chain(err: &dyn std::error::Error) -> String {
         source = s.source();
     }
     parts.join(": ")
+}
+
+/// The credential chain's error lists every provider it tried; keep the gist.
+fn first_line_of_credential_error(chain: &str) -> String {
+    chain
+        .split(": ")
+        .find(|part| part.contains("credential"))
+        .unwrap_or("no credentials")
+        .trim()
+        .to_string()
 }
 
 fn to_system_time(t: Option<&aws_smithy_types::DateTime>) -> SystemTime {

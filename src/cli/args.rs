@@ -1,0 +1,220 @@
+//! Command-line arguments (clap) and their validation.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use super::size::parse_bytes;
+use super::source::Source;
+use crate::namespace::MetadataTtl;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "riffle",
+    version,
+    about = "Mount an S3 or Ceph bucket as a fast, read-only POSIX tree for training jobs"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Mount s3://BUCKET[/PREFIX/] read-only at MOUNTPOINT (returns once the mount is live)
+    Mount(Box<MountArgs>),
+    /// Unmount a riffle mount (the daemon then exits)
+    Unmount(UnmountArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct MountArgs {
+    /// What to mount: s3://BUCKET or s3://BUCKET/PREFIX/
+    #[arg(value_name = "s3://BUCKET[/PREFIX/]")]
+    pub source: Source,
+
+    /// An existing, empty directory
+    pub mountpoint: PathBuf,
+
+    /// S3 endpoint for S3-compatible stores (Ceph RGW, MinIO, Garage), e.g. http://rgw:7480
+    #[arg(long, value_name = "URL", value_parser = parse_endpoint)]
+    pub endpoint_url: Option<String>,
+
+    /// Region (default: from the AWS configuration, else us-east-1)
+    #[arg(long, value_name = "REGION")]
+    pub region: Option<String>,
+
+    /// Use path-style addressing (http://endpoint/bucket/key), needed by most S3-compatible stores
+    #[arg(long)]
+    pub force_path_style: bool,
+
+    /// AWS shared-config profile to take credentials from
+    #[arg(long, value_name = "NAME", conflicts_with = "no_sign_request")]
+    pub profile: Option<String>,
+
+    /// Do not sign requests (public buckets)
+    #[arg(long)]
+    pub no_sign_request: bool,
+
+    /// Let users other than the one mounting access the files (needs user_allow_other in /etc/fuse.conf for non-root)
+    #[arg(long)]
+    pub allow_other: bool,
+
+    /// Owner of all files (default: the user mounting)
+    #[arg(long, value_name = "UID")]
+    pub uid: Option<u32>,
+
+    /// Group of all files (default: the group of the user mounting)
+    #[arg(long, value_name = "GID")]
+    pub gid: Option<u32>,
+
+    /// Permission bits of files (octal)
+    #[arg(long, value_name = "MODE", default_value = "0444", value_parser = parse_mode)]
+    pub file_mode: u16,
+
+    /// Permission bits of directories (octal)
+    #[arg(long, value_name = "MODE", default_value = "0555", value_parser = parse_mode)]
+    pub dir_mode: u16,
+
+    /// How long listings and attributes are trusted: seconds, or 'indefinite' for immutable datasets
+    #[arg(long, value_name = "SECONDS|indefinite", default_value = "60")]
+    pub metadata_ttl: MetadataTtl,
+
+    /// Concurrent GET requests at most, for the whole mount
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub max_inflight: u32,
+
+    /// Memory for data buffers at most (in-flight GETs and the in-memory block cache), e.g. 512M, 2G
+    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_memory)]
+    pub max_memory: u64,
+
+    /// Stay attached to the terminal instead of running as a background daemon
+    #[arg(long)]
+    pub foreground: bool,
+
+    /// Log level
+    #[arg(long, value_name = "LEVEL", default_value = "info",
+          value_parser = ["error", "warn", "info", "debug", "trace"])]
+    pub log_level: String,
+
+    /// Log file (default: stderr with --foreground, else /var/log/riffle/ for root or ~/.local/state/riffle/)
+    #[arg(long, value_name = "FILE")]
+    pub log_file: Option<PathBuf>,
+
+    /// Write the daemon's process id to this file
+    #[arg(long, value_name = "FILE")]
+    pub pid_file: Option<PathBuf>,
+
+    /// Threads reading FUSE requests
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub fuse_threads: u32,
+
+    /// Internal: the pipe on which a daemon reports readiness to `riffle mount`
+    #[arg(long, hide = true, env = "RIFFLE_READY_FD")]
+    pub ready_fd: Option<i32>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct UnmountArgs {
+    /// The mountpoint
+    pub mountpoint: PathBuf,
+
+    /// Detach even if busy or dead (lazy unmount)
+    #[arg(long)]
+    pub lazy: bool,
+}
+
+fn parse_mode(s: &str) -> Result<u16, String> {
+    let digits = s.trim_start_matches("0o");
+    u16::from_str_radix(digits, 8)
+        .ok()
+        .filter(|m| *m <= 0o7777)
+        .ok_or_else(|| format!("'{s}' is not an octal file mode like 0444"))
+}
+
+fn parse_memory(s: &str) -> Result<u64, String> {
+    let bytes = parse_bytes(s)?;
+    if bytes < 32 << 20 {
+        return Err(format!("'{s}' is too small: at least 32M is needed"));
+    }
+    Ok(bytes)
+}
+
+fn parse_endpoint(s: &str) -> Result<String, String> {
+    let url = url::Url::parse(s).map_err(|e| format!("'{s}' is not a URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err(format!(
+            "'{s}' must be an http:// or https:// URL with a host"
+        ));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(
+            "the endpoint URL must not contain credentials; use the AWS environment or --profile"
+                .into(),
+        );
+    }
+    Ok(s.trim_end_matches('/').to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validates_option_values() {
+        assert_eq!(parse_mode("0444"), Ok(0o444));
+        assert_eq!(parse_mode("755"), Ok(0o755));
+        assert!(parse_mode("0999").is_err());
+        assert!(parse_mode("rw").is_err());
+        assert!(parse_memory("1M").is_err());
+        assert_eq!(parse_memory("64M"), Ok(64 << 20));
+        assert!(parse_endpoint("localhost:7480").is_err());
+        assert!(parse_endpoint("ftp://x").is_err());
+        assert!(parse_endpoint("http://u:p@host").is_err());
+        assert_eq!(
+            parse_endpoint("http://127.0.0.1:7480/").unwrap(),
+            "http://127.0.0.1:7480"
+        );
+    }
+
+    #[test]
+    fn parses_a_full_mount_command() {
+        let cli = Cli::try_parse_from([
+            "riffle",
+            "mount",
+            "s3://bucket/ds",
+            "/mnt/x",
+            "--endpoint-url",
+            "http://h:1",
+            "--force-path-style",
+            "--metadata-ttl",
+            "indefinite",
+            "--max-inflight",
+            "8",
+        ])
+        .unwrap();
+        let Command::Mount(m) = cli.command else {
+            panic!()
+        };
+        assert_eq!(m.source.prefix, "ds/");
+        assert_eq!(m.metadata_ttl, MetadataTtl::Indefinite);
+        assert!(
+            Cli::try_parse_from(["riffle", "mount", "s3://b", "/m", "--metadata-ttl", "soon"])
+                .is_err()
+        );
+        assert!(
+            Cli::try_parse_from(["riffle", "mount", "s3://bkt", "/m", "--max-inflight", "0"])
+                .is_err()
+        );
+        assert!(Cli::try_parse_from([
+            "riffle",
+            "mount",
+            "s3://bkt",
+            "/m",
+            "--profile",
+            "p",
+            "--no-sign-request"
+        ])
+        .is_err());
+    }
+}

@@ -1,0 +1,47 @@
+//! The `riffle` command line: `mount` and `unmount`.
+//!
+//! `riffle mount` validates everything it can before touching the mountpoint, then (unless
+//! `--foreground`) starts itself again as a detached daemon and waits on a pipe until the
+//! daemon reports "mounted" or a one-line reason, so the command returns only once the mount
+//! is live or has failed, never in between and never hanging (every step has a timeout).
+
+pub mod args;
+mod daemon;
+mod logging;
+mod mount;
+pub mod size;
+pub mod source;
+mod unmount;
+
+use clap::Parser;
+
+pub use args::{Cli, Command};
+
+/// Entry point of the `riffle` binary; returns the process exit code.
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Mount(args) => mount::run(*args),
+        Command::Unmount(args) => unmount::run(&args),
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("riffle: {}", one_line(&e));
+            1
+        }
+    }
+}
+
+/// An error and its causes on one line.
+pub fn one_line(e: &anyhow::Error) -> String {
+    let mut text = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !text.contains(&c) {
+            text.push_str(": ");
+            text.push_str(&c);
+        }
+    }
+    text.replace('\n', " ")
+}

@@ -1,0 +1,343 @@
+//! `riffle mount`: check, connect, mount, serve.
+//!
+//! Order matters for failing fast with a useful reason: options are validated by clap; then
+//! the mountpoint is checked (exists, is a directory, is empty, is not mounted already, is not a
+//! dead FUSE mount); then one LIST of the prefix proves the endpoint answers, the bucket exists
+//! and the credentials work (bounded by a timeout); only then is the filesystem mounted.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+use fuser::{MountOption, SessionACL};
+
+use super::args::MountArgs;
+use super::daemon::{self, Readiness};
+use super::{logging, one_line};
+use crate::fetch::{FetchConfig, Fetcher};
+use crate::fs::{FsConfig, RiffleFs};
+use crate::namespace::Namespace;
+use crate::reader::ReadAheadConfig;
+use crate::store::retry::{RetryPolicy, RetryingStore};
+use crate::store::s3::{S3Config, S3Store};
+use crate::store::{ObjectStore, StoreError};
+
+/// How long the start-up LIST may take in all (retries included).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
+
+pub fn run(args: MountArgs) -> anyhow::Result<()> {
+    if !args.foreground {
+        let abs = std::path::absolute(&args.mountpoint).unwrap_or(args.mountpoint.clone());
+        let (log, given) = match &args.log_file {
+            Some(f) => (f.clone(), true),
+            None => (daemon::default_log_file(&abs), false),
+        };
+        return daemon::spawn_and_wait(&log, !given);
+    }
+    let mut readiness = Readiness::from_fd(args.ready_fd);
+    let result = serve(&args, &mut readiness);
+    if let Err(e) = &result {
+        let line = one_line(e);
+        tracing::error!("{line}");
+        readiness.failed(&line);
+    }
+    result
+}
+
+fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
+    logging::init(&args.log_level, args.log_file.as_deref())?;
+    let mountpoint = check_mountpoint(&args.mountpoint)?;
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cores.clamp(2, 8))
+        .thread_name("riffle-io")
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+
+    let s3 = S3Config {
+        bucket: args.source.bucket.clone(),
+        endpoint_url: args.endpoint_url.clone(),
+        region: args.region.clone(),
+        force_path_style: args.force_path_style,
+        profile: args.profile.clone(),
+        no_sign_request: args.no_sign_request,
+        connect_timeout: None,
+        read_timeout: None,
+    };
+    let raw: Arc<dyn ObjectStore> = Arc::new(runtime.block_on(S3Store::new(&s3)));
+    runtime.block_on(probe(raw.clone(), args))?;
+
+    let store: Arc<dyn ObjectStore> = Arc::new(RetryingStore::new(raw, RetryPolicy::default()));
+    let ns = Arc::new(Namespace::new(
+        store.clone(),
+        &args.source.prefix,
+        args.metadata_ttl,
+    ));
+    let fetch_config = FetchConfig {
+        max_inflight: args.max_inflight as usize,
+        inflight_memory: args.max_memory / 2,
+        block_cache_bytes: args.max_memory / 2,
+        ..FetchConfig::default()
+    };
+    let fetcher = Fetcher::new(store, fetch_config, runtime.handle().clone());
+    let fs = RiffleFs::new(
+        ns,
+        fetcher,
+        runtime.handle().clone(),
+        FsConfig {
+            uid: args.uid.unwrap_or_else(|| nix::unistd::geteuid().as_raw()),
+            gid: args.gid.unwrap_or_else(|| nix::unistd::getegid().as_raw()),
+            file_mode: args.file_mode,
+            dir_mode: args.dir_mode,
+            read_ahead: ReadAheadConfig::default(),
+            kernel_read_ahead: 1 << 20,
+        },
+    );
+
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        MountOption::FSName("riffle".into()),
+        // fuser's own mount(2) path (root) does not pass the subtype to the kernel; the kernel
+        // option does, so the mount shows as `fuse.riffle` either way.
+        if nix::unistd::geteuid().is_root() {
+            MountOption::CUSTOM("subtype=riffle".into())
+        } else {
+            MountOption::Subtype("riffle".into())
+        },
+        MountOption::RO,
+        MountOption::NoSuid,
+        MountOption::NoDev,
+        MountOption::NoAtime,
+        MountOption::DefaultPermissions,
+    ];
+    config.acl = if args.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    config.n_threads = Some(args.fuse_threads as usize);
+    config.clone_fd = true;
+    let mut session = fuser::Session::new(fs, &mountpoint, &config)
+        .map_err(|e| anyhow!("cannot mount at {}: {e}", mountpoint.display()))?;
+    let mut unmounter = session.unmount_callable();
+    let mount_path = mountpoint.clone();
+    runtime.spawn(async move {
+        wait_for_stop_signal().await;
+        tracing::info!("stop signal received; unmounting {}", mount_path.display());
+        if let Err(e) = unmounter.unmount() {
+            tracing::warn!(error = %e, "unmount failed");
+        }
+    });
+    let _ = std::env::set_current_dir("/");
+    if let Some(pid_file) = &args.pid_file {
+        std::fs::write(pid_file, format!("{}\n", std::process::id()))
+            .with_context(|| format!("cannot write pid file {}", pid_file.display()))?;
+    }
+    tracing::info!(
+        source = %args.source,
+        mountpoint = %mountpoint.display(),
+        pid = std::process::id(),
+        daemon = readiness.is_daemon(),
+        "mounted"
+    );
+    readiness.ready();
+    let result = session.run();
+    tracing::info!("unmounted {}; exiting", mountpoint.display());
+    if let Some(pid_file) = &args.pid_file {
+        let _ = std::fs::remove_file(pid_file);
+    }
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    result.context("the FUSE session ended with an error")
+}
+
+async fn wait_for_stop_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+/// One LIST of the prefix: proves endpoint, bucket and credentials before mounting.
+async fn probe(raw: Arc<dyn ObjectStore>, args: &MountArgs) -> anyhow::Result<()> {
+    let endpoint = args
+        .endpoint_url
+        .clone()
+        .unwrap_or_else(|| "the AWS S3 endpoint".to_string());
+    let bucket = &args.source.bucket;
+    let policy = RetryPolicy {
+        max_attempts: 3,
+        base_delay: Duration::from_millis(200),
+        max_delay: Duration::from_secs(1),
+    };
+    let store = RetryingStore::new(raw, policy);
+    let listing = store.list_page(&args.source.prefix, None, Some(1));
+    match tokio::time::timeout(PROBE_TIMEOUT, listing).await {
+        Err(_) => bail!(
+            "no answer from {endpoint} within {} s",
+            PROBE_TIMEOUT.as_secs()
+        ),
+        Ok(Ok(page)) => {
+            if page.objects.is_empty() && page.prefixes.is_empty() {
+                tracing::warn!(source = %args.source, "nothing under this prefix yet: the mount is empty");
+            }
+            Ok(())
+        }
+        Ok(Err(StoreError::NoSuchBucket(b))) => {
+            bail!("bucket '{b}' does not exist at {endpoint}")
+        }
+        Ok(Err(StoreError::AccessDenied(detail))) => bail!(
+            "access to bucket '{bucket}' was denied: {detail}; check the credentials \
+             (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or --profile; --no-sign-request for public buckets)"
+        ),
+        Ok(Err(StoreError::Unreachable(detail))) => bail!("cannot reach {endpoint}: {detail}"),
+        Ok(Err(StoreError::Transient(detail))) => {
+            bail!("{endpoint} did not answer properly: {detail}")
+        }
+        Ok(Err(StoreError::NoCredentials(detail))) => bail!(
+            "no usable AWS credentials ({detail}): set AWS_ACCESS_KEY_ID and \
+             AWS_SECRET_ACCESS_KEY, use --profile, or --no-sign-request for a public bucket"
+        ),
+        Ok(Err(e)) => bail!("cannot list {} at {endpoint}: {e}", args.source),
+    }
+}
+
+/// What is at a path, as far as mounts go.
+#[derive(Debug, PartialEq, Eq)]
+pub enum MountState {
+    NotMounted,
+    Mounted {
+        fstype: String,
+    },
+    /// A FUSE mount whose daemon is gone ("transport endpoint is not connected").
+    Dead,
+}
+
+/// Looks `path` up in /proc/self/mountinfo.
+pub fn mount_state(path: &Path) -> anyhow::Result<MountState> {
+    let abs = match std::fs::canonicalize(path) {
+        Ok(p) => p,
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            std::path::absolute(path).unwrap_or(path.to_path_buf())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(MountState::NotMounted),
+        Err(e) => return Err(e).with_context(|| format!("cannot inspect {}", path.display())),
+    };
+    let info = std::fs::read_to_string("/proc/self/mountinfo")
+        .context("cannot read /proc/self/mountinfo")?;
+    let target = abs.to_string_lossy();
+    let mut found = None;
+    for line in info.lines() {
+        let mut fields = line.split(' ');
+        let Some(mount_point) = fields.nth(4) else {
+            continue;
+        };
+        if unescape_mountinfo(mount_point) != target {
+            continue;
+        }
+        let fstype = line
+            .split(" - ")
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next())
+            .unwrap_or("")
+            .to_string();
+        found = Some(fstype); // the last match is the one on top
+    }
+    let Some(fstype) = found else {
+        return Ok(MountState::NotMounted);
+    };
+    match std::fs::metadata(&abs) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => Ok(MountState::Dead),
+        _ => Ok(MountState::Mounted { fstype }),
+    }
+}
+
+fn unescape_mountinfo(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && i + 4 <= bytes.len() {
+            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8) {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Checks the mountpoint and returns its absolute path.
+fn check_mountpoint(path: &Path) -> anyhow::Result<PathBuf> {
+    let shown = path.display();
+    match mount_state(path)? {
+        MountState::NotMounted => {}
+        MountState::Mounted { fstype } => {
+            bail!("{shown} is already mounted ({fstype}); unmount it first")
+        }
+        MountState::Dead => bail!(
+            "{shown} is a dead mount (its daemon is gone: transport endpoint is not connected); \
+             clean it with `riffle unmount {shown}` and mount again"
+        ),
+    }
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            bail!("mountpoint {shown} does not exist")
+        }
+        Err(e) => return Err(e).with_context(|| format!("cannot use mountpoint {shown}")),
+    };
+    if !meta.is_dir() {
+        bail!("mountpoint {shown} is not a directory");
+    }
+    let mut entries =
+        std::fs::read_dir(path).with_context(|| format!("cannot read mountpoint {shown}"))?;
+    if entries.next().is_some() {
+        bail!("mountpoint {shown} is not empty");
+    }
+    std::fs::canonicalize(path).with_context(|| format!("cannot resolve {shown}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_escapes_are_decoded() {
+        assert_eq!(unescape_mountinfo(r"/mnt/with\040space"), "/mnt/with space");
+        assert_eq!(unescape_mountinfo("/plain"), "/plain");
+        assert_eq!(unescape_mountinfo(r"/a\134b"), r"/a\b");
+    }
+
+    #[test]
+    fn mountpoint_checks_give_reasons() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing");
+        let err = check_mountpoint(&missing).unwrap_err().to_string();
+        assert!(err.contains("does not exist"), "{err}");
+        let file = dir.path().join("file");
+        std::fs::write(&file, "x").unwrap();
+        let err = check_mountpoint(&file).unwrap_err().to_string();
+        assert!(err.contains("not a directory"), "{err}");
+        let err = check_mountpoint(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("not empty"), "{err}");
+        let empty = dir.path().join("empty");
+        std::fs::create_dir(&empty).unwrap();
+        assert!(check_mountpoint(&empty).is_ok());
+        assert!(matches!(
+            mount_state(Path::new("/proc")).unwrap(),
+            MountState::Mounted { .. }
+        ));
+    }
+}

@@ -1,0 +1,586 @@
+//! The fuser `Filesystem` adapter: FUSE requests in, namespace and reader calls out.
+//!
+//! Every request that may wait on the store is moved onto the tokio runtime together with its
+//! reply, so the FUSE threads only decode requests and never block; the reply is sent from the
+//! task when the answer is ready. Errors become errno values here and nowhere else: missing
+//! names ENOENT, denied ENOACCES, anything the store could not deliver EIO, and every call that
+//! would modify the tree EROFS.
+//!
+//! Open files get a [`FileReader`] keyed by a fresh file handle. The kernel page cache is kept
+//! across opens (`FOPEN_KEEP_CACHE`) only while the object's ETag is the one last opened, so a
+//! replaced object's stale pages are dropped at the next open. Directory handles hold a snapshot
+//! of the listing taken at `opendir`, so offsets stay stable while a reader pages through it.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
+    Request, TimeOrNow, WriteFlags,
+};
+use parking_lot::Mutex;
+
+use crate::fetch::{FetchError, Fetcher, ObjectVersion};
+use crate::namespace::{Attr, DirEntry, Kind, Namespace, NamespaceError};
+use crate::reader::{FileReader, ReadAheadConfig};
+use crate::store::StoreError;
+
+/// The extended attribute that shows a file's ETag.
+pub const ETAG_XATTR: &str = "user.riffle.etag";
+
+/// Ownership, permissions and tuning of the mounted tree.
+#[derive(Debug, Clone)]
+pub struct FsConfig {
+    pub uid: u32,
+    pub gid: u32,
+    pub file_mode: u16,
+    pub dir_mode: u16,
+    pub read_ahead: ReadAheadConfig,
+    /// Largest read the kernel sends and its own read-ahead, in bytes.
+    pub kernel_read_ahead: u32,
+}
+
+/// See the module documentation.
+pub struct RiffleFs {
+    ns: Arc<Namespace>,
+    fetcher: Arc<Fetcher>,
+    runtime: tokio::runtime::Handle,
+    config: FsConfig,
+    handles: Arc<Handles>,
+    next_fh: AtomicU64,
+}
+
+/// Open file and directory handles, shared with the tasks that answer open/opendir.
+#[derive(Default)]
+struct Handles {
+    files: Mutex<HashMap<u64, Arc<FileReader>>>,
+    dirs: Mutex<HashMap<u64, Arc<Vec<DirEntry>>>>,
+    /// The ETag whose pages the kernel may hold, per inode.
+    page_cache_etag: Mutex<HashMap<u64, Arc<str>>>,
+}
+
+impl Handles {
+    /// Records that `ino` is opened at version `etag`; true if the kernel's cached pages (if
+    /// any) belong to that same version and may be kept.
+    fn remember_etag(&self, ino: u64, etag: &Arc<str>) -> bool {
+        let mut map = self.page_cache_etag.lock();
+        match map.get(&ino) {
+            Some(previous) if previous == etag => true,
+            _ => {
+                map.insert(ino, etag.clone());
+                false
+            }
+        }
+    }
+}
+
+fn ns_errno(e: &NamespaceError) -> Errno {
+    match e {
+        NamespaceError::NotFound => Errno::ENOENT,
+        NamespaceError::NotADirectory => Errno::ENOTDIR,
+        NamespaceError::IsADirectory => Errno::EISDIR,
+        NamespaceError::Store(StoreError::NotFound) => Errno::ENOENT,
+        NamespaceError::Store(StoreError::AccessDenied(_)) => Errno::EACCES,
+        NamespaceError::Store(e) => {
+            tracing::warn!(error = %e, "metadata request failed");
+            Errno::EIO
+        }
+    }
+}
+
+impl RiffleFs {
+    pub fn new(
+        ns: Arc<Namespace>,
+        fetcher: Arc<Fetcher>,
+        runtime: tokio::runtime::Handle,
+        config: FsConfig,
+    ) -> Self {
+        RiffleFs {
+            ns,
+            fetcher,
+            runtime,
+            config,
+            handles: Arc::default(),
+            next_fh: AtomicU64::new(1),
+        }
+    }
+
+    fn ttl(&self) -> Duration {
+        self.ns.ttl().kernel_ttl()
+    }
+
+    fn file_attr(config: &FsConfig, attr: &Attr) -> FileAttr {
+        let (kind, size, perm, nlink) = match &attr.kind {
+            Kind::Dir => (FileType::Directory, 0, config.dir_mode, 2),
+            Kind::File { size, .. } => (FileType::RegularFile, *size, config.file_mode, 1),
+        };
+        FileAttr {
+            ino: INodeNo(attr.ino),
+            size,
+            blocks: size.div_ceil(512),
+            atime: attr.mtime,
+            mtime: attr.mtime,
+            ctime: attr.mtime,
+            crtime: attr.mtime,
+            kind,
+            perm,
+            nlink,
+            uid: config.uid,
+            gid: config.gid,
+            rdev: 0,
+            flags: 0,
+            blksize: 1 << 20,
+        }
+    }
+
+    fn name_str(name: &OsStr) -> Option<&str> {
+        name.to_str()
+    }
+
+    fn new_fh(&self) -> u64 {
+        self.next_fh.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn dot_attr(&self, ino: u64) -> FileAttr {
+        let attr = self.ns.cached_attr(ino).unwrap_or(Attr {
+            ino,
+            kind: Kind::Dir,
+            mtime: SystemTime::UNIX_EPOCH,
+        });
+        Self::file_attr(&self.config, &attr)
+    }
+}
+
+impl Filesystem for RiffleFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let wanted = InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_READDIRPLUS_AUTO
+            | InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_AUTO_INVAL_DATA;
+        for flag in wanted.iter() {
+            if config.add_capabilities(flag).is_err() {
+                tracing::debug!(?flag, "kernel does not offer this FUSE capability");
+            }
+        }
+        let _ = config.set_max_readahead(self.config.kernel_read_ahead);
+        let _ = config.set_max_background(64);
+        let _ = config.set_congestion_threshold(48);
+        tracing::info!(abi = ?config.kernel_abi(), "FUSE session initialised");
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let Some(name) = Self::name_str(name).map(str::to_string) else {
+            reply.error(Errno::ENOENT);
+            return;
+        };
+        let ns = self.ns.clone();
+        let config = self.config.clone();
+        let ttl = self.ttl();
+        self.runtime.spawn(async move {
+            match ns.lookup(parent.0, &name).await {
+                Ok(attr) => reply.entry(&ttl, &Self::file_attr(&config, &attr), Generation(0)),
+                Err(e) => reply.error(ns_errno(&e)),
+            }
+        });
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let ns = self.ns.clone();
+        let config = self.config.clone();
+        let ttl = self.ttl();
+        self.runtime.spawn(async move {
+            match ns.getattr(ino.0).await {
+                Ok(attr) => reply.attr(&ttl, &Self::file_attr(&config, &attr)),
+                Err(e) => reply.error(ns_errno(&e)),
+            }
+        });
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0 {
+            reply.error(Errno::EROFS);
+            return;
+        }
+        let fh = self.new_fh();
+        let ns = self.ns.clone();
+        let fetcher = self.fetcher.clone();
+        let read_ahead = self.config.read_ahead;
+        let handles = self.handles.clone();
+        self.runtime.spawn(async move {
+            let target = match ns.open_target(ino.0).await {
+                Ok(t) => t,
+                Err(e) => return reply.error(ns_errno(&e)),
+            };
+            let object = Arc::new(ObjectVersion {
+                key: Arc::from(target.key.as_str()),
+                etag: target.etag.clone(),
+                size: target.size,
+            });
+            let keep_cache = handles.remember_etag(ino.0, &target.etag);
+            handles
+                .files
+                .lock()
+                .insert(fh, Arc::new(FileReader::new(object, fetcher, read_ahead)));
+            let flags = if keep_cache {
+                FopenFlags::FOPEN_KEEP_CACHE
+            } else {
+                FopenFlags::empty()
+            };
+            reply.opened(FileHandle(fh), flags);
+        });
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let Some(reader) = self.handles.files.lock().get(&fh.0).cloned() else {
+            reply.error(Errno::EBADF);
+            return;
+        };
+        let ns = self.ns.clone();
+        self.runtime.spawn(async move {
+            match reader.read(offset, size).await {
+                Ok(data) => reply.data(&data),
+                Err(e) => {
+                    let key = &reader.object().key;
+                    match &e {
+                        FetchError::Changed => {
+                            tracing::warn!(%key, "object changed while open; failing the read (reopen to see the new version)");
+                            ns.invalidate(ino.0);
+                        }
+                        other => tracing::warn!(%key, offset, size, error = %other, "read failed"),
+                    }
+                    reply.error(Errno::EIO);
+                }
+            }
+        });
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.handles.files.lock().remove(&fh.0);
+        reply.ok();
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lo: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _ds: bool, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let fh = self.new_fh();
+        let ns = self.ns.clone();
+        let handles = self.handles.clone();
+        self.runtime.spawn(async move {
+            match ns.readdir(ino.0).await {
+                Ok(entries) => {
+                    handles.dirs.lock().insert(fh, entries);
+                    reply.opened(FileHandle(fh), FopenFlags::empty());
+                }
+                Err(e) => reply.error(ns_errno(&e)),
+            }
+        });
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let Some(entries) = self.handles.dirs.lock().get(&fh.0).cloned() else {
+            reply.error(Errno::EBADF);
+            return;
+        };
+        let parent = self.ns.parent_of(ino.0);
+        let mut index = offset;
+        loop {
+            let full = match index {
+                0 => reply.add(ino, 1, FileType::Directory, "."),
+                1 => reply.add(INodeNo(parent), 2, FileType::Directory, ".."),
+                i => match entries.get((i - 2) as usize) {
+                    Some(e) => {
+                        let kind = if e.is_dir {
+                            FileType::Directory
+                        } else {
+                            FileType::RegularFile
+                        };
+                        reply.add(INodeNo(e.ino), i + 1, kind, &*e.name)
+                    }
+                    None => break,
+                },
+            };
+            if full {
+                break;
+            }
+            index += 1;
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let Some(entries) = self.handles.dirs.lock().get(&fh.0).cloned() else {
+            reply.error(Errno::EBADF);
+            return;
+        };
+        let ttl = self.ttl();
+        let parent = self.ns.parent_of(ino.0);
+        let mut index = offset;
+        loop {
+            let full = match index {
+                0 => reply.add(ino, 1, ".", &ttl, &self.dot_attr(ino.0), Generation(0)),
+                1 => reply.add(
+                    INodeNo(parent),
+                    2,
+                    "..",
+                    &ttl,
+                    &self.dot_attr(parent),
+                    Generation(0),
+                ),
+                i => match entries.get((i - 2) as usize) {
+                    Some(e) => {
+                        let attr = self.dot_attr(e.ino);
+                        reply.add(INodeNo(e.ino), i + 1, &*e.name, &ttl, &attr, Generation(0))
+                    }
+                    None => break,
+                },
+            };
+            if full {
+                break;
+            }
+            index += 1;
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.handles.dirs.lock().remove(&fh.0);
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let bsize = 4096;
+        reply.statfs(1 << 32, 0, 0, self.ns.inode_count(), 0, bsize, 255, bsize);
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let etag = match self.ns.cached_attr(ino.0) {
+            Ok(Attr {
+                kind: Kind::File { etag, .. },
+                ..
+            }) => etag,
+            Ok(_) => return reply.error(Errno::NO_XATTR),
+            Err(e) => return reply.error(ns_errno(&e)),
+        };
+        if name != ETAG_XATTR {
+            return reply.error(Errno::NO_XATTR);
+        }
+        xattr_reply(reply, etag.as_bytes(), size);
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let names: &[u8] = match self.ns.cached_attr(ino.0) {
+            Ok(attr) if !attr.is_dir() => b"user.riffle.etag\0",
+            Ok(_) => b"",
+            Err(e) => return reply.error(ns_errno(&e)),
+        };
+        xattr_reply(reply, names, size);
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    // Everything below would modify the tree: the filesystem is read-only.
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        _size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        _mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn mknod(
+        &self,
+        _req: &Request,
+        _p: INodeNo,
+        _n: &OsStr,
+        _m: u32,
+        _u: u32,
+        _r: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn mkdir(&self, _req: &Request, _p: INodeNo, _n: &OsStr, _m: u32, _u: u32, reply: ReplyEntry) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn unlink(&self, _req: &Request, _p: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn rmdir(&self, _req: &Request, _p: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn symlink(
+        &self,
+        _req: &Request,
+        _p: INodeNo,
+        _n: &OsStr,
+        _t: &std::path::Path,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        _p: INodeNo,
+        _n: &OsStr,
+        _np: INodeNo,
+        _nn: &OsStr,
+        _f: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn link(&self, _req: &Request, _i: INodeNo, _np: INodeNo, _nn: &OsStr, reply: ReplyEntry) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _data: &[u8],
+        _wf: WriteFlags,
+        _flags: OpenFlags,
+        _lo: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        _p: INodeNo,
+        _n: &OsStr,
+        _m: u32,
+        _u: u32,
+        _f: i32,
+        reply: fuser::ReplyCreate,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _length: u64,
+        _mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+}
+
+/// Answers a getxattr/listxattr: the size when asked for it, ERANGE when the buffer is small.
+fn xattr_reply(reply: ReplyXattr, value: &[u8], size: u32) {
+    if size == 0 {
+        reply.size(value.len() as u32);
+    } else if (size as usize) < value.len() {
+        reply.error(Errno::ERANGE);
+    } else {
+        reply.data(value);
+    }
+}
