@@ -19,7 +19,27 @@ pub use args::{Cli, Command};
 
 /// Entry point of the `riffle` binary; returns the process exit code.
 pub fn main() -> i32 {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            // --help and --version
+            let _ = e.print();
+            return 0;
+        }
+        Err(e) => {
+            // One line: clap's first line without its "error: " prefix.
+            let text = e.render().to_string();
+            let first = text
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("invalid arguments");
+            eprintln!(
+                "riffle: {} (see riffle --help)",
+                first.trim_start_matches("error: ")
+            );
+            return 2;
+        }
+    };
     let result = match cli.command {
         Command::Mount(args) => mount::run(*args),
         Command::Unmount(args) => unmount::run(&args),

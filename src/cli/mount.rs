@@ -254,8 +254,10 @@ pub fn mount_state(path: &Path) -> anyhow::Result<MountState> {
     let Some(fstype) = found else {
         return Ok(MountState::NotMounted);
     };
-    match std::fs::metadata(&abs) {
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => Ok(MountState::Dead),
+    // statfs always reaches the daemon (stat may be answered from the kernel's attribute
+    // cache even when the daemon is gone).
+    match nix::sys::statfs::statfs(&abs) {
+        Err(nix::errno::Errno::ENOTCONN) => Ok(MountState::Dead),
         _ => Ok(MountState::Mounted { fstype }),
     }
 }

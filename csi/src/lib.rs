@@ -1,0 +1,43 @@
+//! rifflefs CSI node plugin.
+//!
+//! Kubernetes (kubelet) talks to this plugin over a unix socket with the CSI
+//! Identity and Node gRPC services. `NodePublishVolume` starts a `riffle
+//! mount` daemon that mounts an S3/Ceph bucket read-only at the pod's target
+//! path; `NodeUnpublishVolume` unmounts it. There is no controller service:
+//! volumes are provisioned statically (PV + PVC) or inline in a pod spec.
+//!
+//! Layout, one job per module:
+//! - [`proto`]: generated CSI v1 types and service stubs.
+//! - [`settings`]: volume attributes + mount options -> validated settings.
+//! - [`credentials`]: the `nodePublishSecretRef` secret -> credentials kept
+//!   out of logs, arguments and error messages.
+//! - [`mounter`]: the `Mounter` trait; [`riffle`] runs the real `riffle`
+//!   binary, [`fake`] is an in-memory double for tests.
+//! - [`mountinfo`] and [`process`]: what is mounted where, and whether a
+//!   daemon process is still the one we started.
+//! - [`state`]: per-volume records and secrets persisted in the state dir.
+//! - [`volumes`]: publish / unpublish / recover with per-target locking.
+//! - [`supervisor`]: start-up reconciliation and the periodic health loop.
+//! - [`identity`], [`node`]: the gRPC services; [`server`]: the unix socket.
+
+pub mod credentials;
+pub mod fake;
+pub mod identity;
+pub mod locks;
+pub mod mounter;
+pub mod mountinfo;
+pub mod node;
+pub mod process;
+pub mod proto;
+pub mod riffle;
+pub mod server;
+pub mod settings;
+pub mod state;
+pub mod supervisor;
+pub mod volumes;
+
+/// The CSI driver name, as registered with kubelet and in the CSIDriver object.
+pub const DRIVER_NAME: &str = "riffle.csi.rifflefs.io";
+
+/// The plugin's version, reported by GetPluginInfo.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

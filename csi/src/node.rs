@@ -1,0 +1,212 @@
+//! The CSI Node service: validates requests, hands them to the
+//! [`VolumeManager`], maps failures to gRPC status codes.
+//!
+//! Validation order follows what csi-sanity checks: missing volume id,
+//! target path or volume capability -> INVALID_ARGUMENT; then the
+//! capability (filesystem access only, read-only), the attributes and mount
+//! options, the secret. rifflefs is read-only: a publish is accepted when
+//! `readonly` is set or the access mode is a reader-only mode
+//! (SINGLE_NODE_READER_ONLY, MULTI_NODE_READER_ONLY: a PV/PVC with
+//! `ReadOnlyMany`); anything else asks for a writable volume and is refused
+//! with INVALID_ARGUMENT saying how to fix the manifest.
+//!
+//! Status codes: AlreadyExists for a target taken with other settings,
+//! FailedPrecondition for a target the plugin will not touch,
+//! NotFound/PermissionDenied/Unavailable/DeadlineExceeded from the mount's
+//! reason, Internal otherwise. Messages never contain credentials.
+
+use crate::credentials::Credentials;
+use crate::mounter::MountErrorKind;
+use crate::proto::node_server::Node;
+use crate::proto::volume_capability::access_mode::Mode;
+use crate::proto::volume_capability::AccessType;
+use crate::proto::{
+    NodeGetCapabilitiesRequest, NodeGetCapabilitiesResponse, NodeGetInfoRequest,
+    NodeGetInfoResponse, NodePublishVolumeRequest, NodePublishVolumeResponse,
+    NodeUnpublishVolumeRequest, NodeUnpublishVolumeResponse,
+};
+use crate::settings::VolumeSettings;
+use crate::volumes::{PublishSpec, VolumeError, VolumeManager};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tonic::{Code, Request, Response, Status};
+
+/// Filesystem types a volume capability may name.
+const FS_TYPES: &[&str] = &["", "fuse.riffle", "riffle", "rifflefs"];
+
+/// The Node service.
+pub struct NodeService {
+    node_id: String,
+    manager: Arc<VolumeManager>,
+}
+
+impl NodeService {
+    pub fn new(node_id: String, manager: Arc<VolumeManager>) -> Self {
+        Self { node_id, manager }
+    }
+}
+
+fn invalid(msg: impl Into<String>) -> Status {
+    Status::invalid_argument(msg)
+}
+
+fn target_path(raw: &str) -> Result<PathBuf, Status> {
+    if raw.is_empty() {
+        return Err(invalid("target_path is required"));
+    }
+    let path = Path::new(raw);
+    if !path.is_absolute() {
+        return Err(invalid(format!(
+            "target_path {raw:?} must be an absolute path"
+        )));
+    }
+    Ok(path.to_path_buf())
+}
+
+/// Validates a publish request into a [`PublishSpec`].
+pub fn validate_publish(req: &NodePublishVolumeRequest) -> Result<PublishSpec, Status> {
+    if req.volume_id.is_empty() {
+        return Err(invalid("volume_id is required"));
+    }
+    let target = target_path(&req.target_path)?;
+    let capability = req
+        .volume_capability
+        .as_ref()
+        .ok_or_else(|| invalid("volume_capability is required"))?;
+    let mount = match &capability.access_type {
+        Some(AccessType::Mount(m)) => m,
+        Some(AccessType::Block(_)) => {
+            return Err(invalid(
+                "block access is not supported: rifflefs volumes are filesystems (use volumeMode: Filesystem)",
+            ))
+        }
+        None => return Err(invalid("volume_capability.access_type is required (mount)")),
+    };
+    let mode = capability
+        .access_mode
+        .as_ref()
+        .ok_or_else(|| invalid("volume_capability.access_mode is required"))?
+        .mode();
+    if mode == Mode::Unknown {
+        return Err(invalid("volume_capability.access_mode is UNKNOWN"));
+    }
+    let reader_only = matches!(mode, Mode::SingleNodeReaderOnly | Mode::MultiNodeReaderOnly);
+    if !req.readonly && !reader_only {
+        return Err(invalid(format!(
+            "rifflefs volumes are read-only but a writable volume was requested (access mode {}, readonly=false): use accessModes [ReadOnlyMany] on the PV and PVC, or readOnly: true on the volume",
+            mode.as_str_name()
+        )));
+    }
+    if !FS_TYPES.contains(&mount.fs_type.as_str()) {
+        return Err(invalid(format!(
+            "fsType {:?} is not supported: leave it empty or use fuse.riffle",
+            mount.fs_type
+        )));
+    }
+    let settings = VolumeSettings::parse(&req.volume_context, &mount.mount_flags)
+        .map_err(|e| invalid(e.to_string()))?;
+    let credentials =
+        Credentials::from_secrets(&req.secrets).map_err(|e| invalid(e.to_string()))?;
+    if settings.anonymous() && credentials.is_some() {
+        return Err(invalid(
+            "noSignRequest is set but a nodePublishSecretRef secret was given; use one or the other",
+        ));
+    }
+    Ok(PublishSpec {
+        volume_id: req.volume_id.clone(),
+        target,
+        settings,
+        credentials,
+    })
+}
+
+/// Maps a volume failure to a gRPC status.
+pub fn to_status(err: &VolumeError) -> Status {
+    let code = match err {
+        VolumeError::AlreadyExists(_) => Code::AlreadyExists,
+        VolumeError::FailedPrecondition(_) => Code::FailedPrecondition,
+        VolumeError::Mount(m) => match m.kind {
+            MountErrorKind::InvalidArgument => Code::InvalidArgument,
+            MountErrorKind::NotFound => Code::NotFound,
+            MountErrorKind::PermissionDenied => Code::PermissionDenied,
+            MountErrorKind::Unavailable => Code::Unavailable,
+            MountErrorKind::Timeout => Code::DeadlineExceeded,
+            MountErrorKind::FailedPrecondition => Code::FailedPrecondition,
+            MountErrorKind::Internal => Code::Internal,
+        },
+        VolumeError::State(_) | VolumeError::Io { .. } => Code::Internal,
+    };
+    Status::new(code, err.to_string())
+}
+
+#[tonic::async_trait]
+impl Node for NodeService {
+    async fn node_publish_volume(
+        &self,
+        request: Request<NodePublishVolumeRequest>,
+    ) -> Result<Response<NodePublishVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let spec = validate_publish(&req).inspect_err(|s| {
+            tracing::warn!(volume_id = %req.volume_id, target = %req.target_path, error = %s.message(), "NodePublishVolume refused");
+        })?;
+        let creds = spec.credentials.clone();
+        tracing::info!(
+            volume_id = %spec.volume_id,
+            target = %spec.target.display(),
+            source = %spec.settings.source_url(),
+            credentials = if creds.is_some() { "secret" } else { "node identity" },
+            "NodePublishVolume"
+        );
+        match self.manager.publish(spec).await {
+            Ok(()) => Ok(Response::new(NodePublishVolumeResponse {})),
+            Err(e) => {
+                let status = to_status(&e);
+                let message = crate::credentials::scrub(creds.as_ref(), status.message());
+                tracing::error!(volume_id = %req.volume_id, target = %req.target_path, code = ?status.code(), error = %message, "NodePublishVolume failed");
+                Err(Status::new(status.code(), message))
+            }
+        }
+    }
+
+    async fn node_unpublish_volume(
+        &self,
+        request: Request<NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<NodeUnpublishVolumeResponse>, Status> {
+        let req = request.into_inner();
+        if req.volume_id.is_empty() {
+            return Err(invalid("volume_id is required"));
+        }
+        let target = target_path(&req.target_path)?;
+        tracing::info!(volume_id = %req.volume_id, target = %target.display(), "NodeUnpublishVolume");
+        self.manager
+            .unpublish(&req.volume_id, &target)
+            .await
+            .map_err(|e| {
+                let status = to_status(&e);
+                tracing::error!(volume_id = %req.volume_id, target = %target.display(), error = %status.message(), "NodeUnpublishVolume failed");
+                status
+            })?;
+        Ok(Response::new(NodeUnpublishVolumeResponse {}))
+    }
+
+    async fn node_get_capabilities(
+        &self,
+        _request: Request<NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<NodeGetCapabilitiesResponse>, Status> {
+        // No optional node RPCs: no staging, stats, expansion or mount group.
+        Ok(Response::new(NodeGetCapabilitiesResponse {
+            capabilities: Vec::new(),
+        }))
+    }
+
+    async fn node_get_info(
+        &self,
+        _request: Request<NodeGetInfoRequest>,
+    ) -> Result<Response<NodeGetInfoResponse>, Status> {
+        Ok(Response::new(NodeGetInfoResponse {
+            node_id: self.node_id.clone(),
+            max_volumes_per_node: 0,
+            accessible_topology: None,
+        }))
+    }
+}

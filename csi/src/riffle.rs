@@ -1,0 +1,485 @@
+//! The real [`Mounter`]: runs `riffle mount` / `riffle unmount`.
+//!
+//! Mount: `riffle mount s3://BUCKET/PREFIX/ TARGET --allow-other <flags>
+//! --pid-file=F --log-file=L` in its own session (setsid), so that neither a
+//! signal to the plugin's process group nor the plugin's death reaches the
+//! daemon. Credentials go only into the child's environment. Without
+//! `--foreground`, riffle forks the daemon and exits 0 once the mount is live,
+//! or non-zero with a one-line reason on stderr. Its stderr goes to a file in
+//! the (root-only) run directory instead of a pipe: the daemon inherits the
+//! descriptor, and a pipe would tie the daemon to the plugin. After exit 0 we
+//! check that a `fuse.riffle` mount is really at the target and read the
+//! daemon's pid from the pid file.
+//!
+//! The reason line is mapped to a gRPC-relevant category by keywords (exit
+//! code 2 is a usage error from clap); the message is passed on verbatim,
+//! scrubbed of any credential value.
+//!
+//! Unmount: `riffle unmount TARGET` while the mount answers, then a lazy
+//! detach (`umount2(MNT_DETACH)`) of whatever is still there (a dead daemon
+//! leaves a mount that only a detach removes), then the daemon is waited
+//! for, SIGTERMed, SIGKILLed.
+
+use crate::credentials::{scrub, Credentials};
+use crate::mounter::{DaemonId, Health, MountError, MountErrorKind, MountRequest, Mounter};
+use crate::mountinfo::{self, Probe, RIFFLE_FSTYPE};
+use crate::process;
+use async_trait::async_trait;
+use std::ffi::OsString;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::process::Command;
+
+/// Runs the `riffle` binary.
+#[derive(Debug, Clone)]
+pub struct RiffleMounter {
+    pub binary: PathBuf,
+    /// The node's shared block cache, for volumes that enable caching.
+    pub cache_dir: Option<PathBuf>,
+    /// How long `riffle mount` may take to report the mount live.
+    pub mount_timeout: Duration,
+    /// How long a daemon gets to exit after unmount before each signal.
+    pub stop_grace: Duration,
+    /// Time limit for stat on a mount when checking its health.
+    pub probe_timeout: Duration,
+}
+
+impl RiffleMounter {
+    pub fn new(binary: PathBuf, cache_dir: Option<PathBuf>) -> Self {
+        Self {
+            binary,
+            cache_dir,
+            mount_timeout: Duration::from_secs(90),
+            stop_grace: Duration::from_secs(5),
+            probe_timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// The full argument list of `riffle mount` for `req`.
+    pub fn mount_args(&self, req: &MountRequest<'_>) -> Vec<OsString> {
+        let mut args: Vec<OsString> = vec![
+            "mount".into(),
+            req.settings.source_url().into(),
+            req.target.as_os_str().to_owned(),
+            "--allow-other".into(),
+        ];
+        args.extend(req.settings.flags(self.cache_dir.as_deref()));
+        let mut pid = OsString::from("--pid-file=");
+        pid.push(req.pid_file);
+        args.push(pid);
+        let mut log = OsString::from("--log-file=");
+        log.push(req.log_file);
+        args.push(log);
+        args
+    }
+
+    fn command(&self, args: &[OsString], credentials: Option<&Credentials>) -> Command {
+        let mut cmd = Command::new(&self.binary);
+        cmd.args(args).stdin(Stdio::null()).stdout(Stdio::null());
+        if let Some(c) = credentials {
+            for (name, value) in c.env() {
+                match value {
+                    Some(v) => cmd.env(name, v),
+                    None => cmd.env_remove(name),
+                };
+            }
+        }
+        // SAFETY: setsid is async-signal-safe and touches no memory of the
+        // parent; it only fails if the child already leads a group, which a
+        // freshly forked child does not.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::unistd::setsid().map_err(std::io::Error::from)?;
+                Ok(())
+            });
+        }
+        cmd
+    }
+
+    /// Removes a daemon (and its mount) left by a mount attempt that timed
+    /// out.
+    async fn cleanup_after_timeout(&self, target: &Path, pid_file: &Path) {
+        let daemon = process::from_pid_file(pid_file);
+        if let Err(e) = self.unmount(target, daemon).await {
+            tracing::warn!(target = %target.display(), error = %e, "cleanup after mount timeout failed");
+        }
+    }
+}
+
+/// Maps riffle's exit code and reason line to an error category.
+pub fn classify(exit_code: Option<i32>, reason: &str) -> MountErrorKind {
+    let r = reason.to_ascii_lowercase();
+    let has = |words: &[&str]| words.iter().any(|w| r.contains(w));
+    if exit_code == Some(2)
+        || has(&[
+            "invalid value",
+            "invalid option",
+            "unexpected argument",
+            "usage:",
+        ])
+    {
+        MountErrorKind::InvalidArgument
+    } else if has(&[
+        "accessdenied",
+        "access denied",
+        "forbidden",
+        "403",
+        "credential",
+        "signature",
+        "invalidaccesskeyid",
+        "unauthorized",
+        "401",
+    ]) {
+        MountErrorKind::PermissionDenied
+    } else if has(&[
+        "nosuchbucket",
+        "no such bucket",
+        "not found",
+        "404",
+        "does not exist",
+    ]) {
+        MountErrorKind::NotFound
+    } else if has(&[
+        "timed out",
+        "timeout",
+        "unreachable",
+        "connection refused",
+        "connect",
+        "dns",
+        "resolve",
+        "unavailable",
+    ]) {
+        MountErrorKind::Unavailable
+    } else if has(&[
+        "mountpoint",
+        "mount point",
+        "not a directory",
+        "busy",
+        "not empty",
+        "/dev/fuse",
+    ]) {
+        MountErrorKind::FailedPrecondition
+    } else if has(&["invalid"]) {
+        MountErrorKind::InvalidArgument
+    } else {
+        MountErrorKind::Internal
+    }
+}
+
+/// The reason riffle gave: the last non-empty stderr line, bounded.
+fn reason_line(stderr: &str) -> String {
+    let line = stderr
+        .lines()
+        .map(str::trim)
+        .rfind(|l| !l.is_empty())
+        .unwrap_or("(no message on stderr)");
+    let mut line = line.to_string();
+    if line.len() > 500 {
+        let mut cut = 500;
+        while !line.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        line.truncate(cut);
+        line.push('…');
+    }
+    line
+}
+
+#[async_trait]
+impl Mounter for RiffleMounter {
+    async fn mount(&self, req: MountRequest<'_>) -> Result<Option<DaemonId>, MountError> {
+        let args = self.mount_args(&req);
+        let source = req.settings.source_url();
+        let _ = std::fs::remove_file(req.pid_file);
+        let stderr_path = req.pid_file.with_extension("stderr");
+        let stderr_file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&stderr_path)
+            .map_err(|e| {
+                MountError::new(
+                    MountErrorKind::Internal,
+                    format!("cannot create {}: {e}", stderr_path.display()),
+                )
+            })?;
+        let mut cmd = self.command(&args, req.credentials);
+        cmd.stderr(stderr_file);
+        tracing::info!(
+            target = %req.target.display(),
+            %source,
+            args = ?args,
+            "running riffle mount"
+        );
+        let mut child = cmd.spawn().map_err(|e| {
+            MountError::new(
+                MountErrorKind::Internal,
+                format!(
+                    "cannot run the riffle binary {}: {e} (set --riffle-bin)",
+                    self.binary.display()
+                ),
+            )
+        })?;
+        let status = match tokio::time::timeout(self.mount_timeout, child.wait()).await {
+            Ok(Ok(status)) => status,
+            Ok(Err(e)) => {
+                return Err(MountError::new(
+                    MountErrorKind::Internal,
+                    format!("waiting for riffle mount failed: {e}"),
+                ))
+            }
+            Err(_) => {
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+                self.cleanup_after_timeout(req.target, req.pid_file).await;
+                let _ = std::fs::remove_file(&stderr_path);
+                return Err(MountError::new(
+                    MountErrorKind::Timeout,
+                    format!(
+                        "riffle mount of {source} at {} did not become ready within {:?}",
+                        req.target.display(),
+                        self.mount_timeout
+                    ),
+                ));
+            }
+        };
+        let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+        let _ = std::fs::remove_file(&stderr_path);
+        if !status.success() {
+            let reason = scrub(req.credentials, &reason_line(&stderr));
+            let kind = classify(status.code(), &reason);
+            return Err(MountError::new(
+                kind,
+                format!(
+                    "riffle mount of {source} at {} failed ({status}): {reason}",
+                    req.target.display()
+                ),
+            ));
+        }
+        match mountinfo::mount_at(req.target) {
+            Ok(Some(m)) if m.fs_type == RIFFLE_FSTYPE => {}
+            other => {
+                return Err(MountError::new(
+                    MountErrorKind::Internal,
+                    format!(
+                    "riffle mount exited 0 but no {RIFFLE_FSTYPE} mount is at {} (found {other:?})",
+                    req.target.display()
+                ),
+                ))
+            }
+        }
+        // The daemon writes its pid file before the parent reports success;
+        // allow a moment in case it lags.
+        for _ in 0..20 {
+            if let Some(id) = process::from_pid_file(req.pid_file) {
+                return Ok(Some(id));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tracing::warn!(pid_file = %req.pid_file.display(), "riffle mounted but wrote no usable pid file");
+        Ok(None)
+    }
+
+    async fn unmount(&self, target: &Path, daemon: Option<DaemonId>) -> Result<(), MountError> {
+        let mounted = mountinfo::mount_at(target).map_err(|e| {
+            MountError::new(
+                MountErrorKind::Internal,
+                format!("cannot read mountinfo: {e}"),
+            )
+        })?;
+        if let Some(entry) = mounted {
+            let answers = entry.fs_type == RIFFLE_FSTYPE
+                && mountinfo::probe(target, self.probe_timeout).await == Probe::Ok;
+            if answers {
+                let run = Command::new(&self.binary)
+                    .arg("unmount")
+                    .arg(target)
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped())
+                    .output();
+                match tokio::time::timeout(Duration::from_secs(30), run).await {
+                    Ok(Ok(out)) if out.status.success() => {}
+                    Ok(Ok(out)) => tracing::warn!(
+                        target = %target.display(),
+                        stderr = %reason_line(&String::from_utf8_lossy(&out.stderr)),
+                        "riffle unmount failed; detaching lazily"
+                    ),
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %e, "cannot run riffle unmount; detaching lazily")
+                    }
+                    Err(_) => tracing::warn!("riffle unmount timed out; detaching lazily"),
+                }
+            }
+            // Detach whatever is still there, stacked mounts included.
+            for _ in 0..16 {
+                match mountinfo::mount_at(target) {
+                    Ok(Some(_)) => {
+                        if let Err(e) =
+                            nix::mount::umount2(target, nix::mount::MntFlags::MNT_DETACH)
+                        {
+                            tracing::warn!(target = %target.display(), error = %e, "lazy unmount failed");
+                            break;
+                        }
+                    }
+                    _ => break,
+                }
+            }
+        }
+        if let Some(id) = daemon {
+            process::stop(id, self.stop_grace).await;
+        }
+        match mountinfo::mount_at(target) {
+            Ok(None) => Ok(()),
+            Ok(Some(m)) => Err(MountError::new(
+                MountErrorKind::Internal,
+                format!(
+                    "{} is still mounted ({}) after unmount",
+                    target.display(),
+                    m.fs_type
+                ),
+            )),
+            Err(e) => Err(MountError::new(
+                MountErrorKind::Internal,
+                format!("cannot read mountinfo: {e}"),
+            )),
+        }
+    }
+
+    async fn health(&self, target: &Path, daemon: Option<DaemonId>) -> Health {
+        let entry = match mountinfo::mount_at(target) {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read mountinfo; assuming mounts are fine");
+                return Health::Live;
+            }
+        };
+        let daemon_alive = daemon.map(process::is_alive);
+        let Some(entry) = entry else {
+            return match (daemon, daemon_alive) {
+                (Some(id), Some(true)) => Health::Broken(format!(
+                    "mount daemon (pid {}) runs but nothing is mounted",
+                    id.pid
+                )),
+                _ => Health::NotMounted,
+            };
+        };
+        if entry.fs_type != RIFFLE_FSTYPE {
+            return Health::Foreign(entry.fs_type);
+        }
+        if let (Some(id), Some(false)) = (daemon, daemon_alive) {
+            return Health::Broken(format!("mount daemon (pid {}) exited", id.pid));
+        }
+        match mountinfo::probe(target, self.probe_timeout).await {
+            Probe::Ok => Health::Live,
+            Probe::Disconnected => {
+                Health::Broken("transport endpoint is not connected".to_string())
+            }
+            Probe::TimedOut => {
+                tracing::warn!(target = %target.display(), "mount is slow to answer stat; leaving it alone");
+                Health::Live
+            }
+            Probe::Other(e) => {
+                tracing::warn!(target = %target.display(), error = %e, "stat on mount failed; leaving it alone");
+                Health::Live
+            }
+        }
+    }
+
+    async fn daemon_from_pid_file(&self, pid_file: &Path) -> Option<DaemonId> {
+        process::from_pid_file(pid_file)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::VolumeSettings;
+    use std::collections::HashMap;
+
+    #[test]
+    fn classification() {
+        use MountErrorKind::*;
+        let cases = [
+            (
+                Some(2),
+                "error: unexpected argument '--bogus'",
+                InvalidArgument,
+            ),
+            (Some(1), "error: bucket \"x\": NoSuchBucket", NotFound),
+            (
+                Some(1),
+                "error: AccessDenied: check credentials",
+                PermissionDenied,
+            ),
+            (
+                Some(1),
+                "error: cannot connect to http://10.0.0.1:7480: Connection refused",
+                Unavailable,
+            ),
+            (
+                Some(1),
+                "error: mountpoint /x is not a directory",
+                FailedPrecondition,
+            ),
+            (Some(1), "error: invalid --cache-size", InvalidArgument),
+            (Some(1), "error: something odd", Internal),
+        ];
+        for (code, line, kind) in cases {
+            assert_eq!(classify(code, line), kind, "{line}");
+        }
+    }
+
+    #[test]
+    fn reason_is_last_line_and_bounded() {
+        assert_eq!(reason_line("a\nerror: b\n\n"), "error: b");
+        assert_eq!(reason_line(""), "(no message on stderr)");
+        assert!(reason_line(&"x".repeat(2000)).len() < 520);
+    }
+
+    #[test]
+    fn args_carry_no_credentials() {
+        let mut attrs = HashMap::new();
+        attrs.insert("bucket".to_string(), "datasets".to_string());
+        attrs.insert("cacheSize".to_string(), "10GiB".to_string());
+        let settings = VolumeSettings::parse(&attrs, &[]).expect("valid");
+        let secrets: HashMap<String, String> = [
+            ("accessKeyId".to_string(), "AKIDARGS".to_string()),
+            ("secretAccessKey".to_string(), "SECRETARGS".to_string()),
+        ]
+        .into();
+        let creds = Credentials::from_secrets(&secrets).expect("ok");
+        let m = RiffleMounter::new("riffle".into(), Some("/var/cache/riffle".into()));
+        let req = MountRequest {
+            target: Path::new("/t"),
+            settings: &settings,
+            credentials: creds.as_ref(),
+            pid_file: Path::new("/s/run/k.pid"),
+            log_file: Path::new("/s/logs/k.log"),
+        };
+        let args: Vec<String> = m
+            .mount_args(&req)
+            .into_iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            args,
+            vec![
+                "mount",
+                "s3://datasets/",
+                "/t",
+                "--allow-other",
+                "--cache-size=10GiB",
+                "--cache-dir=/var/cache/riffle",
+                "--pid-file=/s/run/k.pid",
+                "--log-file=/s/logs/k.log",
+            ]
+        );
+        assert!(!args
+            .iter()
+            .any(|a| a.contains("AKIDARGS") || a.contains("SECRETARGS")));
+    }
+}

@@ -1,0 +1,670 @@
+//! Volume settings: `volumeAttributes` plus `mountOptions` -> one validated,
+//! canonical [`VolumeSettings`].
+//!
+//! Algorithm: one table ([`OPTIONS`]) lists every setting with its
+//! attribute name (camelCase, as written in a PV's `volumeAttributes` or an
+//! inline volume), its mount option name (kebab-case, as written in a PV's
+//! `mountOptions`) and the `riffle mount` flag it becomes. Each input is
+//! looked up in the table, its value checked against the setting's kind and
+//! stored canonically (booleans that are false are dropped, so "absent" and
+//! "false" are the same setting) in a sorted map keyed by the riffle flag.
+//! A setting given both as an attribute and as a mount option is refused
+//! rather than silently resolved. Everything not in the table is refused with
+//! its name, except the `csi.storage.k8s.io/*` keys kubelet adds itself.
+//!
+//! The canonical form makes the settings hash (used to tell "same publish
+//! again" from "different settings at the same target") independent of map
+//! order, spelling of booleans and the attribute/mount-option choice.
+//! Credentials are not settings: they never pass through this module.
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsString;
+use std::path::Path;
+
+/// Why a volume's attributes or mount options were refused. The message
+/// names the offending attribute/option so that an operator can fix the PV.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SettingsError {
+    #[error("volume attribute \"bucket\" is required")]
+    MissingBucket,
+    #[error("unknown volume attribute(s): {names} (supported: {supported})")]
+    UnknownAttributes { names: String, supported: String },
+    #[error("unsupported mount option(s): {names} (supported: {supported})")]
+    UnknownMountOptions { names: String, supported: String },
+    #[error("invalid value {value:?} for {source_name}: {reason}")]
+    InvalidValue {
+        source_name: String,
+        value: String,
+        reason: &'static str,
+    },
+    #[error("invalid mount option {name:?}: {reason}")]
+    InvalidMountOption { name: String, reason: &'static str },
+    #[error("{setting} is set both as volume attribute {attribute:?} and as mount option {option:?}; set it once")]
+    Conflict {
+        setting: &'static str,
+        attribute: &'static str,
+        option: String,
+    },
+}
+
+/// The kind of value a setting takes; decides validation and how the flag
+/// is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// http(s) URL without credentials, query or fragment.
+    Url,
+    /// A plain token such as a region name.
+    Token,
+    /// "true"/"false"; true becomes a bare flag.
+    Bool,
+    /// A uid/gid.
+    Id,
+    /// An octal permission mode such as 0444.
+    Mode,
+    /// Seconds or "indefinite".
+    Ttl,
+    /// A positive integer.
+    Count,
+    /// A byte size such as 512MiB.
+    Size,
+    /// A byte size or a percentage such as 80%.
+    SizeOrPercent,
+    /// An absolute path on the node.
+    AbsPath,
+    /// error|warn|info|debug|trace.
+    LogLevel,
+}
+
+/// One setting: its attribute name, mount option name (if it may be given
+/// as a mount option), and the `riffle mount` flag.
+struct OptionSpec {
+    attribute: &'static str,
+    mount_option: Option<&'static str>,
+    flag: &'static str,
+    kind: Kind,
+}
+
+const fn opt(
+    attribute: &'static str,
+    mount_option: Option<&'static str>,
+    flag: &'static str,
+    kind: Kind,
+) -> OptionSpec {
+    OptionSpec {
+        attribute,
+        mount_option,
+        flag,
+        kind,
+    }
+}
+
+/// Every setting a volume may carry besides `bucket` and `prefix`.
+const OPTIONS: &[OptionSpec] = &[
+    opt(
+        "endpointUrl",
+        Some("endpoint-url"),
+        "endpoint-url",
+        Kind::Url,
+    ),
+    opt("region", Some("region"), "region", Kind::Token),
+    opt(
+        "forcePathStyle",
+        Some("force-path-style"),
+        "force-path-style",
+        Kind::Bool,
+    ),
+    opt(
+        "noSignRequest",
+        Some("no-sign-request"),
+        "no-sign-request",
+        Kind::Bool,
+    ),
+    opt("uid", Some("uid"), "uid", Kind::Id),
+    opt("gid", Some("gid"), "gid", Kind::Id),
+    opt("fileMode", Some("file-mode"), "file-mode", Kind::Mode),
+    opt("dirMode", Some("dir-mode"), "dir-mode", Kind::Mode),
+    opt(
+        "metadataTtl",
+        Some("metadata-ttl"),
+        "metadata-ttl",
+        Kind::Ttl,
+    ),
+    opt(
+        "maxInflight",
+        Some("max-inflight"),
+        "max-inflight",
+        Kind::Count,
+    ),
+    opt("maxMemory", Some("max-memory"), "max-memory", Kind::Size),
+    opt(
+        "cacheSize",
+        Some("cache-size"),
+        "cache-size",
+        Kind::SizeOrPercent,
+    ),
+    opt("prefetchPlan", None, "prefetch-plan", Kind::AbsPath),
+    opt("preload", Some("preload"), "preload", Kind::Bool),
+    opt("logLevel", Some("log-level"), "log-level", Kind::LogLevel),
+];
+
+/// Mount options accepted and ignored because they are always in effect:
+/// rifflefs mounts are read-only and always allow other users (pods run
+/// under arbitrary uids).
+const NOOP_MOUNT_OPTIONS: &[&str] = &["ro", "read-only", "allow-other"];
+
+/// Attribute keys kubelet adds on its own (podInfoOnMount, ephemeral).
+const KUBELET_PREFIX: &str = "csi.storage.k8s.io/";
+
+/// Validated, canonical settings of one volume. Contains no secrets.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeSettings {
+    pub bucket: String,
+    /// Empty, or a key prefix ending in '/'.
+    pub prefix: String,
+    /// riffle flag name (without dashes) -> canonical value ("true" for
+    /// boolean flags that are set; false booleans are absent).
+    pub options: BTreeMap<String, String>,
+}
+
+impl VolumeSettings {
+    /// Parses and validates a volume's attributes and mount options.
+    pub fn parse(
+        attributes: &HashMap<String, String>,
+        mount_flags: &[String],
+    ) -> Result<Self, SettingsError> {
+        let mut options = BTreeMap::new();
+        let mut from_attribute: HashMap<&'static str, &'static str> = HashMap::new();
+        let mut unknown: Vec<&str> = Vec::new();
+        let mut bucket = None;
+        let mut prefix = String::new();
+
+        let mut keys: Vec<&String> = attributes.keys().collect();
+        keys.sort();
+        for key in keys {
+            let value = &attributes[key];
+            match key.as_str() {
+                "bucket" => bucket = Some(parse_bucket(value)?),
+                "prefix" => prefix = parse_prefix(value)?,
+                k if k.starts_with(KUBELET_PREFIX) => {}
+                k => match OPTIONS.iter().find(|o| o.attribute == k) {
+                    Some(spec) => {
+                        if let Some(v) = canonical(spec, spec.attribute, value)? {
+                            options.insert(spec.flag.to_string(), v);
+                        }
+                        from_attribute.insert(spec.flag, spec.attribute);
+                    }
+                    None => unknown.push(k),
+                },
+            }
+        }
+        if !unknown.is_empty() {
+            let mut supported = vec!["bucket", "prefix"];
+            supported.extend(OPTIONS.iter().map(|o| o.attribute));
+            return Err(SettingsError::UnknownAttributes {
+                names: unknown.join(", "),
+                supported: supported.join(", "),
+            });
+        }
+        let bucket = bucket.ok_or(SettingsError::MissingBucket)?;
+
+        let mut unknown_flags: Vec<String> = Vec::new();
+        for raw in mount_flags {
+            let (name, value) = split_mount_flag(raw);
+            if NOOP_MOUNT_OPTIONS.contains(&name.as_str()) {
+                if value.is_some() {
+                    return Err(SettingsError::InvalidMountOption {
+                        name,
+                        reason: "takes no value",
+                    });
+                }
+                continue;
+            }
+            let Some(spec) = OPTIONS
+                .iter()
+                .find(|o| o.mount_option == Some(name.as_str()))
+            else {
+                unknown_flags.push(name);
+                continue;
+            };
+            if let Some(attribute) = from_attribute.get(spec.flag) {
+                return Err(SettingsError::Conflict {
+                    setting: spec.flag,
+                    attribute,
+                    option: name,
+                });
+            }
+            let value = match (spec.kind, value) {
+                (Kind::Bool, None) => "true".to_string(),
+                (_, Some(v)) => v,
+                (_, None) => {
+                    return Err(SettingsError::InvalidMountOption {
+                        name,
+                        reason: "needs a value (name=value)",
+                    })
+                }
+            };
+            match canonical(spec, &name, &value)? {
+                Some(v) => options.insert(spec.flag.to_string(), v),
+                None => options.remove(spec.flag),
+            };
+        }
+        if !unknown_flags.is_empty() {
+            let mut supported: Vec<&str> = NOOP_MOUNT_OPTIONS.to_vec();
+            supported.extend(OPTIONS.iter().filter_map(|o| o.mount_option));
+            return Err(SettingsError::UnknownMountOptions {
+                names: unknown_flags.join(", "),
+                supported: supported.join(", "),
+            });
+        }
+        Ok(Self {
+            bucket,
+            prefix,
+            options,
+        })
+    }
+
+    /// `s3://bucket/prefix/`, the source argument of `riffle mount`.
+    pub fn source_url(&self) -> String {
+        format!("s3://{}/{}", self.bucket, self.prefix)
+    }
+
+    /// Whether the volume asks for unsigned (anonymous) requests.
+    pub fn anonymous(&self) -> bool {
+        self.options.contains_key("no-sign-request")
+    }
+
+    /// Whether the volume uses the node's block cache.
+    pub fn uses_cache(&self) -> bool {
+        self.options.contains_key("cache-size")
+    }
+
+    /// A stable digest of the settings and the volume id: equal iff a
+    /// publish is "the same" for idempotency purposes.
+    pub fn digest(&self, volume_id: &str) -> String {
+        let mut hasher = Sha256::new();
+        hasher.update(volume_id.as_bytes());
+        hasher.update([0]);
+        hasher.update(self.bucket.as_bytes());
+        hasher.update([0]);
+        hasher.update(self.prefix.as_bytes());
+        for (k, v) in &self.options {
+            hasher.update([0]);
+            hasher.update(k.as_bytes());
+            hasher.update([b'=']);
+            hasher.update(v.as_bytes());
+        }
+        hex::encode(hasher.finalize())
+    }
+
+    /// The `riffle mount` option flags (without source and mount point),
+    /// always in `--flag=value` form so that no value can be taken for a
+    /// flag. `cache_dir` is the node's shared cache, passed only when the
+    /// volume enables the cache.
+    pub fn flags(&self, cache_dir: Option<&Path>) -> Vec<OsString> {
+        let mut out = Vec::new();
+        for (flag, value) in &self.options {
+            let bare = OPTIONS
+                .iter()
+                .any(|o| o.flag == flag && o.kind == Kind::Bool);
+            if bare {
+                out.push(OsString::from(format!("--{flag}")));
+            } else {
+                out.push(OsString::from(format!("--{flag}={value}")));
+            }
+        }
+        if let (true, Some(dir)) = (self.uses_cache(), cache_dir) {
+            let mut arg = OsString::from("--cache-dir=");
+            arg.push(dir.as_os_str());
+            out.push(arg);
+        }
+        out
+    }
+}
+
+/// Splits "name=value" / "--name=value" / "name" and normalizes '_' to '-'
+/// in the name.
+fn split_mount_flag(raw: &str) -> (String, Option<String>) {
+    let raw = raw.trim().trim_start_matches("--");
+    match raw.split_once('=') {
+        Some((n, v)) => (n.replace('_', "-"), Some(v.to_string())),
+        None => (raw.replace('_', "-"), None),
+    }
+}
+
+fn invalid(source_name: &str, value: &str, reason: &'static str) -> SettingsError {
+    SettingsError::InvalidValue {
+        source_name: source_name.to_string(),
+        value: value.to_string(),
+        reason,
+    }
+}
+
+fn parse_bucket(value: &str) -> Result<String, SettingsError> {
+    let ok_chars = value
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'));
+    if !(3..=63).contains(&value.len()) || !ok_chars {
+        return Err(invalid(
+            "bucket",
+            value,
+            "a bucket name has 3-63 characters: letters, digits, '.', '-', '_'",
+        ));
+    }
+    Ok(value.to_string())
+}
+
+fn parse_prefix(value: &str) -> Result<String, SettingsError> {
+    if value.chars().any(char::is_control) {
+        return Err(invalid("prefix", value, "contains control characters"));
+    }
+    let trimmed = value.trim_start_matches('/');
+    if trimmed.split('/').any(|seg| seg == "..") {
+        return Err(invalid("prefix", value, "must not contain '..' segments"));
+    }
+    if trimmed.is_empty() {
+        return Ok(String::new());
+    }
+    if trimmed.ends_with('/') {
+        Ok(trimmed.to_string())
+    } else {
+        Ok(format!("{trimmed}/"))
+    }
+}
+
+/// Validates `value` for `spec`; returns the canonical value, or None for a
+/// boolean that is false.
+fn canonical(
+    spec: &OptionSpec,
+    source_name: &str,
+    value: &str,
+) -> Result<Option<String>, SettingsError> {
+    let value = value.trim();
+    if value.chars().any(char::is_control) {
+        return Err(invalid(source_name, value, "contains control characters"));
+    }
+    let bad = |reason| Err(invalid(source_name, value, reason));
+    match spec.kind {
+        Kind::Bool => match value.to_ascii_lowercase().as_str() {
+            "true" => Ok(Some("true".into())),
+            "false" => Ok(None),
+            _ => bad("expected \"true\" or \"false\""),
+        },
+        Kind::Url => {
+            let Ok(url) = url::Url::parse(value) else {
+                return bad("not a URL (expected e.g. https://s3.example.com:7480)");
+            };
+            if !matches!(url.scheme(), "http" | "https") {
+                return bad("the scheme must be http or https");
+            }
+            if !url.username().is_empty() || url.password().is_some() {
+                return bad("must not contain credentials; use nodePublishSecretRef");
+            }
+            if url.query().is_some() || url.fragment().is_some() {
+                return bad("must not have a query or fragment");
+            }
+            Ok(Some(value.to_string()))
+        }
+        Kind::Token => {
+            let ok = value.starts_with(|c: char| c.is_ascii_alphanumeric())
+                && value.len() <= 64
+                && value
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+            if ok {
+                Ok(Some(value.to_string()))
+            } else {
+                bad("expected 1-64 letters, digits, '-', '_' or '.', starting with a letter or digit")
+            }
+        }
+        Kind::Id => match value.parse::<u32>() {
+            Ok(n) => Ok(Some(n.to_string())),
+            Err(_) => bad("expected a numeric id"),
+        },
+        Kind::Mode => {
+            let digits = value.trim_start_matches("0o");
+            match u32::from_str_radix(digits, 8) {
+                Ok(m) if m <= 0o7777 && !digits.is_empty() => Ok(Some(format!("{m:04o}"))),
+                _ => bad("expected an octal mode such as 0444"),
+            }
+        }
+        Kind::Ttl => {
+            if value.eq_ignore_ascii_case("indefinite") {
+                Ok(Some("indefinite".into()))
+            } else {
+                match value.parse::<u64>() {
+                    Ok(n) => Ok(Some(n.to_string())),
+                    Err(_) => bad("expected a number of seconds or \"indefinite\""),
+                }
+            }
+        }
+        Kind::Count => match value.parse::<u32>() {
+            Ok(n) if n > 0 => Ok(Some(n.to_string())),
+            _ => bad("expected a positive integer"),
+        },
+        Kind::Size => {
+            if is_size(value) {
+                Ok(Some(value.to_string()))
+            } else {
+                bad("expected a size such as 512MiB or 2GB")
+            }
+        }
+        Kind::SizeOrPercent => {
+            let percent_ok = value
+                .strip_suffix('%')
+                .and_then(|n| n.parse::<u8>().ok())
+                .is_some_and(|n| (1..=100).contains(&n));
+            if percent_ok || is_size(value) {
+                Ok(Some(value.to_string()))
+            } else {
+                bad("expected a size such as 500GiB or a percentage such as 80%")
+            }
+        }
+        Kind::AbsPath => {
+            if Path::new(value).is_absolute() {
+                Ok(Some(value.to_string()))
+            } else {
+                bad("expected an absolute path on the node")
+            }
+        }
+        Kind::LogLevel => match value.to_ascii_lowercase().as_str() {
+            l @ ("error" | "warn" | "info" | "debug" | "trace") => Ok(Some(l.to_string())),
+            _ => bad("expected error, warn, info, debug or trace"),
+        },
+    }
+}
+
+/// "123", "1.5GiB", "512M", "2gb": a number and an optional binary or
+/// decimal unit.
+fn is_size(value: &str) -> bool {
+    let split = value
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(value.len());
+    let (number, unit) = value.split_at(split);
+    let number_ok = !number.is_empty()
+        && number
+            .parse::<f64>()
+            .is_ok_and(|n| n > 0.0 && n.is_finite());
+    let unit_ok = matches!(
+        unit.to_ascii_lowercase().as_str(),
+        "" | "b"
+            | "k"
+            | "kb"
+            | "kib"
+            | "m"
+            | "mb"
+            | "mib"
+            | "g"
+            | "gb"
+            | "gib"
+            | "t"
+            | "tb"
+            | "tib"
+    );
+    number_ok && unit_ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attrs(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn flags(s: &VolumeSettings) -> Vec<String> {
+        s.flags(Some(Path::new("/cache")))
+            .into_iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn full_attribute_set_maps_to_flags() {
+        let s = VolumeSettings::parse(
+            &attrs(&[
+                ("bucket", "datasets"),
+                ("prefix", "/imagenet/train"),
+                ("endpointUrl", "http://127.0.0.1:7480"),
+                ("region", "us-east-1"),
+                ("forcePathStyle", "True"),
+                ("metadataTtl", "indefinite"),
+                ("cacheSize", "80%"),
+                ("prefetchPlan", "/plans/epoch.txt"),
+                ("preload", "false"),
+                ("fileMode", "444"),
+                ("csi.storage.k8s.io/pod.name", "trainer-0"),
+                ("csi.storage.k8s.io/ephemeral", "true"),
+            ]),
+            &["uid=1000".into(), "--max-inflight=64".into(), "ro".into()],
+        )
+        .expect("valid");
+        assert_eq!(s.source_url(), "s3://datasets/imagenet/train/");
+        assert_eq!(
+            flags(&s),
+            vec![
+                "--cache-size=80%",
+                "--endpoint-url=http://127.0.0.1:7480",
+                "--file-mode=0444",
+                "--force-path-style",
+                "--max-inflight=64",
+                "--metadata-ttl=indefinite",
+                "--prefetch-plan=/plans/epoch.txt",
+                "--region=us-east-1",
+                "--uid=1000",
+                "--cache-dir=/cache",
+            ]
+        );
+    }
+
+    #[test]
+    fn bucket_is_required_and_validated() {
+        assert_eq!(
+            VolumeSettings::parse(&attrs(&[("region", "x")]), &[]),
+            Err(SettingsError::MissingBucket)
+        );
+        let err = VolumeSettings::parse(&attrs(&[("bucket", "a/b")]), &[]).unwrap_err();
+        assert!(err.to_string().contains("bucket"), "{err}");
+    }
+
+    #[test]
+    fn unknown_attributes_are_named() {
+        let err = VolumeSettings::parse(
+            &attrs(&[("bucket", "abc"), ("colour", "red"), ("size", "1")]),
+            &[],
+        )
+        .unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("colour, size"), "{msg}");
+        assert!(msg.contains("endpointUrl"), "{msg}");
+    }
+
+    #[test]
+    fn unknown_mount_options_are_named() {
+        let err =
+            VolumeSettings::parse(&attrs(&[("bucket", "abc")]), &["rw".into(), "exec".into()])
+                .unwrap_err();
+        assert!(err.to_string().contains("rw, exec"), "{err}");
+    }
+
+    #[test]
+    fn conflicting_sources_are_refused() {
+        let err = VolumeSettings::parse(
+            &attrs(&[("bucket", "abc"), ("uid", "1")]),
+            &["uid=2".into()],
+        )
+        .unwrap_err();
+        assert!(matches!(err, SettingsError::Conflict { .. }), "{err}");
+    }
+
+    #[test]
+    fn invalid_values_are_explained() {
+        for (k, v) in [
+            ("endpointUrl", "ftp://x"),
+            ("endpointUrl", "http://user:pw@host"),
+            ("forcePathStyle", "yes please"),
+            ("uid", "-1"),
+            ("fileMode", "999"),
+            ("metadataTtl", "soon"),
+            ("maxInflight", "0"),
+            ("maxMemory", "lots"),
+            ("cacheSize", "120%"),
+            ("prefetchPlan", "relative/plan"),
+            ("logLevel", "loud"),
+            ("region", "--evil"),
+        ] {
+            let err = VolumeSettings::parse(&attrs(&[("bucket", "abc"), (k, v)]), &[]);
+            assert!(err.is_err(), "{k}={v} accepted");
+        }
+        let err = VolumeSettings::parse(&attrs(&[("bucket", "abc"), ("prefix", "a/../b")]), &[]);
+        assert!(err.is_err());
+    }
+
+    #[test]
+    fn values_are_attached_to_their_flag() {
+        // `--flag=value` form: a value can never be taken for another flag.
+        let s = VolumeSettings::parse(&attrs(&[("bucket", "abc"), ("maxMemory", "1GiB")]), &[])
+            .expect("valid");
+        assert_eq!(flags(&s), vec!["--max-memory=1GiB"]);
+    }
+
+    #[test]
+    fn digest_ignores_spelling_and_source() {
+        let a = VolumeSettings::parse(
+            &attrs(&[
+                ("bucket", "abc"),
+                ("forcePathStyle", "TRUE"),
+                ("preload", "false"),
+            ]),
+            &[],
+        )
+        .expect("valid");
+        let b = VolumeSettings::parse(&attrs(&[("bucket", "abc")]), &["force_path_style".into()])
+            .expect("valid");
+        assert_eq!(a.digest("v1"), b.digest("v1"));
+        assert_ne!(a.digest("v1"), a.digest("v2"));
+        let c = VolumeSettings::parse(&attrs(&[("bucket", "abc"), ("prefix", "x")]), &[])
+            .expect("valid");
+        assert_ne!(a.digest("v1"), c.digest("v1"));
+    }
+
+    #[test]
+    fn cache_dir_only_with_cache_size() {
+        let s = VolumeSettings::parse(&attrs(&[("bucket", "abc")]), &[]).expect("valid");
+        assert!(flags(&s).is_empty());
+    }
+
+    #[test]
+    fn sizes() {
+        for ok in ["1", "512MiB", "1.5G", "2gb", "100KiB"] {
+            assert!(is_size(ok), "{ok}");
+        }
+        for bad in ["", "MiB", "-1G", "1 G", "1PB", "0"] {
+            assert!(!is_size(bad), "{bad}");
+        }
+    }
+}

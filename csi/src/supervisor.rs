@@ -1,0 +1,157 @@
+//! Keeping published volumes mounted.
+//!
+//! [`reconcile`] runs once at start, before the plugin reports ready: every
+//! recorded target is checked (in parallel) and live mounts are adopted,
+//! broken ones ("transport endpoint is not connected" after a daemon died
+//! with the previous plugin) are detached and remounted, so pods recover
+//! without a restart.
+//!
+//! [`run`] then repeats the same check every interval. A target whose
+//! recovery fails is retried with exponential backoff (interval x 2^n, at
+//! most five minutes) so that a bucket that went away does not turn into a
+//! remount storm; targets with an operation in progress are skipped for that
+//! round.
+
+use crate::volumes::{CheckOutcome, VolumeManager};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+const MAX_BACKOFF: Duration = Duration::from_secs(300);
+
+/// Checks every recorded target once; returns how many were recovered and
+/// how many failed.
+pub async fn reconcile(manager: &Arc<VolumeManager>) -> (usize, usize) {
+    let records = match manager.store().list() {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot list volume records");
+            return (0, 0);
+        }
+    };
+    tracing::info!(volumes = records.len(), "reconciling recorded volumes");
+    let mut tasks = tokio::task::JoinSet::new();
+    for record in records {
+        let manager = Arc::clone(manager);
+        tasks.spawn(async move {
+            let outcome = manager.check(&record.target, true).await;
+            (record, outcome)
+        });
+    }
+    let (mut recovered, mut failed) = (0, 0);
+    while let Some(joined) = tasks.join_next().await {
+        let Ok((record, outcome)) = joined else {
+            failed += 1;
+            continue;
+        };
+        let target = record.target.display();
+        match outcome {
+            Ok(CheckOutcome::Healthy) => {
+                tracing::info!(volume_id = %record.volume_id, %target, "adopted live mount")
+            }
+            Ok(CheckOutcome::Recovered(why)) => {
+                recovered += 1;
+                tracing::warn!(volume_id = %record.volume_id, %target, reason = %why, "remounted broken mount")
+            }
+            Ok(CheckOutcome::Foreign(fs)) => {
+                tracing::error!(volume_id = %record.volume_id, %target, fs_type = %fs, "target is covered by another mount")
+            }
+            Ok(CheckOutcome::Skipped) => {}
+            Err(e) => {
+                failed += 1;
+                tracing::error!(volume_id = %record.volume_id, %target, error = %e, "recovery failed; the supervisor will retry")
+            }
+        }
+    }
+    (recovered, failed)
+}
+
+/// Per-target retry schedule after failed recoveries.
+#[derive(Default)]
+struct Backoff {
+    entries: HashMap<PathBuf, (u32, Instant)>,
+}
+
+impl Backoff {
+    fn due(&self, target: &PathBuf, now: Instant) -> bool {
+        self.entries.get(target).is_none_or(|(_, at)| now >= *at)
+    }
+
+    fn failed(&mut self, target: PathBuf, interval: Duration, now: Instant) -> Duration {
+        let failures = self.entries.get(&target).map_or(0, |(n, _)| *n) + 1;
+        let delay = interval
+            .saturating_mul(1u32 << failures.min(16))
+            .min(MAX_BACKOFF);
+        self.entries.insert(target, (failures, now + delay));
+        delay
+    }
+
+    fn succeeded(&mut self, target: &PathBuf) {
+        self.entries.remove(target);
+    }
+}
+
+/// Checks all recorded targets every `interval`, forever.
+pub async fn run(manager: Arc<VolumeManager>, interval: Duration) {
+    let mut backoff = Backoff::default();
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let records = match manager.store().list() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot list volume records");
+                continue;
+            }
+        };
+        let now = Instant::now();
+        backoff
+            .entries
+            .retain(|t, _| records.iter().any(|r| &r.target == t));
+        for record in records {
+            if !backoff.due(&record.target, now) {
+                continue;
+            }
+            match manager.check(&record.target, false).await {
+                Ok(CheckOutcome::Recovered(why)) => {
+                    backoff.succeeded(&record.target);
+                    tracing::warn!(volume_id = %record.volume_id, target = %record.target.display(), reason = %why, "mount daemon was gone; remounted");
+                }
+                Ok(CheckOutcome::Foreign(fs)) => {
+                    tracing::warn!(volume_id = %record.volume_id, target = %record.target.display(), fs_type = %fs, "target is covered by another mount")
+                }
+                Ok(_) => backoff.succeeded(&record.target),
+                Err(e) => {
+                    let delay = backoff.failed(record.target.clone(), interval, now);
+                    tracing::error!(volume_id = %record.volume_id, target = %record.target.display(), error = %e, retry_in = ?delay, "remount failed");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_caps() {
+        let mut b = Backoff::default();
+        let t = PathBuf::from("/t");
+        let now = Instant::now();
+        assert!(b.due(&t, now));
+        let d1 = b.failed(t.clone(), Duration::from_secs(5), now);
+        let d2 = b.failed(t.clone(), Duration::from_secs(5), now);
+        assert!(d2 > d1);
+        assert!(!b.due(&t, now));
+        for _ in 0..20 {
+            b.failed(t.clone(), Duration::from_secs(5), now);
+        }
+        assert_eq!(b.entries[&t].1, now + MAX_BACKOFF);
+        b.succeeded(&t);
+        assert!(b.due(&t, now));
+    }
+}

@@ -1,0 +1,387 @@
+//! Publishing, unpublishing and recovering volumes: the bookkeeping between
+//! the CSI calls, the state directory and the [`Mounter`].
+//!
+//! Every operation on a target runs under that target's lock
+//! ([`KeyedLocks`]); different targets run in parallel.
+//!
+//! Publish: if a record exists for the target, the call is a repeat: same
+//! volume id and settings hash -> OK (remounting first if the daemon died);
+//! anything else -> AlreadyExists. Without a record, a stale rifflefs mount
+//! left at the target is detached, the target directory is created, the
+//! credentials and a record *without* daemon are written, then the mount is
+//! made and the record completed with the daemon id. Writing the record
+//! before mounting means a plugin that dies mid-mount finds the volume again
+//! at start (and adopts the mount if it came up, through the pid file); a
+//! failed mount removes the record, the credentials and the directory.
+//!
+//! Unpublish: unmount whatever is at the target, stop the daemon, remove
+//! the target directory, then forget the record and credentials. Unknown or
+//! already removed targets are OK (idempotent).
+//!
+//! Check (start-up reconciliation and the supervisor): a recorded target
+//! whose mount is live is adopted as it is; one whose daemon died (the mount
+//! answers ENOTCONN), or whose mount is gone, is detached and mounted again
+//! with the recorded settings and stored credentials.
+
+use crate::credentials::Credentials;
+use crate::locks::KeyedLocks;
+use crate::mounter::{Health, MountError, MountRequest, Mounter};
+use crate::settings::VolumeSettings;
+use crate::state::{StateError, StateStore, VolumeRecord};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// A failed volume operation.
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    /// The target is taken by another volume or other settings.
+    #[error("{0}")]
+    AlreadyExists(String),
+    /// The target is in a state the plugin will not touch.
+    #[error("{0}")]
+    FailedPrecondition(String),
+    #[error(transparent)]
+    Mount(#[from] MountError),
+    #[error(transparent)]
+    State(#[from] StateError),
+    #[error("{context}: {source}")]
+    Io { context: String, source: io::Error },
+}
+
+fn io_error(context: String) -> impl FnOnce(io::Error) -> VolumeError {
+    move |source| VolumeError::Io { context, source }
+}
+
+/// One NodePublishVolume, validated.
+pub struct PublishSpec {
+    pub volume_id: String,
+    pub target: PathBuf,
+    pub settings: VolumeSettings,
+    pub credentials: Option<Credentials>,
+}
+
+/// What a check found and did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckOutcome {
+    /// The mount is live.
+    Healthy,
+    /// The mount was broken or gone and has been mounted again.
+    Recovered(String),
+    /// Something else is mounted on the target; left alone.
+    Foreign(String),
+    /// No record (unpublished meanwhile) or the target is busy.
+    Skipped,
+}
+
+/// Publishes, unpublishes and recovers volumes.
+pub struct VolumeManager {
+    mounter: Arc<dyn Mounter>,
+    store: StateStore,
+    locks: KeyedLocks,
+}
+
+impl VolumeManager {
+    pub fn new(mounter: Arc<dyn Mounter>, store: StateStore) -> Self {
+        Self {
+            mounter,
+            store,
+            locks: KeyedLocks::default(),
+        }
+    }
+
+    pub fn store(&self) -> &StateStore {
+        &self.store
+    }
+
+    /// NodePublishVolume.
+    pub async fn publish(&self, spec: PublishSpec) -> Result<(), VolumeError> {
+        let target = spec.target.as_path();
+        let _guard = self.locks.lock(target).await;
+        let hash = spec.settings.digest(&spec.volume_id);
+
+        if let Some(mut record) = self.store.load(target)? {
+            if record.volume_id != spec.volume_id {
+                return Err(VolumeError::AlreadyExists(format!(
+                    "target path {} already has volume {:?} published; refusing to publish volume {:?} there",
+                    target.display(),
+                    record.volume_id,
+                    spec.volume_id
+                )));
+            }
+            if record.settings_hash != hash {
+                return Err(VolumeError::AlreadyExists(format!(
+                    "volume {:?} is already published at {} with different settings (bucket {:?}, prefix {:?}); unpublish it before changing its attributes or mount options",
+                    record.volume_id,
+                    target.display(),
+                    record.settings.bucket,
+                    record.settings.prefix
+                )));
+            }
+            if let Some(creds) = &spec.credentials {
+                self.store.save_credentials(target, creds)?;
+                if !record.has_credentials {
+                    record.has_credentials = true;
+                    self.store.save(&record)?;
+                }
+            }
+            return match self.mounter.health(target, record.daemon).await {
+                Health::Live => {
+                    if record.daemon.is_none() {
+                        record.daemon = self
+                            .mounter
+                            .daemon_from_pid_file(&self.store.pid_file(target))
+                            .await;
+                        self.store.save(&record)?;
+                    }
+                    tracing::info!(volume_id = %spec.volume_id, target = %target.display(), "already published");
+                    Ok(())
+                }
+                Health::Foreign(fs) => Err(foreign(target, &fs)),
+                Health::NotMounted | Health::Broken(_) => {
+                    self.recover(record, spec.credentials.as_ref()).await
+                }
+            };
+        }
+
+        match self.mounter.health(target, None).await {
+            Health::NotMounted => {}
+            Health::Foreign(fs) => return Err(foreign(target, &fs)),
+            Health::Live | Health::Broken(_) => {
+                tracing::warn!(target = %target.display(), "replacing a rifflefs mount this plugin has no record of");
+                self.mounter.unmount(target, None).await?;
+            }
+        }
+        let created = ensure_dir(target)?;
+        if let Some(creds) = &spec.credentials {
+            self.store.save_credentials(target, creds)?;
+        }
+        let mut record = VolumeRecord {
+            volume_id: spec.volume_id.clone(),
+            target: target.to_path_buf(),
+            settings: spec.settings,
+            settings_hash: hash,
+            has_credentials: spec.credentials.is_some(),
+            daemon: None,
+        };
+        self.store.save(&record)?;
+        match self.mount(&record, spec.credentials.as_ref()).await {
+            Ok(daemon) => {
+                record.daemon = daemon;
+                self.store.save(&record)?;
+                tracing::info!(
+                    volume_id = %record.volume_id,
+                    target = %target.display(),
+                    source = %record.settings.source_url(),
+                    pid = ?daemon.map(|d| d.pid),
+                    "published"
+                );
+                Ok(())
+            }
+            Err(e) => {
+                if let Err(se) = self.store.remove(target) {
+                    tracing::warn!(error = %se, "cannot remove state after failed mount");
+                }
+                if created {
+                    let _ = std::fs::remove_dir(target);
+                }
+                Err(e.into())
+            }
+        }
+    }
+
+    /// NodeUnpublishVolume.
+    pub async fn unpublish(&self, volume_id: &str, target: &Path) -> Result<(), VolumeError> {
+        let _guard = self.locks.lock(target).await;
+        let record = match self.store.load(target) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "ignoring unreadable record during unpublish");
+                None
+            }
+        };
+        if let Some(r) = &record {
+            if r.volume_id != volume_id {
+                tracing::warn!(
+                    target = %target.display(),
+                    recorded = %r.volume_id,
+                    requested = %volume_id,
+                    "unpublishing a target recorded for another volume id"
+                );
+            }
+        }
+        let daemon = match record.as_ref().and_then(|r| r.daemon) {
+            Some(d) => Some(d),
+            None => {
+                self.mounter
+                    .daemon_from_pid_file(&self.store.pid_file(target))
+                    .await
+            }
+        };
+        let health = self.mounter.health(target, daemon).await;
+        if health != Health::NotMounted || daemon.is_some() {
+            self.mounter.unmount(target, daemon).await?;
+        }
+        remove_target(target, record.is_some())?;
+        self.store.remove(target)?;
+        tracing::info!(volume_id = %volume_id, target = %target.display(), "unpublished");
+        Ok(())
+    }
+
+    /// Checks one recorded target and recovers it if its mount is broken or
+    /// gone. With `wait` false a target whose lock is held (an operation in
+    /// progress) is skipped.
+    pub async fn check(&self, target: &Path, wait: bool) -> Result<CheckOutcome, VolumeError> {
+        let _guard = if wait {
+            self.locks.lock(target).await
+        } else {
+            match self.locks.try_lock(target) {
+                Some(g) => g,
+                None => return Ok(CheckOutcome::Skipped),
+            }
+        };
+        let Some(mut record) = self.store.load(target)? else {
+            return Ok(CheckOutcome::Skipped);
+        };
+        if record.daemon.is_none() {
+            if let Some(d) = self
+                .mounter
+                .daemon_from_pid_file(&self.store.pid_file(target))
+                .await
+            {
+                record.daemon = Some(d);
+                self.store.save(&record)?;
+            }
+        }
+        match self.mounter.health(target, record.daemon).await {
+            Health::Live => Ok(CheckOutcome::Healthy),
+            Health::Foreign(fs) => Ok(CheckOutcome::Foreign(fs)),
+            Health::NotMounted => {
+                self.recover(record, None).await?;
+                Ok(CheckOutcome::Recovered("not mounted".into()))
+            }
+            Health::Broken(reason) => {
+                self.recover(record, None).await?;
+                Ok(CheckOutcome::Recovered(reason))
+            }
+        }
+    }
+
+    /// Detaches what is left of a broken mount and mounts the recorded
+    /// volume again. Caller holds the target's lock.
+    async fn recover(
+        &self,
+        mut record: VolumeRecord,
+        fresh: Option<&Credentials>,
+    ) -> Result<(), VolumeError> {
+        let target = record.target.clone();
+        let stored;
+        let creds = match fresh {
+            Some(c) => Some(c),
+            None if record.has_credentials => {
+                stored = self.store.load_credentials(&target)?;
+                match &stored {
+                    Some(c) => Some(c),
+                    None => {
+                        return Err(VolumeError::FailedPrecondition(format!(
+                        "cannot remount {}: its credentials are missing from the state directory",
+                        target.display()
+                    )))
+                    }
+                }
+            }
+            None => None,
+        };
+        tracing::warn!(volume_id = %record.volume_id, target = %target.display(), "remounting");
+        if let Err(e) = self.mounter.unmount(&target, record.daemon).await {
+            tracing::warn!(target = %target.display(), error = %e, "cleanup before remount failed");
+        }
+        ensure_dir(&target)?;
+        record.daemon = None;
+        self.store.save(&record)?;
+        let daemon = self.mount(&record, creds).await?;
+        record.daemon = daemon;
+        self.store.save(&record)?;
+        tracing::info!(volume_id = %record.volume_id, target = %target.display(), pid = ?daemon.map(|d| d.pid), "remounted");
+        Ok(())
+    }
+
+    async fn mount(
+        &self,
+        record: &VolumeRecord,
+        creds: Option<&Credentials>,
+    ) -> Result<Option<crate::mounter::DaemonId>, MountError> {
+        let pid_file = self.store.pid_file(&record.target);
+        let log_file = self.store.log_file(&record.target);
+        self.mounter
+            .mount(MountRequest {
+                target: &record.target,
+                settings: &record.settings,
+                credentials: creds,
+                pid_file: &pid_file,
+                log_file: &log_file,
+            })
+            .await
+    }
+}
+
+fn foreign(target: &Path, fs_type: &str) -> VolumeError {
+    VolumeError::FailedPrecondition(format!(
+        "target path {} is already a mount point of type {fs_type} not managed by riffle-csi",
+        target.display()
+    ))
+}
+
+/// Creates the target directory if needed; true if it was created.
+fn ensure_dir(target: &Path) -> Result<bool, VolumeError> {
+    match std::fs::symlink_metadata(target) {
+        Ok(m) if m.is_dir() => Ok(false),
+        Ok(_) => Err(VolumeError::FailedPrecondition(format!(
+            "target path {} exists and is not a directory",
+            target.display()
+        ))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(target).map_err(io_error(format!(
+                "cannot create target path {}",
+                target.display()
+            )))?;
+            Ok(true)
+        }
+        Err(e) => Err(io_error(format!(
+            "cannot inspect target path {}",
+            target.display()
+        ))(e)),
+    }
+}
+
+/// Removes the (unmounted) target. A directory this plugin had no record of
+/// is removed only if empty.
+fn remove_target(target: &Path, recorded: bool) -> Result<(), VolumeError> {
+    let meta = match std::fs::symlink_metadata(target) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => {
+            return Err(io_error(format!(
+                "cannot inspect target path {}",
+                target.display()
+            ))(e))
+        }
+    };
+    let result = if meta.is_dir() {
+        std::fs::remove_dir(target)
+    } else {
+        std::fs::remove_file(target)
+    };
+    match result {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) if !recorded && e.kind() == io::ErrorKind::DirectoryNotEmpty => {
+            tracing::warn!(target = %target.display(), "leaving a non-empty directory this plugin did not publish");
+            Ok(())
+        }
+        Err(e) => Err(io_error(format!(
+            "cannot remove target path {}",
+            target.display()
+        ))(e)),
+    }
+}

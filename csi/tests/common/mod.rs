@@ -1,0 +1,139 @@
+//! Shared helpers for the integration tests: a CSI client that talks to the
+//! plugin over its unix socket the way kubelet does, and request builders.
+
+#![allow(dead_code)]
+
+use hyper_util::rt::TokioIo;
+use riffle_csi::proto::identity_client::IdentityClient;
+use riffle_csi::proto::node_client::NodeClient;
+use riffle_csi::proto::volume_capability::access_mode::Mode;
+use riffle_csi::proto::volume_capability::{AccessMode, AccessType, MountVolume};
+use riffle_csi::proto::{
+    NodePublishVolumeRequest, NodeUnpublishVolumeRequest, ProbeRequest, VolumeCapability,
+};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+/// Identity and Node clients on one connection.
+#[derive(Clone)]
+pub struct Csi {
+    pub identity: IdentityClient<Channel>,
+    pub node: NodeClient<Channel>,
+}
+
+/// Connects to the plugin's unix socket, retrying until `limit`.
+pub async fn connect(socket: &Path, limit: Duration) -> Csi {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let path = socket.to_path_buf();
+        // The URI is required by the API but ignored: the connector dials the socket.
+        let attempt = Endpoint::try_from("http://[::]:50051")
+            .expect("static uri")
+            .connect_with_connector(tower::service_fn(move |_: Uri| {
+                let path = path.clone();
+                async move {
+                    Ok::<_, std::io::Error>(TokioIo::new(
+                        tokio::net::UnixStream::connect(path).await?,
+                    ))
+                }
+            }))
+            .await;
+        match attempt {
+            Ok(channel) => {
+                return Csi {
+                    identity: IdentityClient::new(channel.clone()),
+                    node: NodeClient::new(channel),
+                }
+            }
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("cannot connect to {}: {e}", socket.display()),
+        }
+    }
+}
+
+impl Csi {
+    /// Waits until Probe reports ready.
+    pub async fn wait_ready(&mut self, limit: Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            if let Ok(r) = self.identity.probe(ProbeRequest {}).await {
+                if r.into_inner().ready == Some(true) {
+                    return;
+                }
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "plugin not ready within {limit:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub async fn publish(&mut self, req: NodePublishVolumeRequest) -> Result<(), tonic::Status> {
+        self.node.node_publish_volume(req).await.map(|_| ())
+    }
+
+    pub async fn unpublish(&mut self, volume_id: &str, target: &Path) -> Result<(), tonic::Status> {
+        self.node
+            .node_unpublish_volume(NodeUnpublishVolumeRequest {
+                volume_id: volume_id.to_string(),
+                target_path: target.to_string_lossy().into_owned(),
+            })
+            .await
+            .map(|_| ())
+    }
+}
+
+/// A filesystem volume capability with `mode` and mount flags.
+pub fn capability(mode: Mode, flags: &[&str]) -> VolumeCapability {
+    VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: String::new(),
+            mount_flags: flags.iter().map(|s| s.to_string()).collect(),
+            volume_mount_group: String::new(),
+        })),
+        access_mode: Some(AccessMode { mode: mode as i32 }),
+    }
+}
+
+pub fn map(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// A read-only publish request as kubelet sends it for a ReadOnlyMany PV.
+pub fn publish_request(
+    volume_id: &str,
+    target: &Path,
+    attributes: HashMap<String, String>,
+    secrets: HashMap<String, String>,
+) -> NodePublishVolumeRequest {
+    NodePublishVolumeRequest {
+        volume_id: volume_id.to_string(),
+        target_path: target.to_string_lossy().into_owned(),
+        volume_capability: Some(capability(Mode::MultiNodeReaderOnly, &[])),
+        readonly: true,
+        secrets,
+        volume_context: attributes,
+        ..Default::default()
+    }
+}
+
+/// `base/pods/<pod>/volumes/kubernetes.io~csi/<volume>/mount`, like kubelet's
+/// target paths (the parent exists, the target does not).
+pub fn kubelet_target(base: &Path, pod: &str, volume: &str) -> PathBuf {
+    let parent = base
+        .join("pods")
+        .join(pod)
+        .join("volumes/kubernetes.io~csi")
+        .join(volume);
+    std::fs::create_dir_all(&parent).expect("create target parent");
+    parent.join("mount")
+}

@@ -1,0 +1,636 @@
+//! End-to-end tests: the `riffle-csi` binary, driven over its unix socket as
+//! kubelet does, mounting real rifflefs (the `riffle` binary, FUSE) against a
+//! real S3 server (Ceph RGW from deploy/local/rgw.sh).
+//!
+//! Needs: root and /dev/fuse; RIFFLE_TEST_ENDPOINT (e.g.
+//! http://127.0.0.1:7480) with AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY of a
+//! user there (`eval "$(deploy/local/rgw.sh env)"`); the riffle binary from
+//! RIFFLE_BIN, else target/debug/riffle. Without RIFFLE_TEST_ENDPOINT every
+//! test here FAILS with instructions, unless RIFFLE_SKIP_INTEGRATION=1, in
+//! which case they print that they were skipped.
+//!
+//! The plugin is started WITHOUT the AWS_* variables in its environment, so
+//! the only way a volume can read the bucket is the nodePublishSecretRef
+//! secret passed in NodePublishVolume. The tests run one at a time (a global
+//! lock): they share the 2-core machine with RGW and the FUSE daemons.
+
+mod common;
+
+use aws_sdk_s3::primitives::ByteStream;
+use common::{kubelet_target, map, publish_request, Csi};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tokio::sync::Mutex;
+use tonic::Code;
+
+static SERIAL: Mutex<()> = Mutex::const_new(());
+
+/// Connection details of the test S3 server.
+#[derive(Clone)]
+struct Env {
+    endpoint: String,
+    access_key: String,
+    secret_key: String,
+    riffle: PathBuf,
+}
+
+/// Reads the environment; None means "skip" (RIFFLE_SKIP_INTEGRATION=1).
+fn env() -> Option<Env> {
+    let skip = std::env::var("RIFFLE_SKIP_INTEGRATION").is_ok_and(|v| v == "1");
+    let Ok(endpoint) = std::env::var("RIFFLE_TEST_ENDPOINT") else {
+        if skip {
+            eprintln!("SKIPPED: RIFFLE_SKIP_INTEGRATION=1 and RIFFLE_TEST_ENDPOINT is unset");
+            return None;
+        }
+        panic!(
+            "RIFFLE_TEST_ENDPOINT is not set. These tests need a real S3 server: run \
+             `deploy/local/rgw.sh up && eval \"$(deploy/local/rgw.sh env)\"` first, \
+             or set RIFFLE_SKIP_INTEGRATION=1 to skip them explicitly."
+        );
+    };
+    let access_key = std::env::var("AWS_ACCESS_KEY_ID")
+        .expect("AWS_ACCESS_KEY_ID must be set with RIFFLE_TEST_ENDPOINT");
+    let secret_key = std::env::var("AWS_SECRET_ACCESS_KEY")
+        .expect("AWS_SECRET_ACCESS_KEY must be set with RIFFLE_TEST_ENDPOINT");
+    let riffle = std::env::var_os("RIFFLE_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/riffle"));
+    assert!(
+        riffle.is_file(),
+        "riffle binary {} not found: build it (cargo build -p rifflefs --bin riffle) or set RIFFLE_BIN",
+        riffle.display()
+    );
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "the real-mount tests mount FUSE filesystems and must run as root"
+    );
+    assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is missing");
+    Some(Env {
+        endpoint,
+        access_key,
+        secret_key,
+        riffle,
+    })
+}
+
+async fn s3(env: &Env) -> aws_sdk_s3::Client {
+    let creds = aws_sdk_s3::config::Credentials::new(
+        &env.access_key,
+        &env.secret_key,
+        None,
+        None,
+        "riffle-csi-test",
+    );
+    let conf = aws_sdk_s3::Config::builder()
+        .behavior_version(aws_sdk_s3::config::BehaviorVersion::latest())
+        .region(aws_sdk_s3::config::Region::new("us-east-1"))
+        .endpoint_url(&env.endpoint)
+        .credentials_provider(creds)
+        .force_path_style(true)
+        // Ceph 16 rejects streaming checksums.
+        .request_checksum_calculation(aws_sdk_s3::config::RequestChecksumCalculation::WhenRequired)
+        .response_checksum_validation(aws_sdk_s3::config::ResponseChecksumValidation::WhenRequired)
+        .build();
+    aws_sdk_s3::Client::from_conf(conf)
+}
+
+/// Creates a fresh bucket with `shard-N/data.txt` for N in 0..shards and a
+/// nested object. Returns its name.
+async fn make_bucket(env: &Env, shards: usize) -> String {
+    let client = s3(env).await;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let bucket = format!("csi-{}-{nanos}", std::process::id());
+    client
+        .create_bucket()
+        .bucket(&bucket)
+        .send()
+        .await
+        .expect("create bucket");
+    for i in 0..shards {
+        client
+            .put_object()
+            .bucket(&bucket)
+            .key(format!("shard-{i}/data.txt"))
+            .body(ByteStream::from(content(i).into_bytes()))
+            .send()
+            .await
+            .expect("put object");
+    }
+    client
+        .put_object()
+        .bucket(&bucket)
+        .key("shard-0/nested/deep.bin")
+        .body(ByteStream::from(vec![7u8; 300_000]))
+        .send()
+        .await
+        .expect("put object");
+    bucket
+}
+
+fn content(i: usize) -> String {
+    format!("rifflefs csi test shard {i}\n").repeat(100)
+}
+
+/// A running `riffle-csi` process plus its directories. Drop kills the
+/// plugin and cleans up every mount under the test directory.
+struct Plugin {
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+    env: Env,
+    csi: Csi,
+}
+
+impl Plugin {
+    async fn start(env: &Env) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (child, csi) = spawn_plugin(env, dir.path()).await;
+        Self {
+            dir,
+            child: Some(child),
+            env: env.clone(),
+            csi,
+        }
+    }
+
+    fn state(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    fn plugin_log(&self) -> PathBuf {
+        self.dir.path().join("plugin.log")
+    }
+
+    fn target(&self, pod: &str) -> PathBuf {
+        kubelet_target(&self.dir.path().join("kubelet"), pod, "dataset")
+    }
+
+    fn secrets(&self) -> HashMap<String, String> {
+        map(&[
+            ("accessKeyId", &self.env.access_key),
+            ("secretAccessKey", &self.env.secret_key),
+        ])
+    }
+
+    fn attributes(&self, bucket: &str, prefix: &str) -> HashMap<String, String> {
+        map(&[
+            ("bucket", bucket),
+            ("prefix", prefix),
+            ("endpointUrl", &self.env.endpoint),
+            ("region", "us-east-1"),
+            ("forcePathStyle", "true"),
+            ("logLevel", "debug"),
+        ])
+    }
+
+    /// SIGKILLs the plugin process (mount daemons must survive).
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts a new plugin process on the same socket and state directory.
+    async fn restart(&mut self) {
+        self.kill();
+        let (child, csi) = spawn_plugin(&self.env, self.dir.path()).await;
+        self.child = Some(child);
+        self.csi = csi;
+    }
+
+    fn plugin_pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// The daemon pid recorded for `target` (None while a mount is being
+    /// made).
+    fn recorded_pid(&self, target: &Path) -> Option<i32> {
+        let key = riffle_csi::state::StateStore::key(target);
+        let text =
+            std::fs::read_to_string(self.state().join("volumes").join(format!("{key}.json")))
+                .expect("volume record");
+        let record: serde_json::Value = serde_json::from_str(&text).expect("json");
+        record["daemon"]["pid"].as_i64().map(|p| p as i32)
+    }
+
+    /// The daemon pid recorded for a settled `target`.
+    fn daemon_pid(&self, target: &Path) -> i32 {
+        self.recorded_pid(target)
+            .expect("a daemon pid in the volume record")
+    }
+}
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        self.kill();
+        // Detach every mount left under the test directory and stop daemons.
+        let root = self.dir.path().to_string_lossy().into_owned();
+        if let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") {
+            let mut points: Vec<&str> = text
+                .lines()
+                .filter_map(|l| l.split(' ').nth(4))
+                .filter(|p| p.starts_with(&root))
+                .collect();
+            points.reverse();
+            for p in points {
+                let _ = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH);
+            }
+        }
+        if let Ok(entries) = std::fs::read_dir(self.state().join("run")) {
+            for e in entries.flatten() {
+                if let Some(pid) = std::fs::read_to_string(e.path())
+                    .ok()
+                    .and_then(|t| t.trim().parse::<i32>().ok())
+                {
+                    if pid > 1 {
+                        let _ = nix::sys::signal::kill(
+                            nix::unistd::Pid::from_raw(pid),
+                            nix::sys::signal::Signal::SIGKILL,
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn spawn_plugin(env: &Env, dir: &Path) -> (Child, Csi) {
+    let socket = dir.join("csi.sock");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("plugin.log"))
+        .expect("plugin log");
+    let child = Command::new(env!("CARGO_BIN_EXE_riffle-csi"))
+        .arg(format!("--endpoint=unix://{}", socket.display()))
+        .arg("--node-id=test-node")
+        .arg(format!("--state-dir={}", dir.join("state").display()))
+        .arg(format!("--cache-dir={}", dir.join("cache").display()))
+        .arg(format!("--riffle-bin={}", env.riffle.display()))
+        .arg("--check-interval=1")
+        .arg("--mount-timeout=60")
+        // The node has no credentials of its own: only the secret works.
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .env_remove("AWS_SESSION_TOKEN")
+        .env("RUST_LOG", "debug")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("clone log"))
+        .stderr(log)
+        .spawn()
+        .expect("start riffle-csi");
+    let mut csi = common::connect(&socket, Duration::from_secs(20)).await;
+    csi.wait_ready(Duration::from_secs(120)).await;
+    (child, csi)
+}
+
+/// Reads `path`, retrying for up to `limit` (a remount may be under way).
+async fn read_eventually(path: &Path, limit: Duration) -> String {
+    let deadline = Instant::now() + limit;
+    loop {
+        match std::fs::read_to_string(path) {
+            Ok(text) => return text,
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("{} unreadable after {limit:?}: {e}", path.display()),
+        }
+    }
+}
+
+fn fstype_at(path: &Path) -> Option<String> {
+    riffle_csi::mountinfo::mount_at(path)
+        .ok()
+        .flatten()
+        .map(|m| m.fs_type)
+}
+
+fn transcript(line: impl AsRef<str>) {
+    println!("[transcript] {}", line.as_ref());
+}
+
+// ------------------------------------------------------------------ tests
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_read_kill_plugin_read_unpublish() {
+    let _serial = SERIAL.lock().await;
+    let Some(env) = env() else { return };
+    let bucket = make_bucket(&env, 1).await;
+    let mut p = Plugin::start(&env).await;
+    let target = p.target("trainer-0");
+
+    let req = publish_request(
+        "vol-train",
+        &target,
+        p.attributes(&bucket, "shard-0"),
+        p.secrets(),
+    );
+    transcript(format!(
+        "NodePublishVolume volume_id=vol-train target={} bucket={bucket} prefix=shard-0/",
+        target.display()
+    ));
+    p.csi.publish(req.clone()).await.expect("publish");
+    transcript(format!("  -> OK; mount type {:?}", fstype_at(&target)));
+    assert_eq!(fstype_at(&target).as_deref(), Some("fuse.riffle"));
+
+    let text = std::fs::read_to_string(target.join("data.txt")).expect("read through the mount");
+    assert_eq!(text, content(0));
+    let deep = std::fs::read(target.join("nested/deep.bin")).expect("read nested");
+    assert_eq!(deep.len(), 300_000);
+    transcript(format!(
+        "read data.txt ({} bytes, first line {:?}) and nested/deep.bin ({} bytes)",
+        text.len(),
+        text.lines().next().unwrap_or(""),
+        deep.len()
+    ));
+    // Read-only.
+    assert!(std::fs::write(target.join("new.txt"), b"x").is_err());
+
+    // Publishing again is OK; with other settings it is AlreadyExists.
+    p.csi.publish(req).await.expect("idempotent publish");
+    let other = publish_request(
+        "vol-train",
+        &target,
+        p.attributes(&bucket, "elsewhere"),
+        p.secrets(),
+    );
+    assert_eq!(
+        p.csi
+            .publish(other)
+            .await
+            .expect_err("other settings")
+            .code(),
+        Code::AlreadyExists
+    );
+
+    let daemon = p.daemon_pid(&target);
+    transcript(format!(
+        "SIGKILL riffle-csi (pid {:?}); mount daemon pid {daemon} keeps running",
+        p.plugin_pid()
+    ));
+    p.kill();
+    let again =
+        std::fs::read_to_string(target.join("data.txt")).expect("read with the plugin dead");
+    assert_eq!(again, content(0));
+    transcript(format!(
+        "read data.txt with no plugin running: {} bytes, identical",
+        again.len()
+    ));
+
+    p.restart().await;
+    transcript(format!(
+        "restarted riffle-csi (pid {:?}); Probe ready",
+        p.plugin_pid()
+    ));
+    assert_eq!(
+        p.daemon_pid(&target),
+        daemon,
+        "live mount adopted, not remounted"
+    );
+    let after = std::fs::read_to_string(target.join("data.txt")).expect("read after restart");
+    assert_eq!(after, content(0));
+    transcript("read data.txt after the restart: identical; same daemon adopted");
+
+    p.csi
+        .unpublish("vol-train", &target)
+        .await
+        .expect("unpublish");
+    transcript("NodeUnpublishVolume -> OK");
+    assert!(!target.exists(), "target removed");
+    assert!(
+        riffle_csi::process::identify(daemon).is_none(),
+        "daemon {daemon} stopped"
+    );
+    transcript(format!(
+        "target {} removed; daemon {daemon} exited",
+        target.display()
+    ));
+    p.csi
+        .unpublish("vol-train", &target)
+        .await
+        .expect("unpublish again is OK");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_appear_in_no_argv_or_log() {
+    let _serial = SERIAL.lock().await;
+    let Some(env) = env() else { return };
+    let bucket = make_bucket(&env, 1).await;
+    let mut p = Plugin::start(&env).await;
+    let target = p.target("pod-secret");
+    p.csi
+        .publish(publish_request(
+            "vol-s",
+            &target,
+            p.attributes(&bucket, "shard-0"),
+            p.secrets(),
+        ))
+        .await
+        .expect("publish with secret");
+    assert_eq!(
+        std::fs::read_to_string(target.join("data.txt")).expect("read"),
+        content(0)
+    );
+
+    // Wrong secret: refused, and the message does not echo it.
+    let wrong = map(&[
+        ("accessKeyId", &env.access_key),
+        ("secretAccessKey", "WRONGSECRETVALUEforthetest0000000000000"),
+    ]);
+    let bad_target = p.target("pod-wrong");
+    let err = p
+        .csi
+        .publish(publish_request(
+            "vol-w",
+            &bad_target,
+            p.attributes(&bucket, "shard-0"),
+            wrong,
+        ))
+        .await
+        .expect_err("wrong secret refused");
+    assert!(
+        matches!(
+            err.code(),
+            Code::PermissionDenied | Code::Internal | Code::Unavailable
+        ),
+        "{err:?}"
+    );
+    assert!(
+        !err.message().contains("WRONGSECRETVALUE"),
+        "{}",
+        err.message()
+    );
+    assert!(
+        !err.message().contains(&env.secret_key),
+        "{}",
+        err.message()
+    );
+
+    // No credentials at all and the node has none either: refused.
+    let anon_target = p.target("pod-anon");
+    let err = p
+        .csi
+        .publish(publish_request(
+            "vol-a",
+            &anon_target,
+            p.attributes(&bucket, "shard-0"),
+            HashMap::new(),
+        ))
+        .await
+        .expect_err("no credentials refused");
+    assert_ne!(err.code(), Code::Ok);
+
+    let secret_values = [env.secret_key.as_str(), "WRONGSECRETVALUEforthetest"];
+    // 1. Every process's argv, the daemon's in particular.
+    let daemon = p.daemon_pid(&target);
+    let daemon_argv = std::fs::read(format!("/proc/{daemon}/cmdline")).expect("daemon cmdline");
+    assert!(!daemon_argv.is_empty());
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        if let Ok(argv) = std::fs::read(entry.path().join("cmdline")) {
+            let argv = String::from_utf8_lossy(&argv);
+            for s in secret_values {
+                assert!(
+                    !argv.contains(s),
+                    "secret in argv of {:?}: {argv}",
+                    entry.path()
+                );
+            }
+        }
+    }
+    // 2. The plugin's log, the daemons' logs, the volume records.
+    let mut files = vec![p.plugin_log()];
+    for sub in ["logs", "volumes"] {
+        if let Ok(entries) = std::fs::read_dir(p.state().join(sub)) {
+            files.extend(entries.flatten().map(|e| e.path()));
+        }
+    }
+    let mut checked_lines = 0;
+    for f in &files {
+        let text = String::from_utf8_lossy(&std::fs::read(f).unwrap_or_default()).into_owned();
+        for line in text.lines() {
+            checked_lines += 1;
+            for s in secret_values {
+                assert!(!line.contains(s), "secret in {}: {line}", f.display());
+            }
+        }
+    }
+    assert!(
+        checked_lines > 0,
+        "the logs were empty: nothing was checked"
+    );
+    println!(
+        "checked {} files ({checked_lines} lines) and every /proc/*/cmdline: no secret",
+        files.len()
+    );
+    p.csi.unpublish("vol-s", &target).await.expect("unpublish");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_volumes_published_concurrently() {
+    let _serial = SERIAL.lock().await;
+    let Some(env) = env() else { return };
+    let bucket = make_bucket(&env, 8).await;
+    let p = Plugin::start(&env).await;
+    let targets: Vec<PathBuf> = (0..8).map(|i| p.target(&format!("worker-{i}"))).collect();
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for (i, target) in targets.iter().enumerate() {
+        let mut csi = p.csi.clone();
+        let req = publish_request(
+            &format!("vol-{i}"),
+            target,
+            p.attributes(&bucket, &format!("shard-{i}")),
+            p.secrets(),
+        );
+        tasks.push(tokio::spawn(async move { csi.publish(req).await }));
+    }
+    for t in tasks {
+        t.await.expect("join").expect("publish");
+    }
+    println!("8 concurrent publishes took {:?}", started.elapsed());
+    for (i, target) in targets.iter().enumerate() {
+        assert_eq!(fstype_at(target).as_deref(), Some("fuse.riffle"));
+        let text = std::fs::read_to_string(target.join("data.txt")).expect("read");
+        assert_eq!(text, content(i), "volume {i} shows its own prefix");
+    }
+    let mut tasks = Vec::new();
+    for (i, target) in targets.iter().enumerate() {
+        let mut csi = p.csi.clone();
+        let target = target.clone();
+        tasks.push(tokio::spawn(async move {
+            csi.unpublish(&format!("vol-{i}"), &target).await
+        }));
+    }
+    for t in tasks {
+        t.await.expect("join").expect("unpublish");
+    }
+    assert!(targets.iter().all(|t| !t.exists()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_mount_daemon_is_recovered() {
+    let _serial = SERIAL.lock().await;
+    let Some(env) = env() else { return };
+    let bucket = make_bucket(&env, 1).await;
+    let mut p = Plugin::start(&env).await;
+    let target = p.target("pod-recover");
+    p.csi
+        .publish(publish_request(
+            "vol-r",
+            &target,
+            p.attributes(&bucket, "shard-0"),
+            p.secrets(),
+        ))
+        .await
+        .expect("publish");
+    assert_eq!(
+        std::fs::read_to_string(target.join("data.txt")).expect("read"),
+        content(0)
+    );
+    let daemon = p.daemon_pid(&target);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill daemon");
+    // Right after the kill the mount is dead (ENOTCONN) until the supervisor
+    // (1 s interval here) remounts it.
+    let text = read_eventually(&target.join("data.txt"), Duration::from_secs(60)).await;
+    assert_eq!(text, content(0));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while p.recorded_pid(&target).is_none_or(|pid| pid == daemon) {
+        assert!(Instant::now() < deadline, "record never got the new daemon");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let new_daemon = p.daemon_pid(&target);
+    println!("daemon {daemon} SIGKILLed; supervisor remounted with daemon {new_daemon}");
+    assert!(riffle_csi::process::identify(new_daemon).is_some());
+
+    // The same through a plugin restart: kill the plugin, then the daemon;
+    // the new plugin finds the dead mount at start and remounts it.
+    p.kill();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(new_daemon),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill daemon");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // statfs always reaches the (dead) daemon; stat may be answered from
+    // the kernel's attribute cache.
+    let err = nix::sys::statfs::statfs(&target).expect_err("dead mount");
+    assert_eq!(err, nix::errno::Errno::ENOTCONN, "{err}");
+    println!("plugin and daemon {new_daemon} killed: statfs on the target gives ENOTCONN");
+    p.restart().await;
+    let text = read_eventually(&target.join("data.txt"), Duration::from_secs(30)).await;
+    assert_eq!(text, content(0));
+    assert_ne!(p.daemon_pid(&target), new_daemon);
+    println!("restarted plugin remounted it at start: readable again");
+    p.csi.unpublish("vol-r", &target).await.expect("unpublish");
+    assert!(!target.exists());
+}

@@ -1,0 +1,884 @@
+//! The csi-sanity node-plugin cases (and the plugin's own rules on top),
+//! driven over the plugin's unix socket as kubelet does, with the in-memory
+//! fake mounter: always runnable, no FUSE and no object store needed.
+//!
+//! csi-sanity itself cannot run here (no Go toolchain, and it needs a
+//! controller service to create volumes); each test names the csi-sanity
+//! case it mirrors. One deliberate difference: csi-sanity publishes with
+//! SINGLE_NODE_WRITER and readonly=false, which a read-only driver refuses;
+//! these tests publish read-only (MULTI_NODE_READER_ONLY, or readonly=true).
+
+mod common;
+
+use common::{capability, kubelet_target, map, publish_request, Csi};
+use riffle_csi::fake::{FakeMounter, FAKE_MARKER};
+use riffle_csi::mounter::{MountError, MountErrorKind};
+use riffle_csi::proto::volume_capability::access_mode::Mode;
+use riffle_csi::proto::volume_capability::{AccessMode, AccessType, BlockVolume};
+use riffle_csi::proto::{
+    GetPluginCapabilitiesRequest, GetPluginInfoRequest, NodeGetCapabilitiesRequest,
+    NodeGetInfoRequest, NodeUnpublishVolumeRequest, ProbeRequest, VolumeCapability,
+};
+use riffle_csi::server::{self, PluginConfig, RunningPlugin};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+use tonic::Code;
+
+/// Everything the plugin logs in this test process (all tests share it).
+fn logs() -> &'static Arc<Mutex<Vec<u8>>> {
+    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&buf);
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter("debug")
+            .with_ansi(false)
+            .with_writer(move || LogWriter(Arc::clone(&sink)))
+            .try_init();
+        buf
+    })
+}
+
+struct LogWriter(Arc<Mutex<Vec<u8>>>);
+
+impl Write for LogWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(data);
+        Ok(data.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn log_text() -> String {
+    String::from_utf8_lossy(&logs().lock().unwrap_or_else(|p| p.into_inner())).into_owned()
+}
+
+/// A plugin with a fake mounter in a temporary directory.
+struct Fixture {
+    dir: tempfile::TempDir,
+    fake: FakeMounter,
+    plugin: Option<RunningPlugin>,
+    csi: Csi,
+}
+
+impl Fixture {
+    async fn new() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fake = FakeMounter::new();
+        let (plugin, csi) = start(dir.path(), &fake).await;
+        Self {
+            dir,
+            fake,
+            plugin: Some(plugin),
+            csi,
+        }
+    }
+
+    fn target(&self, pod: &str, volume: &str) -> PathBuf {
+        kubelet_target(&self.dir.path().join("kubelet"), pod, volume)
+    }
+
+    /// Stops the plugin (mounts stay) and starts a new one on the same
+    /// socket and state directory.
+    async fn restart(&mut self) {
+        if let Some(p) = self.plugin.take() {
+            p.stop().await.expect("clean stop");
+        }
+        let (plugin, csi) = start(self.dir.path(), &self.fake).await;
+        self.plugin = Some(plugin);
+        self.csi = csi;
+    }
+}
+
+async fn start(dir: &Path, fake: &FakeMounter) -> (RunningPlugin, Csi) {
+    logs();
+    let socket = dir.join("csi.sock");
+    let plugin = server::start(
+        PluginConfig {
+            socket: socket.clone(),
+            node_id: "node-a".into(),
+            state_dir: dir.join("state"),
+            check_interval: Duration::from_millis(200),
+        },
+        Arc::new(fake.clone()),
+    )
+    .await
+    .expect("plugin starts");
+    let mut csi = common::connect(&socket, Duration::from_secs(10)).await;
+    csi.wait_ready(Duration::from_secs(10)).await;
+    (plugin, csi)
+}
+
+fn bucket(name: &str) -> std::collections::HashMap<String, String> {
+    map(&[("bucket", name)])
+}
+
+fn code(r: Result<(), tonic::Status>) -> Code {
+    match r {
+        Ok(()) => Code::Ok,
+        Err(s) => s.code(),
+    }
+}
+
+// ---------------------------------------------------------------- Identity
+
+#[tokio::test]
+async fn identity_get_plugin_info() {
+    // csi-sanity: GetPluginInfo "should return appropriate information".
+    let mut f = Fixture::new().await;
+    let info = f
+        .csi
+        .identity
+        .get_plugin_info(GetPluginInfoRequest {})
+        .await
+        .expect("ok")
+        .into_inner();
+    assert_eq!(info.name, "riffle.csi.rifflefs.io");
+    assert!(info.name.len() <= 63);
+    assert!(info
+        .name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-'));
+    assert!(!info.vendor_version.is_empty());
+}
+
+#[tokio::test]
+async fn identity_capabilities_and_probe() {
+    // csi-sanity: GetPluginCapabilities and Probe.
+    let mut f = Fixture::new().await;
+    let caps = f
+        .csi
+        .identity
+        .get_plugin_capabilities(GetPluginCapabilitiesRequest {})
+        .await
+        .expect("ok")
+        .into_inner();
+    assert!(caps.capabilities.is_empty(), "no controller service");
+    let probe = f
+        .csi
+        .identity
+        .probe(ProbeRequest {})
+        .await
+        .expect("ok")
+        .into_inner();
+    assert_eq!(probe.ready, Some(true));
+}
+
+// ---------------------------------------------------------------- Node info
+
+#[tokio::test]
+async fn node_get_capabilities() {
+    // csi-sanity: NodeGetCapabilities "should return appropriate capabilities".
+    let mut f = Fixture::new().await;
+    let caps = f
+        .csi
+        .node
+        .node_get_capabilities(NodeGetCapabilitiesRequest {})
+        .await
+        .expect("ok")
+        .into_inner();
+    assert!(
+        caps.capabilities.is_empty(),
+        "no staging, stats or expansion"
+    );
+}
+
+#[tokio::test]
+async fn node_get_info() {
+    // csi-sanity: NodeGetInfo "should return appropriate values".
+    let mut f = Fixture::new().await;
+    let info = f
+        .csi
+        .node
+        .node_get_info(NodeGetInfoRequest {})
+        .await
+        .expect("ok")
+        .into_inner();
+    assert_eq!(info.node_id, "node-a");
+    assert!(info.max_volumes_per_node >= 0);
+    assert!(info.accessible_topology.is_none());
+}
+
+// ---------------------------------------------------- argument validation
+
+#[tokio::test]
+async fn publish_missing_arguments() {
+    // csi-sanity: NodePublishVolume "should fail when no volume id / target
+    // path / volume capability is provided".
+    let mut f = Fixture::new().await;
+    let target = f.target("pod", "vol");
+    let full = publish_request("vol-1", &target, bucket("datasets"), Default::default());
+
+    let mut no_id = full.clone();
+    no_id.volume_id.clear();
+    assert_eq!(code(f.csi.publish(no_id).await), Code::InvalidArgument);
+
+    let mut no_target = full.clone();
+    no_target.target_path.clear();
+    assert_eq!(code(f.csi.publish(no_target).await), Code::InvalidArgument);
+
+    let mut no_cap = full.clone();
+    no_cap.volume_capability = None;
+    assert_eq!(code(f.csi.publish(no_cap).await), Code::InvalidArgument);
+
+    let mut relative = full.clone();
+    relative.target_path = "relative/target".into();
+    assert_eq!(code(f.csi.publish(relative).await), Code::InvalidArgument);
+
+    let mut no_mode = full.clone();
+    if let Some(c) = no_mode.volume_capability.as_mut() {
+        c.access_mode = None;
+    }
+    assert_eq!(code(f.csi.publish(no_mode).await), Code::InvalidArgument);
+
+    let mut block = full.clone();
+    block.volume_capability = Some(VolumeCapability {
+        access_type: Some(AccessType::Block(BlockVolume {})),
+        access_mode: Some(AccessMode {
+            mode: Mode::MultiNodeReaderOnly as i32,
+        }),
+    });
+    let err = f.csi.publish(block).await.expect_err("block refused");
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("block"), "{}", err.message());
+
+    assert_eq!(f.fake.mount_calls(), 0);
+    assert!(!target.exists());
+}
+
+#[tokio::test]
+async fn unpublish_missing_arguments() {
+    // csi-sanity: NodeUnpublishVolume "should fail when no volume id / target
+    // path is provided".
+    let mut f = Fixture::new().await;
+    let r = f
+        .csi
+        .node
+        .node_unpublish_volume(NodeUnpublishVolumeRequest::default())
+        .await;
+    assert_eq!(r.expect_err("no id").code(), Code::InvalidArgument);
+    let r = f
+        .csi
+        .node
+        .node_unpublish_volume(NodeUnpublishVolumeRequest {
+            volume_id: "vol-1".into(),
+            target_path: String::new(),
+        })
+        .await;
+    assert_eq!(r.expect_err("no target").code(), Code::InvalidArgument);
+}
+
+// ------------------------------------------------- publish / unpublish
+
+#[tokio::test]
+async fn publish_creates_and_unpublish_removes_target() {
+    // csi-sanity: NodeUnpublishVolume "should remove target path", and the
+    // node part of "should work".
+    let mut f = Fixture::new().await;
+    let target = f.target("pod-1", "data");
+    assert!(!target.exists());
+    f.csi
+        .publish(publish_request(
+            "vol-1",
+            &target,
+            map(&[("bucket", "datasets"), ("prefix", "imagenet")]),
+            Default::default(),
+        ))
+        .await
+        .expect("publish");
+    assert!(target.is_dir(), "target created by the plugin");
+    let marker = std::fs::read_to_string(target.join(FAKE_MARKER)).expect("read through mount");
+    assert_eq!(marker, "s3://datasets/imagenet/");
+    f.csi.unpublish("vol-1", &target).await.expect("unpublish");
+    assert!(!target.exists(), "target removed by the plugin");
+    assert_eq!(f.fake.mount_count(), 0);
+    let state = std::fs::read_dir(f.dir.path().join("state/volumes"))
+        .expect("state dir")
+        .count();
+    assert_eq!(state, 0, "no record left");
+}
+
+#[tokio::test]
+async fn publish_and_unpublish_are_idempotent() {
+    // csi-sanity: Node Service "should be idempotent" (publish twice,
+    // unpublish twice).
+    let mut f = Fixture::new().await;
+    let target = f.target("pod-1", "data");
+    let req = publish_request("vol-1", &target, bucket("datasets"), Default::default());
+    f.csi.publish(req.clone()).await.expect("first publish");
+    f.csi.publish(req.clone()).await.expect("second publish");
+    assert_eq!(f.fake.mount_calls(), 1, "second publish is a no-op");
+    f.csi
+        .unpublish("vol-1", &target)
+        .await
+        .expect("first unpublish");
+    f.csi
+        .unpublish("vol-1", &target)
+        .await
+        .expect("second unpublish");
+    assert!(!target.exists());
+}
+
+#[tokio::test]
+async fn unpublish_unknown_target_is_ok() {
+    let mut f = Fixture::new().await;
+    let target = f.target("nobody", "nothing");
+    f.csi
+        .unpublish("vol-unknown", &target)
+        .await
+        .expect("unknown target is OK");
+    // An existing empty directory kubelet left behind is removed too.
+    std::fs::create_dir_all(&target).expect("mkdir");
+    f.csi.unpublish("vol-unknown", &target).await.expect("ok");
+    assert!(!target.exists());
+}
+
+#[tokio::test]
+async fn same_target_other_settings_is_already_exists() {
+    let mut f = Fixture::new().await;
+    let target = f.target("pod-1", "data");
+    f.csi
+        .publish(publish_request(
+            "vol-1",
+            &target,
+            bucket("datasets"),
+            Default::default(),
+        ))
+        .await
+        .expect("publish");
+    let err = f
+        .csi
+        .publish(publish_request(
+            "vol-1",
+            &target,
+            map(&[("bucket", "datasets"), ("prefix", "other")]),
+            Default::default(),
+        ))
+        .await
+        .expect_err("different settings");
+    assert_eq!(err.code(), Code::AlreadyExists);
+    assert!(
+        err.message().contains("different settings"),
+        "{}",
+        err.message()
+    );
+    let err = f
+        .csi
+        .publish(publish_request(
+            "vol-2",
+            &target,
+            bucket("datasets"),
+            Default::default(),
+        ))
+        .await
+        .expect_err("different volume");
+    assert_eq!(err.code(), Code::AlreadyExists);
+    // Same settings spelled differently (mount option instead of attribute,
+    // explicit false boolean) are the same publish.
+    let mut same = publish_request(
+        "vol-1",
+        &target,
+        map(&[("bucket", "datasets"), ("preload", "false")]),
+        Default::default(),
+    );
+    same.volume_capability = Some(capability(Mode::MultiNodeReaderOnly, &["ro"]));
+    f.csi.publish(same).await.expect("same settings");
+    assert_eq!(f.fake.mount_calls(), 1);
+    f.csi.unpublish("vol-1", &target).await.expect("unpublish");
+}
+
+#[tokio::test]
+async fn writable_requests_are_refused() {
+    let mut f = Fixture::new().await;
+    let target = f.target("pod-1", "data");
+    let mut rw = publish_request("vol-1", &target, bucket("datasets"), Default::default());
+    rw.readonly = false;
+    rw.volume_capability = Some(capability(Mode::SingleNodeWriter, &[]));
+    let err = f
+        .csi
+        .publish(rw.clone())
+        .await
+        .expect_err("writable refused");
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("read-only"), "{}", err.message());
+    assert!(err.message().contains("ReadOnlyMany"), "{}", err.message());
+    assert!(!target.exists());
+
+    // An inline ephemeral volume: SINGLE_NODE_WRITER but readOnly: true.
+    rw.readonly = true;
+    rw.volume_context
+        .insert("csi.storage.k8s.io/ephemeral".into(), "true".into());
+    f.csi.publish(rw).await.expect("readonly inline volume");
+    f.csi.unpublish("vol-1", &target).await.expect("unpublish");
+}
+
+#[tokio::test]
+async fn attributes_and_mount_options_are_validated() {
+    let mut f = Fixture::new().await;
+    let target = f.target("pod-1", "data");
+
+    let err = f
+        .csi
+        .publish(publish_request(
+            "vol-1",
+            &target,
+            map(&[("bucket", "datasets"), ("colour", "red"), ("sizeGB", "3")]),
+            Default::default(),
+        ))
+        .await
+        .expect_err("unknown attributes");
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        err.message().contains("colour, sizeGB"),
+        "{}",
+        err.message()
+    );
+
+    let err = f
+        .csi
+        .publish(publish_request(
+            "vol-1",
+            &target,
+            map(&[("prefix", "x")]),
+            Default::default(),
+        ))
+        .await
+        .expect_err("no bucket");
+    assert!(err.message().contains("bucket"), "{}", err.message());
+
+    let mut bad_flag = publish_request("vol-1", &target, bucket("datasets"), Default::default());
+    bad_flag.volume_capability = Some(capability(Mode::MultiNodeReaderOnly, &["rw", "exec"]));
+    let err = f
+        .csi
+        .publish(bad_flag)
+        .await
+        .expect_err("bad mount options");
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("rw, exec"), "{}", err.message());
+
+    let mut fs_type = publish_request("vol-1", &target, bucket("datasets"), Default::default());
+    if let Some(AccessType::Mount(m)) = fs_type
+        .volume_capability
+        .as_mut()
+        .and_then(|c| c.access_type.as_mut())
+    {
+        m.fs_type = "ext4".into();
+    }
+    assert_eq!(code(f.csi.publish(fs_type).await), Code::InvalidArgument);
+    assert_eq!(f.fake.mount_calls(), 0);
+
+    // Valid attributes, kubelet's podInfoOnMount keys, and allowed mount
+    // options reach riffle as flags.
+    let mut ok = publish_request(
+        "vol-1",
+        &target,
+        map(&[
+            ("bucket", "datasets"),
+            ("endpointUrl", "http://rgw.storage:7480"),
+            ("forcePathStyle", "true"),
+            ("metadataTtl", "indefinite"),
+            ("csi.storage.k8s.io/pod.name", "trainer-0"),
+            ("csi.storage.k8s.io/pod.namespace", "ml"),
+            ("csi.storage.k8s.io/serviceAccount.name", "default"),
+        ]),
+        Default::default(),
+    );
+    ok.volume_capability = Some(capability(
+        Mode::MultiNodeReaderOnly,
+        &["uid=1000", "gid=1000", "allow-other", "max-inflight=128"],
+    ));
+    f.csi.publish(ok).await.expect("valid publish");
+    let mount = f.fake.mount_at(&target).expect("mounted");
+    assert_eq!(
+        mount.flags,
+        vec![
+            "--endpoint-url=http://rgw.storage:7480",
+            "--force-path-style",
+            "--gid=1000",
+            "--max-inflight=128",
+            "--metadata-ttl=indefinite",
+            "--uid=1000",
+        ]
+    );
+    assert!(
+        mount.env_names.is_empty(),
+        "node identity: no credentials set"
+    );
+    f.csi.unpublish("vol-1", &target).await.expect("unpublish");
+}
+
+// ------------------------------------------------------------ secrets
+
+#[tokio::test]
+async fn secrets_stay_out_of_logs_messages_and_state() {
+    let mut f = Fixture::new().await;
+    let target = f.target("pod-s", "data");
+    let secrets = map(&[
+        ("accessKeyId", "AKIDFAKESANITY01"),
+        ("secretAccessKey", "FAKESECRETVALUE0123456789"),
+        ("sessionToken", "FAKESESSIONTOKENVALUE"),
+    ]);
+    f.csi
+        .publish(publish_request(
+            "vol-s",
+            &target,
+            bucket("datasets"),
+            secrets.clone(),
+        ))
+        .await
+        .expect("publish with secret");
+    let mount = f.fake.mount_at(&target).expect("mounted");
+    assert_eq!(
+        mount.env_names,
+        vec![
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_SESSION_TOKEN"
+        ]
+    );
+    assert!(mount
+        .flags
+        .iter()
+        .all(|a| !a.contains("FAKESECRET") && !a.contains("AKIDFAKE")));
+
+    // A failing mount whose reason echoes the secret: the message is scrubbed.
+    let target2 = f.target("pod-s2", "data");
+    f.fake.fail_next(MountError::new(
+        MountErrorKind::PermissionDenied,
+        "AccessDenied for AKIDFAKESANITY01 signed with FAKESECRETVALUE0123456789",
+    ));
+    let err = f
+        .csi
+        .publish(publish_request(
+            "vol-s2",
+            &target2,
+            bucket("datasets"),
+            secrets.clone(),
+        ))
+        .await
+        .expect_err("mount fails");
+    assert_eq!(err.code(), Code::PermissionDenied);
+    assert!(
+        !err.message().contains("FAKESECRETVALUE"),
+        "{}",
+        err.message()
+    );
+    assert!(
+        !err.message().contains("AKIDFAKESANITY01"),
+        "{}",
+        err.message()
+    );
+
+    // Incomplete and unknown secret keys are named, values never shown.
+    let err = f
+        .csi
+        .publish(publish_request(
+            "vol-s3",
+            &f.target("pod-s3", "data"),
+            bucket("datasets"),
+            map(&[
+                ("accessKeyId", "AKIDFAKESANITY01"),
+                ("password", "FAKESECRETVALUE0123456789"),
+            ]),
+        ))
+        .await
+        .expect_err("bad secret");
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("password"), "{}", err.message());
+    assert!(
+        !err.message().contains("FAKESECRETVALUE"),
+        "{}",
+        err.message()
+    );
+
+    // The record holds no secret; the secrets file is root-only.
+    let state = f.dir.path().join("state");
+    for entry in std::fs::read_dir(state.join("volumes")).expect("volumes") {
+        let text = std::fs::read_to_string(entry.expect("entry").path()).expect("read");
+        assert!(
+            !text.contains("FAKESECRET") && !text.contains("AKIDFAKE"),
+            "{text}"
+        );
+    }
+    use std::os::unix::fs::MetadataExt;
+    let secret_files: Vec<_> = std::fs::read_dir(state.join("secrets"))
+        .expect("secrets")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    assert_eq!(secret_files.len(), 1);
+    assert_eq!(
+        std::fs::metadata(&secret_files[0]).expect("stat").mode() & 0o777,
+        0o600
+    );
+
+    f.csi.unpublish("vol-s", &target).await.expect("unpublish");
+    assert_eq!(
+        std::fs::read_dir(state.join("secrets"))
+            .expect("secrets")
+            .count(),
+        0,
+        "secrets file deleted at unpublish"
+    );
+    let logs = log_text();
+    assert!(logs.contains("NodePublishVolume"), "logging is captured");
+    for value in [
+        "AKIDFAKESANITY01",
+        "FAKESECRETVALUE",
+        "FAKESESSIONTOKENVALUE",
+    ] {
+        assert!(!logs.contains(value), "secret {value} found in the logs");
+    }
+}
+
+#[tokio::test]
+async fn no_sign_request_conflicts_with_a_secret() {
+    let mut f = Fixture::new().await;
+    let target = f.target("pod", "data");
+    let err = f
+        .csi
+        .publish(publish_request(
+            "vol",
+            &target,
+            map(&[("bucket", "public-data"), ("noSignRequest", "true")]),
+            map(&[("accessKeyId", "A"), ("secretAccessKey", "B")]),
+        ))
+        .await
+        .expect_err("conflict");
+    assert_eq!(err.code(), Code::InvalidArgument);
+}
+
+// ------------------------------------------------------- mount failures
+
+#[tokio::test]
+async fn mount_failures_map_to_codes_and_leave_nothing_behind() {
+    let mut f = Fixture::new().await;
+    let cases = [
+        (MountErrorKind::NotFound, Code::NotFound),
+        (MountErrorKind::PermissionDenied, Code::PermissionDenied),
+        (MountErrorKind::Unavailable, Code::Unavailable),
+        (MountErrorKind::Timeout, Code::DeadlineExceeded),
+        (MountErrorKind::InvalidArgument, Code::InvalidArgument),
+        (MountErrorKind::Internal, Code::Internal),
+    ];
+    for (i, (kind, want)) in cases.into_iter().enumerate() {
+        let target = f.target(&format!("pod-{i}"), "data");
+        f.fake
+            .fail_next(MountError::new(kind, "riffle mount failed: reason"));
+        let err = f
+            .csi
+            .publish(publish_request(
+                "vol",
+                &target,
+                bucket("datasets"),
+                Default::default(),
+            ))
+            .await
+            .expect_err("mount fails");
+        assert_eq!(err.code(), want, "{kind:?}");
+        assert!(!target.exists(), "target removed after a failed mount");
+    }
+    let records = std::fs::read_dir(f.dir.path().join("state/volumes"))
+        .expect("dir")
+        .count();
+    assert_eq!(records, 0);
+}
+
+// ------------------------------------------------------- concurrency
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn eight_concurrent_publishes() {
+    let f = Fixture::new().await;
+    f.fake.set_delay(Duration::from_millis(300));
+    let targets: Vec<PathBuf> = (0..8)
+        .map(|i| f.target(&format!("pod-{i}"), "data"))
+        .collect();
+    let mut tasks = Vec::new();
+    for (i, target) in targets.iter().enumerate() {
+        let mut csi = f.csi.clone();
+        let req = publish_request(
+            &format!("vol-{i}"),
+            target,
+            map(&[("bucket", "datasets"), ("prefix", &format!("shard-{i}"))]),
+            Default::default(),
+        );
+        tasks.push(tokio::spawn(async move { csi.publish(req).await }));
+    }
+    // Kubelet retrying the same publish meanwhile is coalesced.
+    let mut dup = f.csi.clone();
+    let dup_req = publish_request(
+        "vol-0",
+        &targets[0],
+        map(&[("bucket", "datasets"), ("prefix", "shard-0")]),
+        Default::default(),
+    );
+    tasks.push(tokio::spawn(async move { dup.publish(dup_req).await }));
+    for t in tasks {
+        t.await.expect("join").expect("publish");
+    }
+    assert_eq!(f.fake.mount_count(), 8);
+    assert_eq!(
+        f.fake.mount_calls(),
+        8,
+        "duplicate publish did not mount twice"
+    );
+    assert!(
+        f.fake.max_concurrent_mounts() > 1,
+        "mounts of different targets ran in parallel"
+    );
+    for (i, target) in targets.iter().enumerate() {
+        let marker = std::fs::read_to_string(target.join(FAKE_MARKER)).expect("read");
+        assert_eq!(marker, format!("s3://datasets/shard-{i}/"));
+    }
+    let mut tasks = Vec::new();
+    for (i, target) in targets.iter().enumerate() {
+        let mut csi = f.csi.clone();
+        let target = target.clone();
+        tasks.push(tokio::spawn(async move {
+            csi.unpublish(&format!("vol-{i}"), &target).await
+        }));
+    }
+    for t in tasks {
+        t.await.expect("join").expect("unpublish");
+    }
+    assert_eq!(f.fake.mount_count(), 0);
+    assert!(targets.iter().all(|t| !t.exists()));
+}
+
+// ------------------------------------------------- restart and recovery
+
+#[tokio::test]
+async fn restart_adopts_live_mounts_and_remounts_dead_ones() {
+    let mut f = Fixture::new().await;
+    let live = f.target("pod-live", "data");
+    let dead = f.target("pod-dead", "data");
+    let secret = map(&[
+        ("accessKeyId", "AKIDRESTART"),
+        ("secretAccessKey", "SECRETRESTART"),
+    ]);
+    f.csi
+        .publish(publish_request(
+            "vol-live",
+            &live,
+            bucket("datasets"),
+            Default::default(),
+        ))
+        .await
+        .expect("publish");
+    f.csi
+        .publish(publish_request(
+            "vol-dead",
+            &dead,
+            bucket("private"),
+            secret.clone(),
+        ))
+        .await
+        .expect("publish");
+    let live_pid = f.fake.mount_at(&live).expect("mounted").daemon.pid;
+    let dead_pid = f.fake.mount_at(&dead).expect("mounted").daemon.pid;
+
+    // The plugin goes away; while it is away one daemon dies.
+    if let Some(p) = f.plugin.take() {
+        p.stop().await.expect("stop");
+    }
+    assert!(f.fake.kill(&dead));
+    f.restart().await;
+
+    let after_live = f.fake.mount_at(&live).expect("still mounted");
+    assert_eq!(
+        after_live.daemon.pid, live_pid,
+        "live mount adopted, not remounted"
+    );
+    let after_dead = f.fake.mount_at(&dead).expect("remounted");
+    assert!(after_dead.alive);
+    assert_ne!(
+        after_dead.daemon.pid, dead_pid,
+        "dead mount got a new daemon"
+    );
+    assert_eq!(
+        after_dead.env_names,
+        vec!["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"],
+        "credentials came back from the state directory"
+    );
+    assert_eq!(f.fake.mount_calls(), 3);
+
+    // kubelet may publish again after the restart: still idempotent.
+    f.csi
+        .publish(publish_request(
+            "vol-live",
+            &live,
+            bucket("datasets"),
+            Default::default(),
+        ))
+        .await
+        .expect("republish");
+    f.csi.unpublish("vol-live", &live).await.expect("unpublish");
+    f.csi.unpublish("vol-dead", &dead).await.expect("unpublish");
+    assert_eq!(f.fake.mount_count(), 0);
+}
+
+#[tokio::test]
+async fn supervisor_remounts_a_dead_daemon() {
+    let mut f = Fixture::new().await;
+    let target = f.target("pod", "data");
+    f.csi
+        .publish(publish_request(
+            "vol",
+            &target,
+            bucket("datasets"),
+            Default::default(),
+        ))
+        .await
+        .expect("publish");
+    let before = f.fake.mount_at(&target).expect("mounted").daemon.pid;
+    assert!(f.fake.kill(&target));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = f.fake.mount_at(&target).expect("record");
+        if m.alive {
+            assert_ne!(m.daemon.pid, before);
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not remounted in time"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    f.csi.unpublish("vol", &target).await.expect("unpublish");
+}
+
+#[tokio::test]
+async fn republish_of_a_dead_mount_remounts_it() {
+    let mut f = Fixture::new().await;
+    // kubelet republishes while the daemon is dead (the supervisor may get
+    // there first; either way the target ends up live).
+    let target = f.target("pod", "data");
+    let req = publish_request("vol", &target, bucket("datasets"), Default::default());
+    f.csi.publish(req.clone()).await.expect("publish");
+    assert!(f.fake.kill(&target));
+    f.csi.publish(req).await.expect("republish");
+    assert!(f.fake.mount_at(&target).expect("mounted").alive);
+    f.csi.unpublish("vol", &target).await.expect("unpublish");
+}
+
+#[tokio::test]
+async fn stale_socket_from_a_dead_plugin_is_replaced() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("csi.sock");
+    drop(std::os::unix::net::UnixListener::bind(&socket).expect("bind"));
+    assert!(socket.exists());
+    let fake = FakeMounter::new();
+    let (plugin, mut csi) = start(dir.path(), &fake).await;
+    csi.identity
+        .get_plugin_info(GetPluginInfoRequest {})
+        .await
+        .expect("serving on the replaced socket");
+    plugin.stop().await.expect("stop");
+}

@@ -1,0 +1,287 @@
+//! Shared helpers for integration tests: the RGW under test, an S3 client to arrange objects,
+//! and real `riffle mount` processes.
+//!
+//! The tests need a running S3 server: `tests/run.sh` starts the local Ceph RGW and exports
+//! `RIFFLE_TEST_ENDPOINT` and AWS credentials. Without it they fail with a message saying so
+//! (set `RIFFLE_SKIP_INTEGRATION=1` to skip them deliberately, e.g. on a laptop without Ceph).
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use aws_sdk_s3::config::{Credentials, Region, RequestChecksumCalculation};
+use aws_sdk_s3::primitives::ByteStream;
+use futures::StreamExt;
+
+pub const RIFFLE: &str = env!("CARGO_BIN_EXE_riffle");
+
+/// The S3 endpoint under test, or `None` when integration tests are deliberately skipped.
+pub fn endpoint() -> Option<String> {
+    if std::env::var_os("RIFFLE_SKIP_INTEGRATION").is_some() {
+        eprintln!("RIFFLE_SKIP_INTEGRATION is set: skipping");
+        return None;
+    }
+    match std::env::var("RIFFLE_TEST_ENDPOINT") {
+        Ok(e) => Some(e),
+        Err(_) => panic!(
+            "RIFFLE_TEST_ENDPOINT is not set: run the tests with tests/run.sh (it starts a local \
+             Ceph RGW), or eval \"$(deploy/local/rgw.sh env)\" after deploy/local/rgw.sh up"
+        ),
+    }
+}
+
+/// Skips the calling test when integration tests are disabled.
+#[macro_export]
+macro_rules! need_rgw {
+    () => {
+        match common::endpoint() {
+            Some(e) => e,
+            None => return,
+        }
+    };
+}
+
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+pub fn client(endpoint: &str) -> aws_sdk_s3::Client {
+    let access = std::env::var("AWS_ACCESS_KEY_ID").expect("AWS_ACCESS_KEY_ID");
+    let secret = std::env::var("AWS_SECRET_ACCESS_KEY").expect("AWS_SECRET_ACCESS_KEY");
+    let config = aws_sdk_s3::Config::builder()
+        .behavior_version(aws_sdk_s3::config::BehaviorVersion::latest())
+        .endpoint_url(endpoint)
+        .region(Region::new("us-east-1"))
+        .force_path_style(true)
+        .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
+        .credentials_provider(Credentials::new(access, secret, None, None, "test"))
+        .build();
+    aws_sdk_s3::Client::from_conf(config)
+}
+
+/// A bucket name unique to this process and call.
+pub fn unique_bucket(tag: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{tag}-{}-{n}-{nanos}", std::process::id())
+}
+
+pub async fn create_bucket(s3: &aws_sdk_s3::Client, bucket: &str) {
+    s3.create_bucket()
+        .bucket(bucket)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("create bucket {bucket}: {e:?}"));
+}
+
+pub async fn put(s3: &aws_sdk_s3::Client, bucket: &str, key: &str, body: Vec<u8>) {
+    s3.put_object()
+        .bucket(bucket)
+        .key(key)
+        .body(ByteStream::from(body))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("put {key}: {e:?}"));
+}
+
+/// Uploads many objects with `parallel` requests in flight.
+pub async fn put_many(
+    s3: &aws_sdk_s3::Client,
+    bucket: &str,
+    objects: Vec<(String, Vec<u8>)>,
+    parallel: usize,
+) {
+    futures::stream::iter(objects)
+        .map(|(k, v)| async move { put(s3, bucket, &k, v).await })
+        .buffer_unordered(parallel)
+        .collect::<Vec<()>>()
+        .await;
+}
+
+/// Every key of the bucket (no delimiter), paginated.
+pub async fn list_all(s3: &aws_sdk_s3::Client, bucket: &str) -> Vec<(String, i64)> {
+    let mut out = Vec::new();
+    let mut pages = s3.list_objects_v2().bucket(bucket).into_paginator().send();
+    while let Some(page) = pages.next().await {
+        let page = page.expect("list");
+        for o in page.contents() {
+            out.push((
+                o.key().unwrap_or_default().to_string(),
+                o.size().unwrap_or(0),
+            ));
+        }
+    }
+    out
+}
+
+pub async fn get(s3: &aws_sdk_s3::Client, bucket: &str, key: &str) -> Vec<u8> {
+    let out = s3
+        .get_object()
+        .bucket(bucket)
+        .key(key)
+        .send()
+        .await
+        .expect("get");
+    out.body
+        .collect()
+        .await
+        .expect("body")
+        .into_bytes()
+        .to_vec()
+}
+
+/// Deterministic bytes: a counter-based pattern that differs at every offset and seed, so
+/// misplaced or mixed blocks are detected.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len + 8);
+    let mut i: u64 = 0;
+    while out.len() < len {
+        let mut x = (i ^ seed.rotate_left(17)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        x ^= x >> 29;
+        out.extend_from_slice(&x.to_le_bytes());
+        i += 1;
+    }
+    out.truncate(len);
+    out
+}
+
+/// Runs a command with a time limit; panics if it does not finish (a hang is a failure).
+pub fn run_with_timeout(cmd: &mut Command, limit: Duration) -> Output {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let start = Instant::now();
+    loop {
+        if child.try_wait().expect("wait").is_some() {
+            return child.wait_with_output().expect("output");
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            panic!("{cmd:?} did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A live riffle mount, unmounted on drop.
+pub struct Mount {
+    pub path: PathBuf,
+    pub log: PathBuf,
+    pub pid_file: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Mount {
+    /// Mounts `source` with the test endpoint plus `extra` options; panics with the reason on failure.
+    pub fn new(endpoint: &str, source: &str, extra: &[&str]) -> Mount {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("mnt");
+        std::fs::create_dir(&path).expect("mkdir");
+        let log = dir.path().join("riffle.log");
+        let pid_file = dir.path().join("riffle.pid");
+        let out = run_with_timeout(
+            Command::new(RIFFLE)
+                .arg("mount")
+                .arg(source)
+                .arg(&path)
+                .args(["--endpoint-url", endpoint, "--force-path-style"])
+                .arg("--log-file")
+                .arg(&log)
+                .arg("--pid-file")
+                .arg(&pid_file)
+                .args(extra),
+            Duration::from_secs(90),
+        );
+        assert!(
+            out.status.success(),
+            "riffle mount failed: {}\nlog:\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        Mount {
+            path,
+            log,
+            pid_file,
+            _dir: dir,
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        std::fs::read_to_string(&self.pid_file)
+            .expect("pid file")
+            .trim()
+            .parse()
+            .expect("pid")
+    }
+
+    pub fn join(&self, rel: &str) -> PathBuf {
+        self.path.join(rel)
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let ok = Command::new(RIFFLE)
+            .arg("unmount")
+            .arg(&self.path)
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false);
+        if !ok {
+            let _ = Command::new("umount").arg("-l").arg(&self.path).output();
+        }
+    }
+}
+
+/// Peak resident set size (VmHWM) of a process, in bytes.
+pub fn peak_rss(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Every file and directory below `root`, relative, with `/` separators (directories end in `/`).
+pub fn walk(root: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read_dir") {
+            let entry = entry.expect("entry");
+            let path = entry.path();
+            let rel = path
+                .strip_prefix(root)
+                .expect("prefix")
+                .to_string_lossy()
+                .into_owned();
+            if entry.file_type().expect("type").is_dir() {
+                out.push(format!("{rel}/"));
+                stack.push(path);
+            } else {
+                out.push(rel);
+            }
+        }
+    }
+    out.sort();
+    out
+}

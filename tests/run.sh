@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The test command (README "Run the tests"; CI calls exactly this).
+# Installs what the tests need, starts the local Ceph RGW unless one is already up, runs the
+# format and lint checks and every test of the workspace against it, then stops the RGW it
+# started. Usage: tests/run.sh [extra cargo test args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v fusermount3 >/dev/null || need_apt+=(fuse3)
+command -v protoc >/dev/null || need_apt+=(protobuf-compiler)
+command -v pkg-config >/dev/null || need_apt+=(pkg-config)
+command -v cc >/dev/null || need_apt+=(build-essential)
+command -v curl >/dev/null || need_apt+=(curl)
+python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
+if [ ${#need_apt[@]} -gt 0 ]; then
+    echo "==> installing ${need_apt[*]}"
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need_apt[@]}"
+fi
+[ -e /dev/fuse ] || { echo "tests/run.sh: /dev/fuse is missing; FUSE tests cannot run" >&2; exit 1; }
+
+started_rgw=0
+if ! bash deploy/local/rgw.sh status >/dev/null 2>&1; then
+    bash deploy/local/rgw.sh up
+    started_rgw=1
+fi
+cleanup() {
+    # Leave no mounts of ours behind, then stop the RGW if we started it.
+    grep -E ' fuse\.riffle ' /proc/self/mountinfo | awk '{print $5}' | while read -r m; do
+        umount -l "$m" 2>/dev/null || true
+    done
+    if [ "$started_rgw" = 1 ]; then bash deploy/local/rgw.sh down || true; fi
+}
+trap cleanup EXIT
+eval "$(bash deploy/local/rgw.sh env)"
+
+echo "==> cargo fmt --check"
+cargo fmt --all --check
+echo "==> cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+echo "==> cargo test"
+cargo test --workspace "$@"
+if [ -x deploy/validate.sh ]; then
+    echo "==> deploy manifests"
+    deploy/validate.sh
+fi
+echo "==> all tests passed"
