@@ -3,7 +3,7 @@
 //! Every request that may wait on the store is moved onto the tokio runtime together with its
 //! reply, so the FUSE threads only decode requests and never block; the reply is sent from the
 //! task when the answer is ready. Errors become errno values here and nowhere else: missing
-//! names ENOENT, denied ENOACCES, anything the store could not deliver EIO, and every call that
+//! names ENOENT, denied EACCES, anything the store could not deliver EIO, and every call that
 //! would modify the tree EROFS.
 //!
 //! Open files get a [`FileReader`] keyed by a fresh file handle. The kernel page cache is kept
@@ -582,5 +582,46 @@ fn xattr_reply(reply: ReplyXattr, value: &[u8], size: u32) {
         reply.error(Errno::ERANGE);
     } else {
         reply.data(value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_map_to_errno() {
+        let cases = [
+            (NamespaceError::NotFound, Errno::ENOENT),
+            (NamespaceError::NotADirectory, Errno::ENOTDIR),
+            (NamespaceError::IsADirectory, Errno::EISDIR),
+            (NamespaceError::Store(StoreError::NotFound), Errno::ENOENT),
+            (
+                NamespaceError::Store(StoreError::AccessDenied("x".into())),
+                Errno::EACCES,
+            ),
+            (
+                NamespaceError::Store(StoreError::Transient("503".into())),
+                Errno::EIO,
+            ),
+            (
+                NamespaceError::Store(StoreError::Unreachable("refused".into())),
+                Errno::EIO,
+            ),
+        ];
+        for (error, errno) in cases {
+            assert_eq!(ns_errno(&error), errno, "{error:?}");
+        }
+    }
+
+    #[test]
+    fn page_cache_is_kept_only_for_the_same_version() {
+        let handles = Handles::default();
+        let v1: Arc<str> = Arc::from("etag-1");
+        let v2: Arc<str> = Arc::from("etag-2");
+        assert!(!handles.remember_etag(7, &v1), "first open: nothing cached yet");
+        assert!(handles.remember_etag(7, &v1));
+        assert!(!handles.remember_etag(7, &v2), "new version: drop the old pages");
+        assert!(handles.remember_etag(7, &v2));
     }
 }
