@@ -5,9 +5,12 @@
 //! GETs with bounded memory and concurrency, `reader` serves reads of one open file with
 //! adaptive read-ahead, `fs` adapts all of it to FUSE, and `cli` is the command line.
 
+pub mod cache;
 pub mod cli;
+pub mod control;
 pub mod fetch;
 pub mod fs;
+pub mod metrics;
 pub mod namespace;
 pub mod reader;
 pub mod store;

@@ -16,7 +16,8 @@
 //! - [`mountinfo`] and [`process`]: what is mounted where, and whether a
 //!   daemon process is still the one we started.
 //! - [`state`]: per-volume records and secrets persisted in the state dir.
-//! - [`volumes`]: publish / unpublish / recover with per-target locking.
+//! - [`volumes`]: publish / unpublish / recover, one target at a time
+//!   ([`locks`]: one async mutex per target path).
 //! - [`supervisor`]: start-up reconciliation and the periodic health loop.
 //! - [`identity`], [`node`]: the gRPC services; [`server`]: the unix socket.
 

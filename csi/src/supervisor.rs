@@ -58,6 +58,9 @@ pub async fn reconcile(manager: &Arc<VolumeManager>) -> (usize, usize) {
             Ok(CheckOutcome::Foreign(fs)) => {
                 tracing::error!(volume_id = %record.volume_id, %target, fs_type = %fs, "target is covered by another mount")
             }
+            Ok(CheckOutcome::Orphaned) => {
+                tracing::warn!(volume_id = %record.volume_id, %target, "removed the mount of a pod that no longer exists")
+            }
             Ok(CheckOutcome::Skipped) => {}
             Err(e) => {
                 failed += 1;

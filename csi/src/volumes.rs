@@ -21,7 +21,9 @@
 //! Check (start-up reconciliation and the supervisor): a recorded target
 //! whose mount is live is adopted as it is; one whose daemon died (the mount
 //! answers ENOTCONN), or whose mount is gone, is detached and mounted again
-//! with the recorded settings and stored credentials.
+//! with the recorded settings and stored credentials. A target whose parent
+//! directory has disappeared belongs to a pod kubelet has already cleaned
+//! up: its mount and record are removed instead, so nothing leaks.
 
 use crate::credentials::Credentials;
 use crate::locks::KeyedLocks;
@@ -70,6 +72,10 @@ pub enum CheckOutcome {
     Recovered(String),
     /// Something else is mounted on the target; left alone.
     Foreign(String),
+    /// The target's parent directory is gone (kubelet removed the pod's
+    /// volume directory without unpublishing): the mount was removed and
+    /// the record forgotten instead of remounting.
+    Orphaned,
     /// No record (unpublished meanwhile) or the target is busy.
     Skipped,
 }
@@ -243,6 +249,13 @@ impl VolumeManager {
         let Some(mut record) = self.store.load(target)? else {
             return Ok(CheckOutcome::Skipped);
         };
+        if target.parent().is_some_and(|p| !p.exists()) {
+            tracing::warn!(volume_id = %record.volume_id, target = %target.display(), "pod volume directory is gone; cleaning up instead of remounting");
+            self.mounter.unmount(target, record.daemon).await?;
+            remove_target(target, true)?;
+            self.store.remove(target)?;
+            return Ok(CheckOutcome::Orphaned);
+        }
         if record.daemon.is_none() {
             if let Some(d) = self
                 .mounter

@@ -327,6 +327,31 @@ async fn publish_and_unpublish_are_idempotent() {
 }
 
 #[tokio::test]
+async fn target_path_that_is_a_file_is_refused() {
+    let mut f = Fixture::new().await;
+    let target = f.target("pod-file", "data");
+    std::fs::write(&target, b"not a directory").expect("write");
+    let err = f
+        .csi
+        .publish(publish_request(
+            "vol",
+            &target,
+            bucket("datasets"),
+            Default::default(),
+        ))
+        .await
+        .expect_err("file target");
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(
+        err.message().contains("not a directory"),
+        "{}",
+        err.message()
+    );
+    assert_eq!(f.fake.mount_calls(), 0);
+    assert!(target.is_file(), "left alone");
+}
+
+#[tokio::test]
 async fn unpublish_unknown_target_is_ok() {
     let mut f = Fixture::new().await;
     let target = f.target("nobody", "nothing");
@@ -852,6 +877,38 @@ async fn supervisor_remounts_a_dead_daemon() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     f.csi.unpublish("vol", &target).await.expect("unpublish");
+}
+
+#[tokio::test]
+async fn orphaned_volume_is_cleaned_up_not_remounted() {
+    let mut f = Fixture::new().await;
+    let target = f.target("pod-gone", "data");
+    f.csi
+        .publish(publish_request(
+            "vol",
+            &target,
+            bucket("datasets"),
+            Default::default(),
+        ))
+        .await
+        .expect("publish");
+    if let Some(p) = f.plugin.take() {
+        p.stop().await.expect("stop");
+    }
+    // While the plugin is away the daemon dies and kubelet force-removes the
+    // pod's volume directory.
+    assert!(f.fake.kill(&target));
+    let pod_volume_dir = target.parent().expect("parent").to_path_buf();
+    std::fs::remove_dir_all(&pod_volume_dir).expect("remove pod dir");
+    f.restart().await;
+    assert_eq!(f.fake.mount_count(), 0, "no mount for a pod that is gone");
+    assert!(!pod_volume_dir.exists(), "nothing recreated");
+    assert_eq!(
+        std::fs::read_dir(f.dir.path().join("state/volumes"))
+            .expect("dir")
+            .count(),
+        0
+    );
 }
 
 #[tokio::test]

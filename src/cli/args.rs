@@ -25,6 +25,18 @@ pub enum Command {
     Mount(Box<MountArgs>),
     /// Unmount a riffle mount (the daemon then exits)
     Unmount(UnmountArgs),
+    /// Show a mount's counters: requests, bytes, hits, misses, read-ahead, in-flight work
+    Stats(StatsArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct StatsArgs {
+    /// The mountpoint
+    pub mountpoint: PathBuf,
+
+    /// Print the raw JSON
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -11,6 +11,7 @@ mod logging;
 mod mount;
 pub mod size;
 pub mod source;
+mod stats;
 mod unmount;
 
 use clap::Parser;
@@ -43,6 +44,7 @@ pub fn main() -> i32 {
     let result = match cli.command {
         Command::Mount(args) => mount::run(*args),
         Command::Unmount(args) => unmount::run(&args),
+        Command::Stats(args) => stats::run(&args),
     };
     match result {
         Ok(()) => 0,

@@ -15,7 +15,9 @@ use fuser::{MountOption, SessionACL};
 use super::args::MountArgs;
 use super::daemon::{self, Readiness};
 use super::{logging, one_line};
+use crate::control;
 use crate::fetch::{FetchConfig, Fetcher};
+use crate::metrics::MountMetrics;
 use crate::fs::{FsConfig, RiffleFs};
 use crate::namespace::Namespace;
 use crate::reader::ReadAheadConfig;
@@ -69,7 +71,8 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
     let raw: Arc<dyn ObjectStore> = Arc::new(runtime.block_on(S3Store::new(&s3)));
     runtime.block_on(probe(raw.clone(), args))?;
 
-    let store: Arc<dyn ObjectStore> = Arc::new(RetryingStore::new(raw, RetryPolicy::default()));
+    let retrying = Arc::new(RetryingStore::new(raw, RetryPolicy::default()));
+    let store: Arc<dyn ObjectStore> = retrying.clone();
     let ns = Arc::new(Namespace::new(
         store.clone(),
         &args.source.prefix,
@@ -82,6 +85,13 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
         ..FetchConfig::default()
     };
     let fetcher = Fetcher::new(store, fetch_config, runtime.handle().clone());
+    let metrics = Arc::new(MountMetrics {
+        source: args.source.to_string(),
+        started: std::time::Instant::now(),
+        namespace: ns.clone(),
+        fetcher: fetcher.clone(),
+        store: retrying,
+    });
     let fs = RiffleFs::new(
         ns,
         fetcher,
@@ -121,6 +131,10 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
     config.clone_fd = true;
     let mut session = fuser::Session::new(fs, &mountpoint, &config)
         .map_err(|e| anyhow!("cannot mount at {}: {e}", mountpoint.display()))?;
+    let _control = {
+        let _in_runtime = runtime.enter();
+        control::serve(&mountpoint, metrics)?
+    };
     let mut unmounter = session.unmount_callable();
     let mount_path = mountpoint.clone();
     runtime.spawn(async move {

@@ -1,10 +1,24 @@
 //! Benchmark and integration-test harness for rifflefs.
 //!
-//! The main piece is [`proxy`]: a transparent HTTP/1.1 reverse proxy that sits
-//! between an S3 client and an S3 server (Ceph RGW in this project) and adds
-//! first-byte latency, a per-connection bandwidth cap, request counting and
-//! run-time fault injection. It runs in-process ([`proxy::ProxyHandle`],
-//! [`proxy::BlockingProxy`]) or as the `riffle-proxy` binary, which is steered
-//! over HTTP with [`proxy::ControlClient`].
+//! - [`proxy`]: a transparent HTTP/1.1 reverse proxy that sits between an S3
+//!   client and an S3 server (Ceph RGW in this project) and adds first-byte
+//!   latency, a per-connection bandwidth cap, request counting and run-time
+//!   fault injection. It runs in-process ([`proxy::ProxyHandle`],
+//!   [`proxy::BlockingProxy`]) or as the `riffle-proxy` binary, which is
+//!   steered over HTTP with [`proxy::ControlClient`].
+//! - The benchmark pieces behind the `riffle-bench` binary: deterministic
+//!   datasets ([`dataset`], [`content`], [`manifest`]), the parallel S3
+//!   client ([`s3`]: upload, read, copy), the file-system reader used for
+//!   every system ([`reader`]), and the result tables ([`results`]).
 
+pub mod content;
+pub mod dataset;
+pub mod manifest;
+pub mod outcome;
+pub mod progress;
 pub mod proxy;
+pub mod reader;
+pub mod results;
+pub mod rng;
+pub mod s3;
+pub mod units;

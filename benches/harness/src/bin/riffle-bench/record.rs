@@ -1,0 +1,145 @@
+//! `riffle-bench record`: append a meta or row record to a run file
+//! (JSON lines), so `benches/run.sh` never assembles JSON itself.
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use riffle_bench::manifest::Manifest;
+use riffle_bench::outcome::Outcome;
+use riffle_bench::results::machine::Machine;
+use riffle_bench::results::{Column, Meta, Record, Row};
+
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Facts about one workload's run
+    Meta(MetaArgs),
+    /// One system's results in one table
+    Row(RowArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct MetaArgs {
+    /// The run file to append to
+    #[arg(long)]
+    run: PathBuf,
+    /// w1, w2 or w3
+    #[arg(long)]
+    workload: String,
+    /// quick or full
+    #[arg(long)]
+    mode: String,
+    /// The dataset's manifest
+    #[arg(long)]
+    manifest: PathBuf,
+    #[arg(long)]
+    commit: String,
+    /// UTC start time
+    #[arg(long)]
+    date: String,
+    /// Wall time of the workload, seconds
+    #[arg(long)]
+    elapsed_s: f64,
+    #[arg(
+        long,
+        default_value = "RGW behind riffle-proxy: 30 ms first byte, 100 MB/s per connection"
+    )]
+    remote: String,
+    /// A note shown under the workload's heading (repeatable)
+    #[arg(long)]
+    note: Vec<String>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RowArgs {
+    #[arg(long)]
+    run: PathBuf,
+    /// Table id: w1, w2, w3, w3-mmap
+    #[arg(long)]
+    table: String,
+    #[arg(long)]
+    system: String,
+    #[arg(long, value_enum, default_value = "proxy")]
+    column: Column,
+    /// ok, "not run: REASON" or "failed: REASON"
+    #[arg(long, default_value = "ok")]
+    status: String,
+    /// JSON result of epoch 1
+    #[arg(long)]
+    cold: Option<PathBuf>,
+    /// JSON result of epoch 2
+    #[arg(long)]
+    warm: Option<PathBuf>,
+    /// JSON result of the copy (copy-first)
+    #[arg(long)]
+    copy: Option<PathBuf>,
+    /// Daemon peak RSS, KiB
+    #[arg(long)]
+    rss_kb: Option<u64>,
+    #[arg(long)]
+    note: Option<String>,
+}
+
+pub fn run(cmd: Command) -> anyhow::Result<()> {
+    match cmd {
+        Command::Meta(a) => {
+            let m = Manifest::read(&a.manifest)?;
+            let meta = Meta {
+                workload: a.workload,
+                mode: a.mode,
+                date: a.date,
+                commit: a.commit,
+                machine: Machine::current(),
+                scale: m.header.scale,
+                objects: m.header.objects,
+                bytes: m.header.bytes,
+                remote: a.remote,
+                elapsed_s: a.elapsed_s,
+                notes: a.note,
+            };
+            append(&a.run, &Record::Meta(meta))
+        }
+        Command::Row(a) => {
+            let row = Row {
+                table: a.table,
+                system: a.system,
+                column: a.column,
+                status: a.status,
+                cold: outcome(a.cold.as_deref())?,
+                warm: outcome(a.warm.as_deref())?,
+                copy: outcome(a.copy.as_deref())?,
+                rss_kb: a.rss_kb,
+                note: a.note.filter(|n| !n.is_empty()),
+            };
+            append(&a.run, &Record::Row(row))
+        }
+    }
+}
+
+/// A reader's JSON result; a missing or empty file means the pass did not
+/// produce one (the reader crashed), which is recorded as absent.
+fn outcome(path: Option<&Path>) -> anyhow::Result<Option<Outcome>> {
+    let Some(path) = path else { return Ok(None) };
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("read {}", path.display())),
+    };
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(
+        serde_json::from_str(text.trim()).with_context(|| format!("parse {}", path.display()))?,
+    ))
+}
+
+fn append(run: &Path, rec: &Record) -> anyhow::Result<()> {
+    let mut f = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(run)
+        .with_context(|| format!("open {}", run.display()))?;
+    writeln!(f, "{}", serde_json::to_string(rec)?)?;
+    Ok(())
+}

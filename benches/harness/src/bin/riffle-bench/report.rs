@@ -1,0 +1,88 @@
+//! `riffle-bench report`: merge a run into the per-mode store, print its
+//! tables, write the plot data and `benches/README.md`, and with `--check`
+//! fail when any system of the run returned wrong bytes.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use riffle_bench::results::render::{plot_tables, readme, table, MODES};
+use riffle_bench::results::store::{load, merge, read_run};
+use riffle_bench::results::tables_of;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// A run file (from `record`) to merge in first
+    #[arg(long)]
+    run: Option<PathBuf>,
+    /// The store of results per mode
+    #[arg(long, default_value = "benches/results")]
+    results_dir: PathBuf,
+    /// The README to write
+    #[arg(long, default_value = "benches/README.md")]
+    readme: PathBuf,
+    /// Directory of the plots (PNG), linked from the README when present
+    #[arg(long, default_value = "benches/plots")]
+    plots_dir: PathBuf,
+    /// Write the plot data (JSON) here
+    #[arg(long)]
+    plot_data: Option<PathBuf>,
+    /// Exit 1 when any system in the run read wrong bytes
+    #[arg(long)]
+    check: bool,
+}
+
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let mut wrong = Vec::new();
+    if let Some(run) = &a.run {
+        let (mode, results) = read_run(run)?;
+        merge(&a.results_dir, &mode, &results)?;
+        for w in results.workloads.values() {
+            for t in tables_of(&w.meta.workload) {
+                if w.rows.iter().any(|r| r.table == t) {
+                    println!("\n{} ({mode})\n\n{}", t.to_uppercase(), table(&t, &w.rows));
+                }
+            }
+            for r in &w.rows {
+                if r.mismatches() > 0 {
+                    wrong.push(format!(
+                        "{} {} ({:?}): {} wrong reads",
+                        r.table,
+                        r.system,
+                        r.column,
+                        r.mismatches()
+                    ));
+                }
+            }
+        }
+    }
+    let mut modes = Vec::new();
+    for (mode, _) in MODES {
+        modes.push((mode.to_string(), load(&a.results_dir, mode)?));
+    }
+    if let Some(p) = &a.plot_data {
+        let data: Vec<_> = modes.iter().flat_map(|(m, r)| plot_tables(m, r)).collect();
+        std::fs::write(p, serde_json::to_string_pretty(&data)?)
+            .with_context(|| format!("write {}", p.display()))?;
+    }
+    let readme_dir = a.readme.parent().map(PathBuf::from).unwrap_or_default();
+    let plot = |mode: &str, t: &str| {
+        let file = a.plots_dir.join(format!("{mode}-{t}.png"));
+        file.is_file().then(|| {
+            file.strip_prefix(&readme_dir)
+                .unwrap_or(&file)
+                .display()
+                .to_string()
+        })
+    };
+    std::fs::write(&a.readme, readme(&modes, &plot))
+        .with_context(|| format!("write {}", a.readme.display()))?;
+    eprintln!("wrote {}", a.readme.display());
+    if a.check && !wrong.is_empty() {
+        for w in &wrong {
+            eprintln!("WRONG BYTES: {w}");
+        }
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}

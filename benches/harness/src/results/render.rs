@@ -1,0 +1,344 @@
+//! Markdown: the result tables of a run (printed by `report`) and the whole
+//! `benches/README.md` built from the stored results of every mode.
+
+use std::fmt::Write;
+
+use super::metrics::{best_peer, cell, ratio, throughput, Epoch, PlotTable, Unit};
+use super::store::{ModeResults, WorkloadResult};
+use super::{tables_of, Column, Row};
+
+/// Display order of systems.
+const ORDER: [&str; 7] = [
+    "local",
+    "copy-first",
+    "s3-client",
+    "riffle",
+    "s3fs",
+    "rclone",
+    "mountpoint",
+];
+
+fn system_label(system: &str) -> String {
+    match system {
+        "local" => "local disk".into(),
+        "copy-first" => "copy-first".into(),
+        "s3-client" => "S3 client, 64 in flight (reference)".into(),
+        "rclone" => "rclone (full cache)".into(),
+        s => s.into(),
+    }
+}
+
+fn table_title(table: &str) -> &'static str {
+    match table {
+        "w1" => "W1 imagenet: small files, 8 readers",
+        "w2" => "W2 shards: 4 readers, whole shards in 1 MiB reads",
+        "w3" => "W3 tokens: 16 threads, random 4 KiB–1 MiB pread",
+        "w3-mmap" => "W3 tokens through mmap: 16 threads, random 4 KiB–1 MiB",
+        "w5" => "W5 larger than cache",
+        _ => "workload",
+    }
+}
+
+fn sorted(rows: &[Row]) -> Vec<&Row> {
+    let mut v: Vec<&Row> = rows.iter().collect();
+    v.sort_by_key(|r| {
+        ORDER
+            .iter()
+            .position(|s| *s == r.system)
+            .unwrap_or(ORDER.len())
+    });
+    v
+}
+
+fn rss(row: &Row) -> String {
+    row.rss_kb
+        .map_or("—".into(), |kb| format!("{:.0} MiB", kb as f64 / 1024.0))
+}
+
+/// The markdown table of one table id.
+pub fn table(table: &str, rows: &[Row]) -> String {
+    let rows: Vec<Row> = rows.iter().filter(|r| r.table == table).cloned().collect();
+    let proxy: Vec<&Row> = sorted(&rows)
+        .into_iter()
+        .filter(|r| r.column == Column::Proxy)
+        .collect();
+    let local = rows
+        .iter()
+        .find(|r| r.system == "local" && r.column == Column::Proxy);
+    let has_direct = rows.iter().any(|r| r.column == Column::Direct);
+    let first256 = table == "w1" || table == "w5";
+    let mut out = String::new();
+    let mut head = vec!["system", "cold (epoch 1)", "warm (epoch 2)"];
+    if first256 {
+        head.push("first 256 files, cold");
+    }
+    head.extend([
+        "cold ÷ local",
+        "warm ÷ local",
+        "cold ÷ best peer",
+        "warm ÷ best peer",
+        "daemon peak RSS",
+    ]);
+    if has_direct {
+        head.extend(["no proxy: cold", "no proxy: warm"]);
+    }
+    let _ = writeln!(out, "| {} |", head.join(" | "));
+    let _ = writeln!(out, "|{}", "---|".repeat(head.len()));
+    for r in proxy {
+        let mut cells = vec![
+            system_label(&r.system),
+            cell(r, Epoch::Cold),
+            cell(r, Epoch::Warm),
+        ];
+        if first256 {
+            cells.push(
+                r.cold
+                    .as_ref()
+                    .and_then(|o| o.first_256_s)
+                    .filter(|_| r.ok() && r.copy.is_none())
+                    .map_or("—".into(), |s| format!("{s:.2} s")),
+            );
+        }
+        for epoch in [Epoch::Cold, Epoch::Warm] {
+            let base = local.and_then(|l| throughput(l, epoch));
+            cells.push(ratio(throughput(r, epoch), base));
+        }
+        for epoch in [Epoch::Cold, Epoch::Warm] {
+            cells.push(match best_peer(&rows, &r.system, epoch) {
+                Some((name, t)) if throughput(r, epoch).is_some() => {
+                    format!("{} ({name})", ratio(throughput(r, epoch), Some(t)))
+                }
+                _ => "—".into(),
+            });
+        }
+        cells.push(rss(r));
+        if has_direct {
+            let d = rows
+                .iter()
+                .find(|d| d.column == Column::Direct && d.system == r.system);
+            for epoch in [Epoch::Cold, Epoch::Warm] {
+                cells.push(d.map_or("—".into(), |d| cell(d, epoch)));
+            }
+        }
+        let _ = writeln!(out, "| {} |", cells.join(" | "));
+    }
+    let notes: Vec<String> = sorted(&rows)
+        .into_iter()
+        .filter_map(|r| {
+            let col = match r.column {
+                Column::Proxy => "",
+                Column::Direct => ", no proxy",
+            };
+            r.note
+                .as_ref()
+                .map(|n| format!("- {}{col}: {n}", system_label(&r.system)))
+        })
+        .collect();
+    if !notes.is_empty() {
+        out.push('\n');
+        out.push_str(&notes.join("\n"));
+        out.push('\n');
+    }
+    out
+}
+
+/// One workload's section: facts of the run, its tables and plots.
+pub fn workload_section(w: &WorkloadResult, plot: &dyn Fn(&str) -> Option<String>) -> String {
+    let m = &w.meta;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "Run {} on commit `{}`; {}. Dataset: {} objects, {:.2} GB (scale {}). Remote: {}. \
+         All systems of this workload took {:.0} s.\n",
+        m.date,
+        m.commit,
+        m.machine.describe(),
+        m.objects,
+        m.bytes as f64 / 1e9,
+        m.scale,
+        m.remote,
+        m.elapsed_s
+    );
+    for n in &m.notes {
+        let _ = writeln!(out, "- {n}");
+    }
+    if !m.notes.is_empty() {
+        out.push('\n');
+    }
+    for t in tables_of(&m.workload) {
+        if !w.rows.iter().any(|r| r.table == t) {
+            continue;
+        }
+        let _ = writeln!(
+            out,
+            "**{}** ({}, higher is better)\n",
+            table_title(&t),
+            Unit::of_table(&t).label()
+        );
+        out.push_str(&table(&t, &w.rows));
+        out.push('\n');
+        if let Some(img) = plot(&t) {
+            let _ = writeln!(out, "![{}]({img})\n", table_title(&t));
+        }
+    }
+    out
+}
+
+/// Plot data for every table of a mode.
+pub fn plot_tables(mode: &str, results: &ModeResults) -> Vec<PlotTable> {
+    let mut out = Vec::new();
+    for w in results.workloads.values() {
+        for t in tables_of(&w.meta.workload) {
+            let rows: Vec<Row> = w.rows.iter().filter(|r| r.table == t).cloned().collect();
+            if rows.is_empty() {
+                continue;
+            }
+            let mut points = super::metrics::plot_points(&rows);
+            points.sort_by_key(|p| {
+                ORDER
+                    .iter()
+                    .position(|s| *s == p.system)
+                    .unwrap_or(ORDER.len())
+            });
+            out.push(PlotTable {
+                mode: mode.to_string(),
+                table: t.clone(),
+                title: format!("{} ({mode})", table_title(&t)),
+                unit: Unit::of_table(&t).label().to_string(),
+                points,
+            });
+        }
+    }
+    out
+}
+
+/// Which modes a README shows, in order, with their headings.
+pub const MODES: [(&str, &str); 2] = [
+    ("full", "Full run"),
+    ("quick", "Quick run (`--quick`: scaled-down smoke test)"),
+];
+
+/// The whole README.
+pub fn readme(
+    modes: &[(String, ModeResults)],
+    plot: &dyn Fn(&str, &str) -> Option<String>,
+) -> String {
+    let mut out = String::from(README_HEAD);
+    for (mode, heading) in MODES {
+        let Some((_, results)) = modes.iter().find(|(m, _)| m == mode) else {
+            continue;
+        };
+        if results.workloads.is_empty() {
+            continue;
+        }
+        let _ = writeln!(out, "## {heading}\n");
+        for (name, w) in &results.workloads {
+            let _ = writeln!(out, "### {}\n", name.to_uppercase());
+            out.push_str(&workload_section(w, &|t| plot(mode, t)));
+        }
+    }
+    out.push_str(README_TAIL);
+    out
+}
+
+const README_HEAD: &str = "\
+# rifflefs benchmarks
+
+Generated by `benches/run.sh` from `benches/results/*.json`; edit the text in
+`benches/harness/src/results/render.rs`, not here. The workloads and baselines
+are those of `shared/BENCHMARKS.md`.
+
+**How to reproduce:** `benches/run.sh W1 W2` (full datasets; add `W3` for the
+4 GiB random-read workload) or `benches/run.sh --quick` (scaled-down datasets,
+a few minutes, fails on any wrong byte). Needs root (FUSE mounts, dropping the
+page cache), the local Ceph RGW (`deploy/local/rgw.sh`, started if down),
+`s3fs` and `rclone` (installed with apt if missing) and Python 3 for the plots.
+
+How to read the tables:
+
+- **The remote** is Ceph RGW on loopback behind `riffle-proxy`: 30 ms before
+  the first byte of every response and 100 MB/s per connection, like S3 seen
+  from a nearby instance. \"no proxy\" columns are RGW straight on loopback.
+- **Every system is read by the same reader**, `riffle-bench read-fs`, which
+  verifies every byte (whole files against the manifest's checksums, random
+  reads against the regenerated content); a wrong byte shows as
+  **WRONG BYTES** and fails `--quick`.
+- **The page cache is dropped** (`sync; echo 3 > /proc/sys/vm/drop_caches`)
+  before every epoch, for every system alike, so \"warm\" means the system's own
+  cache (memory or disk), never the kernel's.
+- **local disk**: the dataset already on the local disk. **copy-first**: the
+  init-container practice, 64 parallel downloads to local disk through the
+  proxy, then the local epoch; its cold figure includes the copy.
+  **S3 client**: `riffle-bench read-s3`, the store read directly with 64
+  requests in flight and no file system, as a reference for what the remote
+  can deliver. **riffle**: `riffle mount` of the release build,
+  `--metadata-ttl indefinite`, default `--max-memory 1G`. **s3fs**: with its
+  local file cache (`use_cache`). **rclone**: `rclone mount --vfs-cache-mode
+  full`.
+- **Ratios are the result**: absolute numbers on this shared 2-core machine,
+  where RGW, the proxy, the daemon and the reader share the cores, are noise.
+  \"÷ local\" and \"÷ best peer\" divide the row's throughput by that of local
+  disk and of the best of copy-first, s3fs, rclone (and Mountpoint, once it
+  runs) in the same run and epoch. The daemon's peak RSS is `VmHWM` after both
+  epochs.
+
+";
+
+const README_TAIL: &str = "\
+## Not run yet
+
+- **Mountpoint for S3**: needs a bench-only binary against the
+  `mountpoint-s3-fs` library (a later step of issue 6).
+- **W4** (listing) and **W5** (larger than cache): `riffle-bench gen` makes
+  their datasets; their runners come with the listing and disk-cache work.
+";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::outcome::Outcome;
+
+    fn row(system: &str, column: Column, secs: f64) -> Row {
+        let o = Outcome {
+            files: 100,
+            bytes: 100_000_000,
+            elapsed_s: secs,
+            first_256_s: Some(0.5),
+            ..Outcome::default()
+        };
+        Row {
+            table: "w1".into(),
+            system: system.into(),
+            column,
+            status: "ok".into(),
+            cold: Some(o.clone()),
+            warm: Some(o),
+            copy: None,
+            rss_kb: Some(204_800),
+            note: None,
+        }
+    }
+
+    #[test]
+    fn table_has_ratios_rss_and_direct_columns() {
+        let mut rclone = row("rclone", Column::Proxy, 20.0);
+        rclone.status = "not run: rclone is not installed".into();
+        let rows = vec![
+            row("riffle", Column::Proxy, 10.0),
+            row("local", Column::Proxy, 1.0),
+            row("s3fs", Column::Proxy, 40.0),
+            rclone,
+            row("riffle", Column::Direct, 5.0),
+        ];
+        let t = table("w1", &rows);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[0].contains("no proxy: cold"));
+        assert!(lines[2].starts_with("| local disk |"), "{t}");
+        assert!(lines[3].contains("| riffle | 10.0 files/s (10.0 s)"), "{t}");
+        assert!(lines[3].contains("0.10×"), "riffle vs local: {t}");
+        assert!(lines[3].contains("4.00× (s3fs)"), "riffle vs s3fs: {t}");
+        assert!(lines[3].contains("200 MiB"));
+        assert!(lines[3].contains("20.0 files/s (5.0 s)"), "direct: {t}");
+        assert!(t.contains("not run: rclone is not installed"));
+    }
+}

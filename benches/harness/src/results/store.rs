@@ -1,0 +1,95 @@
+//! The per-mode result store (`benches/results/{quick,full}.json`): the
+//! latest run of each workload, merged in as runs finish.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+
+use super::{workload_of, Meta, Record, Row};
+
+/// The latest results of one workload.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkloadResult {
+    pub meta: Meta,
+    pub rows: Vec<Row>,
+}
+
+/// All workloads of one mode.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModeResults {
+    pub workloads: BTreeMap<String, WorkloadResult>,
+}
+
+/// Reads a run file (JSON lines of [`Record`]s) into workload results.
+/// Rows whose workload has no meta line are an error.
+pub fn read_run(path: &Path) -> anyhow::Result<(String, ModeResults)> {
+    let text = fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
+    let mut metas = Vec::new();
+    let mut rows = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let rec: Record = serde_json::from_str(line)
+            .with_context(|| format!("{} line {}", path.display(), n + 1))?;
+        match rec {
+            Record::Meta(m) => metas.push(m),
+            Record::Row(r) => rows.push(r),
+        }
+    }
+    let mode = metas
+        .first()
+        .map(|m| m.mode.clone())
+        .context("run file has no meta record")?;
+    let mut out = ModeResults::default();
+    for m in metas {
+        anyhow::ensure!(m.mode == mode, "run file mixes modes {mode} and {}", m.mode);
+        out.workloads.insert(
+            m.workload.clone(),
+            WorkloadResult {
+                meta: m,
+                rows: Vec::new(),
+            },
+        );
+    }
+    for r in rows {
+        let w = workload_of(&r.table).to_string();
+        out.workloads
+            .get_mut(&w)
+            .with_context(|| format!("row for {} without a meta record for {w}", r.table))?
+            .rows
+            .push(r);
+    }
+    Ok((mode, out))
+}
+
+pub fn store_path(dir: &Path, mode: &str) -> PathBuf {
+    dir.join(format!("{mode}.json"))
+}
+
+pub fn load(dir: &Path, mode: &str) -> anyhow::Result<ModeResults> {
+    let path = store_path(dir, mode);
+    match fs::read_to_string(&path) {
+        Ok(text) => {
+            serde_json::from_str(&text).with_context(|| format!("parse {}", path.display()))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ModeResults::default()),
+        Err(e) => Err(e).with_context(|| format!("read {}", path.display())),
+    }
+}
+
+/// Replaces the stored workloads of `mode` with those of `run`.
+pub fn merge(dir: &Path, mode: &str, run: &ModeResults) -> anyhow::Result<ModeResults> {
+    let mut all = load(dir, mode)?;
+    for (k, v) in &run.workloads {
+        all.workloads.insert(k.clone(), v.clone());
+    }
+    fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    let path = store_path(dir, mode);
+    fs::write(&path, serde_json::to_string_pretty(&all)? + "\n")
+        .with_context(|| format!("write {}", path.display()))?;
+    Ok(all)
+}

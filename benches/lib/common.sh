@@ -1,0 +1,66 @@
+# Shared helpers of benches/run.sh: logging, page-cache dropping, reading
+# results, waiting for mounts and reading a daemon's peak RSS.
+# Sourced; expects WORK and LOG_DIR to be set.
+
+say() { printf '%s %s\n' "$(date +%H:%M:%S)" "$*"; }
+warn() { printf '%s WARNING: %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { printf 'benches/run.sh: error: %s\n' "$*" >&2; exit 1; }
+
+# Drops the page cache (and dentries/inodes) so every epoch starts cold for
+# the kernel; a system's own cache survives. Returns 1 when not allowed.
+drop_caches() {
+    sync
+    if [ -w /proc/sys/vm/drop_caches ]; then
+        echo 3 > /proc/sys/vm/drop_caches
+    else
+        return 1
+    fi
+}
+
+# One line summary of a read-fs/read-s3/copy JSON result.
+summary() {
+    local f=$1
+    [ -s "$f" ] || { echo "no result"; return; }
+    local secs fps mbps rps mism errs
+    secs=$(sed -n 's/.*"elapsed_s":\([0-9.e+-]*\).*/\1/p' "$f")
+    fps=$(sed -n 's/.*"files_per_s":\([0-9.e+-]*\).*/\1/p' "$f")
+    mbps=$(sed -n 's/.*"mb_per_s":\([0-9.e+-]*\).*/\1/p' "$f")
+    rps=$(sed -n 's/.*"reads_per_s":\([0-9.e+-]*\).*/\1/p' "$f")
+    mism=$(sed -n 's/.*"mismatches":\([0-9]*\).*/\1/p' "$f")
+    errs=$(sed -n 's/.*"errors":\([0-9]*\).*/\1/p' "$f")
+    printf '%.1f s, %.0f files/s, %.0f MB/s, %.0f reads/s, %s errors, %s wrong' \
+        "$secs" "$fps" "$mbps" "$rps" "$errs" "$mism"
+}
+
+# Waits until $1 is a mountpoint while process $2 lives; 0 when mounted.
+wait_mounted() {
+    local mnt=$1 pid=$2 i
+    for i in $(seq 1 300); do
+        mountpoint -q "$mnt" && return 0
+        kill -0 "$pid" 2>/dev/null || return 1
+        sleep 0.1
+    done
+    return 1
+}
+
+# Peak RSS (VmHWM, KiB) of a live process, or nothing.
+peak_rss_kb() {
+    [ -n "${1:-}" ] && [ -r "/proc/$1/status" ] || return 0
+    awk '/^VmHWM:/ {print $2}' "/proc/$1/status"
+}
+
+# Unmounts $1 if mounted (lazily as a last resort); waits for process $2.
+unmount_fuse() {
+    local mnt=$1 pid=${2:-} i
+    if mountpoint -q "$mnt" 2>/dev/null; then
+        fusermount3 -u "$mnt" 2>/dev/null || fusermount -u "$mnt" 2>/dev/null \
+            || umount "$mnt" 2>/dev/null || umount -l "$mnt" 2>/dev/null || true
+    fi
+    if [ -n "$pid" ]; then
+        for i in $(seq 1 100); do
+            kill -0 "$pid" 2>/dev/null || return 0
+            sleep 0.1
+        done
+        kill "$pid" 2>/dev/null || true
+    fi
+}

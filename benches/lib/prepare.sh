@@ -1,0 +1,72 @@
+# Preparing a benchmark run: binaries, RGW, peer tools, the plot venv, a
+# memory check and the latency proxy. Sourced by benches/run.sh.
+
+build_binaries() {
+    say "building release binaries (riffle, riffle-bench, riffle-proxy)"
+    CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-1} cargo build --release -q -p riffle-bench -p rifflefs \
+        || die "cargo build failed"
+}
+
+ensure_rgw() {
+    if ! deploy/local/rgw.sh status >/dev/null 2>&1; then
+        say "starting the local Ceph RGW"
+        deploy/local/rgw.sh up >>"$LOG_DIR/rgw.log" 2>&1 || die "deploy/local/rgw.sh up failed (see $LOG_DIR/rgw.log)"
+    fi
+    eval "$(deploy/local/rgw.sh env)"
+    RGW_URL=$AWS_ENDPOINT_URL
+    printf '%s:%s\n' "$AWS_ACCESS_KEY_ID" "$AWS_SECRET_ACCESS_KEY" > "$WORK/run/s3fs.passwd"
+    chmod 600 "$WORK/run/s3fs.passwd"
+}
+
+# Installs s3fs and rclone with apt when missing; a peer that cannot be
+# installed is reported as "not run" later.
+ensure_peer_tools() {
+    local missing=()
+    command -v s3fs >/dev/null || missing+=(s3fs)
+    command -v rclone >/dev/null || missing+=(rclone)
+    command -v fusermount3 >/dev/null || missing+=(fuse3)
+    [ ${#missing[@]} -eq 0 ] && return 0
+    say "installing ${missing[*]} with apt"
+    { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"; } \
+        >>"$LOG_DIR/apt.log" 2>&1 || warn "apt-get install ${missing[*]} failed (see $LOG_DIR/apt.log)"
+}
+
+# A venv with matplotlib for the plots; without it the report has no plots.
+ensure_plot_venv() {
+    local venv=benches/.venv
+    if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import matplotlib' 2>/dev/null; then
+        return 0
+    fi
+    say "creating $venv with matplotlib (plots)"
+    { python3 -m venv "$venv" && "$venv/bin/pip" install -q matplotlib; } >>"$LOG_DIR/venv.log" 2>&1 \
+        || { warn "no plots: could not set up $venv (see $LOG_DIR/venv.log)"; rm -rf "$venv"; }
+}
+
+# RGW keeps the datasets in RAM (memstore): warn when they may not fit.
+check_memory() {
+    local need=0 wl gb avail
+    for wl in "$@"; do
+        case $wl in w1) gb=2.3 ;; w2|w3) gb=4.3 ;; *) gb=0 ;; esac
+        need=$(awk -v a="$need" -v b="$gb" -v s="$SCALE" 'BEGIN {print a + b * s}')
+    done
+    avail=$(awk '/^MemAvailable:/ {printf "%.1f", $2 / 1048576}' /proc/meminfo)
+    say "datasets need ~${need} GB in RGW's memory; ${avail} GiB available"
+    if awk -v n="$need" -v a="$avail" 'BEGIN {exit !(n + 3 > a)}'; then
+        warn "memory is tight: RGW holds the datasets in RAM"
+    fi
+}
+
+start_proxy() {
+    local out="$WORK/run/proxy.out" i
+    : > "$out"
+    RUST_LOG=warn "$BIN/riffle-proxy" --listen 127.0.0.1:0 --upstream "$RGW_URL" \
+        --control 127.0.0.1:0 >"$out" 2>>"$LOG_DIR/proxy.log" &
+    PROXY_PID=$!
+    for i in $(seq 1 100); do
+        [ "$(wc -l < "$out")" -ge 2 ] && break
+        sleep 0.1
+    done
+    PROXY_URL="http://$(sed -n 's/^listening on //p' "$out")"
+    [ "$PROXY_URL" != "http://" ] || die "riffle-proxy did not start (see $LOG_DIR/proxy.log)"
+    say "proxy $PROXY_URL -> $RGW_URL (30 ms first byte, 100 MB/s per connection)"
+}

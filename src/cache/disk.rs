@@ -1,0 +1,1254 @@
+//! [`DiskCache`]: reads, crash-safe writes, pins, the byte budget and eviction.
+//!
+//! **Read** (`read_block`): find the entry's open files (loading its journal on first use, on
+//! a blocking thread); if the block table lacks the block, replay the journal's new tail (it
+//! may have been written by another process); read the block through the ring (`O_DIRECT` for
+//! whole aligned blocks); compare its CRC32C with the recorded one. A mismatch drops the block
+//! (a `dropped` record, counted in `crc_failures`) and is reported as a miss, so the caller
+//! fetches it again; bad bytes are never returned.
+//!
+//! **Write** (`write_block`) is a sequence of steps, each of which may be the last one a
+//! crashing process completes; the test hook [`WriteStep`] stops a write before any step:
+//!
+//! 1. `Reserve` — become a user of the entry (creating it if needed) and reserve its bytes in
+//!    the budget, evicting other entries if needed;
+//! 2. `Lock` — take an OFD write lock on the block's byte range of the data file, without
+//!    waiting (another process writing the same block: skip, it will be there), then replay
+//!    the journal's tail (someone may just have finished it);
+//! 3. `WriteData` — write the bytes at the block's offset;
+//! 4. `SyncData` — `fdatasync` the data file (merged with concurrent ones: group commit);
+//! 5. `AppendRecord` — append the block's `present` record with its CRC32C to the journal;
+//! 6. `Publish` — mark the block present in memory.
+//!
+//! A crash before step 5 completes leaves bytes that no record describes: invisible, and
+//! overwritten by the next write of that block. A torn record is skipped by replay. The
+//! journal is not synced: after a power loss a record may be lost (the block is fetched
+//! again) but never precede its data, since it is written only after the data's `fdatasync`.
+//!
+//! **Budget.** `used` is the sum of the entries' charged bytes (4 KiB-rounded data plus
+//! journal) as far as this process knows: the start-up scan, entries it loaded, and its own
+//! reservations. A reservation succeeds only when `used + need <= limit` and the file system
+//! keeps `min_free_fraction` free after it (`statvfs`, less bytes reserved but not yet
+//! written); otherwise victims chosen by the [`EvictionPolicy`] are removed until it fits, or
+//! the write is refused with [`CacheError::Full`]. Bytes are released only after the files are
+//! unlinked, so the bytes on disk never exceed `used`, and `used` never exceeds `limit`.
+//! Entries pinned (open readers), being written, or in use by another process are never
+//! victims.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use parking_lot::{Condvar, Mutex};
+
+use super::entry::{self, Evicted, LoadError, OpenEntry, Use};
+use super::evict::{hashmap_bytes, EntryInfo, EvictionPolicy, LruPolicy};
+use super::format::{self, RecordKind};
+use super::identity::{EntryKey, ObjectIdentity};
+use super::ring::{AlignedBuf, IoBuf, Ring, ALIGN};
+use super::sys;
+use super::{scan, CacheConfig, CacheError, SizeLimit};
+
+/// A step of a block write (see the module documentation); the test hook stops before one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WriteStep {
+    Reserve,
+    Lock,
+    WriteData,
+    SyncData,
+    AppendRecord,
+    Publish,
+}
+
+impl WriteStep {
+    pub const ALL: [WriteStep; 6] = [
+        WriteStep::Reserve,
+        WriteStep::Lock,
+        WriteStep::WriteData,
+        WriteStep::SyncData,
+        WriteStep::AppendRecord,
+        WriteStep::Publish,
+    ];
+}
+
+/// What the test hook asks a write to do at a step.
+#[cfg(test)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HookAction {
+    Continue,
+    /// Stop before the step, as if the process died there.
+    Crash,
+    /// Do half of the step's write (`WriteData`, `AppendRecord`), then stop.
+    CrashMidway,
+}
+
+#[cfg(test)]
+pub type WriteHook = Arc<dyn Fn(WriteStep) -> HookAction + Send + Sync>;
+
+/// Counters since this handle was opened.
+#[derive(Debug, Default)]
+struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    crc_failures: AtomicU64,
+    writes: AtomicU64,
+    write_bytes: AtomicU64,
+    write_skipped: AtomicU64,
+    evictions: AtomicU64,
+    evicted_bytes: AtomicU64,
+    evict_in_use: AtomicU64,
+    full: AtomicU64,
+    no_space_errors: AtomicU64,
+    io_errors: AtomicU64,
+}
+
+/// A snapshot of a live cache's state and counters (`riffle stats`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Entries known to hold bytes (from the scan, loaded, or written here).
+    pub objects: u64,
+    /// Entries whose every block is present.
+    pub complete_objects: u64,
+    /// Blocks present in the known entries.
+    pub blocks: u64,
+    /// Bytes charged (see the module documentation); never above `limit`.
+    pub bytes: u64,
+    pub limit: u64,
+    /// Entries with files open in this process.
+    pub open_objects: u64,
+    pub pinned_objects: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub crc_failures: u64,
+    pub writes: u64,
+    pub write_bytes: u64,
+    /// Writes not done because another writer (here or in another process) had the block.
+    pub write_skipped: u64,
+    pub evictions: u64,
+    pub evicted_bytes: u64,
+    /// Eviction candidates skipped because another process uses them.
+    pub evict_in_use: u64,
+    /// Writes refused because nothing could be evicted.
+    pub full: u64,
+    pub no_space_errors: u64,
+    pub io_errors: u64,
+    pub scan_complete: bool,
+    /// See [`IndexMemory`].
+    pub index_memory: IndexMemory,
+}
+
+/// Memory the cache's in-memory index spends (a structural count of its tables).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IndexMemory {
+    pub entries: u64,
+    pub open_entries: u64,
+    /// Bytes of the table of all known entries and the eviction policy.
+    pub table_bytes: u64,
+    /// Bytes of the open entries (files, block tables, identities).
+    pub open_bytes: u64,
+    /// `(table_bytes + open_bytes) / entries`.
+    pub per_object: u64,
+    /// `table_bytes / entries`: what an entry costs once its files are closed.
+    pub per_closed_object: u64,
+}
+
+/// One known entry.
+#[derive(Debug, Default)]
+struct Entry {
+    /// Bytes charged to it (including reservations of writes in progress).
+    bytes: u64,
+    /// Blocks present, and whether all are.
+    blocks: u32,
+    complete: bool,
+    pins: u32,
+    writes: u32,
+    evicting: bool,
+    open: Option<Arc<OpenEntry>>,
+    /// The open entry on which one use is held on behalf of all pins.
+    pin_use: Option<Arc<OpenEntry>>,
+}
+
+struct State {
+    entries: HashMap<EntryKey, Entry>,
+    policy: Box<dyn EvictionPolicy>,
+    /// Entries with open files, least recently used first.
+    open_lru: LruPolicy,
+    open_count: usize,
+    used: u64,
+    /// Reserved bytes not yet written (the free-space guard subtracts them from `statvfs`).
+    pending: u64,
+    /// Evictions in progress.
+    evicting: usize,
+}
+
+/// The persistent block cache (see the `cache` module documentation).
+pub struct DiskCache {
+    root: PathBuf,
+    block_size: u64,
+    limit: u64,
+    min_free_fraction: f64,
+    direct_io: bool,
+    max_open: usize,
+    ring: Ring,
+    state: Mutex<State>,
+    evicted: tokio::sync::Notify,
+    counters: Counters,
+    scan_done: Mutex<bool>,
+    scan_cv: Condvar,
+    warned_no_space: AtomicBool,
+    warned_io: AtomicBool,
+    /// The shared lock on `DIR/lock` (held for the life of this handle).
+    _dir_lock: File,
+    #[cfg(test)]
+    hook: Mutex<Option<WriteHook>>,
+}
+
+impl std::fmt::Debug for DiskCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiskCache")
+            .field("root", &self.root)
+            .field("block_size", &self.block_size)
+            .field("limit", &self.limit)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Releases a reservation unless committed.
+struct Reservation<'a> {
+    cache: &'a DiskCache,
+    key: EntryKey,
+    bytes: u64,
+    done: bool,
+}
+
+impl Reservation<'_> {
+    fn commit(mut self) {
+        let mut st = self.cache.state.lock();
+        st.pending = st.pending.saturating_sub(self.bytes);
+        self.done = true;
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let mut st = self.cache.state.lock();
+        st.pending = st.pending.saturating_sub(self.bytes);
+        st.used = st.used.saturating_sub(self.bytes);
+        if let Some(e) = st.entries.get_mut(&self.key) {
+            e.bytes = e.bytes.saturating_sub(self.bytes);
+        }
+    }
+}
+
+/// Ends a write's use of an entry.
+struct WriteUse<'a> {
+    cache: &'a DiskCache,
+    entry: Arc<OpenEntry>,
+    index: u32,
+    writing: bool,
+}
+
+impl Drop for WriteUse<'_> {
+    fn drop(&mut self) {
+        if self.writing {
+            self.entry.blocks.lock().writing.retain(|&i| i != self.index);
+        }
+        self.entry.release_use();
+        let mut st = self.cache.state.lock();
+        if let Some(e) = st.entries.get_mut(&self.entry.key) {
+            e.writes = e.writes.saturating_sub(1);
+        }
+    }
+}
+
+/// Releases an OFD range lock.
+struct RangeLock<'a> {
+    file: &'a File,
+    start: u64,
+    len: u64,
+}
+
+impl Drop for RangeLock<'_> {
+    fn drop(&mut self) {
+        let _ = sys::try_range_lock(self.file, self.start, self.len, false);
+    }
+}
+
+/// Keeps an object's entry from being evicted, here and (once its files are open) in every
+/// process sharing the directory. Dropping it unpins.
+#[derive(Debug)]
+pub struct PinGuard {
+    cache: Weak<DiskCache>,
+    key: EntryKey,
+}
+
+impl Drop for PinGuard {
+    fn drop(&mut self) {
+        if let Some(cache) = self.cache.upgrade() {
+            cache.unpin(self.key);
+        }
+    }
+}
+
+/// Blocks present in one object's entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ObjectStatus {
+    pub blocks_present: u64,
+    pub blocks_total: u64,
+    pub complete: bool,
+}
+
+fn io_err(context: &str, e: io::Error) -> CacheError {
+    if sys::is_no_space(&e) {
+        CacheError::NoSpace {
+            context: context.to_string(),
+        }
+    } else {
+        CacheError::Io {
+            context: context.to_string(),
+            source: e,
+        }
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, CacheError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| CacheError::Io {
+            context: "cache metadata task".into(),
+            source: io::Error::other(e.to_string()),
+        })
+}
+
+impl DiskCache {
+    /// Opens (creating if needed) the cache directory; see the module documentation of `cache`
+    /// for what happens and what can fail.
+    pub fn open(config: CacheConfig) -> Result<Arc<DiskCache>, CacheError> {
+        Self::open_with_policy(config, Box::new(LruPolicy::new()))
+    }
+
+    /// [`DiskCache::open`] with another eviction policy.
+    pub fn open_with_policy(
+        config: CacheConfig,
+        policy: Box<dyn EvictionPolicy>,
+    ) -> Result<Arc<DiskCache>, CacheError> {
+        config.validate()?;
+        let root = config.dir.clone();
+        let dir_lock = super::prepare_dir(&root, config.block_size)?;
+        let space = sys::fs_space(&root).map_err(|e| io_err("statvfs of the cache dir", e))?;
+        let limit = match config.max_bytes {
+            SizeLimit::Bytes(b) => b,
+            SizeLimit::Percent(p) => (space.total as f64 * p / 100.0) as u64,
+        };
+        let ring = Ring::new(config.ring_threads).map_err(|e| io_err("starting io_uring", e))?;
+        tracing::info!(dir = %root.display(), limit, block_size = config.block_size, policy = policy.name(), direct_io = config.direct_io, "disk cache opened");
+        let cache = Arc::new(DiskCache {
+            root,
+            block_size: config.block_size,
+            limit,
+            min_free_fraction: config.min_free_fraction,
+            direct_io: config.direct_io,
+            max_open: config.max_open_objects.max(1),
+            ring,
+            state: Mutex::new(State {
+                entries: HashMap::new(),
+                policy,
+                open_lru: LruPolicy::new(),
+                open_count: 0,
+                used: 0,
+                pending: 0,
+                evicting: 0,
+            }),
+            evicted: tokio::sync::Notify::new(),
+            counters: Counters::default(),
+            scan_done: Mutex::new(false),
+            scan_cv: Condvar::new(),
+            warned_no_space: AtomicBool::new(false),
+            warned_io: AtomicBool::new(false),
+            _dir_lock: dir_lock,
+            #[cfg(test)]
+            hook: Mutex::new(None),
+        });
+        let weak = Arc::downgrade(&cache);
+        let root = cache.root.clone();
+        let spawned = std::thread::Builder::new()
+            .name("riffle-cache-scan".into())
+            .spawn(move || scan::run(&root, weak));
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "could not start the cache scan; existing entries are found on use");
+            cache.finish_scan();
+        }
+        Ok(cache)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn block_size(&self) -> u64 {
+        self.block_size
+    }
+
+    /// The byte budget in force (a percentage resolved at open).
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Blocks at most in an object of `size` bytes.
+    pub fn block_count(&self, size: u64) -> u64 {
+        format::block_count(size, self.block_size)
+    }
+
+    /// Blocks until the start-up scan of existing entries has finished.
+    pub fn wait_for_scan(&self) {
+        let mut done = self.scan_done.lock();
+        while !*done {
+            self.scan_cv.wait(&mut done);
+        }
+    }
+
+    pub(super) fn finish_scan(&self) {
+        *self.scan_done.lock() = true;
+        self.scan_cv.notify_all();
+    }
+
+    /// Adds entries found by the scan (ones already known here are left alone).
+    pub(super) fn add_scanned(&self, found: Vec<scan::Found>) {
+        let mut st = self.state.lock();
+        let st = &mut *st;
+        for f in found {
+            if st.entries.contains_key(&f.key) {
+                continue;
+            }
+            st.policy.insert(&EntryInfo {
+                key: f.key,
+                identity: Some(&f.identity),
+                bytes: f.bytes,
+                last_used: Some(f.last_used),
+            });
+            st.used += f.bytes;
+            st.entries.insert(
+                f.key,
+                Entry {
+                    bytes: f.bytes,
+                    blocks: f.blocks,
+                    complete: f.complete,
+                    ..Entry::default()
+                },
+            );
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn set_write_hook(&self, hook: Option<WriteHook>) {
+        *self.hook.lock() = hook;
+    }
+
+    #[cfg(test)]
+    fn hook(&self, step: WriteStep) -> HookAction {
+        self.hook
+            .lock()
+            .as_ref()
+            .map_or(HookAction::Continue, |h| h(step))
+    }
+
+    /// Runs the test hook before `step`: `Ok(true)` to do only half of the step.
+    #[cfg(test)]
+    fn step(&self, step: WriteStep) -> Result<bool, CacheError> {
+        match self.hook(step) {
+            HookAction::Continue => Ok(false),
+            HookAction::Crash => Err(CacheError::SimulatedCrash(step)),
+            HookAction::CrashMidway => Ok(true),
+        }
+    }
+
+    #[cfg(not(test))]
+    #[inline(always)]
+    fn step(&self, _step: WriteStep) -> Result<bool, CacheError> {
+        Ok(false)
+    }
+
+    fn block_len(&self, id: &ObjectIdentity, index: u64) -> Result<u64, CacheError> {
+        if index >= format::block_count(id.size, self.block_size) || index > u32::MAX as u64 {
+            return Err(CacheError::Invalid(format!(
+                "block {index} of a {}-byte object",
+                id.size
+            )));
+        }
+        Ok(format::block_len(id.size, self.block_size, index))
+    }
+
+    /// Logs the first failure of each kind as a warning (later ones at debug), and counts it.
+    fn report(&self, e: &CacheError) {
+        let (flag, counter) = match e {
+            CacheError::NoSpace { .. } => {
+                (&self.warned_no_space, &self.counters.no_space_errors)
+            }
+            CacheError::Io { .. } => (&self.warned_io, &self.counters.io_errors),
+            _ => return,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        if !flag.swap(true, Ordering::Relaxed) {
+            tracing::warn!(error = %e, dir = %self.root.display(), "disk cache failure; reading from the store instead (further failures are logged at debug level)");
+        } else {
+            tracing::debug!(error = %e, "disk cache failure");
+        }
+    }
+
+    /// The open entry of `key`, if its files are open here and it is alive.
+    fn cached_open(&self, key: EntryKey) -> Option<Arc<OpenEntry>> {
+        let mut st = self.state.lock();
+        let open = st.entries.get(&key)?.open.clone()?;
+        if open.is_dead() {
+            return None;
+        }
+        st.open_lru.touch(key);
+        Some(open)
+    }
+
+    /// Loads (or with `create`, creates) the entry of `id` and installs it.
+    async fn load(
+        &self,
+        id: &ObjectIdentity,
+        key: EntryKey,
+        create: bool,
+    ) -> Result<Option<Arc<OpenEntry>>, CacheError> {
+        if let Some(o) = self.cached_open(key) {
+            return Ok(Some(o));
+        }
+        let (root, bs, direct, idc) = (self.root.clone(), self.block_size, self.direct_io, id.clone());
+        let loaded = blocking(move || -> Result<Option<OpenEntry>, CacheError> {
+            for _ in 0..4 {
+                match OpenEntry::open_existing(&root, &idc, key, bs, direct) {
+                    Ok(Some(e)) => return Ok(Some(e)),
+                    Ok(None) if !create => return Ok(None),
+                    Ok(None) => {
+                        if let Some(e) = OpenEntry::create(&root, &idc, key, bs, direct)
+                            .map_err(|e| io_err("creating a cache entry", e))?
+                        {
+                            return Ok(Some(e));
+                        }
+                    }
+                    Err(LoadError::Io(e)) => return Err(io_err("opening a cache entry", e)),
+                    Err(e @ (LoadError::Stale(_) | LoadError::Mismatch)) => {
+                        if !create {
+                            return Ok(None);
+                        }
+                        tracing::info!(entry = %key, error = %e, "replacing an unusable cache entry");
+                        match entry::evict_files(&root, key)
+                            .map_err(|e| io_err("removing a stale cache entry", e))?
+                        {
+                            Evicted::InUse => return Err(CacheError::Busy),
+                            Evicted::Removed | Evicted::Gone => {}
+                        }
+                    }
+                }
+            }
+            Err(CacheError::Busy)
+        })
+        .await??;
+        Ok(loaded.map(|e| self.install(id, e)))
+    }
+
+    /// Makes a freshly opened entry the open entry of its key (or returns the one another task
+    /// installed first), and closes files of the least recently used entries beyond the cap.
+    fn install(&self, id: &ObjectIdentity, fresh: OpenEntry) -> Arc<OpenEntry> {
+        let key = fresh.key;
+        let charged = fresh.charged_bytes();
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        let e = st.entries.entry(key).or_insert_with(|| {
+            st.policy.insert(&EntryInfo {
+                key,
+                identity: Some(id),
+                bytes: 0,
+                last_used: None,
+            });
+            Entry::default()
+        });
+        if let Some(o) = &e.open {
+            if !o.is_dead() {
+                return o.clone();
+            }
+            st.open_count -= 1;
+        }
+        let fresh = Arc::new(fresh);
+        if charged > e.bytes {
+            st.used += charged - e.bytes;
+            e.bytes = charged;
+            st.policy.resize(key, charged);
+        }
+        {
+            let b = fresh.blocks.lock();
+            e.blocks = b.present();
+            e.complete = b.is_complete();
+        }
+        if e.pin_use.as_ref().is_some_and(|o| o.is_dead()) {
+            if let Some(o) = e.pin_use.take() {
+                o.release_use();
+            }
+        }
+        if e.pins > 0 && e.pin_use.is_none() && fresh.acquire_use().ok() == Some(Use::Acquired) {
+            e.pin_use = Some(fresh.clone());
+        }
+        e.open = Some(fresh.clone());
+        st.open_count += 1;
+        st.open_lru.insert(&EntryInfo {
+            key,
+            identity: None,
+            bytes: 0,
+            last_used: None,
+        });
+        // Close the files of idle entries beyond the cap.
+        while st.open_count > self.max_open {
+            let entries = &st.entries;
+            let Some(victim) = st.open_lru.victim(&mut |k| {
+                k != key
+                    && entries
+                        .get(&k)
+                        .is_some_and(|e| e.pins == 0 && e.writes == 0 && e.open.is_some())
+            }) else {
+                break;
+            };
+            st.open_lru.remove(victim);
+            if let Some(v) = st.entries.get_mut(&victim) {
+                v.open = None;
+                st.open_count -= 1;
+            }
+        }
+        fresh
+    }
+
+    /// Forgets a dead open entry (evicted by another process) so the next use reloads.
+    fn forget_open(&self, dead: &Arc<OpenEntry>) {
+        let mut st = self.state.lock();
+        let key = dead.key;
+        let mut closed = false;
+        if let Some(e) = st.entries.get_mut(&key) {
+            if e.open.as_ref().is_some_and(|o| Arc::ptr_eq(o, dead)) {
+                e.open = None;
+                e.complete = false;
+                e.blocks = 0;
+                closed = true;
+            }
+        }
+        if closed {
+            st.open_count -= 1;
+            st.open_lru.remove(key);
+        }
+    }
+
+    /// Replays the journal's new tail on a blocking thread; updates the accounting.
+    async fn refresh(&self, entry: &Arc<OpenEntry>) -> Result<(), CacheError> {
+        if !entry.journal_grew() {
+            return Ok(());
+        }
+        let e2 = entry.clone();
+        let appeared = blocking(move || e2.refresh_blocking())
+            .await?
+            .map_err(|e| io_err("reading a cache journal", e))?;
+        if appeared.is_empty() {
+            return Ok(());
+        }
+        let added: u64 = appeared
+            .iter()
+            .map(|&i| format::block_len(entry.identity.size, self.block_size, i as u64).next_multiple_of(4096) + format::RECORD_LEN as u64)
+            .sum();
+        let (present, complete) = {
+            let b = entry.blocks.lock();
+            (b.present(), b.is_complete())
+        };
+        let mut st = self.state.lock();
+        let st = &mut *st;
+        if let Some(e) = st.entries.get_mut(&entry.key) {
+            e.bytes += added;
+            e.blocks = present;
+            e.complete = complete;
+            st.used += added;
+        }
+        Ok(())
+    }
+
+    /// Block `index` of `id`, or `None` on a miss (absent, or dropped because its CRC did not
+    /// match). Errors are failures of the cache disk: read from the store instead.
+    pub async fn read_block(
+        &self,
+        id: &ObjectIdentity,
+        index: u64,
+    ) -> Result<Option<Bytes>, CacheError> {
+        let result = self.read_inner(id, index).await;
+        match &result {
+            Ok(Some(_)) => self.counters.hits.fetch_add(1, Ordering::Relaxed),
+            _ => self.counters.misses.fetch_add(1, Ordering::Relaxed),
+        };
+        if let Err(e) = &result {
+            self.report(e);
+        }
+        result
+    }
+
+    async fn read_inner(
+        &self,
+        id: &ObjectIdentity,
+        index: u64,
+    ) -> Result<Option<Bytes>, CacheError> {
+        let len = self.block_len(id, index)?;
+        let key = id.entry_key();
+        let Some(entry) = self.load(id, key, false).await? else {
+            return Ok(None);
+        };
+        let mut crc = entry.blocks.lock().crc(index);
+        if crc.is_none() {
+            self.refresh(&entry).await?;
+            crc = entry.blocks.lock().crc(index);
+        }
+        let Some(crc) = crc else {
+            return Ok(None);
+        };
+        let offset = index * self.block_size;
+        let file = match &entry.direct {
+            Some(d) if len % ALIGN as u64 == 0 => d,
+            _ => &entry.data,
+        };
+        let data = match self.ring.read(file, offset, len as usize).await {
+            Ok(d) => d,
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Bytes::new(),
+            Err(e) => return Err(io_err("reading a cached block", e)),
+        };
+        if data.len() as u64 != len || crc32c::crc32c(&data) != crc {
+            self.drop_block(&entry, index, crc).await;
+            return Ok(None);
+        }
+        self.state.lock().policy.touch(key);
+        Ok(Some(data))
+    }
+
+    /// Drops a block whose bytes did not match their CRC: in memory, then in the journal.
+    async fn drop_block(&self, entry: &Arc<OpenEntry>, index: u64, crc: u32) {
+        self.counters.crc_failures.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(key = %entry.identity.key, block = index, "cached block failed its CRC32C check; dropped, fetching it again");
+        {
+            let mut b = entry.blocks.lock();
+            if b.crc(index) != Some(crc) {
+                return; // rewritten meanwhile
+            }
+            b.apply(index as u32, RecordKind::Dropped);
+        }
+        {
+            let mut st = self.state.lock();
+            if let Some(e) = st.entries.get_mut(&entry.key) {
+                e.blocks = e.blocks.saturating_sub(1);
+                e.complete = false;
+            }
+        }
+        let rec = format::encode_record(index as u32, RecordKind::Dropped);
+        if let Err(e) = self
+            .ring
+            .write(&entry.idx, 0, IoBuf::Bytes(Bytes::copy_from_slice(&rec)))
+            .await
+        {
+            tracing::debug!(error = %e, "could not journal a dropped block");
+        }
+    }
+
+    /// Stores block `index` of `id` (exactly its length: the last block may be short), durably,
+    /// before returning. `Ok(())` also when the block was already there or another writer had
+    /// it. Errors: [`CacheError::Full`] (the budget cannot make room), [`CacheError::Busy`],
+    /// or a failure of the cache disk; in every case the caller simply serves the bytes it has.
+    pub async fn write_block(
+        &self,
+        id: &ObjectIdentity,
+        index: u64,
+        data: Bytes,
+    ) -> Result<(), CacheError> {
+        let result = self.write_inner(id, index, data).await;
+        match &result {
+            Err(CacheError::Full) => {
+                self.counters.full.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(CacheError::Busy) => {
+                self.counters.write_skipped.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => self.report(e),
+            Ok(()) => {}
+        }
+        result
+    }
+
+    /// Opens (creating) the entry and becomes a writing user of it.
+    async fn begin_write(
+        &self,
+        id: &ObjectIdentity,
+        key: EntryKey,
+    ) -> Result<Arc<OpenEntry>, CacheError> {
+        for _ in 0..4 {
+            let Some(entry) = self.load(id, key, true).await? else {
+                return Err(CacheError::Busy);
+            };
+            {
+                let mut st = self.state.lock();
+                match st.entries.get_mut(&key) {
+                    Some(e) if !e.evicting => e.writes += 1,
+                    _ => return Err(CacheError::Busy),
+                }
+            }
+            let used = entry.acquire_use();
+            match used {
+                Ok(Use::Acquired) => return Ok(entry),
+                other => {
+                    if let Some(e) = self.state.lock().entries.get_mut(&key) {
+                        e.writes -= 1;
+                    }
+                    match other {
+                        Ok(Use::Dead) => self.forget_open(&entry),
+                        Ok(_) => return Err(CacheError::Busy),
+                        Err(e) => return Err(io_err("locking a cache entry", e)),
+                    }
+                }
+            }
+        }
+        Err(CacheError::Busy)
+    }
+
+    async fn write_inner(
+        &self,
+        id: &ObjectIdentity,
+        index: u64,
+        data: Bytes,
+    ) -> Result<(), CacheError> {
+        let len = self.block_len(id, index)?;
+        if data.len() as u64 != len {
+            return Err(CacheError::Invalid(format!(
+                "block {index} has {} bytes, expected {len}",
+                data.len()
+            )));
+        }
+        let key = id.entry_key();
+        self.step(WriteStep::Reserve)?;
+        let entry = self.begin_write(id, key).await?;
+        let mut guard = WriteUse {
+            cache: self,
+            entry: entry.clone(),
+            index: index as u32,
+            writing: false,
+        };
+        {
+            let mut b = entry.blocks.lock();
+            if b.crc(index).is_some() || b.writing.contains(&(index as u32)) {
+                return Ok(());
+            }
+            b.writing.push(index as u32);
+            guard.writing = true;
+        }
+        let reservation = self.reserve(key, entry::charge(len)).await?;
+
+        self.step(WriteStep::Lock)?;
+        let offset = index * self.block_size;
+        let locked = sys::try_range_lock(&entry.data, offset, len, true)
+            .map_err(|e| io_err("locking a cache block", e))?;
+        if !locked {
+            return Err(CacheError::Busy);
+        }
+        let _range = RangeLock {
+            file: &entry.data,
+            start: offset,
+            len,
+        };
+        self.refresh(&entry).await?;
+        if entry.blocks.lock().crc(index).is_some() {
+            return Ok(()); // another process just wrote it; the reservation is released
+        }
+
+        let half = self.step(WriteStep::WriteData)?;
+        let crc = crc32c::crc32c(&data);
+        let (file, buf) = match &entry.direct {
+            Some(d) if len % ALIGN as u64 == 0 && !half => (d, IoBuf::Aligned(AlignedBuf::copy_from(&data))),
+            _ if half => (&entry.data, IoBuf::Bytes(data.slice(..data.len() / 2))),
+            _ => (&entry.data, IoBuf::Bytes(data)),
+        };
+        self.ring
+            .write(file, offset, buf)
+            .await
+            .map_err(|e| io_err("writing a cached block", e))?;
+        if half {
+            return Err(CacheError::SimulatedCrash(WriteStep::WriteData));
+        }
+
+        self.step(WriteStep::SyncData)?;
+        self.ring
+            .sync_data(&entry.data)
+            .await
+            .map_err(|e| io_err("syncing a cached block", e))?;
+
+        let half = self.step(WriteStep::AppendRecord)?;
+        let rec = format::encode_record(index as u32, RecordKind::Present(crc));
+        let rec = if half { &rec[..7] } else { &rec[..] };
+        self.ring
+            .write(&entry.idx, 0, IoBuf::Bytes(Bytes::copy_from_slice(rec)))
+            .await
+            .map_err(|e| io_err("appending to a cache journal", e))?;
+        if half {
+            return Err(CacheError::SimulatedCrash(WriteStep::AppendRecord));
+        }
+
+        self.step(WriteStep::Publish)?;
+        let (present, complete) = {
+            let mut b = entry.blocks.lock();
+            b.apply(index as u32, RecordKind::Present(crc));
+            (b.present(), b.is_complete())
+        };
+        {
+            let mut st = self.state.lock();
+            let st = &mut *st;
+            if let Some(e) = st.entries.get_mut(&key) {
+                e.blocks = present;
+                e.complete = complete;
+            }
+            st.policy.touch(key);
+        }
+        reservation.commit();
+        self.counters.writes.fetch_add(1, Ordering::Relaxed);
+        self.counters.write_bytes.fetch_add(len, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Reserves `need` bytes for entry `key`, evicting others if needed (see the module
+    /// documentation).
+    async fn reserve(&self, key: EntryKey, need: u64) -> Result<Reservation<'_>, CacheError> {
+        if need > self.limit {
+            return Err(CacheError::Full);
+        }
+        loop {
+            let space = sys::fs_space(&self.root).map_err(|e| io_err("statvfs of the cache dir", e))?;
+            let notified = self.evicted.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let victims = {
+                let mut guard = self.state.lock();
+                let st = &mut *guard;
+                let over_budget = (st.used + need).saturating_sub(self.limit);
+                let floor = (space.total as f64 * self.min_free_fraction) as u64;
+                let avail = space.avail.saturating_sub(st.pending);
+                let over_floor = (floor + need).saturating_sub(avail);
+                let deficit = over_budget.max(over_floor);
+                if deficit == 0 {
+                    st.used += need;
+                    st.pending += need;
+                    st.entries.entry(key).or_default().bytes += need;
+                    return Ok(Reservation {
+                        cache: self,
+                        key,
+                        bytes: need,
+                        done: false,
+                    });
+                }
+                let mut victims = Vec::new();
+                let mut freed = 0;
+                while freed < deficit {
+                    let entries = &st.entries;
+                    let Some(v) = st.policy.victim(&mut |k| {
+                        k != key
+                            && entries.get(&k).is_some_and(|e| {
+                                e.pins == 0 && e.writes == 0 && !e.evicting && e.bytes > 0
+                            })
+                    }) else {
+                        break;
+                    };
+                    if let Some(e) = st.entries.get_mut(&v) {
+                        e.evicting = true;
+                        freed += e.bytes;
+                    }
+                    victims.push(v);
+                }
+                if victims.is_empty() && st.evicting == 0 {
+                    tracing::debug!(need, used = st.used, limit = self.limit, avail, "cache full: nothing can be evicted");
+                    return Err(CacheError::Full);
+                }
+                st.evicting += victims.len();
+                victims
+            };
+            if victims.is_empty() {
+                // Others are evicting: wait for them, then look again.
+                notified.await;
+                continue;
+            }
+            self.evict(victims).await;
+        }
+    }
+
+    /// Removes the victims' files and releases their bytes.
+    async fn evict(&self, victims: Vec<EntryKey>) {
+        let root = self.root.clone();
+        let keys = victims.clone();
+        let outcomes = blocking(move || {
+            keys.iter()
+                .map(|&k| entry::evict_files(&root, k))
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap_or_else(|e| victims.iter().map(|_| Err(io::Error::other(e.to_string()))).collect());
+        let mut failures = Vec::new();
+        {
+            let mut guard = self.state.lock();
+            let st = &mut *guard;
+            for (key, outcome) in victims.into_iter().zip(outcomes) {
+                st.evicting -= 1;
+                match outcome {
+                    Ok(Evicted::Removed) | Ok(Evicted::Gone) => {
+                        let mut still_pinned = false;
+                        if let Some(e) = st.entries.remove(&key) {
+                            st.used = st.used.saturating_sub(e.bytes);
+                            if let Some(o) = &e.open {
+                                o.mark_dead();
+                                st.open_count -= 1;
+                                st.open_lru.remove(key);
+                            }
+                            if outcome.as_ref().ok() == Some(&Evicted::Removed) {
+                                self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+                                self.counters.evicted_bytes.fetch_add(e.bytes, Ordering::Relaxed);
+                            }
+                            if e.pins > 0 {
+                                // Pinned while it was being evicted: keep the pin for the
+                                // entry's next life.
+                                still_pinned = true;
+                                st.entries.insert(
+                                    key,
+                                    Entry {
+                                        pins: e.pins,
+                                        ..Entry::default()
+                                    },
+                                );
+                            }
+                        }
+                        if !still_pinned {
+                            st.policy.remove(key);
+                        }
+                    }
+                    Ok(Evicted::InUse) => {
+                        self.counters.evict_in_use.fetch_add(1, Ordering::Relaxed);
+                        if let Some(e) = st.entries.get_mut(&key) {
+                            e.evicting = false;
+                        }
+                        st.policy.touch(key);
+                    }
+                    Err(err) => {
+                        if let Some(e) = st.entries.get_mut(&key) {
+                            e.evicting = false;
+                        }
+                        st.policy.touch(key);
+                        failures.push(err);
+                    }
+                }
+            }
+        }
+        for err in failures {
+            self.report(&io_err("evicting a cache entry", err));
+        }
+        self.evicted.notify_waiters();
+    }
+
+    /// Whether block `index` of `id` is known here to be present (no I/O: blocks written by
+    /// other processes since this process last looked are not seen; `read_block` sees them).
+    pub fn has_block(&self, id: &ObjectIdentity, index: u64) -> bool {
+        self.cached_open(id.entry_key())
+            .is_some_and(|o| o.blocks.lock().crc(index).is_some())
+    }
+
+    /// Whether every block of `id` is known here to be present (no I/O; see
+    /// [`DiskCache::status`] to look at the disk).
+    pub fn is_complete(&self, id: &ObjectIdentity) -> bool {
+        let st = self.state.lock();
+        st.entries
+            .get(&id.entry_key())
+            .is_some_and(|e| e.complete && e.open.as_ref().is_none_or(|o| !o.is_dead()))
+    }
+
+    /// Loads the entry of `id` from disk if needed (catching up with other processes) and
+    /// reports its blocks; `None` if it has no entry.
+    pub async fn status(&self, id: &ObjectIdentity) -> Result<Option<ObjectStatus>, CacheError> {
+        let key = id.entry_key();
+        let Some(entry) = self.load(id, key, false).await? else {
+            return Ok(None);
+        };
+        self.refresh(&entry).await?;
+        let b = entry.blocks.lock();
+        Ok(Some(ObjectStatus {
+            blocks_present: b.present() as u64,
+            blocks_total: b.count(),
+            complete: b.is_complete(),
+        }))
+    }
+
+    /// The complete data file of `id`, opened read-only, to back FUSE passthrough
+    /// (`ReplyOpen::opened_passthrough`); `None` unless every block is present. The file is
+    /// checked to be the object's size with no holes, so the kernel (which checks no CRC)
+    /// can only read bytes this cache wrote. Pin the object for as long as the file is used.
+    pub async fn open_complete(&self, id: &ObjectIdentity) -> Result<Option<File>, CacheError> {
+        let Some(status) = self.status(id).await? else {
+            return Ok(None);
+        };
+        if !status.complete {
+            return Ok(None);
+        }
+        let Some(entry) = self.cached_open(id.entry_key()) else {
+            return Ok(None);
+        };
+        let path = entry.key.data_path(&self.root, entry.nonce);
+        let size = id.size;
+        blocking(move || -> io::Result<Option<File>> {
+            let f = match File::open(&path) {
+                Ok(f) => f,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(e),
+            };
+            let m = f.metadata()?;
+            if m.len() != size || m.nlink() == 0 || (size > 0 && sys::first_hole(&f)? != size) {
+                tracing::warn!(path = %path.display(), "a complete cache entry's data file has holes or a wrong size; not using it");
+                return Ok(None);
+            }
+            Ok(Some(f))
+        })
+        .await?
+        .map_err(|e| io_err("opening a complete cache file", e))
+    }
+
+    /// Pins the entry of `id` (creating the in-memory record if it has none yet) until the
+    /// guard is dropped: never evicted by this process, nor, while its files are open here, by
+    /// any other (see the locking protocol).
+    pub fn pin(self: &Arc<Self>, id: &ObjectIdentity) -> PinGuard {
+        let key = id.entry_key();
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        let e = st.entries.entry(key).or_insert_with(|| {
+            st.policy.insert(&EntryInfo {
+                key,
+                identity: Some(id),
+                bytes: 0,
+                last_used: None,
+            });
+            Entry::default()
+        });
+        e.pins += 1;
+        if e.pin_use.is_none() {
+            if let Some(o) = &e.open {
+                if o.acquire_use().ok() == Some(Use::Acquired) {
+                    e.pin_use = Some(o.clone());
+                }
+            }
+        }
+        st.policy.touch(key);
+        PinGuard {
+            cache: Arc::downgrade(self),
+            key,
+        }
+    }
+
+    fn unpin(&self, key: EntryKey) {
+        let mut st = self.state.lock();
+        let mut forget = false;
+        if let Some(e) = st.entries.get_mut(&key) {
+            e.pins = e.pins.saturating_sub(1);
+            if e.pins == 0 {
+                if let Some(o) = e.pin_use.take() {
+                    o.release_use();
+                }
+                forget = e.bytes == 0 && e.open.is_none() && e.writes == 0;
+            }
+        }
+        if forget {
+            st.entries.remove(&key);
+            st.policy.remove(key);
+        }
+    }
+
+    /// A snapshot of the cache's state and counters.
+    pub fn stats(&self) -> CacheStats {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let index_memory = self.index_memory();
+        let st = self.state.lock();
+        let mut s = CacheStats {
+            bytes: st.used,
+            limit: self.limit,
+            open_objects: st.open_count as u64,
+            hits: get(&c.hits),
+            misses: get(&c.misses),
+            crc_failures: get(&c.crc_failures),
+            writes: get(&c.writes),
+            write_bytes: get(&c.write_bytes),
+            write_skipped: get(&c.write_skipped),
+            evictions: get(&c.evictions),
+            evicted_bytes: get(&c.evicted_bytes),
+            evict_in_use: get(&c.evict_in_use),
+            full: get(&c.full),
+            no_space_errors: get(&c.no_space_errors),
+            io_errors: get(&c.io_errors),
+            scan_complete: *self.scan_done.lock(),
+            index_memory,
+            ..CacheStats::default()
+        };
+        for e in st.entries.values() {
+            if e.bytes > 0 {
+                s.objects += 1;
+            }
+            if e.complete {
+                s.complete_objects += 1;
+            }
+            if e.pins > 0 {
+                s.pinned_objects += 1;
+            }
+            s.blocks += e.blocks as u64;
+        }
+        s
+    }
+
+    /// Measures the in-memory index (see [`IndexMemory`]).
+    pub fn index_memory(&self) -> IndexMemory {
+        let st = self.state.lock();
+        let table = hashmap_bytes(
+            st.entries.capacity(),
+            std::mem::size_of::<(EntryKey, Entry)>(),
+        ) + st.policy.memory_bytes()
+            + st.open_lru.memory_bytes();
+        let open: usize = st
+            .entries
+            .values()
+            .filter_map(|e| e.open.as_ref())
+            .map(|o| o.memory_bytes())
+            .sum();
+        let n = st.entries.len().max(1) as u64;
+        IndexMemory {
+            entries: st.entries.len() as u64,
+            open_entries: st.open_count as u64,
+            table_bytes: table as u64,
+            open_bytes: open as u64,
+            per_object: (table + open) as u64 / n,
+            per_closed_object: table as u64 / n,
+        }
+    }
+
+}
+
+/// What an entry whose files are closed costs in the index: its slot in the table of known
+/// entries and its node in the LRU policy (for `riffle cache stats` without a mount).
+pub fn closed_entry_bytes() -> u64 {
+    let table = (std::mem::size_of::<(EntryKey, Entry)>() + 1) * 8 / 7;
+    let lru = 24 + (std::mem::size_of::<(EntryKey, u32)>() + 1) * 8 / 7;
+    (table + lru) as u64
+}
+
+/// Used by the scan for entries it found.
+pub(super) fn last_used(meta: &std::fs::Metadata) -> SystemTime {
+    meta.modified().unwrap_or(SystemTime::UNIX_EPOCH)
+}

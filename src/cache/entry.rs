@@ -1,0 +1,484 @@
+//! One open cache entry: its files, its block table, and the file-level protocol around them.
+//!
+//! **Block table.** One `u64` per block: 0 when absent, `PRESENT | crc32c` when the journal
+//! says the block is durably in the data file. Built by replaying the journal at load and
+//! brought up to date by replaying only the journal's new tail (other processes append to it)
+//! when a block is not found.
+//!
+//! **Creation** (no other process may ever see a half-made entry): the header is written to a
+//! private temporary file, which is then `link`ed to its final name (`link` fails if the name
+//! exists, so two racing creators agree on one journal: the loser opens the winner's). The data
+//! file is created after the journal, so a data file without a journal is always an orphan.
+//!
+//! **Use lock.** A process that writes into an entry or has it pinned holds a shared `flock`
+//! on its journal (one per process, counted in `users`); eviction takes the exclusive lock
+//! without waiting, so it never removes an entry in use anywhere. Every shared lock is
+//! followed by a check that the journal is still linked: an entry evicted between our open and
+//! our lock is "dead", and the caller loads or creates it afresh.
+//!
+//! Functions here that touch the file system outside the ring are blocking (open, link,
+//! journal reads): callers run them on `spawn_blocking`.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::format::{self, FormatError, Header, RecordKind};
+use super::identity::{EntryKey, ObjectIdentity};
+use super::sys::{self, Lock};
+
+const PRESENT: u64 = 1 << 32;
+
+/// Disk bytes an entry is charged for one block of `len` bytes: the data rounded up to the
+/// file system's 4 KiB allocation unit, plus its journal record.
+pub fn charge(len: u64) -> u64 {
+    len.next_multiple_of(4096) + format::RECORD_LEN as u64
+}
+
+/// The block table and in-progress writes of one entry.
+#[derive(Debug)]
+pub struct Blocks {
+    slots: Box<[u64]>,
+    present: u32,
+    /// Blocks being written by this process right now.
+    pub writing: Vec<u32>,
+    /// Journal bytes replayed so far.
+    pub replayed_to: u64,
+}
+
+impl Blocks {
+    fn new(count: u64) -> Self {
+        Blocks {
+            slots: vec![0u64; count as usize].into_boxed_slice(),
+            present: 0,
+            writing: Vec::new(),
+            replayed_to: 0,
+        }
+    }
+
+    /// The recorded CRC of block `index`, if it is present.
+    pub fn crc(&self, index: u64) -> Option<u32> {
+        let v = *self.slots.get(index as usize)?;
+        (v & PRESENT != 0).then_some(v as u32)
+    }
+
+    /// Applies one journal record; returns +1 / -1 / 0 for the change in present blocks.
+    pub fn apply(&mut self, index: u32, kind: RecordKind) -> i32 {
+        let Some(slot) = self.slots.get_mut(index as usize) else {
+            return 0;
+        };
+        let was = *slot & PRESENT != 0;
+        match kind {
+            RecordKind::Present(crc) => {
+                *slot = PRESENT | crc as u64;
+                if was {
+                    0
+                } else {
+                    self.present += 1;
+                    1
+                }
+            }
+            RecordKind::Dropped => {
+                *slot = 0;
+                if was {
+                    self.present -= 1;
+                    -1
+                } else {
+                    0
+                }
+            }
+        }
+    }
+
+    pub fn present(&self) -> u32 {
+        self.present
+    }
+
+    pub fn count(&self) -> u64 {
+        self.slots.len() as u64
+    }
+
+    pub fn is_complete(&self) -> bool {
+        self.present as usize == self.slots.len()
+    }
+
+    /// Heap bytes of the table.
+    pub fn heap_bytes(&self) -> usize {
+        self.slots.len() * 8 + self.writing.capacity() * 4
+    }
+}
+
+/// How an attempt to become a user of an entry ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Use {
+    Acquired,
+    /// Another process holds the exclusive lock (evicting it right now).
+    Busy,
+    /// The entry was removed from the directory; load or create it again.
+    Dead,
+}
+
+/// Why an existing journal could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("stale entry: {0}")]
+    Stale(FormatError),
+    #[error("the journal belongs to another object (hash collision or tampering)")]
+    Mismatch,
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+/// One entry with its files open (see the module documentation).
+pub struct OpenEntry {
+    pub key: EntryKey,
+    pub identity: ObjectIdentity,
+    pub block_size: u64,
+    pub nonce: u64,
+    /// The journal, opened for reading and appending.
+    pub idx: Arc<File>,
+    /// The data file, buffered.
+    pub data: Arc<File>,
+    /// The data file with `O_DIRECT`, when enabled and supported.
+    pub direct: Option<Arc<File>>,
+    pub blocks: Mutex<Blocks>,
+    users: Mutex<u32>,
+    dead: AtomicBool,
+    /// Unix seconds of the last `touch` of the journal (its mtime orders the LRU at restart).
+    pub touched: AtomicU64,
+}
+
+impl std::fmt::Debug for OpenEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenEntry")
+            .field("key", &self.key)
+            .field("nonce", &self.nonce)
+            .finish_non_exhaustive()
+    }
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl OpenEntry {
+    /// Opens and replays the journal of `id`, and opens (creating if needed) its data file.
+    /// `Ok(None)` when there is no journal.
+    pub fn open_existing(
+        root: &Path,
+        id: &ObjectIdentity,
+        key: EntryKey,
+        block_size: u64,
+        direct_io: bool,
+    ) -> Result<Option<OpenEntry>, LoadError> {
+        let idx = match OpenOptions::new()
+            .read(true)
+            .append(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(key.index_path(root))
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let buf = format::read_from(&idx, 0)?;
+        let header = Header::decode(&buf).map_err(LoadError::Stale)?;
+        if !header.matches(id, block_size) {
+            return Err(LoadError::Mismatch);
+        }
+        let mut blocks = Blocks::new(header.block_count());
+        let replay = format::replay(
+            &buf[header.header_len..],
+            header.header_len as u64,
+            blocks.count(),
+            |i, k| {
+                blocks.apply(i, k);
+            },
+        );
+        blocks.replayed_to = replay.consumed;
+        if replay.garbage > 0 {
+            tracing::debug!(entry = %key, garbage = replay.garbage, "skipped invalid bytes in a cache journal");
+        }
+        let data_path = key.data_path(root, header.nonce);
+        let (data, created) = open_data(&data_path)?;
+        let entry = OpenEntry::assemble(key, id, &header, idx, data, &data_path, direct_io, blocks)?;
+        if created && entry.blocks.lock().present() > 0 {
+            // The data file vanished (removed by hand): none of the journal's blocks exist.
+            entry.drop_all_blocking();
+        }
+        let _ = sys::touch(&entry.idx);
+        entry.touched.store(now_secs(), Ordering::Relaxed);
+        Ok(Some(entry))
+    }
+
+    /// Creates a new entry for `id` (see the module documentation). `Ok(None)` when another
+    /// creator won the race: load theirs.
+    pub fn create(
+        root: &Path,
+        id: &ObjectIdentity,
+        key: EntryKey,
+        block_size: u64,
+        direct_io: bool,
+    ) -> io::Result<Option<OpenEntry>> {
+        let dir = key.dir(root);
+        fs::create_dir_all(&dir)?;
+        let nonce: u64 = rand::random();
+        let header = Header::new(id, block_size, nonce);
+        let tmp = dir.join(format!(
+            "{}.idx.tmp.{}.{nonce:016x}",
+            key.hex(),
+            std::process::id()
+        ));
+        let result = (|| {
+            let mut f = OpenOptions::new()
+                .read(true)
+                .append(true)
+                .create_new(true)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(&tmp)?;
+            f.write_all(&header.encode())?;
+            match fs::hard_link(&tmp, key.index_path(root)) {
+                Ok(()) => Ok(Some(f)),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(None),
+                Err(e) => Err(e),
+            }
+        })();
+        let _ = fs::remove_file(&tmp);
+        let Some(idx) = result? else {
+            return Ok(None);
+        };
+        let data_path = key.data_path(root, nonce);
+        let (data, _) = open_data(&data_path)?;
+        let mut blocks = Blocks::new(header.block_count());
+        blocks.replayed_to = header.header_len as u64;
+        let entry = OpenEntry::assemble(key, id, &header, idx, data, &data_path, direct_io, blocks)?;
+        entry.touched.store(now_secs(), Ordering::Relaxed);
+        Ok(Some(entry))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn assemble(
+        key: EntryKey,
+        id: &ObjectIdentity,
+        header: &Header,
+        idx: File,
+        data: File,
+        data_path: &Path,
+        direct_io: bool,
+        blocks: Blocks,
+    ) -> io::Result<OpenEntry> {
+        let direct = if direct_io {
+            sys::open_direct(data_path)?.map(Arc::new)
+        } else {
+            None
+        };
+        Ok(OpenEntry {
+            key,
+            identity: id.clone(),
+            block_size: header.block_size,
+            nonce: header.nonce,
+            idx: Arc::new(idx),
+            data: Arc::new(data),
+            direct,
+            blocks: Mutex::new(blocks),
+            users: Mutex::new(0),
+            dead: AtomicBool::new(false),
+            touched: AtomicU64::new(0),
+        })
+    }
+
+    /// Marks every present block dropped, in memory and in the journal (blocking).
+    fn drop_all_blocking(&self) {
+        let mut b = self.blocks.lock();
+        let mut records = Vec::new();
+        for i in 0..b.count() {
+            if b.crc(i).is_some() {
+                b.apply(i as u32, RecordKind::Dropped);
+                records.extend_from_slice(&format::encode_record(i as u32, RecordKind::Dropped));
+            }
+        }
+        drop(b);
+        if let Err(e) = (&*self.idx).write_all(&records) {
+            tracing::debug!(entry = %self.key, error = %e, "could not journal dropped blocks");
+        }
+    }
+
+    /// Replays journal records appended since the last replay (blocking). Returns the
+    /// blocks that became present, except those this process is writing (already charged).
+    pub fn refresh_blocking(&self) -> io::Result<Vec<u32>> {
+        let from = self.blocks.lock().replayed_to;
+        if self.idx.metadata()?.len() <= from {
+            return Ok(Vec::new());
+        }
+        let buf = format::read_from(&self.idx, from)?;
+        let mut b = self.blocks.lock();
+        if b.replayed_to != from {
+            // Someone else replayed meanwhile; their result stands.
+            return Ok(Vec::new());
+        }
+        let count = b.count();
+        let mut appeared = Vec::new();
+        let replay = format::replay(&buf, from, count, |i, k| {
+            let ours = b.writing.contains(&i);
+            if b.apply(i, k) > 0 && !ours {
+                appeared.push(i);
+            }
+        });
+        b.replayed_to = replay.consumed;
+        Ok(appeared)
+    }
+
+    /// Whether the journal has grown past what was replayed (a cheap `fstat`).
+    pub fn journal_grew(&self) -> bool {
+        let from = self.blocks.lock().replayed_to;
+        self.idx.metadata().map(|m| m.len() > from).unwrap_or(false)
+    }
+
+    /// Becomes a user: takes the shared lock on the first use (see the module documentation).
+    pub fn acquire_use(&self) -> io::Result<Use> {
+        if self.is_dead() {
+            return Ok(Use::Dead);
+        }
+        let mut users = self.users.lock();
+        if *users == 0 {
+            if !sys::try_flock(&self.idx, Lock::Shared)? {
+                return Ok(Use::Busy);
+            }
+            if self.idx.metadata()?.nlink() == 0 {
+                let _ = sys::try_flock(&self.idx, Lock::Unlock);
+                self.dead.store(true, Ordering::Relaxed);
+                return Ok(Use::Dead);
+            }
+        }
+        *users += 1;
+        Ok(Use::Acquired)
+    }
+
+    /// Ends one use; the last one releases the shared lock.
+    pub fn release_use(&self) {
+        let mut users = self.users.lock();
+        *users = users.saturating_sub(1);
+        if *users == 0 {
+            if let Err(e) = sys::try_flock(&self.idx, Lock::Unlock) {
+                tracing::debug!(entry = %self.key, error = %e, "could not release a cache entry lock");
+            }
+        }
+    }
+
+    pub fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Relaxed)
+    }
+
+    pub fn mark_dead(&self) {
+        self.dead.store(true, Ordering::Relaxed);
+    }
+
+    /// Bytes this entry occupies as far as its journal says: present blocks (rounded to the
+    /// allocation unit) and the journal itself.
+    pub fn charged_bytes(&self) -> u64 {
+        let b = self.blocks.lock();
+        let mut total = b.replayed_to;
+        for i in 0..b.count() {
+            if b.crc(i).is_some() {
+                total += format::block_len(self.identity.size, self.block_size, i)
+                    .next_multiple_of(4096);
+            }
+        }
+        total
+    }
+
+    /// Heap and inline bytes of this open entry (for the index-memory measurement).
+    pub fn memory_bytes(&self) -> usize {
+        let id = &self.identity;
+        std::mem::size_of::<OpenEntry>()
+            + self.blocks.lock().heap_bytes()
+            + id.endpoint.len()
+            + id.bucket.len()
+            + id.key.len()
+            + id.etag.len()
+            + 4 * 16 // Arc headers of the identity strings (shared with the caller's copies)
+            + 3 * 16 // Arc headers of the files
+    }
+}
+
+/// Opens (creating if missing) a data file for reading and writing; `true` if created.
+fn open_data(path: &Path) -> io::Result<(File, bool)> {
+    let opts = |create_new: bool| {
+        let mut o = OpenOptions::new();
+        o.read(true).write(true).custom_flags(libc::O_CLOEXEC);
+        if create_new {
+            o.create_new(true);
+        }
+        o
+    };
+    match opts(true).open(path) {
+        Ok(f) => Ok((f, true)),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok((opts(false).open(path)?, false)),
+        Err(e) => Err(e),
+    }
+}
+
+/// What happened to an eviction attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Evicted {
+    Removed,
+    /// In use by some process (a shared lock is held).
+    InUse,
+    /// Not on disk (any more).
+    Gone,
+}
+
+/// Removes an entry's files unless some process uses it (blocking; see the module
+/// documentation): exclusive lock without waiting, check it is still linked, unlink the
+/// journal first, then the data file.
+pub fn evict_files(root: &Path, key: EntryKey) -> io::Result<Evicted> {
+    let path = key.index_path(root);
+    let f = match File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Evicted::Gone),
+        Err(e) => return Err(e),
+    };
+    if !sys::try_flock(&f, Lock::Exclusive)? {
+        return Ok(Evicted::InUse);
+    }
+    if f.metadata()?.nlink() == 0 {
+        return Ok(Evicted::Gone);
+    }
+    let nonce = format::read_from(&f, 0)
+        .ok()
+        .and_then(|b| Header::decode(&b).ok())
+        .map(|h| h.nonce);
+    match fs::remove_file(&path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Evicted::Gone),
+        Err(e) => return Err(e),
+    }
+    match nonce {
+        Some(n) => remove_if_exists(&key.data_path(root, n))?,
+        None => {
+            // Unreadable header: remove every data file of this key.
+            for e in fs::read_dir(key.dir(root))?.flatten() {
+                let name = e.file_name();
+                let name = name.to_string_lossy();
+                if name.starts_with(&key.hex()) && name.ends_with(".data") {
+                    remove_if_exists(&e.path())?;
+                }
+            }
+        }
+    }
+    Ok(Evicted::Removed)
+}
+
+pub fn remove_if_exists(path: &Path) -> io::Result<()> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,324 @@
+//! The persistent NVMe block cache: survives unmount, SIGKILL and restart, shared safely by
+//! several mounts on one node, read and written through io_uring.
+//!
+//! # Layout and identity
+//! One entry per object *version*, keyed by (endpoint, bucket, key, ETag, size) hashed to a
+//! 128-bit [`EntryKey`] ([`identity`]). An entry is two files under
+//! `DIR/objects/ab/cd/`: a sparse **data file** holding the object's bytes at their own
+//! offsets (so a complete one is byte-for-byte the object and can back FUSE passthrough), and
+//! an append-only **journal** (`.idx`) with a header (format version, block size, object
+//! size, the full identity, a nonce naming the data file) and one 16-byte record per block
+//! written or dropped, each with the block's CRC32C. Blocks are `block_size` bytes (1 MiB by
+//! default, the fetcher's block; the last block of an object is short). [`format`] has the
+//! byte layout; `DIR/riffle-cache.format` records the format version and block size, and a
+//! directory with another version or block size is refused ([`CacheError::Format`],
+//! [`CacheError::BlockSize`]).
+//!
+//! Why per-object journals rather than one embedded database: no single file serialises the
+//! writers of several processes, there is nothing to compact, an entry is removed with two
+//! unlinks, a crash can damage at most the record being appended, and the data file layout is
+//! exactly what passthrough needs. The cost is one small file per object next to the data.
+//!
+//! # Crash safety
+//! A block is recorded present only after its bytes were written *and* `fdatasync`ed, by
+//! appending its record afterwards ([`disk`] lists the six steps of a write). Loading an entry
+//! replays its journal, so whatever a crash interrupted is simply absent; a torn or garbage
+//! record is skipped (records carry their own CRC and replay resynchronises byte by byte).
+//! Every block read is checked against its recorded CRC32C: a mismatch (a flipped bit, a file
+//! changed behind the cache's back) drops the block, counts it, and reports a miss, so the
+//! caller fetches it again. Bytes that fail their check are never returned. The unit tests
+//! stop a write before each step, and halfway through each write, then reopen the directory.
+//!
+//! # I/O
+//! All data I/O (block reads and writes, `fdatasync`, journal appends) goes through
+//! [`ring::Ring`]: dedicated threads each driving an io_uring, fed over a channel, submitting
+//! in batches and resolving oneshot futures, with `fdatasync` group commit. Whole blocks
+//! (aligned offsets and lengths) use `O_DIRECT`, so filling the cache does not evict the page
+//! cache and the daemon does not hold a second copy of what the kernel's FUSE page cache
+//! already holds; the short last block and filesystems without `O_DIRECT` (older tmpfs) use
+//! buffered I/O on a second descriptor ([`CacheConfig::direct_io`] turns `O_DIRECT` off).
+//! Metadata work (opening, creating and linking files, replaying journals, unlinking evicted
+//! entries) runs on tokio's blocking pool; nothing blocks a tokio worker.
+//!
+//! # Budget and eviction
+//! [`CacheConfig::max_bytes`] is bytes or a percentage of the cache filesystem, and every
+//! reservation also keeps [`CacheConfig::min_free_fraction`] (5%) of the filesystem free.
+//! Eviction removes whole objects in the order of an [`EvictionPolicy`] ([`LruPolicy`] now;
+//! [`evict`] explains the trait), skipping entries that are pinned ([`DiskCache::pin`] — an
+//! open file), being written, or in use in another process. When nothing can go, the write is
+//! refused with [`CacheError::Full`] and the caller serves the bytes it fetched anyway.
+//!
+//! # Sharing one directory between processes
+//! - `DIR/lock`: every [`DiskCache`] holds a shared `flock` on it; `clear` needs the exclusive
+//!   one, so it refuses while a mount runs ([`ops`]).
+//! - Creating an entry: the journal header is written to a temporary file and `link`ed into
+//!   place (exactly one creator wins; the others open the winner's), then the data file is
+//!   created; nobody ever sees half a header.
+//! - Writing a block: an OFD byte-range write lock on the block's range of the data file
+//!   (taken without waiting: if another process is writing that block, this one skips it),
+//!   then a replay of the journal's tail (skip if it just became present), then the write
+//!   steps. Journal records are appended with `O_APPEND`, each in one 16-byte write, so
+//!   appends from several processes never interleave within a record.
+//! - Readers need no lock: they read only blocks that a journal records as complete and
+//!   check their CRC.
+//! - Using an entry (writing into it, or pinned by an open file) holds a shared `flock` on its
+//!   journal. Eviction takes the exclusive lock *without waiting* and skips the entry if it
+//!   cannot, checks the journal is still linked, unlinks the journal, then the data file. A
+//!   process that still has an evicted entry's files open keeps reading them (an unlinked file
+//!   stays readable); its next write notices the entry is gone (the journal's link count is
+//!   0 after taking the shared lock) and creates a fresh one.
+//! - Each process charges its budget with the entries it knows (the start-up scan, what it
+//!   loads, and what it writes), so with several mounts on one directory, set their
+//!   `--cache-size` to share the disk, e.g. each 45%; the 5% free-space guard is global and
+//!   exact (`statvfs`).
+//!
+//! # API for the wiring (fetch / fs / cli)
+//! ```text
+//! let cache = DiskCache::open(CacheConfig::new(dir, SizeLimit::Percent(90.0)))?;   // at mount
+//! let id = ObjectIdentity::new(endpoint, bucket, key, etag, size);  // per open file
+//! let _pin = cache.pin(&id);                       // held by the FileReader: never evicted
+//! cache.read_block(&id, i).await -> Ok(Some(bytes)) | Ok(None) = miss | Err(e) = cache failed
+//! cache.write_block(&id, i, bytes).await           // after a GET; errors are informational
+//! cache.open_complete(&id).await -> Ok(Some(File)) // for ReplyOpen::opened_passthrough
+//! cache.is_complete(&id) / has_block(&id, i)       // in-memory, no I/O
+//! cache.stats()                                    // riffle stats
+//! ops::stats_dir(dir) / ops::clear_dir(dir)        // riffle cache stats|clear (no mount)
+//! ```
+//! How the fetcher should use it: on a claim, blocks that miss the memory cache and are not in
+//! flight are first looked up with `read_block` inside the task that would otherwise GET them
+//! (one await per run of blocks; a `Some` resolves the waiters like a GET would); the rest are
+//! fetched, and each fetched block is handed to `write_block` in a spawned task *after* the
+//! waiters were woken, so cache writes never delay a read. On `Err` from any call: log nothing
+//! (the cache already warned once per kind), count, and go to the store. The identity must be
+//! built only from a (key, ETag, size) this mount itself listed or HEADed with its own
+//! credentials: that is what keeps a shared cache from serving objects a mount cannot read.
+//! The block size of the cache must equal the fetcher's.
+
+pub mod disk;
+pub mod entry;
+pub mod evict;
+pub mod format;
+pub mod identity;
+pub mod ops;
+pub mod ring;
+pub mod scan;
+pub mod sys;
+
+#[cfg(test)]
+mod tests;
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use disk::{CacheStats, DiskCache, IndexMemory, ObjectStatus, PinGuard, WriteStep};
+pub use evict::{EntryInfo, EvictionPolicy, LruPolicy};
+pub use identity::{EntryKey, ObjectIdentity};
+pub use ops::{clear_dir, stats_dir, ClearReport, DirStats};
+
+/// The cache's byte budget.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SizeLimit {
+    Bytes(u64),
+    /// A percentage (0–100] of the cache filesystem's size, resolved at open.
+    Percent(f64),
+}
+
+/// How to open a cache directory.
+#[derive(Debug, Clone)]
+pub struct CacheConfig {
+    pub dir: PathBuf,
+    pub max_bytes: SizeLimit,
+    /// Bytes per block: a power of two from 4 KiB to 64 MiB (1 MiB by default). Must equal the
+    /// fetcher's block size and the block size the directory was created with.
+    pub block_size: u64,
+    /// The share of the filesystem always left free (0.05).
+    pub min_free_fraction: f64,
+    /// Use `O_DIRECT` for whole blocks where the filesystem supports it (true).
+    pub direct_io: bool,
+    /// io_uring threads (1 is plenty for one NVMe device).
+    pub ring_threads: usize,
+    /// Entries whose files stay open at most (each holds three descriptors); idle ones beyond
+    /// it are closed and reopened on use.
+    pub max_open_objects: usize,
+}
+
+impl CacheConfig {
+    pub fn new(dir: impl Into<PathBuf>, max_bytes: SizeLimit) -> Self {
+        CacheConfig {
+            dir: dir.into(),
+            max_bytes,
+            block_size: 1 << 20,
+            min_free_fraction: 0.05,
+            direct_io: true,
+            ring_threads: 1,
+            max_open_objects: 1024,
+        }
+    }
+
+    fn validate(&self) -> Result<(), CacheError> {
+        let bs = self.block_size;
+        if !bs.is_power_of_two() || !(4096..=64 << 20).contains(&bs) {
+            return Err(CacheError::Invalid(format!(
+                "block size {bs}: must be a power of two from 4 KiB to 64 MiB"
+            )));
+        }
+        if !(0.0..1.0).contains(&self.min_free_fraction) {
+            return Err(CacheError::Invalid(format!(
+                "min_free_fraction {} must be in [0, 1)",
+                self.min_free_fraction
+            )));
+        }
+        if let SizeLimit::Percent(p) = self.max_bytes {
+            if !(p > 0.0 && p <= 100.0) {
+                return Err(CacheError::Invalid(format!(
+                    "cache size {p}% must be above 0 and at most 100"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What went wrong in the cache. None of these should fail a read: the caller serves from the
+/// store instead ([`CacheError::is_disk_failure`] tells which deserve a warning; the cache
+/// itself logs the first of each kind).
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    /// The cache filesystem is full (ENOSPC or quota).
+    #[error("no space left on the cache disk ({context})")]
+    NoSpace { context: String },
+    #[error("I/O error on the cache disk ({context}): {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: io::Error,
+    },
+    /// The budget is used up by entries that cannot be evicted now (pinned or in use).
+    #[error("the cache is full of entries in use")]
+    Full,
+    /// Another process is evicting or writing this entry or block right now.
+    #[error("the cache entry is busy in another process")]
+    Busy,
+    #[error("cache directory {dir} has format version {found}; this riffle reads version {expected} (run `riffle cache clear --cache-dir {dir}`)")]
+    Format {
+        dir: PathBuf,
+        found: u32,
+        expected: u32,
+    },
+    #[error("cache directory {dir} uses {on_disk}-byte blocks, not {configured} (clear it to change)")]
+    BlockSize {
+        dir: PathBuf,
+        on_disk: u64,
+        configured: u64,
+    },
+    /// The directory is in use by a mount (for `clear`), or being cleared (for `open`).
+    #[error("cache directory {0} is in use (a mount is using it, or it is being cleared)")]
+    InUse(PathBuf),
+    #[error("invalid cache request: {0}")]
+    Invalid(String),
+    /// Only produced by the unit tests' fault injection.
+    #[error("simulated crash before {0:?}")]
+    SimulatedCrash(WriteStep),
+}
+
+impl CacheError {
+    /// Whether the cache disk itself failed (full or erroring): worth one warning.
+    pub fn is_disk_failure(&self) -> bool {
+        matches!(self, CacheError::NoSpace { .. } | CacheError::Io { .. })
+    }
+}
+
+/// Creates the directory layout, checks the format file and takes the shared directory lock.
+fn prepare_dir(root: &Path, block_size: u64) -> Result<File, CacheError> {
+    let io = |context: &str, e: io::Error| CacheError::Io {
+        context: format!("{context} {}", root.display()),
+        source: e,
+    };
+    fs::create_dir_all(root).map_err(|e| io("creating", e))?;
+    let lock = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(root.join(format::LOCK_FILE))
+        .map_err(|e| io("opening the lock file of", e))?;
+    // `riffle cache stats` probes the lock for an instant; a clear holds it for long.
+    let mut locked = false;
+    for _ in 0..50 {
+        if sys::try_flock(&lock, sys::Lock::Shared).map_err(|e| io("locking", e))? {
+            locked = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if !locked {
+        return Err(CacheError::InUse(root.to_path_buf()));
+    }
+    check_format(root, block_size)?;
+    let tag = root.join(format::CACHEDIR_TAG);
+    if !tag.exists() {
+        let _ = fs::write(&tag, format::CACHEDIR_TAG_TEXT);
+    }
+    fs::create_dir_all(root.join(identity::OBJECTS_DIR)).map_err(|e| io("creating", e))?;
+    Ok(lock)
+}
+
+/// Creates the format file (atomically, first creator wins) or checks it.
+fn check_format(root: &Path, block_size: u64) -> Result<(), CacheError> {
+    let path = root.join(format::FORMAT_FILE);
+    let io = |e: io::Error| CacheError::Io {
+        context: format!("the format file {}", path.display()),
+        source: e,
+    };
+    for _ in 0..3 {
+        match fs::read_to_string(&path) {
+            Ok(text) => {
+                let Some((version, bs)) = format::parse_format_file(&text) else {
+                    return Err(CacheError::Format {
+                        dir: root.to_path_buf(),
+                        found: 0,
+                        expected: format::FORMAT_VERSION,
+                    });
+                };
+                if version != format::FORMAT_VERSION {
+                    return Err(CacheError::Format {
+                        dir: root.to_path_buf(),
+                        found: version,
+                        expected: format::FORMAT_VERSION,
+                    });
+                }
+                if bs != block_size {
+                    return Err(CacheError::BlockSize {
+                        dir: root.to_path_buf(),
+                        on_disk: bs,
+                        configured: block_size,
+                    });
+                }
+                return Ok(());
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                let tmp = root.join(format!(
+                    "{}.tmp.{}.{:08x}",
+                    format::FORMAT_FILE,
+                    std::process::id(),
+                    rand::random::<u32>()
+                ));
+                let written = (|| {
+                    let mut f = File::create(&tmp)?;
+                    f.write_all(format::format_file_text(block_size).as_bytes())?;
+                    f.sync_all()?;
+                    match fs::hard_link(&tmp, &path) {
+                        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(e),
+                        _ => Ok(()),
+                    }
+                })();
+                let _ = fs::remove_file(&tmp);
+                written.map_err(io)?;
+            }
+            Err(e) => return Err(io(e)),
+        }
+    }
+    Err(io(io::Error::other("the format file keeps disappearing")))
+}

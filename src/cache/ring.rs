@@ -1,0 +1,738 @@
+//! All cache data I/O: io_uring rings, each driven by one dedicated thread.
+//!
+//! Callers (async tasks) send a request (read, write or fdatasync of a file at an offset) over
+//! a channel and await a oneshot reply; they never touch the file themselves, so no tokio
+//! worker blocks on the disk. The ring thread loops:
+//!
+//! 1. take every request waiting in the channel and turn as many as fit into submission queue
+//!    entries (up to [`MAX_INFLIGHT`] operations in flight);
+//! 2. submit them all with one `io_uring_enter` that also waits for at least one completion
+//!    (a batch: under load, one system call carries dozens of operations);
+//! 3. reap every completion, resubmit the rest of short transfers, reply to the callers.
+//!
+//! The thread sleeps only inside `io_uring_enter`. To wake it for new requests, the ring
+//! always has a read of an eventfd outstanding; a sender writes the eventfd only when the
+//! thread announced (with a flag, checked after the last look at the channel) that it is about
+//! to sleep, so a busy ring costs no extra system call per request.
+//!
+//! **Group commit.** `fdatasync` requests for one file are merged: while one is running, new
+//! ones queue; when it completes, all queued ones are served by a single new `fdatasync`
+//! (which covers every write that completed before it was issued). Requests for one file
+//! always go to the same ring (chosen by descriptor number), so merging is complete.
+//!
+//! **Buffers and cancellation.** The ring thread owns every buffer and a clone of the file for
+//! as long as the kernel may touch them; a caller that stops waiting (its future dropped) only
+//! loses the reply. Reads land in 4096-aligned buffers ([`AlignedBuf`]) handed out as `Bytes`
+//! without a copy, so they serve `O_DIRECT` reads too.
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use bytes::Bytes;
+use io_uring::{opcode, types, IoUring};
+use tokio::sync::oneshot;
+
+/// Alignment of every buffer (and of `O_DIRECT` offsets and lengths).
+pub const ALIGN: usize = 4096;
+/// Submission queue size of each ring.
+const ENTRIES: u32 = 256;
+/// Operations in flight per ring at most (the completion queue holds twice `ENTRIES`).
+pub const MAX_INFLIGHT: usize = 256;
+const WAKE_TOKEN: u64 = u64::MAX;
+
+/// A heap buffer aligned to [`ALIGN`]: `cap` bytes allocated, the first `len` initialised.
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    cap: usize,
+    len: usize,
+}
+
+// SAFETY: the buffer is uniquely owned heap memory.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: shared access only reads the initialised part.
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    fn layout(cap: usize) -> std::alloc::Layout {
+        // ALIGN is a power of two and cap is at most isize::MAX in practice; fall back to the
+        // smallest valid layout rather than panic on absurd sizes (allocation then fails).
+        std::alloc::Layout::from_size_align(cap.max(ALIGN).next_multiple_of(ALIGN), ALIGN)
+            .unwrap_or(std::alloc::Layout::new::<[u8; ALIGN]>())
+    }
+
+    /// An empty buffer with room for `cap` bytes.
+    pub fn with_capacity(cap: usize) -> AlignedBuf {
+        let layout = Self::layout(cap);
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { std::alloc::alloc(layout) };
+        let Some(ptr) = NonNull::new(raw) else {
+            std::alloc::handle_alloc_error(layout);
+        };
+        AlignedBuf {
+            ptr,
+            cap: layout.size(),
+            len: 0,
+        }
+    }
+
+    /// A copy of `data` in an aligned buffer.
+    pub fn copy_from(data: &[u8]) -> AlignedBuf {
+        let mut b = AlignedBuf::with_capacity(data.len());
+        // SAFETY: the buffer has room for data.len() bytes and does not overlap `data`.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), b.ptr.as_ptr(), data.len()) };
+        b.len = data.len();
+        b
+    }
+
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl AsRef<[u8]> for AlignedBuf {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: the first `len` bytes are initialised (written by a copy or by the kernel).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `with_capacity` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.cap)) };
+    }
+}
+
+/// Bytes to write: either the caller's buffer (buffered I/O) or an aligned copy (`O_DIRECT`).
+pub enum IoBuf {
+    Bytes(Bytes),
+    Aligned(AlignedBuf),
+}
+
+impl IoBuf {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            IoBuf::Bytes(b) => b,
+            IoBuf::Aligned(a) => a.as_ref(),
+        }
+    }
+}
+
+enum Op {
+    Read {
+        file: Arc<File>,
+        offset: u64,
+        len: usize,
+    },
+    Write {
+        file: Arc<File>,
+        offset: u64,
+        buf: IoBuf,
+    },
+    Fsync {
+        file: Arc<File>,
+    },
+}
+
+enum Done {
+    Read(Bytes),
+    Written,
+    Synced,
+}
+
+type Reply = oneshot::Sender<io::Result<Done>>;
+
+struct Request {
+    op: Op,
+    reply: Reply,
+}
+
+struct Wake {
+    fd: OwnedFd,
+    sleeping: AtomicBool,
+}
+
+impl Wake {
+    fn ring_bell(&self) {
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes from a live u64 to an eventfd we own.
+        unsafe {
+            libc::write(
+                self.fd.as_raw_fd(),
+                (&one as *const u64).cast(),
+                std::mem::size_of::<u64>(),
+            )
+        };
+    }
+}
+
+struct Lane {
+    tx: Option<mpsc::Sender<Request>>,
+    wake: Arc<Wake>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// A set of io_uring threads (see the module documentation).
+pub struct Ring {
+    lanes: Vec<Lane>,
+    submitted: AtomicUsize,
+}
+
+impl Ring {
+    /// Starts `threads` rings (at least one).
+    pub fn new(threads: usize) -> io::Result<Ring> {
+        let mut lanes = Vec::new();
+        for n in 0..threads.max(1) {
+            let ring = IoUring::new(ENTRIES)?;
+            // SAFETY: eventfd returns a new descriptor or -1.
+            let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: `fd` is a fresh descriptor we own.
+            let wake = Arc::new(Wake {
+                fd: unsafe { OwnedFd::from_raw_fd(fd) },
+                sleeping: AtomicBool::new(false),
+            });
+            let (tx, rx) = mpsc::channel();
+            let thread_wake = wake.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("riffle-uring-{n}"))
+                .spawn(move || RingThread::new(ring, rx, thread_wake).run())?;
+            lanes.push(Lane {
+                tx: Some(tx),
+                wake,
+                thread: Some(thread),
+            });
+        }
+        Ok(Ring {
+            lanes,
+            submitted: AtomicUsize::new(0),
+        })
+    }
+
+    /// Requests sent so far (for tests and stats).
+    pub fn submitted(&self) -> usize {
+        self.submitted.load(Ordering::Relaxed)
+    }
+
+    async fn call(&self, op: Op) -> io::Result<Done> {
+        let fd = match &op {
+            Op::Read { file, .. } | Op::Write { file, .. } | Op::Fsync { file } => {
+                file.as_raw_fd()
+            }
+        };
+        let lane = &self.lanes[fd as usize % self.lanes.len()];
+        let (reply, rx) = oneshot::channel();
+        let closed = || io::Error::other("the cache I/O thread has stopped");
+        let tx = lane.tx.as_ref().ok_or_else(closed)?;
+        tx.send(Request { op, reply }).map_err(|_| closed())?;
+        self.submitted.fetch_add(1, Ordering::Relaxed);
+        if lane.wake.sleeping.swap(false, Ordering::SeqCst) {
+            lane.wake.ring_bell();
+        }
+        rx.await.map_err(|_| closed())?
+    }
+
+    /// Reads exactly `len` bytes at `offset` (an error if the file ends first).
+    pub async fn read(&self, file: &Arc<File>, offset: u64, len: usize) -> io::Result<Bytes> {
+        match self
+            .call(Op::Read {
+                file: file.clone(),
+                offset,
+                len,
+            })
+            .await?
+        {
+            Done::Read(b) => Ok(b),
+            _ => Err(io::Error::other("unexpected reply")),
+        }
+    }
+
+    /// Writes all of `buf` at `offset`.
+    pub async fn write(&self, file: &Arc<File>, offset: u64, buf: IoBuf) -> io::Result<()> {
+        self.call(Op::Write {
+            file: file.clone(),
+            offset,
+            buf,
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// `fdatasync` (merged with concurrent ones for the same file).
+    pub async fn sync_data(&self, file: &Arc<File>) -> io::Result<()> {
+        self.call(Op::Fsync { file: file.clone() })
+            .await
+            .map(|_| ())
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        for lane in &mut self.lanes {
+            lane.tx = None;
+            lane.wake.ring_bell();
+        }
+        for lane in &mut self.lanes {
+            if let Some(t) = lane.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+/// One operation the kernel owns right now.
+enum InFlight {
+    Read {
+        file: Arc<File>,
+        offset: u64,
+        buf: AlignedBuf,
+        want: usize,
+        reply: Reply,
+    },
+    Write {
+        file: Arc<File>,
+        offset: u64,
+        buf: IoBuf,
+        done: usize,
+        reply: Reply,
+    },
+    Fsync {
+        fd: RawFd,
+    },
+}
+
+/// Work waiting for room in the submission queue.
+enum Pending {
+    New(Request),
+    /// Resubmit the rest of a short transfer in this slot.
+    Continue(usize),
+    /// Issue the next merged fdatasync of this descriptor.
+    Sync(RawFd),
+}
+
+struct SyncGroup {
+    file: Arc<File>,
+    running: Vec<Reply>,
+    queued: Vec<Reply>,
+}
+
+struct RingThread {
+    ring: IoUring,
+    rx: mpsc::Receiver<Request>,
+    wake: Arc<Wake>,
+    wake_buf: Box<[u8; 8]>,
+    wake_armed: bool,
+    slots: Vec<Option<InFlight>>,
+    free: Vec<usize>,
+    inflight: usize,
+    backlog: VecDeque<Pending>,
+    groups: HashMap<RawFd, SyncGroup>,
+    closed: bool,
+}
+
+impl RingThread {
+    fn new(ring: IoUring, rx: mpsc::Receiver<Request>, wake: Arc<Wake>) -> Self {
+        RingThread {
+            ring,
+            rx,
+            wake,
+            wake_buf: Box::new([0; 8]),
+            wake_armed: false,
+            slots: (0..MAX_INFLIGHT).map(|_| None).collect(),
+            free: (0..MAX_INFLIGHT).rev().collect(),
+            inflight: 0,
+            backlog: VecDeque::new(),
+            groups: HashMap::new(),
+            closed: false,
+        }
+    }
+
+    fn intake(&mut self) -> bool {
+        let mut got = false;
+        loop {
+            match self.rx.try_recv() {
+                Ok(r) => {
+                    self.backlog.push_back(Pending::New(r));
+                    got = true;
+                }
+                Err(mpsc::TryRecvError::Empty) => return got,
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    self.closed = true;
+                    return got;
+                }
+            }
+        }
+    }
+
+    fn run(mut self) {
+        loop {
+            self.intake();
+            self.fill();
+            if self.closed && self.inflight == 0 && self.backlog.is_empty() {
+                break;
+            }
+            // Announce the sleep, then look at the channel one last time (see module docs).
+            self.wake.sleeping.store(true, Ordering::SeqCst);
+            if self.intake() {
+                self.wake.sleeping.store(false, Ordering::SeqCst);
+                self.fill();
+                if let Err(e) = self.ring.submit() {
+                    tracing::debug!(error = %e, "io_uring submit failed");
+                }
+            } else if let Err(e) = self.ring.submit_and_wait(1) {
+                if e.raw_os_error() != Some(libc::EINTR) {
+                    tracing::warn!(error = %e, "io_uring_enter failed");
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+            self.wake.sleeping.store(false, Ordering::SeqCst);
+            self.reap();
+        }
+        // The kernel tears a ring down asynchronously: never free the buffer of a read that
+        // may still be outstanding (8 bytes, once per cache).
+        let RingThread {
+            ring,
+            wake_buf,
+            wake_armed,
+            ..
+        } = self;
+        drop(ring);
+        if wake_armed {
+            std::mem::forget(wake_buf);
+        }
+    }
+
+    /// Moves work from the backlog into the submission queue while there is room.
+    fn fill(&mut self) {
+        if !self.wake_armed && !self.closed {
+            let e = opcode::Read::new(
+                types::Fd(self.wake.fd.as_raw_fd()),
+                self.wake_buf.as_mut_ptr(),
+                8,
+            )
+            .build()
+            .user_data(WAKE_TOKEN);
+            // SAFETY: the buffer lives in `self` for as long as the ring does.
+            if unsafe { self.ring.submission().push(&e) }.is_ok() {
+                self.wake_armed = true;
+            }
+        }
+        while let Some(p) = self.backlog.pop_front() {
+            match self.start(p) {
+                Ok(()) => {}
+                Err(p) => {
+                    self.backlog.push_front(p);
+                    break;
+                }
+            }
+        }
+    }
+
+    fn take_slot(&mut self) -> Option<usize> {
+        let s = self.free.pop()?;
+        self.inflight += 1;
+        Some(s)
+    }
+
+    fn release_slot(&mut self, s: usize) {
+        self.slots[s] = None;
+        self.free.push(s);
+        self.inflight -= 1;
+    }
+
+    /// Pushes one submission for `p`; gives `p` back when the queue or the slots are full.
+    fn start(&mut self, p: Pending) -> Result<(), Pending> {
+        if self.ring.submission().is_full() {
+            return Err(p);
+        }
+        let (slot, entry) = match p {
+            Pending::New(Request {
+                op: Op::Fsync { file },
+                reply,
+            }) => {
+                let fd = file.as_raw_fd();
+                if let Some(g) = self.groups.get_mut(&fd) {
+                    // One is running: this request waits for the next merged sync.
+                    g.queued.push(reply);
+                    return Ok(());
+                }
+                self.groups.insert(
+                    fd,
+                    SyncGroup {
+                        file,
+                        running: Vec::new(),
+                        queued: vec![reply],
+                    },
+                );
+                return self.start(Pending::Sync(fd));
+            }
+            Pending::Sync(fd) => {
+                let Some(slot) = self.take_slot() else {
+                    return Err(Pending::Sync(fd));
+                };
+                let Some(g) = self.groups.get_mut(&fd) else {
+                    self.release_slot(slot);
+                    return Ok(());
+                };
+                g.running = std::mem::take(&mut g.queued);
+                let e = opcode::Fsync::new(types::Fd(fd))
+                    .flags(types::FsyncFlags::DATASYNC)
+                    .build();
+                self.slots[slot] = Some(InFlight::Fsync { fd });
+                (slot, e)
+            }
+            Pending::New(Request { op, reply }) => {
+                let Some(slot) = self.take_slot() else {
+                    return Err(Pending::New(Request { op, reply }));
+                };
+                match op {
+                    Op::Read { file, offset, len } => {
+                        self.slots[slot] = Some(InFlight::Read {
+                            buf: AlignedBuf::with_capacity(len),
+                            file,
+                            offset,
+                            want: len,
+                            reply,
+                        });
+                    }
+                    Op::Write { file, offset, buf } => {
+                        self.slots[slot] = Some(InFlight::Write {
+                            file,
+                            offset,
+                            buf,
+                            done: 0,
+                            reply,
+                        });
+                    }
+                    Op::Fsync { file } => {
+                        // Handled above; route it through the sync group all the same.
+                        self.release_slot(slot);
+                        return self.start(Pending::New(Request {
+                            op: Op::Fsync { file },
+                            reply,
+                        }));
+                    }
+                }
+                match self.entry_for(slot) {
+                    Some(e) => (slot, e),
+                    None => {
+                        self.release_slot(slot);
+                        return Ok(());
+                    }
+                }
+            }
+            Pending::Continue(slot) => match self.entry_for(slot) {
+                Some(e) => (slot, e),
+                None => return Ok(()),
+            },
+        };
+        let entry = entry.user_data(slot as u64);
+        // SAFETY: buffers and files of the slot stay alive until its completion is reaped.
+        if unsafe { self.ring.submission().push(&entry) }.is_err() {
+            // Checked for room above; cannot happen, but never lose a request.
+            self.backlog.push_front(Pending::Continue(slot));
+        }
+        Ok(())
+    }
+
+    /// The submission entry for the (remaining) transfer of a read or write slot.
+    fn entry_for(&mut self, slot: usize) -> Option<io_uring::squeue::Entry> {
+        match self.slots[slot].as_mut()? {
+            InFlight::Read {
+                file,
+                offset,
+                buf,
+                want,
+                ..
+            } => {
+                let done = buf.len;
+                // SAFETY: `done < want <= cap`, so the pointer stays inside the buffer.
+                let ptr = unsafe { buf.as_mut_ptr().add(done) };
+                Some(
+                    opcode::Read::new(types::Fd(file.as_raw_fd()), ptr, (*want - done) as u32)
+                        .offset(*offset + done as u64)
+                        .build(),
+                )
+            }
+            InFlight::Write {
+                file,
+                offset,
+                buf,
+                done,
+                ..
+            } => {
+                let data = buf.as_slice();
+                let rest = &data[*done..];
+                Some(
+                    opcode::Write::new(
+                        types::Fd(file.as_raw_fd()),
+                        rest.as_ptr(),
+                        rest.len() as u32,
+                    )
+                    .offset(*offset + *done as u64)
+                    .build(),
+                )
+            }
+            InFlight::Fsync { .. } => None,
+        }
+    }
+
+    fn reap(&mut self) {
+        let done: Vec<(u64, i32)> = self
+            .ring
+            .completion()
+            .map(|c| (c.user_data(), c.result()))
+            .collect();
+        for (token, res) in done {
+            if token == WAKE_TOKEN {
+                self.wake_armed = false;
+                continue;
+            }
+            let slot = token as usize;
+            if slot >= self.slots.len() {
+                continue;
+            }
+            self.complete(slot, res);
+        }
+    }
+
+    fn complete(&mut self, slot: usize, res: i32) {
+        let retry = res == -libc::EINTR || res == -libc::EAGAIN;
+        let err = (res < 0).then(|| io::Error::from_raw_os_error(-res));
+        match self.slots[slot].as_mut() {
+            None => {}
+            Some(InFlight::Read { buf, want, .. }) => {
+                if retry {
+                    self.backlog.push_back(Pending::Continue(slot));
+                    return;
+                }
+                if res > 0 {
+                    buf.len += res as usize;
+                    if buf.len < *want {
+                        self.backlog.push_back(Pending::Continue(slot));
+                        return;
+                    }
+                }
+                if let Some(InFlight::Read { buf, reply, .. }) = self.slots[slot].take() {
+                    let out = match err {
+                        Some(e) => Err(e),
+                        None if res == 0 => Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "the cache file ends before the block",
+                        )),
+                        None => Ok(Done::Read(Bytes::from_owner(buf))),
+                    };
+                    let _ = reply.send(out);
+                }
+                self.release_slot(slot);
+            }
+            Some(InFlight::Write { buf, done, .. }) => {
+                if retry {
+                    self.backlog.push_back(Pending::Continue(slot));
+                    return;
+                }
+                if res > 0 {
+                    *done += res as usize;
+                    if *done < buf.as_slice().len() {
+                        self.backlog.push_back(Pending::Continue(slot));
+                        return;
+                    }
+                }
+                if let Some(InFlight::Write { reply, .. }) = self.slots[slot].take() {
+                    let out = match err {
+                        Some(e) => Err(e),
+                        None if res == 0 => Err(io::Error::from(io::ErrorKind::WriteZero)),
+                        None => Ok(Done::Written),
+                    };
+                    let _ = reply.send(out);
+                }
+                self.release_slot(slot);
+            }
+            Some(InFlight::Fsync { fd }) => {
+                let fd = *fd;
+                self.release_slot(slot);
+                let Some(g) = self.groups.get_mut(&fd) else {
+                    return;
+                };
+                for reply in g.running.drain(..) {
+                    let out = match res {
+                        r if r < 0 => Err(io::Error::from_raw_os_error(-r)),
+                        _ => Ok(Done::Synced),
+                    };
+                    let _ = reply.send(out);
+                }
+                if g.queued.is_empty() {
+                    // Keep `file` alive until here: the descriptor number must not be reused
+                    // by another file while its sync group exists.
+                    let _file = g.file.clone();
+                    self.groups.remove(&fd);
+                } else {
+                    self.backlog.push_back(Pending::Sync(fd));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs::OpenOptions;
+
+    fn file(dir: &std::path::Path) -> Arc<File> {
+        Arc::new(
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(dir.join("f"))
+                .expect("open"),
+        )
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reads_writes_and_merged_syncs() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = file(dir.path());
+        let ring = Arc::new(Ring::new(2).expect("io_uring"));
+        let mut tasks = Vec::new();
+        for i in 0..64u64 {
+            let (ring, f) = (ring.clone(), f.clone());
+            tasks.push(tokio::spawn(async move {
+                let data = Bytes::from(vec![i as u8; 10_000]);
+                ring.write(&f, i * 10_000, IoBuf::Bytes(data)).await?;
+                ring.sync_data(&f).await?;
+                let back = ring.read(&f, i * 10_000, 10_000).await?;
+                assert!(back.iter().all(|&b| b == i as u8));
+                Ok::<_, io::Error>(())
+            }));
+        }
+        for t in tasks {
+            t.await.expect("join").expect("io");
+        }
+        let past_end = ring.read(&f, 64 * 10_000, 10).await;
+        assert_eq!(
+            past_end.map(|_| ()).map_err(|e| e.kind()),
+            Err(io::ErrorKind::UnexpectedEof)
+        );
+        assert!(ring.submitted() >= 64 * 3);
+    }
+
+    #[test]
+    fn aligned_buffers_are_aligned() {
+        let b = AlignedBuf::copy_from(&[7u8; 5000]);
+        assert_eq!(b.as_ref().len(), 5000);
+        assert_eq!(b.as_ref().as_ptr() as usize % ALIGN, 0);
+        assert!(b.as_ref().iter().all(|&x| x == 7));
+    }
+}
