@@ -52,8 +52,7 @@ impl Drop for ControlServer {
 pub fn serve(mountpoint: &Path, source: Arc<dyn StatsSource>) -> anyhow::Result<ControlServer> {
     let path = socket_path(mountpoint);
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create {}", dir.display()))?;
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
     // A socket file left by a dead daemon of the same mountpoint.
     let _ = std::fs::remove_file(&path);

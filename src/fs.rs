@@ -619,9 +619,15 @@ mod tests {
         let handles = Handles::default();
         let v1: Arc<str> = Arc::from("etag-1");
         let v2: Arc<str> = Arc::from("etag-2");
-        assert!(!handles.remember_etag(7, &v1), "first open: nothing cached yet");
+        assert!(
+            !handles.remember_etag(7, &v1),
+            "first open: nothing cached yet"
+        );
         assert!(handles.remember_etag(7, &v1));
-        assert!(!handles.remember_etag(7, &v2), "new version: drop the old pages");
+        assert!(
+            !handles.remember_etag(7, &v2),
+            "new version: drop the old pages"
+        );
         assert!(handles.remember_etag(7, &v2));
     }
 }

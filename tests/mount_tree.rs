@@ -412,21 +412,34 @@ fn stats_report_requests_through_the_control_socket() {
     let mount = Mount::new(&endpoint, &format!("s3://{}", data.bucket), &[]);
     assert_eq!(std::fs::read(mount.join("top.txt")).unwrap().len(), 42);
     let out = run_with_timeout(
-        std::process::Command::new(RIFFLE).args(["stats", "--json"]).arg(&mount.path),
+        std::process::Command::new(RIFFLE)
+            .args(["stats", "--json"])
+            .arg(&mount.path),
         std::time::Duration::from_secs(20),
     );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert!(stats["store"]["get_requests"].as_u64().unwrap() >= 1, "{stats}");
+    assert!(
+        stats["store"]["get_requests"].as_u64().unwrap() >= 1,
+        "{stats}"
+    );
     assert_eq!(stats["source"], format!("s3://{}/", data.bucket));
     let text = run_with_timeout(
-        std::process::Command::new(RIFFLE).arg("stats").arg(&mount.path),
+        std::process::Command::new(RIFFLE)
+            .arg("stats")
+            .arg(&mount.path),
         std::time::Duration::from_secs(20),
     );
     assert!(String::from_utf8_lossy(&text.stdout).contains("store.get_requests"));
     let dir = tempfile::tempdir().unwrap();
     let none = run_with_timeout(
-        std::process::Command::new(RIFFLE).arg("stats").arg(dir.path()),
+        std::process::Command::new(RIFFLE)
+            .arg("stats")
+            .arg(dir.path()),
         std::time::Duration::from_secs(20),
     );
     assert_eq!(none.status.code(), Some(1));

@@ -18,7 +18,9 @@ WITH_MGR=${RIFFLE_RGW_MGR:-0}
 OPS_LOG=${RIFFLE_RGW_OPS_LOG:-0}
 REGION=us-east-1
 ENDPOINT="http://127.0.0.1:${PORT}"
-MON_ADDRS='[v2:127.0.0.1:3300,v1:127.0.0.1:6789]'
+MON_PORT=${RIFFLE_RGW_MON_PORT:-3300}
+# msgr2 only: one port, so several clusters can run side by side
+MON_ADDRS="v2:127.0.0.1:$MON_PORT"
 PACKAGES=(ceph-mon ceph-osd ceph-mgr radosgw ceph-common uuid-runtime)
 MARKER=.riffle-rgw-state
 
@@ -50,6 +52,7 @@ Commands:
 Environment (defaults in brackets):
   RIFFLE_RGW_DIR          state dir: config, keys, pid files, logs [/tmp/riffle-rgw]
   RIFFLE_RGW_PORT         S3 port on 127.0.0.1 [7480]
+  RIFFLE_RGW_MON_PORT     Ceph monitor port on 127.0.0.1 [3300]
   RIFFLE_RGW_MEM_BYTES    memstore capacity; data lives in RAM [17179869184]
   RIFFLE_RGW_ACCESS_KEY   test user's access key [RIFFLETESTACCESSKEY0]
   RIFFLE_RGW_SECRET_KEY   test user's secret key [riffletestsecretkey0000000000000000000000]
@@ -60,7 +63,8 @@ Environment (defaults in brackets):
   RIFFLE_RGW_OPS_LOG      1 = log every request to \$RIFFLE_RGW_DIR/log/ [0]
   RIFFLE_RGW_EXTRA_CONF   text appended to ceph.conf, e.g. \$'[osd]\\ndebug osd = 10'
 
-The monitor listens on 127.0.0.1:3300 and :6789 (fixed).
+To run a second cluster next to the first, give it its own RIFFLE_RGW_DIR,
+RIFFLE_RGW_PORT and RIFFLE_RGW_MON_PORT.
 Logs: \$RIFFLE_RGW_DIR/log/*.log
 EOF
 }
@@ -73,7 +77,7 @@ die() { printf '%s: error: %s\n' "$PROG" "$*" >&2; exit 1; }
 # Body of an anonymous GET / (RGW answers 200 with an empty
 # ListAllMyBucketsResult); empty when nothing answers.
 probe() {
-    curl -s --max-time "${1:-3}" "$ENDPOINT/" 2>/dev/null || true
+    curl -s --noproxy "*" --max-time "${1:-3}" "$ENDPOINT/" 2>/dev/null || true
 }
 
 rgw_answers() {
@@ -86,40 +90,35 @@ port_in_use() { # port
 
 is_uint() { [[ $1 =~ ^[0-9]+$ ]]; }
 
-# Which of our daemons a process is ("mon", "osd", "mgr", "rgw"), or nothing
-# if it was not started with "-c $CONF" (so a recycled pid is never signalled).
-daemon_kind() { # pid
-    local args
-    args=$(tr '\0' ' ' 2>/dev/null <"/proc/$1/cmdline") || return 0
-    [[ " $args " == *" -c $CONF "* ]] || return 0
-    case $args in
-    ceph-mon\ * | */ceph-mon\ *) echo mon ;;
-    ceph-osd\ * | */ceph-osd\ *) echo osd ;;
-    ceph-mgr\ * | */ceph-mgr\ *) echo mgr ;;
-    radosgw\ * | */radosgw\ *) echo rgw ;;
-    esac
-}
-
-# Pids of our daemons of the given kinds (an extended regex such as
-# "rgw|mgr"): those named by the pid files, plus any found by scanning /proc
-# (daemons whose pid file is missing, e.g. after a failed start).
-daemon_pids() { # kinds
-    local f pid kind
-    {
-        for f in "$RUN_DIR"/*.pid; do
+# Our daemons, as "pid kind" lines (kind: mon, osd, mgr, rgw): the pids named
+# by the pid files plus any found by scanning /proc (daemons whose pid file is
+# missing, e.g. after a failed start). A process counts only if it was
+# started with "-c $CONF", so a recycled pid is never signalled.
+our_daemons() {
+    local f pid kind parts=()
+    local -A seen=()
+    for f in "$RUN_DIR"/*.pid /proc/[0-9]*; do
+        if [[ $f == /proc/* ]]; then
+            pid=${f#/proc/}
+        else
             [[ -f $f ]] || continue
-            pid=$(<"$f") || continue
-            is_uint "$pid" && echo "$pid"
-        done
-        for f in /proc/[0-9]*; do
-            echo "${f#/proc/}"
-        done
-    } | sort -un | while read -r pid; do
-        [[ $pid == "$$" ]] && continue
-        kind=$(daemon_kind "$pid")
-        [[ -n $kind && $kind =~ ^(${1:-mon|osd|mgr|rgw})$ ]] && echo "$pid"
+            pid=
+            read -r pid 2>/dev/null <"$f" || [[ -n $pid ]] || continue
+        fi
+        is_uint "$pid" || continue
+        [[ -z ${seen[$pid]:-} && $pid != "$$" ]] || continue
+        seen[$pid]=1
+        mapfile -d '' -t parts 2>/dev/null <"/proc/$pid/cmdline" || continue
+        [[ " ${parts[*]} " == *" -c $CONF "* ]] || continue
+        case ${parts[0]##*/} in
+        ceph-mon) kind=mon ;;
+        ceph-osd) kind=osd ;;
+        ceph-mgr) kind=mgr ;;
+        radosgw) kind=rgw ;;
+        *) continue ;;
+        esac
+        echo "$pid $kind"
     done
-    return 0
 }
 
 alive() { # pids...; zombies count as gone (a container's pid 1 may not reap)
@@ -154,12 +153,15 @@ stop_pids() { # pids...: SIGTERM, wait up to 10 s, then SIGKILL
     die "could not stop pid $left"
 }
 
-# radosgw (and mgr) first: once the OSD is gone radosgw hangs in shutdown.
+# One kind after the other, clients first: radosgw hangs in shutdown once the
+# OSD is gone, and the OSD waits ~5 s to tell a vanished monitor it goes down.
 stop_daemons() {
-    # shellcheck disable=SC2046
-    stop_pids $(daemon_pids 'rgw|mgr')
-    # shellcheck disable=SC2046
-    stop_pids $(daemon_pids 'osd|mon')
+    local list kinds
+    list=$(our_daemons)
+    for kinds in 'rgw|mgr' osd mon; do
+        # shellcheck disable=SC2046
+        stop_pids $(awk -v k="^($kinds)\$" '$2 ~ k { print $1 }' <<<"$list")
+    done
 }
 
 # rm -rf only what is recognisably ours.
@@ -193,7 +195,6 @@ ensure_packages() {
 
 # --- up -----------------------------------------------------------------------
 
-T0=0
 DEADLINE=0
 STAGE=
 UP_DONE=0
@@ -203,8 +204,11 @@ remaining() {
     ((r > 0)) && echo "$r" || echo 0
 }
 
+# fd 8 is the caller's stderr, saved by cmd_up: a signal may run this while
+# stderr is redirected to a log file.
 fail_up() { # message
-    trap - EXIT
+    trap - EXIT INT TERM HUP
+    if [[ -e /proc/$$/fd/8 ]]; then exec 2>&8; fi
     printf '%s: error: %s; logs: %s/\n' "$PROG" "$1" "$LOG_DIR" >&2
     if [[ -n ${CI:-} ]]; then # show the logs in CI output
         local f
@@ -232,10 +236,27 @@ bounded() {
     timeout --kill-after=2 "$r" "$@"
 }
 
+# Daemons started by this 'up' and their pids once their pid file appeared.
+STARTED=()
+declare -A PIDS=()
+
+# Fail at once if a started daemon has died, instead of waiting for the deadline.
+check_daemons() {
+    local n f
+    for n in "${STARTED[@]}"; do
+        f=$RUN_DIR/$n.pid
+        if [[ -z ${PIDS[$n]:-} && -s $f ]]; then PIDS[$n]=$(<"$f"); fi
+        if [[ -n ${PIDS[$n]:-} && -z $(alive "${PIDS[$n]}") ]]; then
+            fail_up "$n exited while $STAGE (see $LOG_DIR/$n.log)"
+        fi
+    done
+}
+
 # Wait until "$@" succeeds or the start-up budget is spent.
 wait_for() {
     while ((SECONDS < DEADLINE)); do
         "$@" && return 0
+        check_daemons
         sleep 0.2
     done
     return 1
@@ -252,6 +273,7 @@ mon host = $MON_ADDRS
 mon initial members = a
 public addr = 127.0.0.1
 cluster addr = 127.0.0.1
+ms bind msgr1 = false
 auth cluster required = cephx
 auth service required = cephx
 auth client required = cephx
@@ -282,10 +304,10 @@ mon allow pool delete = true
 mon warn on pool no redundancy = false
 mon warn on insecure global id reclaim allowed = false
 mon data avail warn = 2
-# commit map changes quickly: start-up (osd boot, rgw pool creation) is a
-# chain of ~15 map updates, each waiting 1 s by default
-paxos propose interval = 0.05
 mon data avail crit = 1
+# commit map changes quickly: start-up (osd boot, rgw pool creation) is a
+# chain of ~15 map updates, each waiting 1 s by default (12 s -> 2 s)
+paxos propose interval = 0.05
 
 # quiet logs (raise a level here to debug)
 debug ms = 0/0
@@ -376,10 +398,15 @@ make_keys() {
 }
 
 # Start a (self-daemonizing) Ceph daemon; its early output goes to log/NAME.out.
+# It must not inherit the lock (fd 9) or the caller's stderr (fd 8): a CI step
+# would wait for the pipe to close.
 start_daemon() { # name cmd args...
-    local name=$1
+    local name=$1 r
     shift
-    bounded "$@" -c "$CONF" </dev/null >>"$LOG_DIR/$name.out" 2>&1
+    STARTED+=("$name")
+    r=$(remaining)
+    ((r > 0)) || return 124
+    timeout --kill-after=2 "$r" "$@" -c "$CONF" </dev/null >>"$LOG_DIR/$name.out" 2>&1 8>&- 9>&-
 }
 
 osd_is_up() {
@@ -390,7 +417,7 @@ osd_is_up() {
 
 signed_list_ok() { # access secret
     local code
-    code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 \
+    code=$(curl -s --noproxy "*" -o /dev/null -w '%{http_code}' --max-time 5 \
         --aws-sigv4 "aws:amz:$REGION:s3" --user "$1:$2" \
         -H 'x-amz-content-sha256: UNSIGNED-PAYLOAD' "$ENDPOINT/" 2>/dev/null) || true
     [[ $code == 200 ]]
@@ -409,30 +436,33 @@ create_user() { # uid access secret
 
 cmd_up() {
     is_uint "$PORT" || die "RIFFLE_RGW_PORT must be a number"
+    is_uint "$MON_PORT" || die "RIFFLE_RGW_MON_PORT must be a number"
     is_uint "$UP_TIMEOUT" || die "RIFFLE_RGW_TIMEOUT must be a number"
     ensure_packages
     if rgw_answers; then
         say "RGW already up at $ENDPOINT"
+        signed_list_ok "$ACCESS_KEY" "$SECRET_KEY" ||
+            say "warning: it rejects access key $ACCESS_KEY (started with other credentials?)" >&2
         return 0
     fi
     if port_in_use "$PORT"; then
         die "port $PORT is in use by something that is not RGW; set RIFFLE_RGW_PORT"
     fi
 
-    T0=$SECONDS
     local t0ms
     t0ms=$(date +%s%N)
     # Leftovers of an earlier run (crashed daemons, stale dir) go first.
     stop_daemons
     wipe_state_dir
-    local p
-    for p in 3300 6789; do
-        port_in_use "$p" && die "monitor port 127.0.0.1:$p is in use (another Ceph? try '$PROG down' with its RIFFLE_RGW_DIR)"
-    done
+    if port_in_use "$MON_PORT"; then
+        die "monitor port 127.0.0.1:$MON_PORT is in use (another cluster? set RIFFLE_RGW_MON_PORT)"
+    fi
 
     DEADLINE=$((SECONDS + UP_TIMEOUT))
     STAGE="preparing $STATE_DIR"
+    exec 8>&2
     trap on_up_exit EXIT
+    trap 'exit 130' INT TERM HUP
     mkdir -p "$STATE_DIR"
     touch "$STATE_DIR/$MARKER"
     mkdir -p "$LOG_DIR" "$RUN_DIR" "$STATE_DIR/crash" "$STATE_DIR/mon/ceph-a" \
@@ -484,7 +514,7 @@ cmd_up() {
         fail_up "RGW answers but rejects the test credentials"
 
     UP_DONE=1
-    trap - EXIT
+    trap - EXIT INT TERM HUP
     local ms=$((($(date +%s%N) - t0ms) / 1000000))
     say "RGW up at $ENDPOINT in $((ms / 1000)).$(printf '%03d' $((ms % 1000))) s (state and logs in $STATE_DIR)"
     say "credentials: eval \"\$($0 env)\""
@@ -494,7 +524,7 @@ cmd_up() {
 
 cmd_down() {
     local was=0
-    [[ -n $(daemon_pids) ]] && was=1
+    [[ -n $(our_daemons) ]] && was=1
     stop_daemons
     wipe_state_dir
     if ((was)); then say "RGW stopped, $STATE_DIR removed"; else say "RGW not running ($STATE_DIR removed)"; fi
@@ -505,7 +535,7 @@ cmd_down() {
 
 cmd_status() {
     if rgw_answers; then
-        echo "up ($ENDPOINT)"
+        echo up
         return 0
     fi
     echo "down"
@@ -541,12 +571,20 @@ cmd_user() {
     die "user $1 created but RGW rejects its credentials"
 }
 
+# Serialise up/down/user of one state dir (concurrent CI steps, test runners).
+lock() {
+    command -v flock >/dev/null 2>&1 || return 0
+    mkdir -p "$(dirname "$STATE_DIR")"
+    exec 9>"$STATE_DIR.lock"
+    flock -w 120 9 || die "another $PROG holds $STATE_DIR.lock"
+}
+
 case ${1:-} in
-up) cmd_up ;;
-down) cmd_down ;;
+up) lock; cmd_up ;;
+down) lock; cmd_down ;;
 status) cmd_status ;;
 env) cmd_env ;;
-user) shift; cmd_user "$@" ;;
+user) shift; lock; cmd_user "$@" ;;
 help | -h | --help) usage ;;
 '') usage >&2; exit 2 ;;
 *) printf '%s: unknown command %s\n\n' "$PROG" "$1" >&2; usage >&2; exit 2 ;;

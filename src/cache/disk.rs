@@ -55,6 +55,10 @@ use super::ring::{AlignedBuf, IoBuf, Ring, ALIGN};
 use super::sys;
 use super::{scan, CacheConfig, CacheError, SizeLimit};
 
+/// Eviction rounds in a row that may find only entries in use elsewhere before a write is
+/// refused as [`CacheError::Full`].
+const MAX_STALLS: u32 = 8;
+
 /// A step of a block write (see the module documentation); the test hook stops before one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WriteStep {
@@ -166,6 +170,8 @@ struct Entry {
     /// Blocks present, and whether all are.
     blocks: u32,
     complete: bool,
+    /// Bytes of `bytes` reserved by writes in progress.
+    reserved: u64,
     pins: u32,
     writes: u32,
     evicting: bool,
@@ -231,6 +237,9 @@ impl Reservation<'_> {
     fn commit(mut self) {
         let mut st = self.cache.state.lock();
         st.pending = st.pending.saturating_sub(self.bytes);
+        if let Some(e) = st.entries.get_mut(&self.key) {
+            e.reserved = e.reserved.saturating_sub(self.bytes);
+        }
         self.done = true;
     }
 }
@@ -245,6 +254,7 @@ impl Drop for Reservation<'_> {
         st.used = st.used.saturating_sub(self.bytes);
         if let Some(e) = st.entries.get_mut(&self.key) {
             e.bytes = e.bytes.saturating_sub(self.bytes);
+            e.reserved = e.reserved.saturating_sub(self.bytes);
         }
     }
 }
@@ -260,7 +270,11 @@ struct WriteUse<'a> {
 impl Drop for WriteUse<'_> {
     fn drop(&mut self) {
         if self.writing {
-            self.entry.blocks.lock().writing.retain(|&i| i != self.index);
+            self.entry
+                .blocks
+                .lock()
+                .writing
+                .retain(|&i| i != self.index);
         }
         self.entry.release_use();
         let mut st = self.cache.state.lock();
@@ -492,9 +506,7 @@ impl DiskCache {
     /// Logs the first failure of each kind as a warning (later ones at debug), and counts it.
     fn report(&self, e: &CacheError) {
         let (flag, counter) = match e {
-            CacheError::NoSpace { .. } => {
-                (&self.warned_no_space, &self.counters.no_space_errors)
-            }
+            CacheError::NoSpace { .. } => (&self.warned_no_space, &self.counters.no_space_errors),
             CacheError::Io { .. } => (&self.warned_io, &self.counters.io_errors),
             _ => return,
         };
@@ -527,7 +539,12 @@ impl DiskCache {
         if let Some(o) = self.cached_open(key) {
             return Ok(Some(o));
         }
-        let (root, bs, direct, idc) = (self.root.clone(), self.block_size, self.direct_io, id.clone());
+        let (root, bs, direct, idc) = (
+            self.root.clone(),
+            self.block_size,
+            self.direct_io,
+            id.clone(),
+        );
         let loaded = blocking(move || -> Result<Option<OpenEntry>, CacheError> {
             for _ in 0..4 {
                 match OpenEntry::open_existing(&root, &idc, key, bs, direct) {
@@ -630,22 +647,29 @@ impl DiskCache {
         fresh
     }
 
-    /// Forgets a dead open entry (evicted by another process) so the next use reloads.
+    /// Forgets a dead open entry (evicted by another process) so the next use reloads: its
+    /// files are gone, and so are the bytes charged for them (reservations in progress stay).
     fn forget_open(&self, dead: &Arc<OpenEntry>) {
-        let mut st = self.state.lock();
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
         let key = dead.key;
-        let mut closed = false;
-        if let Some(e) = st.entries.get_mut(&key) {
-            if e.open.as_ref().is_some_and(|o| Arc::ptr_eq(o, dead)) {
-                e.open = None;
-                e.complete = false;
-                e.blocks = 0;
-                closed = true;
-            }
+        let Some(e) = st.entries.get_mut(&key) else {
+            return;
+        };
+        if !e.open.as_ref().is_some_and(|o| Arc::ptr_eq(o, dead)) {
+            return;
         }
-        if closed {
-            st.open_count -= 1;
-            st.open_lru.remove(key);
+        e.open = None;
+        e.complete = false;
+        e.blocks = 0;
+        st.used -= e.bytes - e.reserved;
+        e.bytes = e.reserved;
+        let unused = e.bytes == 0 && e.pins == 0 && e.writes == 0;
+        st.open_count -= 1;
+        st.open_lru.remove(key);
+        if unused {
+            st.entries.remove(&key);
+            st.policy.remove(key);
         }
     }
 
@@ -663,7 +687,11 @@ impl DiskCache {
         }
         let added: u64 = appeared
             .iter()
-            .map(|&i| format::block_len(entry.identity.size, self.block_size, i as u64).next_multiple_of(4096) + format::RECORD_LEN as u64)
+            .map(|&i| {
+                format::block_len(entry.identity.size, self.block_size, i as u64)
+                    .next_multiple_of(4096)
+                    + format::RECORD_LEN as u64
+            })
             .sum();
         let (present, complete) = {
             let b = entry.blocks.lock();
@@ -873,7 +901,9 @@ impl DiskCache {
         let half = self.step(WriteStep::WriteData)?;
         let crc = crc32c::crc32c(&data);
         let (file, buf) = match &entry.direct {
-            Some(d) if len % ALIGN as u64 == 0 && !half => (d, IoBuf::Aligned(AlignedBuf::copy_from(&data))),
+            Some(d) if len % ALIGN as u64 == 0 && !half => {
+                (d, IoBuf::Aligned(AlignedBuf::copy_from(&data)))
+            }
             _ if half => (&entry.data, IoBuf::Bytes(data.slice(..data.len() / 2))),
             _ => (&entry.data, IoBuf::Bytes(data)),
         };
@@ -929,8 +959,12 @@ impl DiskCache {
         if need > self.limit {
             return Err(CacheError::Full);
         }
+        // Rounds whose victims were all in use by other processes (bounded: they are moved to
+        // the hot end, so a later round would pick them again).
+        let mut stalls = 0;
         loop {
-            let space = sys::fs_space(&self.root).map_err(|e| io_err("statvfs of the cache dir", e))?;
+            let space =
+                sys::fs_space(&self.root).map_err(|e| io_err("statvfs of the cache dir", e))?;
             let notified = self.evicted.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
@@ -945,7 +979,9 @@ impl DiskCache {
                 if deficit == 0 {
                     st.used += need;
                     st.pending += need;
-                    st.entries.entry(key).or_default().bytes += need;
+                    let e = st.entries.entry(key).or_default();
+                    e.bytes += need;
+                    e.reserved += need;
                     return Ok(Reservation {
                         cache: self,
                         key,
@@ -972,7 +1008,13 @@ impl DiskCache {
                     victims.push(v);
                 }
                 if victims.is_empty() && st.evicting == 0 {
-                    tracing::debug!(need, used = st.used, limit = self.limit, avail, "cache full: nothing can be evicted");
+                    tracing::debug!(
+                        need,
+                        used = st.used,
+                        limit = self.limit,
+                        avail,
+                        "cache full: nothing can be evicted"
+                    );
                     return Err(CacheError::Full);
                 }
                 st.evicting += victims.len();
@@ -983,12 +1025,17 @@ impl DiskCache {
                 notified.await;
                 continue;
             }
-            self.evict(victims).await;
+            if self.evict(victims).await == 0 {
+                stalls += 1;
+                if stalls >= MAX_STALLS {
+                    return Err(CacheError::Full);
+                }
+            }
         }
     }
 
-    /// Removes the victims' files and releases their bytes.
-    async fn evict(&self, victims: Vec<EntryKey>) {
+    /// Removes the victims' files and releases their bytes; returns how many went.
+    async fn evict(&self, victims: Vec<EntryKey>) -> usize {
         let root = self.root.clone();
         let keys = victims.clone();
         let outcomes = blocking(move || {
@@ -997,8 +1044,14 @@ impl DiskCache {
                 .collect::<Vec<_>>()
         })
         .await
-        .unwrap_or_else(|e| victims.iter().map(|_| Err(io::Error::other(e.to_string()))).collect());
+        .unwrap_or_else(|e| {
+            victims
+                .iter()
+                .map(|_| Err(io::Error::other(e.to_string())))
+                .collect()
+        });
         let mut failures = Vec::new();
+        let mut removed = 0;
         {
             let mut guard = self.state.lock();
             let st = &mut *guard;
@@ -1006,6 +1059,7 @@ impl DiskCache {
                 st.evicting -= 1;
                 match outcome {
                     Ok(Evicted::Removed) | Ok(Evicted::Gone) => {
+                        removed += 1;
                         let mut still_pinned = false;
                         if let Some(e) = st.entries.remove(&key) {
                             st.used = st.used.saturating_sub(e.bytes);
@@ -1016,7 +1070,9 @@ impl DiskCache {
                             }
                             if outcome.as_ref().ok() == Some(&Evicted::Removed) {
                                 self.counters.evictions.fetch_add(1, Ordering::Relaxed);
-                                self.counters.evicted_bytes.fetch_add(e.bytes, Ordering::Relaxed);
+                                self.counters
+                                    .evicted_bytes
+                                    .fetch_add(e.bytes, Ordering::Relaxed);
                             }
                             if e.pins > 0 {
                                 // Pinned while it was being evicted: keep the pin for the
@@ -1056,6 +1112,7 @@ impl DiskCache {
             self.report(&io_err("evicting a cache entry", err));
         }
         self.evicted.notify_waiters();
+        removed
     }
 
     /// Whether block `index` of `id` is known here to be present (no I/O: blocks written by
@@ -1237,7 +1294,6 @@ impl DiskCache {
             per_closed_object: table as u64 / n,
         }
     }
-
 }
 
 /// What an entry whose files are closed costs in the index: its slot in the table of known

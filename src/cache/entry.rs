@@ -208,7 +208,8 @@ impl OpenEntry {
         }
         let data_path = key.data_path(root, header.nonce);
         let (data, created) = open_data(&data_path)?;
-        let entry = OpenEntry::assemble(key, id, &header, idx, data, &data_path, direct_io, blocks)?;
+        let entry =
+            OpenEntry::assemble(key, id, &header, idx, data, &data_path, direct_io, blocks)?;
         if created && entry.blocks.lock().present() > 0 {
             // The data file vanished (removed by hand): none of the journal's blocks exist.
             entry.drop_all_blocking();
@@ -258,7 +259,8 @@ impl OpenEntry {
         let (data, _) = open_data(&data_path)?;
         let mut blocks = Blocks::new(header.block_count());
         blocks.replayed_to = header.header_len as u64;
-        let entry = OpenEntry::assemble(key, id, &header, idx, data, &data_path, direct_io, blocks)?;
+        let entry =
+            OpenEntry::assemble(key, id, &header, idx, data, &data_path, direct_io, blocks)?;
         entry.touched.store(now_secs(), Ordering::Relaxed);
         Ok(Some(entry))
     }

@@ -202,7 +202,10 @@ impl EvictionPolicy for LruPolicy {
     fn memory_bytes(&self) -> usize {
         self.nodes.capacity() * std::mem::size_of::<Node>()
             + self.free.capacity() * 4
-            + hashmap_bytes(self.index.capacity(), std::mem::size_of::<(EntryKey, u32)>())
+            + hashmap_bytes(
+                self.index.capacity(),
+                std::mem::size_of::<(EntryKey, u32)>(),
+            )
     }
 }
 

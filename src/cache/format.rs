@@ -341,7 +341,13 @@ mod tests {
     use super::*;
 
     fn id() -> ObjectIdentity {
-        ObjectIdentity::new("http://127.0.0.1:1", "bucket", "dir/file.bin", "etag-1", 5 << 20)
+        ObjectIdentity::new(
+            "http://127.0.0.1:1",
+            "bucket",
+            "dir/file.bin",
+            "etag-1",
+            5 << 20,
+        )
     }
 
     #[test]

@@ -146,7 +146,8 @@ pub fn parse_file_name(name: &str) -> FileName {
     }
     if let Some(stem) = name.strip_suffix(".data") {
         if let Some((hex, nonce)) = stem.split_once('-') {
-            if let (Some(key), Ok(nonce)) = (EntryKey::from_hex(hex), u64::from_str_radix(nonce, 16))
+            if let (Some(key), Ok(nonce)) =
+                (EntryKey::from_hex(hex), u64::from_str_radix(nonce, 16))
             {
                 return FileName::Data(key, nonce);
             }
@@ -183,7 +184,12 @@ mod tests {
         let root = Path::new("/c");
         let idx = k.index_path(root);
         let data = k.data_path(root, 0xabc);
-        let name = |p: &Path| p.file_name().and_then(|n| n.to_str()).unwrap_or("").to_string();
+        let name = |p: &Path| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("")
+                .to_string()
+        };
         assert_eq!(parse_file_name(&name(&idx)), FileName::Index(k));
         assert_eq!(parse_file_name(&name(&data)), FileName::Data(k, 0xabc));
         assert_eq!(

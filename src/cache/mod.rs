@@ -207,7 +207,9 @@ pub enum CacheError {
         found: u32,
         expected: u32,
     },
-    #[error("cache directory {dir} uses {on_disk}-byte blocks, not {configured} (clear it to change)")]
+    #[error(
+        "cache directory {dir} uses {on_disk}-byte blocks, not {configured} (clear it to change)"
+    )]
     BlockSize {
         dir: PathBuf,
         on_disk: u64,

@@ -225,9 +225,7 @@ impl Ring {
 
     async fn call(&self, op: Op) -> io::Result<Done> {
         let fd = match &op {
-            Op::Read { file, .. } | Op::Write { file, .. } | Op::Fsync { file } => {
-                file.as_raw_fd()
-            }
+            Op::Read { file, .. } | Op::Write { file, .. } | Op::Fsync { file } => file.as_raw_fd(),
         };
         let lane = &self.lanes[fd as usize % self.lanes.len()];
         let (reply, rx) = oneshot::channel();

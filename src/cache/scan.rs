@@ -2,9 +2,11 @@
 //!
 //! For every journal it reads the header and replays the records, which gives the entry's
 //! identity, present blocks and charged bytes; the journal's mtime is the entry's last use in
-//! earlier runs. Entries reach the cache in batches (one per fan-out directory, newest first),
-//! so eviction has candidates long before a walk over millions of entries ends; until then,
-//! entries not yet found are simply not charged (the free-space guard still holds).
+//! earlier runs. Entries reach the cache in batches of up to [`BATCH`] entries sorted newest
+//! first (so the LRU order is exact within a batch, and a cache of up to that many entries is
+//! ordered exactly), and eviction has candidates long before a walk over millions of entries
+//! ends; until then, entries not yet found are simply not charged (the free-space guard still
+//! holds).
 //!
 //! It also removes what crashes leave behind: data files with no journal, or whose journal
 //! names another nonce (a crash between the two unlinks of an eviction), and temporary journals
@@ -29,6 +31,8 @@ use super::identity::{parse_file_name, EntryKey, FileName, ObjectIdentity, OBJEC
 const ORPHAN_GRACE: Duration = Duration::from_secs(60);
 /// Temporary journals younger than this are left alone.
 const TEMP_GRACE: Duration = Duration::from_secs(600);
+/// Entries handed to the cache at once.
+pub const BATCH: usize = 65536;
 
 /// One entry found on disk.
 #[derive(Debug, Clone)]
@@ -69,8 +73,16 @@ pub fn run(root: &Path, cache: Weak<DiskCache>) {
         None => false,
     });
     match result {
-        Ok(s) => tracing::info!(entries = s.entries, bytes = s.bytes, orphans = s.orphans, unreadable = s.unreadable, "cache scan finished"),
-        Err(e) => tracing::warn!(error = %e, "cache scan failed; entries not found are loaded on use"),
+        Ok(s) => tracing::info!(
+            entries = s.entries,
+            bytes = s.bytes,
+            orphans = s.orphans,
+            unreadable = s.unreadable,
+            "cache scan finished"
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, "cache scan failed; entries not found are loaded on use")
+        }
     }
     if let Some(c) = cache.upgrade() {
         c.finish_scan();
@@ -109,13 +121,22 @@ pub fn walk(
     sink: &mut dyn FnMut(Vec<Found>) -> bool,
 ) -> io::Result<WalkSummary> {
     let mut sum = WalkSummary::default();
+    let mut batch = Vec::new();
+    let mut flush = |batch: &mut Vec<Found>| {
+        // Newest first: each is inserted at the cold end, so the oldest ends up coldest.
+        batch.sort_by_key(|f| std::cmp::Reverse(f.last_used));
+        sink(std::mem::take(batch))
+    };
     for l1 in subdirs(&root.join(OBJECTS_DIR))? {
         for l2 in subdirs(&l1)? {
-            let batch = walk_leaf(root, &l2, clean, &mut sum)?;
-            if !batch.is_empty() && !sink(batch) {
+            batch.extend(walk_leaf(root, &l2, clean, &mut sum)?);
+            if batch.len() >= BATCH && !flush(&mut batch) {
                 return Ok(sum);
             }
         }
+    }
+    if !batch.is_empty() {
+        flush(&mut batch);
     }
     Ok(sum)
 }
@@ -222,8 +243,6 @@ fn walk_leaf(
             }
         }
     }
-    // Newest first: each is inserted at the cold end, so the oldest ends up coldest.
-    found.sort_by(|a, b| b.last_used.cmp(&a.last_used));
     Ok(found)
 }
 

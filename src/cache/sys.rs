@@ -150,7 +150,14 @@ mod tests {
     fn range_locks_conflict_between_descriptors_only_on_overlap() {
         let dir = tempfile::tempdir().expect("tempdir");
         let p = dir.path().join("f");
-        let open = || OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&p);
+        let open = || {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&p)
+        };
         let a = open().expect("open");
         let b = open().expect("open");
         assert!(try_range_lock(&a, 0, 10, true).expect("lock"));

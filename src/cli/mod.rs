@@ -7,6 +7,7 @@
 
 pub mod args;
 mod daemon;
+mod fstab;
 mod logging;
 mod mount;
 pub mod size;
@@ -20,7 +21,21 @@ pub use args::{Cli, Command};
 
 /// Entry point of the `riffle` binary; returns the process exit code.
 pub fn main() -> i32 {
-    let cli = match Cli::try_parse() {
+    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if fstab::is_helper_form(&argv) {
+        let lossy = argv
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        match fstab::rewrite(lossy) {
+            Ok(rewritten) => argv = rewritten.into_iter().map(Into::into).collect(),
+            Err(e) => {
+                eprintln!("riffle: {e}");
+                return 2;
+            }
+        }
+    }
+    let cli = match Cli::try_parse_from(&argv) {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => {
             // --help and --version

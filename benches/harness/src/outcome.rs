@@ -94,6 +94,11 @@ impl Tally {
         self.bytes.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// Counts a read (or request) without bytes (they were counted as they came).
+    pub fn count_read(&self) {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn add_read(&self, bytes: u64) {
         self.reads.fetch_add(1, Ordering::Relaxed);
         self.bytes.fetch_add(bytes, Ordering::Relaxed);

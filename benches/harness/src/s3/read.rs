@@ -69,7 +69,10 @@ pub async fn read_store(s3: &Client, manifest: &Manifest, opts: &ReadOptions) ->
                                     e.size,
                                     e.checksum
                                 )),
-                            Ok(_) => tally.file_done(),
+                            Ok(_) => {
+                                tally.count_read();
+                                tally.file_done();
+                            }
                         }
                     }
                 })
