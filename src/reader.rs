@@ -46,14 +46,19 @@ pub struct ReadAhead {
     window: u64,
     /// Read-ahead already requested up to here.
     requested_to: u64,
+    /// The largest useful single request (a GET part).
+    step: u64,
     reads: u64,
 }
 
 impl ReadAhead {
-    pub fn new(config: ReadAheadConfig, tolerance: u64) -> Self {
+    /// `tolerance` is how far out of order a read may land and still be sequential; `step` is
+    /// the size of one GET part.
+    pub fn new(config: ReadAheadConfig, tolerance: u64, step: u64) -> Self {
         ReadAhead {
             config,
             tolerance,
+            step,
             next: 0,
             window: 0,
             requested_to: 0,
@@ -85,7 +90,10 @@ impl ReadAhead {
         }
         let start = self.requested_to.max(range.end);
         let end = (range.end + self.window).min(size);
-        if end <= start {
+        // Top the window up in steps of at least half of it (capped at `step`), so a reader
+        // at full speed causes few large GETs rather than one small GET per read.
+        let min_step = (self.window / 2).min(self.step).max(1);
+        if end <= start || (end - start < min_step && end < size) {
             return start..start;
         }
         self.requested_to = end;
@@ -106,11 +114,12 @@ pub struct FileReader {
 
 impl FileReader {
     pub fn new(object: Arc<ObjectVersion>, fetcher: Arc<Fetcher>, config: ReadAheadConfig) -> Self {
-        let tolerance = fetcher.config().block_size;
+        let fc = fetcher.config();
+        let (tolerance, step) = (fc.block_size, fc.block_size * fc.max_part_blocks);
         FileReader {
             object,
             fetcher,
-            read_ahead: Mutex::new(ReadAhead::new(config, tolerance)),
+            read_ahead: Mutex::new(ReadAhead::new(config, tolerance, step)),
         }
     }
 
@@ -149,6 +158,7 @@ mod tests {
                 max_window: 8 * MIB,
             },
             MIB,
+            8 * MIB,
         );
         let size = 1 << 30;
         assert_eq!(
@@ -171,21 +181,43 @@ mod tests {
 
     #[test]
     fn read_ahead_is_clamped_to_the_object_and_never_repeated() {
-        let mut ra = ReadAhead::new(ReadAheadConfig::default(), MIB);
+        let mut ra = ReadAhead::new(ReadAheadConfig::default(), MIB, 8 * MIB);
         assert_eq!(ra.observe(0..1000, 3000), 1000..3000);
         assert!(ra.observe(1000..2000, 3000).is_empty());
         assert!(ra.observe(2000..3000, 3000).is_empty());
     }
 
     #[test]
+    fn a_full_window_is_topped_up_in_large_steps() {
+        let mut ra = ReadAhead::new(ReadAheadConfig::default(), MIB, 8 * MIB);
+        let size = 1 << 30;
+        let mut requests = Vec::new();
+        for i in 0..200u64 {
+            let r = ra.observe(i * MIB..(i + 1) * MIB, size);
+            if !r.is_empty() {
+                requests.push(r);
+            }
+        }
+        assert_eq!(ra.window(), 64 * MIB);
+        // Once the window is full, each top-up covers at least one 8 MiB part.
+        let late: Vec<_> = requests.iter().filter(|r| r.start > 100 * MIB).collect();
+        assert!(!late.is_empty());
+        assert!(late.iter().all(|r| r.end - r.start >= 8 * MIB), "{late:?}");
+        // Everything up to the last read plus the window was requested, with no gaps.
+        for pair in requests.windows(2) {
+            assert_eq!(pair[0].end, pair[1].start);
+        }
+    }
+
+    #[test]
     fn a_first_read_not_at_zero_is_random() {
-        let mut ra = ReadAhead::new(ReadAheadConfig::default(), MIB);
+        let mut ra = ReadAhead::new(ReadAheadConfig::default(), MIB, 8 * MIB);
         assert!(ra.observe(10 * MIB..11 * MIB, 100 * MIB).is_empty());
     }
 
     #[test]
     fn slightly_reordered_reads_still_count_as_sequential() {
-        let mut ra = ReadAhead::new(ReadAheadConfig::default(), MIB);
+        let mut ra = ReadAhead::new(ReadAheadConfig::default(), MIB, 8 * MIB);
         ra.observe(0..128 << 10, 100 * MIB);
         ra.observe(256 << 10..384 << 10, 100 * MIB);
         ra.observe(128 << 10..256 << 10, 100 * MIB);

@@ -9,7 +9,7 @@
 //! an append-only **journal** (`.idx`) with a header (format version, block size, object
 //! size, the full identity, a nonce naming the data file) and one 16-byte record per block
 //! written or dropped, each with the block's CRC32C. Blocks are `block_size` bytes (1 MiB by
-//! default, the fetcher's block; the last block of an object is short). [`format`] has the
+//! default, the fetcher's block; the last block of an object is short). [`format`](mod@format) has the
 //! byte layout; `DIR/riffle-cache.format` records the format version and block size, and a
 //! directory with another version or block size is refused ([`CacheError::Format`],
 //! [`CacheError::BlockSize`]).
@@ -38,7 +38,19 @@
 //! already holds; the short last block and filesystems without `O_DIRECT` (older tmpfs) use
 //! buffered I/O on a second descriptor ([`CacheConfig::direct_io`] turns `O_DIRECT` off).
 //! Metadata work (opening, creating and linking files, replaying journals, unlinking evicted
-//! entries) runs on tokio's blocking pool; nothing blocks a tokio worker.
+//! entries) runs on tokio's blocking pool. The only system calls made on the caller's thread
+//! are ones that never wait for the disk: non-blocking lock operations (`flock`/`fcntl` with
+//! `LOCK_NB`/`F_OFD_SETLK`) and `fstat` on open descriptors, and one `statvfs` per block
+//! write (the free-space guard).
+//!
+//! Measured on the development VM's virtio disk (release build, 512 MiB in 1 MiB blocks,
+//! four runs on a loaded 2-core machine, so ranges; `cargo test --release -p rifflefs --lib
+//! cache::tests::throughput -- --ignored --nocapture`): durable cache writes (O_DIRECT +
+//! `fdatasync` + journal append) 250–740 MiB/s with one in flight and 830–1700 MiB/s with 16,
+//! against 200–900 MiB/s for plain `pwrite` + `fdatasync` per block; cache reads (with the
+//! CRC check, 38 µs per MiB) 700–890 MiB/s with one in flight and 1160–1470 MiB/s with 16,
+//! the ring alone 660–1020 MiB/s, and plain `O_DIRECT` `pread` 1000–2100 MiB/s. On this disk
+//! the device dominates and the ring costs nothing measurable; re-measure on real NVMe.
 //!
 //! # Budget and eviction
 //! [`CacheConfig::max_bytes`] is bytes or a percentage of the cache filesystem, and every
@@ -47,6 +59,14 @@
 //! [`evict`] explains the trait), skipping entries that are pinned ([`DiskCache::pin`] — an
 //! open file), being written, or in use in another process. When nothing can go, the write is
 //! refused with [`CacheError::Full`] and the caller serves the bytes it fetched anyway.
+//!
+//! # Memory
+//! Every known entry costs a slot in the table of entries and a node in the LRU policy: about
+//! 200 bytes per cached object including hash-table slack (measured with
+//! [`DiskCache::index_memory`] over 2,000 cached objects after a restart; `ops::stats_dir`
+//! reports the slack-free 122). Up to [`CacheConfig::max_open_objects`] entries also have
+//! their files open and their block table loaded (about 420 bytes for a 2-block object, plus
+//! 8 bytes per block and three descriptors); idle ones beyond that are closed.
 //!
 //! # Sharing one directory between processes
 //! - `DIR/lock`: every [`DiskCache`] holds a shared `flock` on it; `clear` needs the exclusive

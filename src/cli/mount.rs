@@ -73,11 +73,7 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
 
     let retrying = Arc::new(RetryingStore::new(raw, RetryPolicy::default()));
     let store: Arc<dyn ObjectStore> = retrying.clone();
-    let ns = Arc::new(Namespace::new(
-        store.clone(),
-        &args.source.prefix,
-        args.metadata_ttl,
-    ));
+    let ns = Namespace::new(store.clone(), &args.source.prefix, args.metadata_ttl);
     let fetch_config = FetchConfig {
         max_inflight: args.max_inflight as usize,
         inflight_memory: args.max_memory / 2,

@@ -14,12 +14,18 @@
 //! the same name (the shadowed file is logged). Zero-byte `dir/` marker objects appear as the
 //! directory they name. Keys that cannot be POSIX names are skipped (see [`names`]).
 //!
+//! A lookup that misses in a directory with no fresh listing also starts one listing of that
+//! directory in the background: readers that open files by path without listing first
+//! (a sampler with a file list) then pay one LIST per directory instead of a HEAD and a LIST
+//! per file.
+//!
 //! No lock is held across an `await`: remote calls are made first, their answers merged in
 //! under a short write lock.
 
 pub mod names;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -135,6 +141,8 @@ struct DirState {
     listing: Option<(Arc<Vec<DirEntry>>, Instant)>,
     /// Names known not to exist, and since when.
     missing: HashMap<Arc<str>, Instant>,
+    /// A background listing of this directory is under way.
+    refreshing: AtomicBool,
 }
 
 #[derive(Debug)]
@@ -162,7 +170,7 @@ enum Found {
 
 impl Namespace {
     /// `root_prefix` is "" or ends with '/'.
-    pub fn new(store: Arc<dyn ObjectStore>, root_prefix: &str, ttl: MetadataTtl) -> Self {
+    pub fn new(store: Arc<dyn ObjectStore>, root_prefix: &str, ttl: MetadataTtl) -> Arc<Self> {
         let now = SystemTime::now();
         let root = Node {
             parent: ROOT_INO,
@@ -172,14 +180,14 @@ impl Namespace {
             checked: Instant::now(),
             dir: Some(Box::default()),
         };
-        Namespace {
+        Arc::new(Namespace {
             store,
             root_prefix: root_prefix.to_string(),
             ttl,
             tree: RwLock::new(Tree { nodes: vec![root] }),
             skipped: SkipLog::default(),
             mount_time: now,
-        }
+        })
     }
 
     pub fn ttl(&self) -> MetadataTtl {
@@ -243,6 +251,16 @@ impl Namespace {
         Self::node(&tree, ino).map(|n| Self::attr_of(ino, n))
     }
 
+    /// Whether directory `ino` has a listing younger than the TTL.
+    pub fn has_fresh_listing(&self, ino: u64) -> bool {
+        let tree = self.tree.read();
+        Self::node(&tree, ino)
+            .ok()
+            .and_then(|n| n.dir.as_ref())
+            .and_then(|d| d.listing.as_ref())
+            .is_some_and(|(_, at)| self.ttl.is_fresh(*at))
+    }
+
     /// The parent directory of `ino` (the root is its own parent).
     pub fn parent_of(&self, ino: u64) -> u64 {
         let tree = self.tree.read();
@@ -255,10 +273,11 @@ impl Namespace {
     }
 
     /// Looks `name` up in directory `parent`.
-    pub async fn lookup(&self, parent: u64, name: &str) -> Result<Attr, NamespaceError> {
+    pub async fn lookup(self: &Arc<Self>, parent: u64, name: &str) -> Result<Attr, NamespaceError> {
         if invalid_reason(name).is_some() || name.contains('/') {
             return Err(NamespaceError::NotFound);
         }
+        let mut list_in_background = false;
         let prefix = {
             let tree = self.tree.read();
             let node = Self::node(&tree, parent)?;
@@ -282,8 +301,22 @@ impl Namespace {
                     return Err(NamespaceError::NotFound);
                 }
             }
+            // (With a zero TTL a listing would be stale at once: no point.)
+            if self.ttl != MetadataTtl::For(Duration::ZERO)
+                && !dir.refreshing.swap(true, Ordering::AcqRel)
+            {
+                list_in_background = true;
+            }
             self.dir_prefix(&tree, parent)
         };
+        if list_in_background {
+            let this = self.clone();
+            tokio::spawn(async move {
+                if let Err(e) = this.readdir(parent).await {
+                    tracing::debug!(error = %e, "background listing failed");
+                }
+            });
+        }
         let found = self.probe(&prefix, name).await?;
         let mut tree = self.tree.write();
         let now = Instant::now();
@@ -462,8 +495,12 @@ impl Namespace {
             self.dir_prefix(&tree, ino)
         };
         let started = Instant::now();
-        let pages = self.list_all(&prefix).await?;
-        Ok(self.apply_listing(ino, &prefix, pages, started))
+        let pages = self.list_all(&prefix).await;
+        let result = pages.map(|pages| self.apply_listing(ino, &prefix, pages, started));
+        if let Some(dir) = self.tree.read().nodes[(ino - 1) as usize].dir.as_deref() {
+            dir.refreshing.store(false, Ordering::Release);
+        }
+        result
     }
 
     async fn list_all(&self, prefix: &str) -> Result<Vec<ListPage>, NamespaceError> {

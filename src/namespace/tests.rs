@@ -1,7 +1,7 @@
 use super::*;
 use crate::store::memory::{Fault, MemoryStore, Op};
 
-fn ns_with(keys: &[&str], page: usize, ttl: MetadataTtl) -> (Arc<MemoryStore>, Namespace) {
+fn ns_with(keys: &[&str], page: usize, ttl: MetadataTtl) -> (Arc<MemoryStore>, Arc<Namespace>) {
     let store = Arc::new(MemoryStore::with_page_size(page));
     for k in keys {
         store.put(k, k.as_bytes().to_vec());
@@ -171,5 +171,31 @@ async fn store_errors_surface() {
     assert_eq!(
         ns.open_target(ROOT_INO).await,
         Err(NamespaceError::IsADirectory)
+    );
+}
+
+#[tokio::test]
+async fn a_lookup_miss_lists_the_directory_in_the_background() {
+    let keys: Vec<String> = (0..10).map(|i| format!("dir/f{i}")).collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let (store, ns) = ns_with(&refs, 1000, MetadataTtl::Indefinite);
+    let dir = ns.lookup(ROOT_INO, "dir").await.unwrap();
+    ns.lookup(dir.ino, "f0").await.unwrap();
+    // Wait (bounded) for the background listing of "dir" to land.
+    for _ in 0..5000 {
+        if ns.has_fresh_listing(dir.ino) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(ns.has_fresh_listing(dir.ino));
+    let heads = store.count(Op::Head);
+    for i in 1..10 {
+        ns.lookup(dir.ino, &format!("f{i}")).await.unwrap();
+    }
+    assert_eq!(
+        store.count(Op::Head),
+        heads,
+        "later lookups are answered by the listing"
     );
 }
