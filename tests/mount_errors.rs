@@ -8,6 +8,9 @@ use std::time::Duration;
 
 use common::*;
 
+/// Arguments, environment overrides, expected exit code, expected text in the message.
+type Case = (Vec<String>, Vec<(&'static str, &'static str)>, i32, &'static str);
+
 /// Runs `riffle mount` and returns (exit code, stderr).
 fn mount_fails(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
     let mut cmd = Command::new(RIFFLE);
@@ -56,7 +59,7 @@ fn bad_input_gets_a_clear_reason() {
         mount_fails(&refs, env)
     };
 
-    let cases: Vec<(Vec<String>, Vec<(&str, &str)>, i32, &str)> = vec![
+    let cases: Vec<Case> = vec![
         (
             vec![
                 format!("s3://missing-{bucket}"),
