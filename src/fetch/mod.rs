@@ -27,6 +27,7 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use futures::future::{FutureExt, Shared};
+use futures::StreamExt;
 use parking_lot::Mutex;
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
@@ -353,38 +354,103 @@ impl Fetcher {
                 },
             };
             this.stats.get_requests.fetch_add(1, Ordering::Relaxed);
-            let result = this
-                .store
-                .get_range(&obj.key, range.clone(), Some(&obj.etag))
-                .await
-                .map_err(FetchError::from);
-            match &result {
-                Ok(data) => {
-                    this.stats
+            this.stream_run(&obj, range, run).await;
+        });
+    }
+
+    /// Receives one GET's body and completes each block as soon as its last byte arrives.
+    /// If the body fails or ends early, the rest of the run is fetched again with a plain
+    /// (retried, length-checked) ranged GET.
+    async fn stream_run(&self, obj: &Arc<ObjectVersion>, range: Range<u64>, run: Vec<NewBlock>) {
+        let mut pending = run.into_iter().peekable();
+        let mut failure: Option<FetchError> = None;
+        match self
+            .store
+            .get_range_stream(&obj.key, range.clone(), Some(&obj.etag))
+            .await
+        {
+            Err(e) => failure = Some(e.into()),
+            Ok(mut chunks) => {
+                let mut buf = BytesMut::new();
+                while let Some(chunk) = chunks.next().await {
+                    let mut data = match chunk {
+                        Ok(d) => d,
+                        Err(e) => {
+                            tracing::debug!(key = %obj.key, error = %e, "GET body failed midway; refetching the rest");
+                            break;
+                        }
+                    };
+                    self.stats
                         .get_bytes
                         .fetch_add(data.len() as u64, Ordering::Relaxed);
-                }
-                Err(e) => {
-                    this.stats.errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(key = %obj.key, start = range.start, end = range.end, error = %e, "read from the store failed");
+                    while !data.is_empty() {
+                        let Some(block) = pending.peek() else { break };
+                        let want = (self.block_range(obj, block.index).end
+                            - self.block_range(obj, block.index).start)
+                            as usize;
+                        if buf.is_empty() {
+                            // One exact allocation per block: a cached block pins only itself.
+                            buf = BytesMut::with_capacity(want);
+                        }
+                        let take = (want - buf.len()).min(data.len());
+                        buf.extend_from_slice(&data.split_to(take));
+                        if buf.len() == want {
+                            if let Some(block) = pending.next() {
+                                self.complete(obj, block, Ok(std::mem::take(&mut buf).freeze()));
+                            }
+                        }
+                    }
+                    if pending.peek().is_none() {
+                        break;
+                    }
                 }
             }
-            let bs = this.config.block_size;
-            for block in run {
-                let out = result.clone().map(|data| {
-                    // Copy: a cached block must not pin the whole part's buffer.
-                    let lo = (block.index * bs - range.start) as usize;
-                    let hi = (lo + bs as usize).min(data.len());
-                    Bytes::copy_from_slice(&data[lo..hi])
-                });
-                let key = (obj.clone(), block.index);
-                if let Ok(data) = &out {
-                    this.cache.insert(key.clone(), data.clone());
-                }
-                this.inflight.lock().remove(&key);
-                let _ = block.done.send(out);
+        }
+        let rest: Vec<NewBlock> = pending.collect();
+        let (Some(first), Some(last)) = (rest.first(), rest.last()) else {
+            return;
+        };
+        let retry_range =
+            self.block_range(obj, first.index).start..self.block_range(obj, last.index).end;
+        let result = match failure {
+            Some(e) => Err(e),
+            None => self
+                .store
+                .get_range(&obj.key, retry_range.clone(), Some(&obj.etag))
+                .await
+                .map_err(FetchError::from),
+        };
+        match &result {
+            Ok(data) => {
+                self.stats
+                    .get_bytes
+                    .fetch_add(data.len() as u64, Ordering::Relaxed);
             }
-        });
+            Err(e) => {
+                self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(key = %obj.key, start = retry_range.start, end = retry_range.end, error = %e, "read from the store failed");
+            }
+        }
+        let bs = self.config.block_size;
+        for block in rest {
+            let out = result.clone().map(|data| {
+                // Copy: a cached block must not pin the whole part's buffer.
+                let lo = (block.index * bs - retry_range.start) as usize;
+                let hi = (lo + bs as usize).min(data.len());
+                Bytes::copy_from_slice(&data[lo..hi])
+            });
+            self.complete(obj, block, out);
+        }
+    }
+
+    /// Publishes one block: into the cache, out of the in-flight table, to its waiters.
+    fn complete(&self, obj: &Arc<ObjectVersion>, block: NewBlock, out: BlockResult) {
+        let key = (obj.clone(), block.index);
+        if let Ok(data) = &out {
+            self.cache.insert(key.clone(), data.clone());
+        }
+        self.inflight.lock().remove(&key);
+        let _ = block.done.send(out);
     }
 
     async fn wait_budget(&self, bytes: u64) -> Option<Budget> {

@@ -215,3 +215,14 @@ proptest! {
         })?;
     }
 }
+
+#[tokio::test]
+async fn a_body_cut_short_is_completed_by_a_second_get() {
+    let body = data(8 * BS as usize, 8);
+    let (store, f, v) = setup(small(), &[("k", body.clone())]);
+    store.inject(Op::Get, Fault::Truncate(1500));
+    let got = f.read(&v[0], 0..4 * BS).await.unwrap();
+    assert_eq!(&got[..], &body[..4 * BS as usize]);
+    // The streamed GET delivered block 0 and part of block 1; one more GET fetched 1..4.
+    assert_eq!(store.count(Op::Get), 2);
+}

@@ -76,6 +76,9 @@ impl StoreError {
     }
 }
 
+/// The body of a ranged GET, in chunks as they arrive.
+pub type ByteChunks = futures::stream::BoxStream<'static, Result<Bytes, StoreError>>;
+
 /// A read-only view of one bucket.
 #[async_trait]
 pub trait ObjectStore: Send + Sync + 'static {
@@ -99,6 +102,19 @@ pub trait ObjectStore: Send + Sync + 'static {
         range: Range<u64>,
         etag: Option<&str>,
     ) -> Result<Bytes, StoreError>;
+
+    /// Like [`ObjectStore::get_range`], but hands out the body as it arrives, so the first
+    /// blocks of a large part can be served before its last byte is in. The stream may end
+    /// early or fail midway; the caller checks the length it got.
+    async fn get_range_stream(
+        &self,
+        key: &str,
+        range: Range<u64>,
+        etag: Option<&str>,
+    ) -> Result<ByteChunks, StoreError> {
+        let data = self.get_range(key, range, etag).await?;
+        Ok(Box::pin(futures::stream::once(async move { Ok(data) })))
+    }
 }
 
 /// Strips the quotes S3 puts around ETags.

@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use rand::Rng;
 
-use super::{ListPage, ObjectMeta, ObjectStore, StoreError};
+use super::{ByteChunks, ListPage, ObjectMeta, ObjectStore, StoreError};
 
 /// How often and how patiently to retry.
 #[derive(Debug, Clone, Copy)]
@@ -128,6 +128,19 @@ impl ObjectStore for RetryingStore {
                 )));
             }
             Ok(data)
+        })
+        .await
+    }
+
+    /// Retries until the response starts; a failure midway is the caller's to handle.
+    async fn get_range_stream(
+        &self,
+        key: &str,
+        range: Range<u64>,
+        etag: Option<&str>,
+    ) -> Result<ByteChunks, StoreError> {
+        self.run("GET", || {
+            self.inner.get_range_stream(key, range.clone(), etag)
         })
         .await
     }

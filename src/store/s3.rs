@@ -24,7 +24,7 @@ use aws_smithy_types::retry::RetryConfig;
 use aws_smithy_types::timeout::TimeoutConfig;
 use bytes::Bytes;
 
-use super::{normalize_etag, ListPage, ObjectMeta, ObjectStore, StoreError};
+use super::{normalize_etag, ByteChunks, ListPage, ObjectMeta, ObjectStore, StoreError};
 
 /// How to reach one bucket.
 #[derive(Debug, Clone, Default)]
@@ -246,6 +246,42 @@ impl ObjectStore for S3Store {
         if range.start >= range.end {
             return Ok(Bytes::new());
         }
+        let out = self.send_get(key, &range, etag).await?;
+        let body = out
+            .body
+            .collect()
+            .await
+            .map_err(|e| StoreError::Transient(format!("body: {}", describe_chain(&e))))?;
+        Ok(body.into_bytes())
+    }
+
+    async fn get_range_stream(
+        &self,
+        key: &str,
+        range: Range<u64>,
+        etag: Option<&str>,
+    ) -> Result<ByteChunks, StoreError> {
+        if range.start >= range.end {
+            return Ok(Box::pin(futures::stream::empty()));
+        }
+        let out = self.send_get(key, &range, etag).await?;
+        let chunks = futures::stream::unfold(out.body, |mut body| async move {
+            let next = body.next().await?;
+            let item =
+                next.map_err(|e| StoreError::Transient(format!("body: {}", describe_chain(&e))));
+            Some((item, body))
+        });
+        Ok(Box::pin(chunks))
+    }
+}
+
+impl S3Store {
+    async fn send_get(
+        &self,
+        key: &str,
+        range: &Range<u64>,
+        etag: Option<&str>,
+    ) -> Result<aws_sdk_s3::operation::get_object::GetObjectOutput, StoreError> {
         let mut req = self
             .client
             .get_object()
@@ -255,12 +291,6 @@ impl ObjectStore for S3Store {
         if let Some(etag) = etag {
             req = req.if_match(format!("\"{etag}\""));
         }
-        let out = req.send().await.map_err(|e| self.classify(e))?;
-        let body = out
-            .body
-            .collect()
-            .await
-            .map_err(|e| StoreError::Transient(format!("body: {}", describe_chain(&e))))?;
-        Ok(body.into_bytes())
+        req.send().await.map_err(|e| self.classify(e))
     }
 }
