@@ -80,7 +80,7 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
         block_cache_bytes: args.max_memory / 2,
         ..FetchConfig::default()
     };
-    let fetcher = Fetcher::new(store, fetch_config, runtime.handle().clone());
+    let fetcher = Fetcher::new(store, fetch_config, runtime.handle().clone(), None);
     let metrics = Arc::new(MountMetrics {
         source: args.source.to_string(),
         started: std::time::Instant::now(),

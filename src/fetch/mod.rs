@@ -19,6 +19,7 @@
 //! place blocks land.
 
 mod blocks;
+mod disk;
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -33,6 +34,7 @@ use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
 use crate::store::{ObjectStore, StoreError};
 pub use blocks::BlockCache;
+pub use disk::DiskTier;
 
 /// One version of one object: what blocks belong to.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -100,6 +102,8 @@ pub struct FetchStats {
     pub prefetch_requests: AtomicU64,
     pub prefetch_skipped: AtomicU64,
     pub errors: AtomicU64,
+    /// Blocks served from the NVMe cache.
+    pub disk_hits: AtomicU64,
 }
 
 type BlockResult = Result<Bytes, FetchError>;
@@ -118,6 +122,7 @@ pub struct Fetcher {
     memory: Arc<Semaphore>,
     stats: FetchStats,
     runtime: tokio::runtime::Handle,
+    disk: Option<Arc<DiskTier>>,
 }
 
 /// A block to be fetched by a new GET, and the channel its waiters listen on.
@@ -132,10 +137,12 @@ enum Slot {
 }
 
 impl Fetcher {
+    /// `disk` is the NVMe cache tier, if the mount has one.
     pub fn new(
         store: Arc<dyn ObjectStore>,
         mut config: FetchConfig,
         runtime: tokio::runtime::Handle,
+        disk: Option<Arc<DiskTier>>,
     ) -> Arc<Self> {
         config.max_part_blocks = config.max_part_blocks.max(1);
         config.max_inflight = config.max_inflight.max(1);
@@ -151,6 +158,7 @@ impl Fetcher {
             stats: FetchStats::default(),
             runtime,
             config,
+            disk,
         })
     }
 
@@ -175,6 +183,10 @@ impl Fetcher {
 
     pub fn block_cache(&self) -> &BlockCache {
         &self.cache
+    }
+
+    pub fn disk(&self) -> Option<&Arc<DiskTier>> {
+        self.disk.as_ref()
     }
 
     /// Number of blocks of `obj`.
@@ -346,6 +358,10 @@ impl Fetcher {
             self.block_range(&obj, first.index).start..self.block_range(&obj, last.index).end;
         let this = self.clone();
         self.runtime.spawn(async move {
+            let run = this.serve_from_disk(&obj, run).await;
+            if run.is_empty() {
+                return;
+            }
             let _budget = match budget {
                 Some(b) => b,
                 None => match this.wait_budget(range.end - range.start).await {
@@ -353,8 +369,62 @@ impl Fetcher {
                     None => return,
                 },
             };
-            this.stats.get_requests.fetch_add(1, Ordering::Relaxed);
-            this.stream_run(&obj, range, run).await;
+            for part in split_contiguous(run) {
+                let (Some(first), Some(last)) = (part.first(), part.last()) else {
+                    continue;
+                };
+                let range = this.block_range(&obj, first.index).start
+                    ..this.block_range(&obj, last.index).end;
+                this.stats.get_requests.fetch_add(1, Ordering::Relaxed);
+                this.stream_run(&obj, range, part).await;
+            }
+        });
+    }
+
+    /// Completes the blocks of `run` that the NVMe cache holds; returns the others.
+    async fn serve_from_disk(&self, obj: &Arc<ObjectVersion>, run: Vec<NewBlock>) -> Vec<NewBlock> {
+        let Some(disk) = &self.disk else {
+            return run;
+        };
+        let id = disk.identity(obj);
+        // Loads the entry (made by this or an earlier daemon); `None`: nothing cached.
+        if !matches!(disk.cache.status(&id).await, Ok(Some(_))) {
+            return run;
+        }
+        let (present, mut missing): (Vec<NewBlock>, Vec<NewBlock>) = run
+            .into_iter()
+            .partition(|b| disk.cache.has_block(&id, b.index));
+        let reads = present.iter().map(|b| disk.cache.read_block(&id, b.index));
+        let results = futures::future::join_all(reads).await;
+        for (block, result) in present.into_iter().zip(results) {
+            match result {
+                Ok(Some(data)) => {
+                    self.stats.disk_hits.fetch_add(1, Ordering::Relaxed);
+                    self.complete(obj, block, Ok(data));
+                }
+                _ => missing.push(block),
+            }
+        }
+        missing.sort_by_key(|b| b.index);
+        missing
+    }
+
+    /// Hands a fetched block to the NVMe cache; waits while `WRITE_PERMITS` writes are in
+    /// flight, which slows the GET down rather than buffering without bound.
+    async fn persist(&self, obj: &Arc<ObjectVersion>, index: u64, data: Bytes) {
+        let Some(disk) = &self.disk else {
+            return;
+        };
+        let Ok(permit) = disk.write_permits.clone().acquire_owned().await else {
+            return;
+        };
+        let disk = disk.clone();
+        let id = disk.identity(obj);
+        tokio::spawn(async move {
+            let _permit = permit;
+            if disk.cache.write_block(&id, index, data).await.is_ok() {
+                disk.wrote(&id);
+            }
         });
     }
 
@@ -396,7 +466,10 @@ impl Fetcher {
                         buf.extend_from_slice(&data.split_to(take));
                         if buf.len() == want {
                             if let Some(block) = pending.next() {
-                                self.complete(obj, block, Ok(std::mem::take(&mut buf).freeze()));
+                                let index = block.index;
+                                let data = std::mem::take(&mut buf).freeze();
+                                self.complete(obj, block, Ok(data.clone()));
+                                self.persist(obj, index, data).await;
                             }
                         }
                     }
@@ -439,7 +512,11 @@ impl Fetcher {
                 let hi = (lo + bs as usize).min(data.len());
                 Bytes::copy_from_slice(&data[lo..hi])
             });
-            self.complete(obj, block, out);
+            let index = block.index;
+            self.complete(obj, block, out.clone());
+            if let Ok(data) = out {
+                self.persist(obj, index, data).await;
+            }
         }
     }
 
@@ -466,6 +543,18 @@ impl Fetcher {
             _memory: memory,
         })
     }
+}
+
+/// Splits blocks sorted by index into runs of consecutive indexes.
+fn split_contiguous(blocks: Vec<NewBlock>) -> Vec<Vec<NewBlock>> {
+    let mut runs: Vec<Vec<NewBlock>> = Vec::new();
+    for block in blocks {
+        match runs.last_mut() {
+            Some(run) if run.last().is_some_and(|b| b.index + 1 == block.index) => run.push(block),
+            _ => runs.push(vec![block]),
+        }
+    }
+    runs
 }
 
 /// Permits held for the life of one GET.

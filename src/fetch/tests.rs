@@ -29,7 +29,12 @@ fn setup(
             })
         })
         .collect();
-    let fetcher = Fetcher::new(store.clone(), config, tokio::runtime::Handle::current());
+    let fetcher = Fetcher::new(
+        store.clone(),
+        config,
+        tokio::runtime::Handle::current(),
+        None,
+    );
     (store, fetcher, versions)
 }
 
@@ -225,4 +230,123 @@ async fn a_body_cut_short_is_completed_by_a_second_get() {
     assert_eq!(&got[..], &body[..4 * BS as usize]);
     // The streamed GET delivered block 0 and part of block 1; one more GET fetched 1..4.
     assert_eq!(store.count(Op::Get), 2);
+}
+
+mod with_disk {
+    use super::*;
+    use crate::cache::{CacheConfig, DiskCache, SizeLimit};
+
+    const DBS: u64 = 4096;
+
+    fn disk_fetcher(store: &Arc<MemoryStore>, dir: &std::path::Path) -> Arc<Fetcher> {
+        let mut cc = CacheConfig::new(dir, SizeLimit::Bytes(64 << 20));
+        cc.block_size = DBS;
+        cc.min_free_fraction = 0.0;
+        let cache = DiskCache::open(cc).unwrap();
+        let tier = Arc::new(DiskTier::new(cache, "http://test", "bucket"));
+        let config = FetchConfig {
+            block_size: DBS,
+            block_cache_bytes: 0,
+            ..small()
+        };
+        Fetcher::new(
+            store.clone(),
+            config,
+            tokio::runtime::Handle::current(),
+            Some(tier),
+        )
+    }
+
+    async fn wait_complete(f: &Fetcher, obj: &ObjectVersion) {
+        let tier = f.disk().unwrap();
+        let id = tier.identity(obj);
+        for _ in 0..5000 {
+            if tier.cache().is_complete(&id) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        panic!("the cache never completed");
+    }
+
+    fn version(store: &MemoryStore, key: &str, body: &[u8]) -> Arc<ObjectVersion> {
+        let etag = store.put(key, body.to_vec());
+        Arc::new(ObjectVersion {
+            key: Arc::from(key),
+            etag: Arc::from(etag.as_str()),
+            size: body.len() as u64,
+        })
+    }
+
+    #[tokio::test]
+    async fn a_restarted_fetcher_reads_cached_blocks_without_gets() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(MemoryStore::new());
+        let body = data(10 * DBS as usize + 100, 11);
+        let obj = version(&store, "k", &body);
+        {
+            let f = disk_fetcher(&store, dir.path());
+            assert_eq!(
+                &f.read(&obj, 0..body.len() as u64).await.unwrap()[..],
+                &body[..]
+            );
+            wait_complete(&f, &obj).await;
+        }
+        let gets = store.count(Op::Get);
+        let f = disk_fetcher(&store, dir.path());
+        assert_eq!(
+            &f.read(&obj, 0..body.len() as u64).await.unwrap()[..],
+            &body[..]
+        );
+        assert_eq!(store.count(Op::Get), gets, "served from the NVMe cache");
+        assert_eq!(f.stats().disk_hits.load(Ordering::Relaxed), 11);
+    }
+
+    #[tokio::test]
+    async fn a_corrupted_cache_block_is_fetched_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(MemoryStore::new());
+        let body = data(4 * DBS as usize, 12);
+        let obj = version(&store, "k", &body);
+        {
+            let f = disk_fetcher(&store, dir.path());
+            f.read(&obj, 0..body.len() as u64).await.unwrap();
+            wait_complete(&f, &obj).await;
+        }
+        // Flip bytes in the middle of block 2 of the data file.
+        let data_file = walk_files(dir.path())
+            .into_iter()
+            .find(|p| p.extension().is_some_and(|e| e == "data"))
+            .unwrap();
+        let mut raw = std::fs::read(&data_file).unwrap();
+        raw[2 * DBS as usize + 10] ^= 0xff;
+        std::fs::write(&data_file, raw).unwrap();
+        let gets = store.count(Op::Get);
+        let f = disk_fetcher(&store, dir.path());
+        assert_eq!(
+            &f.read(&obj, 0..body.len() as u64).await.unwrap()[..],
+            &body[..]
+        );
+        assert_eq!(
+            store.count(Op::Get),
+            gets + 1,
+            "only the bad block is fetched"
+        );
+    }
+
+    fn walk_files(root: &std::path::Path) -> Vec<std::path::PathBuf> {
+        let mut out = Vec::new();
+        let mut stack = vec![root.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else {
+                    out.push(p);
+                }
+            }
+        }
+        out
+    }
 }

@@ -1,0 +1,115 @@
+//! The fetcher's NVMe tier: reading blocks from the disk cache before asking the store,
+//! writing fetched blocks into it, pinning open objects, and handing complete, verified
+//! cache files to FUSE passthrough.
+//!
+//! Every block a GET brings is written to the cache after its waiters were woken; writes are
+//! limited to `WRITE_PERMITS` in flight, and a GET that outruns the disk waits for a permit,
+//! which slows it down through TCP flow control instead of buffering without bound. Blocks that
+//! miss memory are looked up here before any GET (the entry is loaded from disk on first use,
+//! so a restarted daemon finds what an earlier one cached).
+//!
+//! Passthrough bypasses the daemon, and with it the per-block CRC check, so a cache file is
+//! handed to the kernel only once this daemon knows all its blocks are good: either it wrote
+//! every block itself from bytes it just fetched, or it has read the whole file back and every
+//! block's CRC matched (done in the background at the first open after a restart; that open
+//! and any before the check finishes are served by the daemon). Corruption that appears after
+//! that point is only caught on the daemon path (`--no-passthrough`).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tokio::sync::Semaphore;
+
+use super::ObjectVersion;
+use crate::cache::{DiskCache, EntryKey, ObjectIdentity, PinGuard};
+
+/// Cache writes in flight at most (1 MiB blocks: this many MiB buffered).
+const WRITE_PERMITS: usize = 64;
+
+/// See the module documentation.
+pub struct DiskTier {
+    pub(super) cache: Arc<DiskCache>,
+    endpoint: Arc<str>,
+    bucket: Arc<str>,
+    verified: Mutex<HashSet<EntryKey>>,
+    verifying: Mutex<HashSet<EntryKey>>,
+    pub(super) write_permits: Arc<Semaphore>,
+}
+
+impl DiskTier {
+    /// `endpoint` and `bucket` complete the identity of every object this mount reads.
+    pub fn new(cache: Arc<DiskCache>, endpoint: &str, bucket: &str) -> Self {
+        DiskTier {
+            cache,
+            endpoint: Arc::from(endpoint),
+            bucket: Arc::from(bucket),
+            verified: Mutex::new(HashSet::new()),
+            verifying: Mutex::new(HashSet::new()),
+            write_permits: Arc::new(Semaphore::new(WRITE_PERMITS)),
+        }
+    }
+
+    pub fn cache(&self) -> &Arc<DiskCache> {
+        &self.cache
+    }
+
+    /// The cache identity of an object version this mount listed or HEADed itself.
+    pub fn identity(&self, obj: &ObjectVersion) -> ObjectIdentity {
+        ObjectIdentity::new(
+            self.endpoint.clone(),
+            self.bucket.clone(),
+            obj.key.clone(),
+            obj.etag.clone(),
+            obj.size,
+        )
+    }
+
+    pub fn pin(&self, obj: &ObjectVersion) -> PinGuard {
+        self.cache.pin(&self.identity(obj))
+    }
+
+    /// Notes that this daemon wrote the last missing block of `id`.
+    pub(super) fn wrote(&self, id: &ObjectIdentity) {
+        if self.cache.is_complete(id) {
+            self.verified.lock().insert(id.entry_key());
+        }
+    }
+
+    /// The cache file of `obj` for passthrough, if it is complete and known good; otherwise
+    /// `None`, after starting a background check of a complete file not yet verified.
+    pub async fn passthrough_file(self: &Arc<Self>, obj: &ObjectVersion) -> Option<std::fs::File> {
+        let id = self.identity(obj);
+        let key = id.entry_key();
+        if self.verified.lock().contains(&key) {
+            return self.cache.open_complete(&id).await.ok().flatten();
+        }
+        let complete = match self.cache.status(&id).await {
+            Ok(Some(status)) => status.complete,
+            _ => false,
+        };
+        if complete && self.verifying.lock().insert(key) {
+            let this = self.clone();
+            tokio::spawn(async move {
+                let good = this.verify(&id).await;
+                this.verifying.lock().remove(&key);
+                if good {
+                    this.verified.lock().insert(key);
+                }
+            });
+        }
+        None
+    }
+
+    /// Reads every block back (each read checks its CRC32C and drops a bad block).
+    async fn verify(&self, id: &ObjectIdentity) -> bool {
+        let blocks = self.cache.block_count(id.size);
+        for index in 0..blocks {
+            match self.cache.read_block(id, index).await {
+                Ok(Some(_)) => {}
+                _ => return false,
+            }
+        }
+        true
+    }
+}
