@@ -14,14 +14,14 @@
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
-    Request, TimeOrNow, WriteFlags,
+    BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 
@@ -43,6 +43,17 @@ pub struct FsConfig {
     pub read_ahead: ReadAheadConfig,
     /// Largest read the kernel sends and its own read-ahead, in bytes.
     pub kernel_read_ahead: u32,
+    /// Hand fully cached files to the kernel (FUSE passthrough) when it allows it.
+    pub passthrough: bool,
+}
+
+/// Counters and modes of the FUSE layer, shared with `riffle stats`.
+#[derive(Debug, Default)]
+pub struct FsStatus {
+    pub opens: AtomicU64,
+    pub passthrough_opens: AtomicU64,
+    /// Why passthrough is not in use, or "enabled".
+    pub passthrough_mode: Mutex<String>,
 }
 
 /// See the module documentation.
@@ -53,6 +64,8 @@ pub struct RiffleFs {
     config: FsConfig,
     handles: Arc<Handles>,
     next_fh: AtomicU64,
+    status: Arc<FsStatus>,
+    passthrough: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Open file and directory handles, shared with the tasks that answer open/opendir.
@@ -62,9 +75,33 @@ struct Handles {
     dirs: Mutex<HashMap<u64, Arc<Vec<DirEntry>>>>,
     /// The ETag whose pages the kernel may hold, per inode.
     page_cache_etag: Mutex<HashMap<u64, Arc<str>>>,
+    /// Passthrough: the backing file of each open handle, and per inode the one in use (the
+    /// kernel wants one backing file per inode, and no mixing with cached opens).
+    backing_by_fh: Mutex<HashMap<u64, (u64, Arc<BackingId>)>>,
+    backing_by_ino: Mutex<HashMap<u64, Weak<BackingId>>>,
+    /// Open handles per inode served by the daemon (not passthrough).
+    cached_opens: Mutex<HashMap<u64, u32>>,
 }
 
 impl Handles {
+    fn release(&self, fh: u64, ino: u64) {
+        self.files.lock().remove(&fh);
+        if self.backing_by_fh.lock().remove(&fh).is_none() {
+            let mut opens = self.cached_opens.lock();
+            if let Some(n) = opens.get_mut(&ino) {
+                *n -= 1;
+                if *n == 0 {
+                    opens.remove(&ino);
+                }
+            }
+        }
+    }
+
+    /// The backing file already in use for `ino`, if any.
+    fn live_backing(&self, ino: u64) -> Option<Arc<BackingId>> {
+        self.backing_by_ino.lock().get(&ino).and_then(Weak::upgrade)
+    }
+
     /// Records that `ino` is opened at version `etag`; true if the kernel's cached pages (if
     /// any) belong to that same version and may be kept.
     fn remember_etag(&self, ino: u64, etag: &Arc<str>) -> bool {
@@ -99,8 +136,11 @@ impl RiffleFs {
         fetcher: Arc<Fetcher>,
         runtime: tokio::runtime::Handle,
         config: FsConfig,
+        status: Arc<FsStatus>,
     ) -> Self {
         RiffleFs {
+            status,
+            passthrough: Arc::default(),
             ns,
             fetcher,
             runtime,
@@ -167,6 +207,23 @@ impl Filesystem for RiffleFs {
                 tracing::debug!(?flag, "kernel does not offer this FUSE capability");
             }
         }
+        let mode = if !self.config.passthrough {
+            "off (--no-passthrough)".to_string()
+        } else if self.fetcher.disk().is_none() {
+            "off (no --cache-dir)".to_string()
+        } else if config
+            .add_capabilities(InitFlags::FUSE_PASSTHROUGH)
+            .is_err()
+        {
+            "unsupported by this kernel (needs Linux 6.9+)".to_string()
+        } else if let Err(e) = config.set_max_stack_depth(2) {
+            format!("unsupported (stack depth {e})")
+        } else {
+            self.passthrough.store(true, Ordering::Relaxed);
+            "enabled".to_string()
+        };
+        tracing::info!(passthrough = %mode, "FUSE passthrough");
+        *self.status.passthrough_mode.lock() = mode;
         let _ = config.set_max_readahead(self.config.kernel_read_ahead);
         let _ = config.set_max_background(64);
         let _ = config.set_congestion_threshold(48);
@@ -212,21 +269,37 @@ impl Filesystem for RiffleFs {
         let fetcher = self.fetcher.clone();
         let read_ahead = self.config.read_ahead;
         let handles = self.handles.clone();
+        let status = self.status.clone();
+        let passthrough = self.passthrough.clone();
         self.runtime.spawn(async move {
             let target = match ns.open_target(ino.0).await {
                 Ok(t) => t,
                 Err(e) => return reply.error(ns_errno(&e)),
             };
+            status.opens.fetch_add(1, Ordering::Relaxed);
             let object = Arc::new(ObjectVersion {
                 key: Arc::from(target.key.as_str()),
                 etag: target.etag.clone(),
                 size: target.size,
             });
+            let pin = fetcher.disk().map(|d| d.pin(&object));
+            let reader = FileReader::new(object.clone(), fetcher.clone(), read_ahead, pin);
+            handles.files.lock().insert(fh, Arc::new(reader));
+            if passthrough.load(Ordering::Relaxed) {
+                if let Some(backing) =
+                    passthrough_backing(&handles, &fetcher, &passthrough, ino.0, &object, &reply)
+                        .await
+                {
+                    handles
+                        .backing_by_fh
+                        .lock()
+                        .insert(fh, (ino.0, backing.clone()));
+                    status.passthrough_opens.fetch_add(1, Ordering::Relaxed);
+                    return reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &backing);
+                }
+            }
+            *handles.cached_opens.lock().entry(ino.0).or_default() += 1;
             let keep_cache = handles.remember_etag(ino.0, &target.etag);
-            handles
-                .files
-                .lock()
-                .insert(fh, Arc::new(FileReader::new(object, fetcher, read_ahead)));
             let flags = if keep_cache {
                 FopenFlags::FOPEN_KEEP_CACHE
             } else {
@@ -273,14 +346,14 @@ impl Filesystem for RiffleFs {
     fn release(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.handles.files.lock().remove(&fh.0);
+        self.handles.release(fh.0, ino.0);
         reply.ok();
     }
 
@@ -571,6 +644,43 @@ impl Filesystem for RiffleFs {
         reply: ReplyEmpty,
     ) {
         reply.error(Errno::EROFS);
+    }
+}
+
+/// A backing file for passthrough of `ino`: the one already in use for the inode, or the
+/// object's complete and verified cache file. `None` (served by the daemon) when the file is
+/// not cached and verified yet, or when daemon-served handles of the inode are open (the kernel
+/// does not mix the two on one inode).
+async fn passthrough_backing(
+    handles: &Handles,
+    fetcher: &Fetcher,
+    enabled: &std::sync::atomic::AtomicBool,
+    ino: u64,
+    object: &ObjectVersion,
+    reply: &ReplyOpen,
+) -> Option<Arc<BackingId>> {
+    if let Some(live) = handles.live_backing(ino) {
+        return Some(live);
+    }
+    if handles.cached_opens.lock().contains_key(&ino) {
+        return None;
+    }
+    let file = fetcher.disk()?.passthrough_file(object).await?;
+    match reply.open_backing(&file) {
+        Ok(id) => {
+            let id = Arc::new(id);
+            handles
+                .backing_by_ino
+                .lock()
+                .insert(ino, Arc::downgrade(&id));
+            Some(id)
+        }
+        Err(e) => {
+            if enabled.swap(false, Ordering::Relaxed) {
+                tracing::warn!(error = %e, "FUSE passthrough refused by the kernel (needs CAP_SYS_ADMIN); serving reads through the daemon");
+            }
+            None
+        }
     }
 }
 

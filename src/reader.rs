@@ -18,6 +18,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use parking_lot::Mutex;
 
+use crate::cache::PinGuard;
 use crate::fetch::{FetchError, Fetcher, ObjectVersion};
 
 /// Read-ahead tuning.
@@ -110,16 +111,24 @@ pub struct FileReader {
     object: Arc<ObjectVersion>,
     fetcher: Arc<Fetcher>,
     read_ahead: Mutex<ReadAhead>,
+    /// Keeps the object's NVMe cache entry from eviction while the file is open.
+    _pin: Option<PinGuard>,
 }
 
 impl FileReader {
-    pub fn new(object: Arc<ObjectVersion>, fetcher: Arc<Fetcher>, config: ReadAheadConfig) -> Self {
+    pub fn new(
+        object: Arc<ObjectVersion>,
+        fetcher: Arc<Fetcher>,
+        config: ReadAheadConfig,
+        pin: Option<PinGuard>,
+    ) -> Self {
         let fc = fetcher.config();
         let (tolerance, step) = (fc.block_size, fc.block_size * fc.max_part_blocks);
         FileReader {
             object,
             fetcher,
             read_ahead: Mutex::new(ReadAhead::new(config, tolerance, step)),
+            _pin: pin,
         }
     }
 

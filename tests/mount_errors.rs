@@ -9,7 +9,12 @@ use std::time::Duration;
 use common::*;
 
 /// Arguments, environment overrides, expected exit code, expected text in the message.
-type Case = (Vec<String>, Vec<(&'static str, &'static str)>, i32, &'static str);
+type Case = (
+    Vec<String>,
+    Vec<(&'static str, &'static str)>,
+    i32,
+    &'static str,
+);
 
 /// Runs `riffle mount` and returns (exit code, stderr).
 fn mount_fails(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {

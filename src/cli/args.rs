@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use super::size::parse_bytes;
+use super::size::{parse_bytes, parse_size, SizeSpec};
 use super::source::Source;
 use crate::namespace::MetadataTtl;
 
@@ -27,6 +27,26 @@ pub enum Command {
     Unmount(UnmountArgs),
     /// Show a mount's counters: requests, bytes, hits, misses, read-ahead, in-flight work
     Stats(StatsArgs),
+    /// Inspect or clear a cache directory
+    #[command(subcommand)]
+    Cache(CacheCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CacheCommand {
+    /// Objects, blocks and bytes in a cache directory (safe while mounts use it)
+    Stats {
+        #[arg(long, value_name = "DIR")]
+        cache_dir: PathBuf,
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete everything in a cache directory (refused while a mount uses it)
+    Clear {
+        #[arg(long, value_name = "DIR")]
+        cache_dir: PathBuf,
+    },
 }
 
 #[derive(Debug, Clone, Args)]
@@ -99,6 +119,20 @@ pub struct MountArgs {
     /// Memory for data buffers at most (in-flight GETs and the in-memory block cache), e.g. 512M, 2G
     #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_memory)]
     pub max_memory: u64,
+
+    /// Keep every byte read in a persistent block cache in this directory (on NVMe), shared
+    /// with other mounts and kept across restarts
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+
+    /// Most bytes the cache may hold: a size (500G) or a share of its filesystem (90%);
+    /// 5% of the filesystem is always left free
+    #[arg(long, value_name = "SIZE|N%", default_value = "90%", value_parser = parse_size, requires = "cache_dir")]
+    pub cache_size: SizeSpec,
+
+    /// Never hand cached files to the kernel (FUSE passthrough); every read goes through the daemon
+    #[arg(long)]
+    pub no_passthrough: bool,
 
     /// Stay attached to the terminal instead of running as a background daemon
     #[arg(long)]

@@ -60,6 +60,7 @@ pub fn main() -> i32 {
         Command::Mount(args) => mount::run(*args),
         Command::Unmount(args) => unmount::run(&args),
         Command::Stats(args) => stats::run(&args),
+        Command::Cache(cmd) => stats::cache(&cmd),
     };
     match result {
         Ok(()) => 0,

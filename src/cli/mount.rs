@@ -14,10 +14,12 @@ use fuser::{MountOption, SessionACL};
 
 use super::args::MountArgs;
 use super::daemon::{self, Readiness};
+use super::size::SizeSpec;
 use super::{logging, one_line};
+use crate::cache::{CacheConfig, DiskCache, SizeLimit};
 use crate::control;
-use crate::fetch::{FetchConfig, Fetcher};
-use crate::fs::{FsConfig, RiffleFs};
+use crate::fetch::{DiskTier, FetchConfig, Fetcher};
+use crate::fs::{FsConfig, FsStatus, RiffleFs};
 use crate::metrics::MountMetrics;
 use crate::namespace::Namespace;
 use crate::reader::ReadAheadConfig;
@@ -80,13 +82,34 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
         block_cache_bytes: args.max_memory / 2,
         ..FetchConfig::default()
     };
-    let fetcher = Fetcher::new(store, fetch_config, runtime.handle().clone(), None);
+    let disk = match &args.cache_dir {
+        None => None,
+        Some(dir) => {
+            let limit = match args.cache_size {
+                SizeSpec::Bytes(b) => SizeLimit::Bytes(b),
+                SizeSpec::Percent(p) => SizeLimit::Percent(p),
+            };
+            let mut cc = CacheConfig::new(dir, limit);
+            cc.block_size = fetch_config.block_size;
+            let cache = DiskCache::open(cc)
+                .with_context(|| format!("cannot use cache directory {}", dir.display()))?;
+            let endpoint = args.endpoint_url.as_deref().unwrap_or("aws-s3");
+            Some(Arc::new(DiskTier::new(
+                cache,
+                endpoint,
+                &args.source.bucket,
+            )))
+        }
+    };
+    let fetcher = Fetcher::new(store, fetch_config, runtime.handle().clone(), disk);
+    let fs_status = Arc::new(FsStatus::default());
     let metrics = Arc::new(MountMetrics {
         source: args.source.to_string(),
         started: std::time::Instant::now(),
         namespace: ns.clone(),
         fetcher: fetcher.clone(),
         store: retrying,
+        fs: fs_status.clone(),
     });
     let fs = RiffleFs::new(
         ns,
@@ -99,7 +122,9 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
             dir_mode: args.dir_mode,
             read_ahead: ReadAheadConfig::default(),
             kernel_read_ahead: 1 << 20,
+            passthrough: !args.no_passthrough,
         },
+        fs_status,
     );
 
     let mut config = fuser::Config::default();

@@ -7,10 +7,13 @@
 use std::path::Path;
 use std::process::Command;
 
+use std::time::{Duration, Instant};
+
 use anyhow::{bail, Context};
 
 use super::args::UnmountArgs;
 use super::mount::{mount_state, MountState};
+use crate::control;
 
 pub fn run(args: &UnmountArgs) -> anyhow::Result<()> {
     let path = &args.mountpoint;
@@ -22,7 +25,40 @@ pub fn run(args: &UnmountArgs) -> anyhow::Result<()> {
         MountState::Mounted { .. } => args.lazy,
         MountState::Dead => true,
     };
-    unmount(path, lazy)
+    // Ask the daemon who it is, so we can wait for it to finish (and release its cache
+    // directory) before returning.
+    let pid = control::request(path, "stats")
+        .ok()
+        .and_then(|s| s.get("pid").and_then(|p| p.as_u64()));
+    unmount(path, lazy)?;
+    if let Some(pid) = pid {
+        wait_for_exit(pid, DAEMON_EXIT_WAIT);
+    }
+    Ok(())
+}
+
+/// How long `riffle unmount` waits for the daemon to exit after the unmount.
+const DAEMON_EXIT_WAIT: Duration = Duration::from_secs(10);
+
+fn wait_for_exit(pid: u64, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    let proc_dir = format!("/proc/{pid}");
+    while Instant::now() < deadline {
+        // Gone, or a zombie waiting for its parent: either way it has let go of everything.
+        match std::fs::read_to_string(format!("{proc_dir}/stat")) {
+            Err(_) => return,
+            Ok(stat)
+                if stat
+                    .rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with('Z')) =>
+            {
+                return
+            }
+            Ok(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+    tracing::warn!(pid, "the daemon is still running after the unmount");
 }
 
 /// Unmounts `path` (lazily: detach even if busy).

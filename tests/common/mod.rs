@@ -285,3 +285,37 @@ pub fn walk(root: &Path) -> Vec<String> {
     out.sort();
     out
 }
+
+/// `riffle stats --json` of a mount.
+pub fn stats(mount: &Mount) -> serde_json::Value {
+    let out = run_with_timeout(
+        Command::new(RIFFLE)
+            .args(["stats", "--json"])
+            .arg(&mount.path),
+        Duration::from_secs(20),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("stats JSON")
+}
+
+/// Polls `cond` on the mount's stats until it holds (bounded; panics with the stats if not).
+pub fn wait_for_stats(mount: &Mount, what: &str, cond: impl Fn(&serde_json::Value) -> bool) {
+    let mut last = serde_json::Value::Null;
+    for _ in 0..600 {
+        last = stats(mount);
+        if cond(&last) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("timed out waiting for {what}: {last}");
+}
+
+/// Drops the kernel's page cache (root only), so reads reach the filesystem again.
+pub fn drop_page_cache() {
+    let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
+}

@@ -1,0 +1,222 @@
+//! The persistent NVMe cache against the real RGW, with GETs counted at the store side by
+//! a proxy in front of it (not by riffle).
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use riffle_bench::proxy::{BlockingProxy, Latency, ProxyConfig};
+
+fn gets(proxy: &BlockingProxy) -> u64 {
+    let s = proxy.stats();
+    s.requests.get_object + s.requests.get_range
+}
+
+fn dataset(endpoint: &str, tag: &str) -> (String, Vec<(String, Vec<u8>)>) {
+    let bucket = unique_bucket(tag);
+    let mut objects: Vec<(String, Vec<u8>)> = (0..40)
+        .map(|i| {
+            (
+                format!("imgs/c{}/f{i:03}.jpg", i % 4),
+                pattern(20_000 + i * 3_001, i as u64),
+            )
+        })
+        .collect();
+    objects.push(("shards/big.bin".into(), pattern(24 << 20, 99)));
+    runtime().block_on(async {
+        let s3 = client(endpoint);
+        create_bucket(&s3, &bucket).await;
+        put_many(&s3, &bucket, objects.clone(), 16).await;
+    });
+    (bucket, objects)
+}
+
+fn read_all(mount: &Mount, objects: &[(String, Vec<u8>)]) {
+    for (key, want) in objects {
+        let got = std::fs::read(mount.join(key)).unwrap_or_else(|e| panic!("{key}: {e}"));
+        assert!(got == *want, "{key}: wrong bytes");
+    }
+}
+
+fn complete_objects(s: &serde_json::Value) -> u64 {
+    s["cache"]["complete_objects"].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn cached_data_costs_no_gets_across_epochs_and_a_sigkill() {
+    let endpoint = need_rgw!();
+    let (bucket, objects) = dataset(&endpoint, "cache");
+    let proxy =
+        BlockingProxy::start(ProxyConfig::new(endpoint.clone()).with_latency(Latency::NONE))
+            .expect("proxy");
+    let cache_dir = tempfile::tempdir().unwrap();
+    let cache = cache_dir.path().to_str().unwrap();
+    let opts = [
+        "--cache-dir",
+        cache,
+        "--metadata-ttl",
+        "indefinite",
+        "--max-memory",
+        "32M",
+    ];
+    let mount = Mount::new(&proxy.url(), &format!("s3://{bucket}"), &opts);
+
+    // Epoch 1 fetches everything once.
+    read_all(&mount, &objects);
+    assert!(gets(&proxy) > 0);
+    let n = objects.len() as u64;
+    wait_for_stats(&mount, "every object cached", |s| complete_objects(s) == n);
+
+    // Epoch 2, page cache dropped: not one GET reaches the store.
+    drop_page_cache();
+    proxy.reset_stats();
+    read_all(&mount, &objects);
+    assert_eq!(gets(&proxy), 0, "second epoch");
+
+    // SIGKILL the daemon, clean the dead mount, mount again on the same cache: still none.
+    unsafe { libc::kill(mount.pid(), libc::SIGKILL) };
+    for _ in 0..500 {
+        if std::fs::metadata(format!("/proc/{}", mount.pid())).is_err() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let m = mount.path.to_str().unwrap().to_string();
+    let out = run_with_timeout(
+        Command::new(RIFFLE).args(["unmount", &m]),
+        Duration::from_secs(30),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run_with_timeout(
+        Command::new(RIFFLE)
+            .args([
+                "mount",
+                &format!("s3://{bucket}"),
+                &m,
+                "--endpoint-url",
+                &proxy.url(),
+                "--force-path-style",
+            ])
+            .args(opts)
+            .arg("--pid-file")
+            .arg(&mount.pid_file),
+        Duration::from_secs(60),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop_page_cache();
+    proxy.reset_stats();
+    read_all(&mount, &objects);
+    assert_eq!(gets(&proxy), 0, "after SIGKILL and remount");
+
+    // The first opens after the restart verified the cached files in the background; then
+    // opens are handed to the kernel (passthrough), with the right bytes.
+    let s = stats(&mount);
+    assert_eq!(s["fuse"]["passthrough"], "enabled", "{s}");
+    let (key, want) = &objects[0];
+    let mut passthrough = false;
+    for _ in 0..200 {
+        drop_page_cache();
+        assert!(std::fs::read(mount.join(key)).unwrap() == *want);
+        if stats(&mount)["fuse"]["passthrough_opens"]
+            .as_u64()
+            .unwrap_or(0)
+            > 0
+        {
+            passthrough = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(passthrough, "passthrough never engaged: {}", stats(&mount));
+    read_all(&mount, &objects);
+    let big = objects.last().unwrap();
+    let f = std::fs::File::open(mount.join(&big.0)).unwrap();
+    let map = unsafe { memmap2::Mmap::map(&f) }.unwrap();
+    assert!(map[..] == big.1[..], "mmap through passthrough");
+    assert_eq!(gets(&proxy), 0);
+}
+
+#[test]
+fn corrupted_cache_bytes_are_never_served() {
+    let endpoint = need_rgw!();
+    let (bucket, objects) = dataset(&endpoint, "crc");
+    let proxy =
+        BlockingProxy::start(ProxyConfig::new(endpoint.clone()).with_latency(Latency::NONE))
+            .expect("proxy");
+    let cache_dir = tempfile::tempdir().unwrap();
+    let cache = cache_dir.path().to_str().unwrap().to_string();
+    let n = objects.len() as u64;
+    {
+        let mount = Mount::new(
+            &proxy.url(),
+            &format!("s3://{bucket}"),
+            &["--cache-dir", &cache],
+        );
+        read_all(&mount, &objects);
+        wait_for_stats(&mount, "every object cached", |s| complete_objects(s) == n);
+    }
+    // Flip one byte in the middle of every cached data file.
+    let mut flipped = 0;
+    let mut stack = vec![cache_dir.path().to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "data") {
+                let mut raw = std::fs::read(&path).unwrap();
+                let mid = raw.len() / 2;
+                raw[mid] ^= 0x5a;
+                std::fs::write(&path, raw).unwrap();
+                flipped += 1;
+            }
+        }
+    }
+    assert_eq!(flipped, objects.len());
+    drop_page_cache();
+    proxy.reset_stats();
+    let mount = Mount::new(
+        &proxy.url(),
+        &format!("s3://{bucket}"),
+        &["--cache-dir", &cache, "--no-passthrough"],
+    );
+    read_all(&mount, &objects);
+    let s = stats(&mount);
+    assert!(s["cache"]["crc_failures"].as_u64().unwrap() >= n, "{s}");
+    assert!(gets(&proxy) >= n, "bad blocks are fetched again");
+    assert_eq!(s["fuse"]["passthrough_opens"], 0);
+    assert_eq!(s["fuse"]["passthrough"], "off (--no-passthrough)");
+    // The cache heals: the refetched blocks were written back.
+    wait_for_stats(&mount, "cache healed", |s| complete_objects(s) == n);
+    let out = run_with_timeout(
+        Command::new(RIFFLE).args(["cache", "stats", "--json", "--cache-dir", &cache]),
+        Duration::from_secs(20),
+    );
+    let dir: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(dir["in_use_by_a_mount"], true);
+    let out = run_with_timeout(
+        Command::new(RIFFLE).args(["cache", "clear", "--cache-dir", &cache]),
+        Duration::from_secs(20),
+    );
+    assert!(!out.status.success(), "clear must refuse while mounted");
+    drop(mount);
+    let out = run_with_timeout(
+        Command::new(RIFFLE).args(["cache", "clear", "--cache-dir", &cache]),
+        Duration::from_secs(20),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
