@@ -220,3 +220,41 @@ fn corrupted_cache_bytes_are_never_served() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn two_mounts_share_one_cache_directory() {
+    let endpoint = need_rgw!();
+    let (bucket, objects) = dataset(&endpoint, "shared");
+    let proxy =
+        BlockingProxy::start(ProxyConfig::new(endpoint.clone()).with_latency(Latency::NONE))
+            .expect("proxy");
+    let cache_dir = tempfile::tempdir().unwrap();
+    let cache = cache_dir.path().to_str().unwrap();
+    let opts = [
+        "--cache-dir",
+        cache,
+        "--cache-size",
+        "45%",
+        "--no-passthrough",
+    ];
+    let a = Mount::new(&proxy.url(), &format!("s3://{bucket}"), &opts);
+    let b = Mount::new(&proxy.url(), &format!("s3://{bucket}"), &opts);
+    // Both read everything at the same time: correct bytes on both.
+    std::thread::scope(|s| {
+        s.spawn(|| read_all(&a, &objects));
+        s.spawn(|| read_all(&b, &objects));
+    });
+    let n = objects.len() as u64;
+    wait_for_stats(&a, "a's writes done", |s| {
+        s["cache"]["writes"].as_u64().unwrap_or(0) > 0
+    });
+    drop(a);
+    drop(b);
+    // A third mount finds it all on disk.
+    let c = Mount::new(&proxy.url(), &format!("s3://{bucket}"), &opts);
+    proxy.reset_stats();
+    read_all(&c, &objects);
+    assert_eq!(gets(&proxy), 0, "everything was cached by the first two");
+    let s = stats(&c);
+    assert!(s["blocks"]["disk_hits"].as_u64().unwrap() >= n, "{s}");
+}

@@ -101,6 +101,7 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
             )))
         }
     };
+    let flush_on_exit = disk.clone();
     let fetcher = Fetcher::new(store, fetch_config, runtime.handle().clone(), disk);
     let fs_status = Arc::new(FsStatus::default());
     let metrics = Arc::new(MountMetrics {
@@ -180,6 +181,13 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
     readiness.ready();
     let result = session.run();
     tracing::info!("unmounted {}; exiting", mountpoint.display());
+    if let Some(disk) = flush_on_exit {
+        if !runtime.block_on(disk.flush(Duration::from_secs(30))) {
+            tracing::warn!(
+                "cache writes still in flight after 30 s; some blocks will be fetched again"
+            );
+        }
+    }
     if let Some(pid_file) = &args.pid_file {
         let _ = std::fs::remove_file(pid_file);
     }

@@ -65,6 +65,13 @@ impl DiskTier {
         )
     }
 
+    /// Waits (at most `limit`) for the cache writes in flight to finish, so an unmount does
+    /// not lose blocks that were already fetched.
+    pub async fn flush(&self, limit: std::time::Duration) -> bool {
+        let all = self.write_permits.acquire_many(WRITE_PERMITS as u32);
+        matches!(tokio::time::timeout(limit, all).await, Ok(Ok(_)))
+    }
+
     pub fn pin(&self, obj: &ObjectVersion) -> PinGuard {
         self.cache.pin(&self.identity(obj))
     }
