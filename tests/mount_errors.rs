@@ -162,6 +162,20 @@ fn bad_input_gets_a_clear_reason() {
             "endpoint-url",
         ),
         (with(&["--log-level", "loud"]), vec![], 2, "log-level"),
+        (with(&["--block-size", "3M"]), vec![], 2, "power of two"),
+        (
+            with(&["--block-size", "16M", "--max-memory", "32M"]),
+            vec![],
+            1,
+            "at least 4 blocks",
+        ),
+        (with(&["--cache-size", "120%"]), vec![], 2, "cache-size"),
+        (
+            with(&["--cache-dir", "/proc/riffle-cache"]),
+            vec![],
+            1,
+            "cannot use cache directory",
+        ),
     ];
     for (args, env, code, needle) in cases {
         let (got, stderr) = run(args.clone(), &env);

@@ -134,6 +134,11 @@ pub struct MountArgs {
     #[arg(long)]
     pub no_passthrough: bool,
 
+    /// Unit of fetching and caching (a power of two, 64K to 16M); a cache directory keeps the
+    /// block size it was created with
+    #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = parse_block_size)]
+    pub block_size: u64,
+
     /// Stay attached to the terminal instead of running as a background daemon
     #[arg(long)]
     pub foreground: bool,
@@ -176,6 +181,14 @@ fn parse_mode(s: &str) -> Result<u16, String> {
         .ok()
         .filter(|m| *m <= 0o7777)
         .ok_or_else(|| format!("'{s}' is not an octal file mode like 0444"))
+}
+
+fn parse_block_size(s: &str) -> Result<u64, String> {
+    let bytes = parse_bytes(s)?;
+    if !bytes.is_power_of_two() || !(64 << 10..=16 << 20).contains(&bytes) {
+        return Err(format!("'{s}' must be a power of two from 64K to 16M"));
+    }
+    Ok(bytes)
 }
 
 fn parse_memory(s: &str) -> Result<u64, String> {

@@ -51,6 +51,13 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
 
 fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
     logging::init(&args.log_level, args.log_file.as_deref())?;
+    if args.block_size * 4 > args.max_memory {
+        bail!(
+            "--max-memory must be at least 4 blocks (--block-size {} needs --max-memory {}M or more)",
+            args.block_size,
+            args.block_size * 4 >> 20
+        );
+    }
     let mountpoint = check_mountpoint(&args.mountpoint)?;
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -80,6 +87,7 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
         max_inflight: args.max_inflight as usize,
         inflight_memory: args.max_memory / 2,
         block_cache_bytes: args.max_memory / 2,
+        block_size: args.block_size,
         ..FetchConfig::default()
     };
     let disk = match &args.cache_dir {

@@ -144,10 +144,12 @@ impl Fetcher {
         runtime: tokio::runtime::Handle,
         disk: Option<Arc<DiskTier>>,
     ) -> Arc<Self> {
-        config.max_part_blocks = config.max_part_blocks.max(1);
         config.max_inflight = config.max_inflight.max(1);
-        let part_bytes = config.block_size * config.max_part_blocks;
-        config.inflight_memory = config.inflight_memory.max(part_bytes);
+        // One block must fit the memory budget, and a part must not exceed it.
+        config.inflight_memory = config.inflight_memory.max(config.block_size);
+        config.max_part_blocks = config
+            .max_part_blocks
+            .clamp(1, (config.inflight_memory / config.block_size).max(1));
         let memory_units = (config.inflight_memory / MEMORY_UNIT) as usize;
         Arc::new(Fetcher {
             store,
