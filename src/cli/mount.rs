@@ -55,7 +55,7 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
         bail!(
             "--max-memory must be at least 4 blocks (--block-size {} needs --max-memory {}M or more)",
             args.block_size,
-            args.block_size * 4 >> 20
+            (args.block_size * 4) >> 20
         );
     }
     let mountpoint = check_mountpoint(&args.mountpoint)?;
