@@ -3,8 +3,9 @@
 //!
 //! Each mount listens on a unix socket whose path is derived from the mountpoint (see
 //! [`socket_path`]), so a command given only the mountpoint finds its daemon. The protocol is
-//! one request line (a command word) and one JSON reply line; the socket is created with
-//! mode 0600, so only the user who mounted (and root) can use it.
+//! one request line (a command word, then optionally a space and a JSON argument) and one JSON
+//! reply line (`{"error": "..."}` on failure); the socket is created with mode 0600, so only
+//! the user who mounted (and root) can use it.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -13,6 +14,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use serde::Serialize;
+use serde_json::json;
+
+use crate::prefetch::plan::Plan;
+use crate::prefetch::Prefetcher;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
@@ -37,6 +42,75 @@ pub trait StatsSource: Send + Sync + 'static {
     fn stats(&self) -> serde_json::Value;
 }
 
+/// Answers control commands.
+pub trait ControlHandler: Send + Sync + 'static {
+    /// `argument` is the JSON after the command word (`null` when absent).
+    fn handle(
+        &self,
+        command: &str,
+        argument: serde_json::Value,
+    ) -> Result<serde_json::Value, String>;
+}
+
+/// The commands of a mount: `stats` (the mount's counters with the prefetcher's), `plan`,
+/// `warm`, `warm-status`, `warm-cancel`.
+pub struct MountControl {
+    pub stats: Arc<dyn StatsSource>,
+    pub prefetch: Arc<Prefetcher>,
+}
+
+impl ControlHandler for MountControl {
+    fn handle(
+        &self,
+        command: &str,
+        argument: serde_json::Value,
+    ) -> Result<serde_json::Value, String> {
+        let id = || {
+            argument
+                .get("id")
+                .and_then(|v| v.as_u64())
+                .ok_or_else(|| "missing job id".to_string())
+        };
+        match command {
+            "stats" => {
+                let mut stats = self.stats.stats();
+                if let Some(map) = stats.as_object_mut() {
+                    map.insert("prefetch".into(), self.prefetch.stats_json());
+                }
+                Ok(stats)
+            }
+            "plan" => {
+                let text = argument.get("text").and_then(|t| t.as_str());
+                let plan = text.map(Plan::parse).transpose()?;
+                let items = plan.as_ref().map_or(0, Plan::len);
+                self.prefetch.set_plan(plan);
+                Ok(json!({ "items": items }))
+            }
+            "warm" => {
+                let paths = argument
+                    .get("paths")
+                    .and_then(|p| p.as_array())
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|v| v.as_str().map(str::to_string))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                Ok(json!({ "id": self.prefetch.warm(paths) }))
+            }
+            "warm-status" => {
+                let progress = self
+                    .prefetch
+                    .warm_progress(id()?)
+                    .ok_or_else(|| "no such warm job".to_string())?;
+                serde_json::to_value(progress).map_err(|e| e.to_string())
+            }
+            "warm-cancel" => Ok(json!({ "cancelled": self.prefetch.cancel_warm(id()?) })),
+            other => Err(format!("unknown command '{other}'")),
+        }
+    }
+}
+
 /// A running control socket; removes its file when dropped.
 pub struct ControlServer {
     path: PathBuf,
@@ -49,7 +123,7 @@ impl Drop for ControlServer {
 }
 
 /// Binds the socket for `mountpoint` and serves requests on the current runtime.
-pub fn serve(mountpoint: &Path, source: Arc<dyn StatsSource>) -> anyhow::Result<ControlServer> {
+pub fn serve(mountpoint: &Path, source: Arc<dyn ControlHandler>) -> anyhow::Result<ControlServer> {
     let path = socket_path(mountpoint);
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -80,16 +154,21 @@ struct ErrorReply<'a> {
     error: &'a str,
 }
 
-async fn answer(stream: UnixStream, source: Arc<dyn StatsSource>) -> anyhow::Result<()> {
+async fn answer(stream: UnixStream, source: Arc<dyn ControlHandler>) -> anyhow::Result<()> {
     let (read, mut write) = stream.into_split();
     let mut line = String::new();
-    let mut reader = BufReader::new(read.take(4096));
+    let mut reader = BufReader::new(read.take(MAX_REQUEST));
     tokio::time::timeout(Duration::from_secs(5), reader.read_line(&mut line)).await??;
-    let reply = match line.trim() {
-        "stats" => source.stats(),
-        other => serde_json::to_value(ErrorReply {
-            error: &format!("unknown command '{other}'"),
-        })?,
+    let line = line.trim();
+    let (command, argument) = line.split_once(' ').unwrap_or((line, ""));
+    let argument = if argument.trim().is_empty() {
+        Ok(serde_json::Value::Null)
+    } else {
+        serde_json::from_str(argument).map_err(|e| format!("bad argument: {e}"))
+    };
+    let reply = match argument.and_then(|a| source.handle(command, a)) {
+        Ok(value) => value,
+        Err(error) => serde_json::to_value(ErrorReply { error: &error })?,
     };
     let mut text = serde_json::to_string(&reply)?;
     text.push('\n');
@@ -97,8 +176,20 @@ async fn answer(stream: UnixStream, source: Arc<dyn StatsSource>) -> anyhow::Res
     Ok(())
 }
 
-/// Sends `command` to the mount at `mountpoint` and returns its JSON reply.
+/// Longest request line accepted (a plan is sent inline).
+const MAX_REQUEST: u64 = 256 << 20;
+
+/// Sends `command` (with an optional JSON argument) to the mount at `mountpoint` and returns
+/// its JSON reply.
 pub fn request(mountpoint: &Path, command: &str) -> anyhow::Result<serde_json::Value> {
+    request_with(mountpoint, command, None)
+}
+
+pub fn request_with(
+    mountpoint: &Path,
+    command: &str,
+    argument: Option<&serde_json::Value>,
+) -> anyhow::Result<serde_json::Value> {
     use std::io::{BufRead, Write};
     let resolved = std::fs::canonicalize(mountpoint)
         .or_else(|_| std::path::absolute(mountpoint))
@@ -111,8 +202,11 @@ pub fn request(mountpoint: &Path, command: &str) -> anyhow::Result<serde_json::V
             path.display()
         )
     })?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    writeln!(stream, "{command}")?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    match argument {
+        Some(a) => writeln!(stream, "{command} {a}")?,
+        None => writeln!(stream, "{command}")?,
+    }
     let mut line = String::new();
     std::io::BufReader::new(stream).read_line(&mut line)?;
     let value: serde_json::Value =

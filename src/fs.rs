@@ -27,6 +27,7 @@ use parking_lot::Mutex;
 
 use crate::fetch::{FetchError, Fetcher, ObjectVersion};
 use crate::namespace::{Attr, DirEntry, Kind, Namespace, NamespaceError};
+use crate::prefetch::Prefetcher;
 use crate::reader::{FileReader, ReadAheadConfig};
 use crate::store::StoreError;
 
@@ -64,6 +65,7 @@ pub struct RiffleFs {
     config: FsConfig,
     handles: Arc<Handles>,
     next_fh: AtomicU64,
+    prefetch: Arc<Prefetcher>,
     status: Arc<FsStatus>,
     passthrough: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -134,11 +136,13 @@ impl RiffleFs {
     pub fn new(
         ns: Arc<Namespace>,
         fetcher: Arc<Fetcher>,
+        prefetch: Arc<Prefetcher>,
         runtime: tokio::runtime::Handle,
         config: FsConfig,
         status: Arc<FsStatus>,
     ) -> Self {
         RiffleFs {
+            prefetch,
             status,
             passthrough: Arc::default(),
             ns,
@@ -271,6 +275,7 @@ impl Filesystem for RiffleFs {
         let handles = self.handles.clone();
         let status = self.status.clone();
         let passthrough = self.passthrough.clone();
+        let prefetch = self.prefetch.clone();
         self.runtime.spawn(async move {
             let target = match ns.open_target(ino.0).await {
                 Ok(t) => t,
@@ -282,6 +287,7 @@ impl Filesystem for RiffleFs {
                 etag: target.etag.clone(),
                 size: target.size,
             });
+            prefetch.on_open(ino.0, &object);
             let pin = fetcher.disk().map(|d| d.pin(&object));
             let reader = FileReader::new(object.clone(), fetcher.clone(), read_ahead, pin);
             handles.files.lock().insert(fh, Arc::new(reader));

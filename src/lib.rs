@@ -12,5 +12,6 @@ pub mod fetch;
 pub mod fs;
 pub mod metrics;
 pub mod namespace;
+pub mod prefetch;
 pub mod reader;
 pub mod store;

@@ -27,9 +27,33 @@ pub enum Command {
     Unmount(UnmountArgs),
     /// Show a mount's counters: requests, bytes, hits, misses, read-ahead, in-flight work
     Stats(StatsArgs),
+    /// Set or clear the epoch plan of a mount (the order in which files will be read)
+    Plan(PlanArgs),
+    /// Fetch whole directories or files of a mount into its cache, with a progress bar
+    Warm(WarmArgs),
     /// Inspect or clear a cache directory
     #[command(subcommand)]
     Cache(CacheCommand),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct PlanArgs {
+    /// The mountpoint
+    pub mountpoint: PathBuf,
+    /// A text file of paths relative to the mount root, one per line, in reading order
+    #[arg(required_unless_present = "clear", conflicts_with = "clear")]
+    pub file: Option<PathBuf>,
+    /// Remove the current plan
+    #[arg(long)]
+    pub clear: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct WarmArgs {
+    /// The mountpoint
+    pub mountpoint: PathBuf,
+    /// Directories or files to warm, absolute or relative to the mountpoint (default: all)
+    pub paths: Vec<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -138,6 +162,16 @@ pub struct MountArgs {
     /// block size it was created with
     #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = parse_block_size)]
     pub block_size: u64,
+
+    /// An epoch plan: paths relative to the mount root, one per line, in the order they will
+    /// be read; riffle fetches ahead of the reader in that order (replace it later with
+    /// `riffle plan`)
+    #[arg(long, value_name = "FILE")]
+    pub prefetch_plan: Option<PathBuf>,
+
+    /// Fetch the whole mount into the cache in the background after mounting (lowest priority)
+    #[arg(long)]
+    pub preload: bool,
 
     /// Stay attached to the terminal instead of running as a background daemon
     #[arg(long)]

@@ -14,6 +14,7 @@ pub mod size;
 pub mod source;
 mod stats;
 mod unmount;
+mod warm;
 
 use clap::Parser;
 
@@ -61,6 +62,8 @@ pub fn main() -> i32 {
         Command::Unmount(args) => unmount::run(&args),
         Command::Stats(args) => stats::run(&args),
         Command::Cache(cmd) => stats::cache(&cmd),
+        Command::Plan(args) => warm::plan(&args),
+        Command::Warm(args) => warm::warm(&args),
     };
     match result {
         Ok(()) => 0,

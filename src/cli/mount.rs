@@ -18,10 +18,13 @@ use super::size::SizeSpec;
 use super::{logging, one_line};
 use crate::cache::{CacheConfig, DiskCache, SizeLimit};
 use crate::control;
+use crate::control::MountControl;
 use crate::fetch::{DiskTier, FetchConfig, Fetcher};
 use crate::fs::{FsConfig, FsStatus, RiffleFs};
 use crate::metrics::MountMetrics;
 use crate::namespace::Namespace;
+use crate::prefetch::plan::Plan;
+use crate::prefetch::{PrefetchConfig, Prefetcher};
 use crate::reader::ReadAheadConfig;
 use crate::store::retry::{RetryPolicy, RetryingStore};
 use crate::store::s3::{S3Config, S3Store};
@@ -111,6 +114,15 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
     };
     let flush_on_exit = disk.clone();
     let fetcher = Fetcher::new(store, fetch_config, runtime.handle().clone(), disk);
+    let prefetch = Prefetcher::new(ns.clone(), fetcher.clone(), prefetch_config(args, &fetcher));
+    if let Some(path) = &args.prefetch_plan {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the prefetch plan {}", path.display()))?;
+        let plan =
+            Plan::parse(&text).map_err(|e| anyhow!("prefetch plan {}: {e}", path.display()))?;
+        tracing::info!(items = plan.len(), "prefetch plan loaded");
+        prefetch.set_plan(Some(plan));
+    }
     let fs_status = Arc::new(FsStatus::default());
     let metrics = Arc::new(MountMetrics {
         source: args.source.to_string(),
@@ -123,6 +135,7 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
     let fs = RiffleFs::new(
         ns,
         fetcher,
+        prefetch.clone(),
         runtime.handle().clone(),
         FsConfig {
             uid: args.uid.unwrap_or_else(|| nix::unistd::geteuid().as_raw()),
@@ -163,7 +176,16 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
         .map_err(|e| anyhow!("cannot mount at {}: {e}", mountpoint.display()))?;
     let _control = {
         let _in_runtime = runtime.enter();
-        control::serve(&mountpoint, metrics)?
+        prefetch.start();
+        if args.preload {
+            let id = prefetch.warm(Vec::new());
+            tracing::info!(job = id, "preloading the whole mount in the background");
+        }
+        let handler = Arc::new(MountControl {
+            stats: metrics,
+            prefetch: prefetch.clone(),
+        });
+        control::serve(&mountpoint, handler)?
     };
     let mut unmounter = session.unmount_callable();
     let mount_path = mountpoint.clone();
@@ -189,6 +211,7 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
     readiness.ready();
     let result = session.run();
     tracing::info!("unmounted {}; exiting", mountpoint.display());
+    prefetch.shutdown();
     if let Some(disk) = flush_on_exit {
         if !runtime.block_on(disk.flush(Duration::from_secs(30))) {
             tracing::warn!(
@@ -214,6 +237,23 @@ async fn wait_for_stop_signal() {
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
+    }
+}
+
+/// Prefetch sizing: three quarters of the GET slots, and a byte window that is a share of the
+/// cache so that what is fetched ahead is still there when the reader arrives.
+fn prefetch_config(args: &MountArgs, fetcher: &Fetcher) -> PrefetchConfig {
+    let concurrency = ((args.max_inflight as usize) * 3 / 4).max(1);
+    let (byte_budget, max_file_bytes) = match fetcher.disk() {
+        Some(disk) => ((disk.cache().limit() / 4).min(16 << 30), 256 << 20),
+        None => (fetcher.config().block_cache_bytes / 2, 8 << 20),
+    };
+    PrefetchConfig {
+        concurrency,
+        byte_budget,
+        max_items_ahead: 100_000,
+        max_file_bytes,
+        max_dir_window: concurrency * 4,
     }
 }
 

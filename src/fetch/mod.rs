@@ -120,6 +120,8 @@ pub struct Fetcher {
     inflight: Mutex<HashMap<BlockKey, Waiter>>,
     requests: Arc<Semaphore>,
     memory: Arc<Semaphore>,
+    background_limit: Arc<Semaphore>,
+    preload_limit: Arc<Semaphore>,
     stats: FetchStats,
     runtime: tokio::runtime::Handle,
     disk: Option<Arc<DiskTier>>,
@@ -156,6 +158,8 @@ impl Fetcher {
             cache: BlockCache::new(config.block_cache_bytes),
             inflight: Mutex::new(HashMap::new()),
             requests: Arc::new(Semaphore::new(config.max_inflight)),
+            background_limit: Arc::new(Semaphore::new((config.max_inflight * 3 / 4).max(1))),
+            preload_limit: Arc::new(Semaphore::new((config.max_inflight / 2).max(1))),
             memory: Arc::new(Semaphore::new(memory_units)),
             stats: FetchStats::default(),
             runtime,
@@ -213,7 +217,7 @@ impl Fetcher {
         }
         let bs = self.config.block_size;
         let blocks = range.start / bs..end.div_ceil(bs);
-        let slots = self.claim(obj, blocks.clone(), true);
+        let slots = self.claim(obj, blocks.clone(), Mode::Demand);
         let mut parts = Vec::with_capacity(slots.len());
         for slot in slots {
             parts.push(match slot {
@@ -236,23 +240,58 @@ impl Fetcher {
         Ok(out.freeze())
     }
 
+    /// Fetches `blocks` of `obj` at background priority and waits until they are in (cached
+    /// in memory, and written to the NVMe cache when there is one). Used by the prefetch
+    /// scheduler (epoch plans, directory order) and preload; demand reads always go first
+    /// (see [`Priority`]).
+    pub async fn fetch_background(
+        self: &Arc<Self>,
+        obj: &Arc<ObjectVersion>,
+        blocks: Range<u64>,
+        priority: Priority,
+    ) -> Result<(), FetchError> {
+        let blocks = blocks.start..blocks.end.min(self.block_count(obj));
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        for slot in self.claim(obj, blocks, Mode::Background(priority)) {
+            if let Slot::Wait(w) = slot {
+                w.await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether every block of `obj` is in the memory or the NVMe cache (no I/O).
+    pub fn is_cached(&self, obj: &Arc<ObjectVersion>) -> bool {
+        if let Some(disk) = &self.disk {
+            if disk.cache.is_complete(&disk.identity(obj)) {
+                return true;
+            }
+        }
+        (0..self.block_count(obj)).all(|i| self.cache.get(&(obj.clone(), i)).is_some())
+    }
+
     /// Starts fetching the missing blocks of `blocks` if the budgets allow it right now.
     pub fn prefetch(self: &Arc<Self>, obj: &Arc<ObjectVersion>, blocks: Range<u64>) {
         let blocks = blocks.start..blocks.end.min(self.block_count(obj));
         if blocks.is_empty() {
             return;
         }
-        self.claim(obj, blocks, false);
+        self.claim(obj, blocks, Mode::ReadAhead);
     }
 
-    /// Finds or starts every block of `blocks`. Demand claims start GETs that wait for budget;
-    /// prefetch claims start only what the budget allows now and stop at the first refusal.
+    /// Finds or starts every block of `blocks`. Demand and background claims start GETs that
+    /// wait for budget (background ones behind their priority's limiter); read-ahead claims
+    /// start only what the budget allows now and stop at the first refusal.
     fn claim(
         self: &Arc<Self>,
         obj: &Arc<ObjectVersion>,
         blocks: Range<u64>,
-        demand: bool,
+        mode: Mode,
     ) -> Vec<Slot> {
+        let demand = mode == Mode::Demand;
+        let try_now = mode == Mode::ReadAhead;
         let mut slots = Vec::with_capacity((blocks.end - blocks.start) as usize);
         let mut runs: Vec<(Vec<NewBlock>, Option<Budget>)> = Vec::new();
         let mut refused = false;
@@ -292,7 +331,7 @@ impl Fetcher {
             if !run.is_empty() {
                 runs.push((run, None));
             }
-            if !demand {
+            if try_now {
                 // Reserve budget for each run in order; drop the runs that do not fit.
                 for (run, budget) in runs.iter_mut() {
                     if !refused {
@@ -308,7 +347,7 @@ impl Fetcher {
                 runs.retain(|(run, _)| !run.is_empty());
             }
         }
-        if !demand {
+        if try_now {
             self.stats
                 .prefetch_requests
                 .fetch_add(runs.len() as u64, Ordering::Relaxed);
@@ -316,8 +355,12 @@ impl Fetcher {
                 self.stats.prefetch_skipped.fetch_add(1, Ordering::Relaxed);
             }
         }
+        let priority = match mode {
+            Mode::Background(p) => Some(p),
+            _ => None,
+        };
         for (run, budget) in runs {
-            self.start_get(obj.clone(), run, budget);
+            self.start_get(obj.clone(), run, budget, priority);
         }
         slots
     }
@@ -343,6 +386,7 @@ impl Fetcher {
         Some(Budget {
             _request: request,
             _memory: memory,
+            _limits: Vec::new(),
         })
     }
 
@@ -352,6 +396,7 @@ impl Fetcher {
         obj: Arc<ObjectVersion>,
         run: Vec<NewBlock>,
         budget: Option<Budget>,
+        priority: Option<Priority>,
     ) {
         let (Some(first), Some(last)) = (run.first(), run.last()) else {
             return;
@@ -366,7 +411,7 @@ impl Fetcher {
             }
             let _budget = match budget {
                 Some(b) => b,
-                None => match this.wait_budget(range.end - range.start).await {
+                None => match this.wait_budget(range.end - range.start, priority).await {
                     Some(b) => b,
                     None => return,
                 },
@@ -532,7 +577,16 @@ impl Fetcher {
         let _ = block.done.send(out);
     }
 
-    async fn wait_budget(&self, bytes: u64) -> Option<Budget> {
+    /// Waits for a GET slot and buffer memory; background work first takes a slot of its
+    /// priority's limiter, so it can never hold every GET slot and starve demand reads.
+    async fn wait_budget(&self, bytes: u64, priority: Option<Priority>) -> Option<Budget> {
+        let mut limits = Vec::new();
+        if let Some(p) = priority {
+            if p == Priority::Preload {
+                limits.push(self.preload_limit.clone().acquire_owned().await.ok()?);
+            }
+            limits.push(self.background_limit.clone().acquire_owned().await.ok()?);
+        }
         let request = self.requests.clone().acquire_owned().await.ok()?;
         let memory = self
             .memory
@@ -543,6 +597,7 @@ impl Fetcher {
         Some(Budget {
             _request: request,
             _memory: memory,
+            _limits: limits,
         })
     }
 }
@@ -563,6 +618,23 @@ fn split_contiguous(blocks: Vec<NewBlock>) -> Vec<Vec<NewBlock>> {
 struct Budget {
     _request: OwnedSemaphorePermit,
     _memory: OwnedSemaphorePermit,
+    _limits: Vec<OwnedSemaphorePermit>,
+}
+
+/// Who asked for a fetch, which decides who waits for whom.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Priority {
+    /// The epoch plan, directory order: at most 3/4 of the GET slots.
+    Prefetch,
+    /// `riffle warm` and `--preload`: at most 1/2 of the GET slots, and behind prefetch.
+    Preload,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Demand,
+    ReadAhead,
+    Background(Priority),
 }
 
 #[cfg(test)]

@@ -261,6 +261,34 @@ impl Namespace {
             .is_some_and(|(_, at)| self.ttl.is_fresh(*at))
     }
 
+    /// Resolves a path relative to the mount root ("" is the root), component by component.
+    pub async fn resolve(self: &Arc<Self>, path: &str) -> Result<Attr, NamespaceError> {
+        let mut attr = self.cached_attr(ROOT_INO)?;
+        for part in path.split('/').filter(|p| !p.is_empty()) {
+            attr = self.lookup(attr.ino, part).await?;
+        }
+        Ok(attr)
+    }
+
+    /// The path of `ino` relative to the mount root.
+    pub fn relative_path(&self, ino: u64) -> String {
+        let tree = self.tree.read();
+        Self::path_of(&tree, "", ino)
+    }
+
+    /// Where `ino` stands in its parent's last listing: the parent, the listing and the
+    /// index. `None` when the parent was never listed.
+    pub fn listing_position(&self, ino: u64) -> Option<(u64, Arc<Vec<DirEntry>>, usize)> {
+        let tree = self.tree.read();
+        let node = Self::node(&tree, ino).ok()?;
+        let parent = Self::node(&tree, node.parent).ok()?;
+        let (entries, _) = parent.dir.as_ref()?.listing.as_ref()?;
+        let i = entries
+            .binary_search_by(|e| e.name.as_ref().cmp(node.name.as_ref()))
+            .ok()?;
+        Some((node.parent, entries.clone(), i))
+    }
+
     /// The parent directory of `ino` (the root is its own parent).
     pub fn parent_of(&self, ino: u64) -> u64 {
         let tree = self.tree.read();

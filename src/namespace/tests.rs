@@ -199,3 +199,21 @@ async fn a_lookup_miss_lists_the_directory_in_the_background() {
         "later lookups are answered by the listing"
     );
 }
+
+#[tokio::test]
+async fn resolves_paths_and_finds_listing_positions() {
+    let (_, ns) = ns_with(
+        &["a/b/c.txt", "a/b/d.txt", "a/x"],
+        1000,
+        MetadataTtl::Indefinite,
+    );
+    let c = ns.resolve("a/b/c.txt").await.unwrap();
+    assert_eq!(ns.relative_path(c.ino), "a/b/c.txt");
+    assert_eq!(ns.resolve("").await.unwrap().ino, ROOT_INO);
+    assert_eq!(ns.resolve("a/nope").await, Err(NamespaceError::NotFound));
+    let b = ns.resolve("a/b").await.unwrap();
+    ns.readdir(b.ino).await.unwrap();
+    let d = ns.resolve("a/b/d.txt").await.unwrap();
+    let (parent, listing, i) = ns.listing_position(d.ino).unwrap();
+    assert_eq!((parent, listing.len(), i), (b.ino, 2, 1));
+}
