@@ -62,6 +62,7 @@ pub struct MemoryStore {
     latency: Mutex<Duration>,
     active_gets: AtomicU64,
     max_active_gets: AtomicU64,
+    get_log: Mutex<Vec<String>>,
 }
 
 /// Counts a GET as active while alive.
@@ -94,6 +95,7 @@ impl MemoryStore {
             latency: Mutex::new(Duration::ZERO),
             active_gets: AtomicU64::new(0),
             max_active_gets: AtomicU64::new(0),
+            get_log: Mutex::new(Vec::new()),
         }
     }
 
@@ -134,6 +136,11 @@ impl MemoryStore {
     /// How many calls of kind `op` reached the store.
     pub fn count(&self, op: Op) -> u64 {
         self.counts.lock().get(&op).copied().unwrap_or(0)
+    }
+
+    /// The keys of all GETs so far, in the order they reached the store.
+    pub fn get_log(&self) -> Vec<String> {
+        self.get_log.lock().clone()
     }
 
     /// The most GETs that were ever in progress at once.
@@ -236,6 +243,7 @@ impl ObjectStore for MemoryStore {
         range: Range<u64>,
         etag: Option<&str>,
     ) -> Result<Bytes, StoreError> {
+        self.get_log.lock().push(key.to_string());
         let now = self.active_gets.fetch_add(1, Ordering::SeqCst) + 1;
         self.max_active_gets.fetch_max(now, Ordering::SeqCst);
         let _active = ActiveGet(&self.active_gets);
