@@ -1,0 +1,184 @@
+//! Prefetch against the real RGW behind a latency proxy (30 ms to the first byte): epoch
+//! plans written by a Python training-style reader, `riffle warm`, and directory order.
+//! GETs are counted at the proxy, per key, not by riffle.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use riffle_bench::proxy::{BlockingProxy, Latency, ProxyConfig};
+
+fn dataset(
+    endpoint: &str,
+    tag: &str,
+    classes: usize,
+    per_class: usize,
+) -> (String, Vec<(String, Vec<u8>)>) {
+    let bucket = unique_bucket(tag);
+    let objects: Vec<(String, Vec<u8>)> = (0..classes * per_class)
+        .map(|i| {
+            let key = format!("train/class{:02}/img{:04}.jpg", i % classes, i);
+            (key, pattern(8_000 + (i * 7919) % 40_000, i as u64))
+        })
+        .collect();
+    runtime().block_on(async {
+        let s3 = client(endpoint);
+        create_bucket(&s3, &bucket).await;
+        put_many(&s3, &bucket, objects.clone(), 32).await;
+    });
+    (bucket, objects)
+}
+
+fn slow_proxy(endpoint: &str) -> BlockingProxy {
+    let latency = Latency {
+        first_byte_delay_ms: 30,
+        ..Latency::STANDARD
+    };
+    BlockingProxy::start(
+        ProxyConfig::new(endpoint.to_string())
+            .with_latency(latency)
+            .with_key_counts(),
+    )
+    .expect("proxy")
+}
+
+fn gets(proxy: &BlockingProxy) -> u64 {
+    let s = proxy.stats();
+    s.requests.get_object + s.requests.get_range
+}
+
+#[test]
+fn a_reader_following_its_epoch_plan_finds_its_files_cached() {
+    let endpoint = need_rgw!();
+    let (bucket, objects) = dataset(&endpoint, "plan", 6, 50);
+    let proxy = slow_proxy(&endpoint);
+    let cache = tempfile::tempdir().unwrap();
+    let mount = Mount::new(
+        &proxy.url(),
+        &format!("s3://{bucket}/train"),
+        &[
+            "--metadata-ttl",
+            "indefinite",
+            "--cache-dir",
+            cache.path().to_str().unwrap(),
+        ],
+    );
+    proxy.reset_stats();
+    // Rank 0 of 2, epoch 3: half the dataset in a seeded shuffled order.
+    let out = run_with_timeout(
+        Command::new("python3")
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/plan_reader.py"))
+            .arg(RIFFLE)
+            .arg(&mount.path)
+            .args(["42", "3", "0", "2"]),
+        Duration::from_secs(300),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["files"], objects.len() as u64 / 2);
+    let s = stats(&mount);
+    let opens = s["prefetch"]["plan_opens"].as_u64().unwrap();
+    let ready = s["prefetch"]["plan_opens_already_cached"].as_u64().unwrap();
+    assert_eq!(opens, objects.len() as u64 / 2, "{s}");
+    assert!(
+        ready * 100 >= opens * 95,
+        "only {ready} of {opens} opened files were cached: {s}"
+    );
+    // At the store: each file of the plan was fetched once (by the prefetcher, before the
+    // reader asked), and nothing outside the plan was fetched.
+    let per_key = proxy.stats().get_keys.unwrap_or_default();
+    assert_eq!(per_key.len() as u64, opens, "{per_key:?}");
+    assert!(per_key.values().all(|&n| n == 1), "{per_key:?}");
+}
+
+#[test]
+fn warm_fills_the_cache_and_the_next_epoch_costs_no_gets() {
+    let endpoint = need_rgw!();
+    let (bucket, objects) = dataset(&endpoint, "warm", 4, 40);
+    let proxy = slow_proxy(&endpoint);
+    let cache = tempfile::tempdir().unwrap();
+    let mount = Mount::new(
+        &proxy.url(),
+        &format!("s3://{bucket}"),
+        &[
+            "--metadata-ttl",
+            "indefinite",
+            "--cache-dir",
+            cache.path().to_str().unwrap(),
+        ],
+    );
+    let out = run_with_timeout(
+        Command::new(RIFFLE)
+            .arg("warm")
+            .arg(&mount.path)
+            .arg("train"),
+        Duration::from_secs(300),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("{n}/{n} files", n = objects.len())),
+        "{text}"
+    );
+    drop_page_cache();
+    proxy.reset_stats();
+    for (key, want) in &objects {
+        assert!(std::fs::read(mount.join(key)).unwrap() == *want, "{key}");
+    }
+    assert_eq!(gets(&proxy), 0, "the warmed epoch reached the store");
+    // Warming something that is not there fails with a reason.
+    let out = run_with_timeout(
+        Command::new(RIFFLE)
+            .arg("warm")
+            .arg(&mount.path)
+            .arg("nope"),
+        Duration::from_secs(60),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nope"));
+}
+
+#[test]
+fn a_reader_in_ls_order_gets_files_prefetched_without_a_plan() {
+    let endpoint = need_rgw!();
+    let (bucket, objects) = dataset(&endpoint, "lsorder", 1, 120);
+    let proxy = slow_proxy(&endpoint);
+    let mount = Mount::new(
+        &proxy.url(),
+        &format!("s3://{bucket}"),
+        &["--metadata-ttl", "indefinite"],
+    );
+    let dir = mount.join("train/class00");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), objects.len());
+    for name in &names {
+        std::fs::read(dir.join(name)).unwrap();
+    }
+    let s = stats(&mount);
+    let fetched = s["prefetch"]["dir_order_fetched_files"].as_u64().unwrap();
+    let cached = s["prefetch"]["opens_already_cached"].as_u64().unwrap();
+    assert!(fetched >= 100, "{s}");
+    assert!(
+        cached * 2 >= objects.len() as u64,
+        "at least half found cached: {s}"
+    );
+    let per_key = proxy.stats().get_keys.unwrap_or_default();
+    assert!(
+        per_key.values().all(|&n| n == 1),
+        "each file fetched once: {per_key:?}"
+    );
+}
