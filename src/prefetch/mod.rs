@@ -67,6 +67,8 @@ pub struct PrefetchStats {
     pub plan_fetched_bytes: AtomicU64,
     pub plan_missing: AtomicU64,
     pub plan_errors: AtomicU64,
+    /// Bytes fetched for a plan that was replaced before they were opened.
+    pub plan_unused_bytes: AtomicU64,
     pub dir_order_fetched: AtomicU64,
 }
 
@@ -134,10 +136,19 @@ impl Prefetcher {
     pub fn set_plan(&self, plan: Option<Plan>) {
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         let lag = (self.config.concurrency * 2).max(16);
-        *self.plan.lock() = plan.map(|p| PlanSlot {
-            tracker: PlanTracker::new(p, lag),
-            generation,
-        });
+        let old = std::mem::replace(
+            &mut *self.plan.lock(),
+            plan.map(|p| PlanSlot {
+                tracker: PlanTracker::new(p, lag),
+                generation,
+            }),
+        );
+        if let Some(old) = old {
+            // Fetched for the old plan and never opened: prefetch that went to waste.
+            self.stats
+                .plan_unused_bytes
+                .fetch_add(old.tracker.ready_bytes(), Ordering::Relaxed);
+        }
         self.wake.notify_one();
     }
 
@@ -351,6 +362,7 @@ impl Prefetcher {
             "plan_fetched_bytes": load(&s.plan_fetched_bytes),
             "plan_missing": load(&s.plan_missing),
             "plan_errors": load(&s.plan_errors),
+            "plan_unused_bytes": load(&s.plan_unused_bytes),
             "dir_order_fetched_files": load(&s.dir_order_fetched),
         })
     }
