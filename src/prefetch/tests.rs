@@ -204,7 +204,10 @@ async fn a_new_plan_replaces_the_old_one_mid_epoch() {
     s.prefetch.set_plan(None);
     assert!(s.prefetch.stats_json()["plan"].is_null());
     // Both plans' five files were fetched and never opened: counted as unused.
-    assert_eq!(load(&s.prefetch.stats().plan_unused_bytes), 10 * FILE as u64);
+    assert_eq!(
+        load(&s.prefetch.stats().plan_unused_bytes),
+        10 * FILE as u64
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
