@@ -59,6 +59,17 @@ pub struct MountControl {
     pub prefetch: Arc<Prefetcher>,
 }
 
+impl StatsSource for MountControl {
+    /// The mount's counters with the prefetcher's section added.
+    fn stats(&self) -> serde_json::Value {
+        let mut stats = self.stats.stats();
+        if let Some(map) = stats.as_object_mut() {
+            map.insert("prefetch".into(), self.prefetch.stats_json());
+        }
+        stats
+    }
+}
+
 impl ControlHandler for MountControl {
     fn handle(
         &self,
@@ -72,13 +83,7 @@ impl ControlHandler for MountControl {
                 .ok_or_else(|| "missing job id".to_string())
         };
         match command {
-            "stats" => {
-                let mut stats = self.stats.stats();
-                if let Some(map) = stats.as_object_mut() {
-                    map.insert("prefetch".into(), self.prefetch.stats_json());
-                }
-                Ok(stats)
-            }
+            "stats" => Ok(StatsSource::stats(self)),
             "plan" => {
                 let text = argument.get("text").and_then(|t| t.as_str());
                 let plan = text.map(Plan::parse).transpose()?;

@@ -26,6 +26,7 @@ use fuser::{
 use parking_lot::Mutex;
 
 use crate::fetch::{FetchError, Fetcher, ObjectVersion};
+use crate::metrics::fuse_ops::{FuseOp, FuseOps};
 use crate::namespace::{Attr, DirEntry, Kind, Namespace, NamespaceError};
 use crate::prefetch::Prefetcher;
 use crate::reader::{FileReader, ReadAheadConfig};
@@ -66,6 +67,7 @@ pub struct RiffleFs {
     handles: Arc<Handles>,
     next_fh: AtomicU64,
     prefetch: Arc<Prefetcher>,
+    ops: Arc<FuseOps>,
     status: Arc<FsStatus>,
     passthrough: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -137,12 +139,14 @@ impl RiffleFs {
         ns: Arc<Namespace>,
         fetcher: Arc<Fetcher>,
         prefetch: Arc<Prefetcher>,
+        ops: Arc<FuseOps>,
         runtime: tokio::runtime::Handle,
         config: FsConfig,
         status: Arc<FsStatus>,
     ) -> Self {
         RiffleFs {
             prefetch,
+            ops,
             status,
             passthrough: Arc::default(),
             ns,
@@ -236,6 +240,7 @@ impl Filesystem for RiffleFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let timer = self.ops.start(FuseOp::Lookup);
         let Some(name) = Self::name_str(name).map(str::to_string) else {
             reply.error(Errno::ENOENT);
             return;
@@ -244,6 +249,7 @@ impl Filesystem for RiffleFs {
         let config = self.config.clone();
         let ttl = self.ttl();
         self.runtime.spawn(async move {
+            let _timer = timer;
             match ns.lookup(parent.0, &name).await {
                 Ok(attr) => reply.entry(&ttl, &Self::file_attr(&config, &attr), Generation(0)),
                 Err(e) => reply.error(ns_errno(&e)),
@@ -252,10 +258,12 @@ impl Filesystem for RiffleFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let timer = self.ops.start(FuseOp::Getattr);
         let ns = self.ns.clone();
         let config = self.config.clone();
         let ttl = self.ttl();
         self.runtime.spawn(async move {
+            let _timer = timer;
             match ns.getattr(ino.0).await {
                 Ok(attr) => reply.attr(&ttl, &Self::file_attr(&config, &attr)),
                 Err(e) => reply.error(ns_errno(&e)),
@@ -264,6 +272,7 @@ impl Filesystem for RiffleFs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let timer = self.ops.start(FuseOp::Open);
         if flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0 {
             reply.error(Errno::EROFS);
             return;
@@ -277,6 +286,7 @@ impl Filesystem for RiffleFs {
         let passthrough = self.passthrough.clone();
         let prefetch = self.prefetch.clone();
         self.runtime.spawn(async move {
+            let _timer = timer;
             let target = match ns.open_target(ino.0).await {
                 Ok(t) => t,
                 Err(e) => return reply.error(ns_errno(&e)),
@@ -326,12 +336,14 @@ impl Filesystem for RiffleFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        let timer = self.ops.start(FuseOp::Read);
         let Some(reader) = self.handles.files.lock().get(&fh.0).cloned() else {
             reply.error(Errno::EBADF);
             return;
         };
         let ns = self.ns.clone();
         self.runtime.spawn(async move {
+            let _timer = timer;
             match reader.read(offset, size).await {
                 Ok(data) => reply.data(&data),
                 Err(e) => {
@@ -359,6 +371,7 @@ impl Filesystem for RiffleFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        let _timer = self.ops.start(FuseOp::Release);
         self.handles.release(fh.0, ino.0);
         reply.ok();
     }
@@ -371,18 +384,22 @@ impl Filesystem for RiffleFs {
         _lo: LockOwner,
         reply: ReplyEmpty,
     ) {
+        let _timer = self.ops.start(FuseOp::Flush);
         reply.ok();
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _ds: bool, reply: ReplyEmpty) {
+        let _timer = self.ops.start(FuseOp::Fsync);
         reply.ok();
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let timer = self.ops.start(FuseOp::Opendir);
         let fh = self.new_fh();
         let ns = self.ns.clone();
         let handles = self.handles.clone();
         self.runtime.spawn(async move {
+            let _timer = timer;
             match ns.readdir(ino.0).await {
                 Ok(entries) => {
                     handles.dirs.lock().insert(fh, entries);
@@ -401,6 +418,7 @@ impl Filesystem for RiffleFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        let _timer = self.ops.start(FuseOp::Readdir);
         let Some(entries) = self.handles.dirs.lock().get(&fh.0).cloned() else {
             reply.error(Errno::EBADF);
             return;
@@ -439,6 +457,7 @@ impl Filesystem for RiffleFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        let _timer = self.ops.start(FuseOp::Readdirplus);
         let Some(entries) = self.handles.dirs.lock().get(&fh.0).cloned() else {
             reply.error(Errno::EBADF);
             return;
@@ -481,16 +500,19 @@ impl Filesystem for RiffleFs {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        let _timer = self.ops.start(FuseOp::Releasedir);
         self.handles.dirs.lock().remove(&fh.0);
         reply.ok();
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let _timer = self.ops.start(FuseOp::Statfs);
         let bsize = 4096;
         reply.statfs(1 << 32, 0, 0, self.ns.inode_count(), 0, bsize, 255, bsize);
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let _timer = self.ops.start(FuseOp::Getxattr);
         let etag = match self.ns.cached_attr(ino.0) {
             Ok(Attr {
                 kind: Kind::File { etag, .. },
@@ -506,6 +528,7 @@ impl Filesystem for RiffleFs {
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let _timer = self.ops.start(FuseOp::Listxattr);
         let names: &[u8] = match self.ns.cached_attr(ino.0) {
             Ok(attr) if !attr.is_dir() => b"user.riffle.etag\0",
             Ok(_) => b"",
@@ -515,6 +538,7 @@ impl Filesystem for RiffleFs {
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        let _timer = self.ops.start(FuseOp::Access);
         reply.ok();
     }
 
@@ -538,6 +562,7 @@ impl Filesystem for RiffleFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let _timer = self.ops.start(FuseOp::Modify);
         reply.error(Errno::EROFS);
     }
 
@@ -551,18 +576,22 @@ impl Filesystem for RiffleFs {
         _r: u32,
         reply: ReplyEntry,
     ) {
+        let _timer = self.ops.start(FuseOp::Modify);
         reply.error(Errno::EROFS);
     }
 
     fn mkdir(&self, _req: &Request, _p: INodeNo, _n: &OsStr, _m: u32, _u: u32, reply: ReplyEntry) {
+        let _timer = self.ops.start(FuseOp::Modify);
         reply.error(Errno::EROFS);
     }
 
     fn unlink(&self, _req: &Request, _p: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
+        let _timer = self.ops.start(FuseOp::Modify);
         reply.error(Errno::EROFS);
     }
 
     fn rmdir(&self, _req: &Request, _p: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
+        let _timer = self.ops.start(FuseOp::Modify);
         reply.error(Errno::EROFS);
     }
 
@@ -574,6 +603,7 @@ impl Filesystem for RiffleFs {
         _t: &std::path::Path,
         reply: ReplyEntry,
     ) {
+        let _timer = self.ops.start(FuseOp::Modify);
         reply.error(Errno::EROFS);
     }
 
@@ -587,10 +617,12 @@ impl Filesystem for RiffleFs {
         _f: fuser::RenameFlags,
         reply: ReplyEmpty,
     ) {
+        let _timer = self.ops.start(FuseOp::Modify);
         reply.error(Errno::EROFS);
     }
 
     fn link(&self, _req: &Request, _i: INodeNo, _np: INodeNo, _nn: &OsStr, reply: ReplyEntry) {
+        let _timer = self.ops.start(FuseOp::Modify);
         reply.error(Errno::EROFS);
     }
 
@@ -606,6 +638,7 @@ impl Filesystem for RiffleFs {
         _lo: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let _timer = self.ops.start(FuseOp::Modify);
         reply.error(Errno::EROFS);
     }
 
@@ -619,6 +652,7 @@ impl Filesystem for RiffleFs {
         _f: i32,
         reply: fuser::ReplyCreate,
     ) {
+        let _timer = self.ops.start(FuseOp::Modify);
         reply.error(Errno::EROFS);
     }
 
@@ -632,10 +666,12 @@ impl Filesystem for RiffleFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        let _timer = self.ops.start(FuseOp::Modify);
         reply.error(Errno::EROFS);
     }
 
     fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        let _timer = self.ops.start(FuseOp::Modify);
         reply.error(Errno::EROFS);
     }
 
@@ -649,6 +685,7 @@ impl Filesystem for RiffleFs {
         _mode: i32,
         reply: ReplyEmpty,
     ) {
+        let _timer = self.ops.start(FuseOp::Modify);
         reply.error(Errno::EROFS);
     }
 }

@@ -405,11 +405,36 @@ fn attributes_xattrs_and_stable_inodes() {
     assert_eq!(st.f_namemax, 255);
 }
 
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to the metrics endpoint");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
 #[test]
-fn stats_report_requests_through_the_control_socket() {
+fn stats_report_requests_through_the_control_socket_and_prometheus() {
     let endpoint = need_rgw!();
     let data = dataset(&endpoint);
-    let mount = Mount::new(&endpoint, &format!("s3://{}", data.bucket), &[]);
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    let mount = Mount::new(
+        &endpoint,
+        &format!("s3://{}", data.bucket),
+        &["--metrics-addr", &metrics_addr],
+    );
     assert_eq!(std::fs::read(mount.join("top.txt")).unwrap().len(), 42);
     let out = run_with_timeout(
         std::process::Command::new(RIFFLE)
@@ -444,4 +469,18 @@ fn stats_report_requests_through_the_control_socket() {
     );
     assert_eq!(none.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&none.stderr).contains("no riffle mount answers"));
+    // The same counters, and FUSE latency histograms, in Prometheus form.
+    let page = http_get(&metrics_addr, "/metrics");
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    assert!(page.contains("application/openmetrics-text"), "{page}");
+    assert!(page.contains("riffle_store_get_requests_total"), "{page}");
+    assert!(
+        page.contains("riffle_fuse_op_duration_seconds_count{op=\"read\"}"),
+        "{page}"
+    );
+    assert!(
+        page.contains("riffle_fuse_op_duration_seconds_bucket{le="),
+        "{page}"
+    );
+    assert!(!page.contains(&std::env::var("AWS_SECRET_ACCESS_KEY").unwrap()));
 }

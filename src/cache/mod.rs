@@ -117,11 +117,15 @@
 pub mod disk;
 pub mod entry;
 pub mod evict;
+pub mod evict_epoch;
+pub mod evict_plan;
 pub mod format;
 pub mod identity;
 pub mod ops;
+pub mod policy;
 pub mod ring;
 pub mod scan;
+pub mod simulate;
 pub mod sys;
 
 #[cfg(test)]
@@ -134,8 +138,11 @@ use std::time::Duration;
 
 pub use disk::{CacheStats, DiskCache, IndexMemory, ObjectStatus, PinGuard, WriteStep};
 pub use evict::{EntryInfo, EvictionPolicy, LruPolicy};
+pub use evict_epoch::EpochPolicy;
+pub use evict_plan::{NoPlan, PlanOracle, PlanPolicy};
 pub use identity::{EntryKey, ObjectIdentity};
 pub use ops::{clear_dir, stats_dir, ClearReport, DirStats};
+pub use policy::{make_policy, EvictionKind, UnknownEvictionKind};
 
 /// The cache's byte budget.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -173,6 +173,10 @@ pub struct MountArgs {
     #[arg(long)]
     pub preload: bool,
 
+    /// Serve Prometheus metrics (OpenMetrics) at http://HOST:PORT/metrics
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+
     /// Stay attached to the terminal instead of running as a background daemon
     #[arg(long)]
     pub foreground: bool,

@@ -21,7 +21,8 @@ use crate::control;
 use crate::control::MountControl;
 use crate::fetch::{DiskTier, FetchConfig, Fetcher};
 use crate::fs::{FsConfig, FsStatus, RiffleFs};
-use crate::metrics::MountMetrics;
+use crate::metrics::fuse_ops::FuseOps;
+use crate::metrics::{serve_metrics, MountMetrics};
 use crate::namespace::Namespace;
 use crate::prefetch::plan::Plan;
 use crate::prefetch::{PrefetchConfig, Prefetcher};
@@ -132,10 +133,12 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
         store: retrying,
         fs: fs_status.clone(),
     });
+    let fuse_ops = FuseOps::new();
     let fs = RiffleFs::new(
         ns,
         fetcher,
         prefetch.clone(),
+        fuse_ops.clone(),
         runtime.handle().clone(),
         FsConfig {
             uid: args.uid.unwrap_or_else(|| nix::unistd::geteuid().as_raw()),
@@ -174,7 +177,7 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
     config.clone_fd = true;
     let mut session = fuser::Session::new(fs, &mountpoint, &config)
         .map_err(|e| anyhow!("cannot mount at {}: {e}", mountpoint.display()))?;
-    let _control = {
+    let (_control, _metrics_server) = {
         let _in_runtime = runtime.enter();
         prefetch.start();
         if args.preload {
@@ -185,7 +188,11 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
             stats: metrics,
             prefetch: prefetch.clone(),
         });
-        control::serve(&mountpoint, handler)?
+        let metrics_server = args
+            .metrics_addr
+            .map(|addr| serve_metrics(addr, handler.clone(), fuse_ops.clone()))
+            .transpose()?;
+        (control::serve(&mountpoint, handler)?, metrics_server)
     };
     let mut unmounter = session.unmount_callable();
     let mount_path = mountpoint.clone();

@@ -1,6 +1,16 @@
-//! What a mount reports about itself: counters gathered from the store, namespace and fetcher,
-//! served as JSON on the control socket (`riffle stats`).
+//! What a mount reports about itself: counters gathered from the store, namespace and fetcher.
+//!
+//! [`MountMetrics`] gathers them into one JSON tree, served on the control socket
+//! (`riffle stats`). The same tree feeds the Prometheus endpoint (`--metrics-addr`):
+//! [`prometheus`] translates it into OpenMetrics families on each scrape and adds the FUSE
+//! operation latency histograms recorded by [`fuse_ops`]; [`http`] serves the result.
+//! [`serve_metrics`] puts the three together.
 
+pub mod fuse_ops;
+pub mod http;
+pub mod prometheus;
+
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -12,6 +22,37 @@ use crate::fetch::Fetcher;
 use crate::fs::FsStatus;
 use crate::namespace::Namespace;
 use crate::store::retry::RetryingStore;
+pub use fuse_ops::{FuseOp, FuseOps, OpTimer};
+pub use http::{HttpLimits, MetricsServer};
+pub use prometheus::Exporter;
+
+/// Why the metrics endpoint could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    #[error("cannot listen for metrics on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("the metrics endpoint must be started inside a tokio runtime")]
+    NoRuntime,
+}
+
+/// Serves `source`'s counters and `ops`' FUSE latency histograms as Prometheus metrics on
+/// `http://addr/metrics`, on the current tokio runtime (call inside `Runtime::enter`). The
+/// address is bound before this returns; dropping the returned server stops it.
+pub fn serve_metrics(
+    addr: SocketAddr,
+    source: Arc<dyn StatsSource>,
+    ops: Arc<FuseOps>,
+) -> Result<MetricsServer, MetricsError> {
+    let server = http::serve(addr, Arc::new(Exporter::new(source, ops)))?;
+    tracing::info!(
+        "serving Prometheus metrics on http://{}/metrics",
+        server.local_addr()
+    );
+    Ok(server)
+}
 
 /// The parts of a mount that have something to count.
 pub struct MountMetrics {
@@ -71,7 +112,7 @@ impl StatsSource for MountMetrics {
                 "misses": load(&f.block_misses),
                 "memory_cache_bytes": self.fetcher.block_cache().weighted_size(),
             },
-            "prefetch": {
+            "read_ahead": {
                 "requests": load(&f.prefetch_requests),
                 "skipped_for_budget": load(&f.prefetch_skipped),
             },

@@ -1,0 +1,878 @@
+//! Epoch-aware eviction for datasets read in passes ("epochs"), with no plan: [`EpochPolicy`].
+//!
+//! # Why not LRU
+//! A training job reads its whole dataset once per epoch, in a fresh random order each time.
+//! When the cache holds half the dataset, LRU keeps the objects read *last*, and the next
+//! epoch evicts the oldest of those first — exactly the ones it has not re-read yet. An
+//! object read in the current epoch, on the other hand, will not be read again before the next
+//! one: it is the cheapest thing to evict. Evicting "what was just read in this epoch" keeps a
+//! stable set cached from one epoch to the next and turns about `capacity / dataset` of every
+//! epoch into hits, the most any order-blind policy can get on a fresh shuffle (and, on W5, the
+//! same as the clairvoyant optimum; see [`super::simulate`]).
+//!
+//! # Classes
+//! Every entry belongs to the epoch of its last access (`ep`) and is in one of five classes,
+//! evicted in this order:
+//! 1. **Stale**: not accessed in the current or the previous epoch (`ep ≤ E-2`), and entries
+//!    found on disk at start-up. Least recently used first. This is what keeps objects that are
+//!    never read again (an older dataset, a file read once) from squatting the cache: two epoch
+//!    boundaries after their last use they go before anything else.
+//! 2. **Done**: accessed in the current epoch. Most recently accessed first: any of them is
+//!    free to evict for this epoch; taking the newest keeps the older ones (the stable set) and,
+//!    for a dataset read in the same order every epoch, evicts the one needed last.
+//! 3. **Pending**: accessed in the previous epoch, not yet in this one: expected back before
+//!    the epoch ends. Most recently accessed first (the same argument in the same order).
+//! 4. **Hot**: accessed at least [`HOT_ACCESSES`] times within one epoch (a label file, an
+//!    index, a shard shared by every worker), and again in every epoch since. Least recently
+//!    used first, hot-from-the-previous-epoch before hot-in-this-one. At most half the entries
+//!    are hot, so a workload that is not epochal at all degrades to LRU over that half rather
+//!    than to most-recently-used. An entry that goes an epoch without access stops being hot.
+//!
+//! Pinned and otherwise unevictable entries are skipped by the cache's predicate and stay put.
+//!
+//! # Accesses, not touches
+//! The cache calls `touch` on every block read and written and on every open. Touches of one
+//! entry with fewer than [`CONTINUE_WINDOW`] other accesses in between continue the same
+//! access (they move the entry to the front of its class but count nothing), so a file read
+//! in many blocks, or by several data-loader workers at once, is one access.
+//!
+//! # Inferring epoch boundaries
+//! Epochs are not announced. The signal is *repeats*: an object accessed a second time in the
+//! current epoch. In a pass over a dataset nothing repeats until the next pass starts, and then
+//! everything does. The policy watches a hash sample of the keys it sees (all of them for up to
+//! [`SAMPLE_MAX`] objects, then a `2^-k` sample chosen by the key's own hash bits, which are
+//! uniform: keys are SHA-256 prefixes). The sample covers objects whether or not they are
+//! cached: a miss on an object evicted earlier in the epoch is a repeat as much as a hit is,
+//! which matters when the cache is a small fraction of the dataset. The epoch ends when the
+//! sampled repeats reach `max(MIN_REPEATS, distinct sampled keys / REPEAT_DIVISOR)`, i.e.
+//! about 1/16 of a pass into the next one, whatever the cache size. Sampled keys accessed
+//! [`HOT_ACCESSES`] times or more in the epoch do not count, so a few hot files cannot end
+//! epochs.
+//!
+//! A reader that moves on to other data (another dataset) repeats nothing, so there is a
+//! second signal: an epoch that has seen [`FORCE_FACTOR`] times as many distinct objects as
+//! the previous one ends, retroactively at the point where it had seen as many. The old data
+//! becomes Pending, and Stale one epoch later.
+//!
+//! The repeat boundary is placed retroactively: if the repeats since the boundary arrived at a
+//! steady rate, the median repeat is half way between the boundary and now, so the boundary is
+//! `2·median − now` (clamped to the first repeat). Entries accessed since the boundary move to
+//! the new epoch's Done class (a walk over the front of one list, since classes are kept in
+//! access order), the rest of the old Done class becomes Pending, and the old Pending becomes
+//! Stale. A few early repeats of warm objects move the median only slightly. A workload that
+//! never repeats never advances the epoch and is served most-recently-used-first within
+//! one class — for a single pass over a dataset larger than the cache, that is as good as
+//! anything.
+//!
+//! [`EpochPolicy::new_epoch`] announces a boundary explicitly (the plan policy does when the
+//! plan is replaced).
+//!
+//! # Cost
+//! Every operation is O(1) (hash lookups and linked-list moves in a slab, `u32` links) except
+//! the boundary: O(sample) ≤ O([`SAMPLE_MAX`]) once per epoch, plus the entries moved. A
+//! victim scan skips unevictable entries, so it costs O(1 + pinned). Memory: 40 bytes per
+//! entry plus the index, and at most [`SAMPLE_MAX`] sampled keys (~200 KiB).
+//!
+//! # Eviction that fails
+//! When the cache cannot remove the entry it was handed (another process uses it), it
+//! `touch`es it. For LRU that moves it to the safest end; here it would make it the newest
+//! Done entry, i.e. the next victim again. So a touch of an entry this policy handed out as a
+//! victim, before it was removed, is taken as "keep it for now" instead: the entry goes to the
+//! back of the Pending class (or stays hot).
+
+use std::collections::hash_map::Entry as MapEntry;
+use std::collections::HashMap;
+
+use super::evict::{hashmap_bytes, EntryInfo, EvictionPolicy};
+use super::identity::EntryKey;
+
+/// Touches of an entry with fewer than this many other accesses in between are one access.
+pub const CONTINUE_WINDOW: u64 = 64;
+/// Accesses within one epoch that make an entry hot.
+pub const HOT_ACCESSES: u8 = 3;
+/// Keys tracked for boundary detection at most (then the sample rate halves).
+pub const SAMPLE_MAX: usize = 4096;
+/// An epoch ends when sampled repeats reach this share (1/n) of the sampled keys ...
+pub const REPEAT_DIVISOR: usize = 16;
+/// ... and at least this many.
+pub const MIN_REPEATS: usize = 8;
+/// An epoch also ends when it has seen this many times as many distinct objects as the
+/// previous one without repeats (the reader moved on to other data) ...
+pub const FORCE_FACTOR: f64 = 1.5;
+/// ... if the previous one had at least this many.
+pub const MIN_FORCE_KEYS: usize = 64;
+
+const NIL: u32 = u32::MAX;
+/// The epoch of entries found at start-up (always stale); live epochs start at 2.
+const BEFORE: u32 = 0;
+const FIRST_EPOCH: u32 = 2;
+/// Keys handed out as victims and not yet removed, remembered at most.
+const OFFERED_MAX: usize = 64;
+
+/// The class of an entry, in eviction order (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EpochClass {
+    Stale,
+    Done,
+    Pending,
+    HotPending,
+    HotDone,
+}
+
+impl EpochClass {
+    const ALL: [EpochClass; 5] = [
+        EpochClass::Stale,
+        EpochClass::Done,
+        EpochClass::Pending,
+        EpochClass::HotPending,
+        EpochClass::HotDone,
+    ];
+
+    fn idx(self) -> usize {
+        self as usize
+    }
+
+    /// Victims are taken from the least recently used end (else from the most recent one).
+    fn lru_first(self) -> bool {
+        matches!(
+            self,
+            EpochClass::Stale | EpochClass::HotPending | EpochClass::HotDone
+        )
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Node {
+    key: EntryKey,
+    /// Towards the most recently accessed end.
+    prev: u32,
+    /// Towards the least recently accessed end.
+    next: u32,
+    /// The access clock at the last touch (lists are in this order).
+    last: u64,
+    /// The access clock when the current access began.
+    start: u64,
+    /// The epoch of the last access.
+    ep: u32,
+    /// Accesses in `ep`.
+    count: u8,
+    hot: bool,
+}
+
+/// A doubly linked list in the slab; `head` is the most recently accessed.
+#[derive(Debug, Clone, Copy)]
+struct Ends {
+    head: u32,
+    tail: u32,
+    len: usize,
+}
+
+impl Default for Ends {
+    fn default() -> Self {
+        Ends {
+            head: NIL,
+            tail: NIL,
+            len: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Sampled {
+    /// Clock of the first access in this epoch.
+    first: u64,
+    /// Clock of the last access.
+    last: u64,
+    /// Clock of the second access in this epoch.
+    repeat_at: u64,
+    count: u8,
+}
+
+/// "Evict what was just read in this epoch" (see the module documentation).
+#[derive(Debug)]
+pub struct EpochPolicy {
+    nodes: Vec<Node>,
+    free: Vec<u32>,
+    index: HashMap<EntryKey, u32>,
+    lists: [Ends; 5],
+    epoch: u32,
+    /// Counts accesses (not continuation touches).
+    clock: u64,
+    /// The clock at the current epoch's (estimated) start.
+    epoch_start: u64,
+    /// Sampled keys (by their first 8 bytes) accessed in this epoch.
+    sample: HashMap<u64, Sampled>,
+    /// A key is sampled when its first 8 bytes have at least this many leading zeros.
+    shift: u32,
+    /// Sampled keys accessed exactly twice in this epoch.
+    repeats: usize,
+    /// Distinct objects (estimated from the sample) of the previous epoch; 0 if unknown.
+    prev_len: f64,
+    offered: Vec<EntryKey>,
+    boundaries: u64,
+}
+
+impl Default for EpochPolicy {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl EpochPolicy {
+    pub fn new() -> Self {
+        EpochPolicy {
+            nodes: Vec::new(),
+            free: Vec::new(),
+            index: HashMap::new(),
+            lists: [Ends::default(); 5],
+            epoch: FIRST_EPOCH,
+            clock: 0,
+            epoch_start: 0,
+            sample: HashMap::new(),
+            shift: 0,
+            repeats: 0,
+            prev_len: 0.0,
+            offered: Vec::new(),
+            boundaries: 0,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+
+    /// Epoch boundaries seen so far (detected or announced).
+    pub fn boundaries(&self) -> u64 {
+        self.boundaries
+    }
+
+    /// The class of an entry, if known.
+    pub fn class(&self, key: EntryKey) -> Option<EpochClass> {
+        self.index.get(&key).map(|&i| self.class_of(i))
+    }
+
+    /// Keys in the order they would be evicted (for tests and diagnostics).
+    pub fn order(&self) -> Vec<EntryKey> {
+        let mut out = Vec::with_capacity(self.len());
+        for c in EpochClass::ALL {
+            self.walk(c, |n| {
+                out.push(n.key);
+                false
+            });
+        }
+        out
+    }
+
+    /// Announces an epoch boundary now (everything accessed so far belongs to the old epoch).
+    pub fn new_epoch(&mut self) {
+        self.advance(self.clock.saturating_add(1));
+    }
+
+    /// Makes every entry stale (two boundaries now): nothing known so far is expected back.
+    pub fn all_stale(&mut self) {
+        self.new_epoch();
+        self.new_epoch();
+    }
+
+    fn class_of(&self, i: u32) -> EpochClass {
+        let n = &self.nodes[i as usize];
+        if n.ep.saturating_add(2) <= self.epoch {
+            EpochClass::Stale
+        } else if n.ep.saturating_add(1) == self.epoch {
+            if n.hot {
+                EpochClass::HotPending
+            } else {
+                EpochClass::Pending
+            }
+        } else if n.hot {
+            EpochClass::HotDone
+        } else {
+            EpochClass::Done
+        }
+    }
+
+    /// Visits a class in eviction order until `f` returns true.
+    fn walk(&self, c: EpochClass, mut f: impl FnMut(&Node) -> bool) -> bool {
+        let ends = self.lists[c.idx()];
+        let mut at = if c.lru_first() { ends.tail } else { ends.head };
+        while at != NIL {
+            let n = &self.nodes[at as usize];
+            if f(n) {
+                return true;
+            }
+            at = if c.lru_first() { n.prev } else { n.next };
+        }
+        false
+    }
+
+    fn unlink(&mut self, i: u32, c: EpochClass) {
+        let Node { prev, next, .. } = self.nodes[i as usize];
+        let ends = &mut self.lists[c.idx()];
+        if prev != NIL {
+            self.nodes[prev as usize].next = next;
+        } else {
+            ends.head = next;
+        }
+        if next != NIL {
+            self.nodes[next as usize].prev = prev;
+        } else {
+            ends.tail = prev;
+        }
+        ends.len -= 1;
+    }
+
+    fn push_head(&mut self, i: u32, c: EpochClass) {
+        let ends = &mut self.lists[c.idx()];
+        let old = ends.head;
+        self.nodes[i as usize].prev = NIL;
+        self.nodes[i as usize].next = old;
+        if old != NIL {
+            self.nodes[old as usize].prev = i;
+        } else {
+            ends.tail = i;
+        }
+        ends.head = i;
+        ends.len += 1;
+    }
+
+    fn push_tail(&mut self, i: u32, c: EpochClass) {
+        let ends = &mut self.lists[c.idx()];
+        let old = ends.tail;
+        self.nodes[i as usize].next = NIL;
+        self.nodes[i as usize].prev = old;
+        if old != NIL {
+            self.nodes[old as usize].next = i;
+        } else {
+            ends.head = i;
+        }
+        ends.tail = i;
+        ends.len += 1;
+    }
+
+    /// Puts all of `src` in front of `dst`'s head, leaving `src` empty.
+    fn splice_front(&mut self, dst: EpochClass, src: EpochClass) {
+        let s = std::mem::take(&mut self.lists[src.idx()]);
+        if s.len == 0 {
+            return;
+        }
+        let d = &mut self.lists[dst.idx()];
+        if d.len == 0 {
+            *d = s;
+            return;
+        }
+        self.nodes[s.tail as usize].next = d.head;
+        self.nodes[d.head as usize].prev = s.tail;
+        d.head = s.head;
+        d.len += s.len;
+    }
+
+    fn hot_len(&self) -> usize {
+        self.lists[EpochClass::HotDone.idx()].len + self.lists[EpochClass::HotPending.idx()].len
+    }
+
+    /// A touch of entry `i` (or its insertion).
+    fn access(&mut self, i: u32) {
+        let from = self.class_of(i);
+        let epoch = self.epoch;
+        let n = self.nodes[i as usize];
+        if n.ep == epoch && self.clock.saturating_sub(n.start) < CONTINUE_WINDOW {
+            // The same access, continued: the entry moves to the front of its class (it was
+            // just read: for a file fetched ahead of the reader, this is the read), but
+            // nothing is counted. The window does not slide, so a file re-read every few
+            // accesses still counts its reads.
+            self.nodes[i as usize].last = self.clock;
+            self.unlink(i, from);
+            self.push_head(i, from);
+            return;
+        }
+        self.clock += 1;
+        let may_be_hot = self.hot_len() < self.index.len() / 2;
+        let clock = self.clock;
+        let node = &mut self.nodes[i as usize];
+        if node.ep == epoch {
+            node.count = node.count.saturating_add(1);
+            if node.count >= HOT_ACCESSES && !node.hot && may_be_hot {
+                node.hot = true;
+            }
+        } else {
+            // Hotness survives an epoch boundary only for entries used in the previous epoch.
+            node.hot &= node.ep.saturating_add(1) == epoch;
+            node.ep = epoch;
+            node.count = 1;
+        }
+        node.start = clock;
+        node.last = clock;
+        self.unlink(i, from);
+        let to = self.class_of(i);
+        self.push_head(i, to);
+        self.observe(n.key);
+    }
+
+    /// Feeds the boundary detector with an access of `key`.
+    fn observe(&mut self, key: EntryKey) {
+        let fp = fingerprint(key);
+        if fp.leading_zeros() < self.shift {
+            return;
+        }
+        let clock = self.clock;
+        let min_gap = CONTINUE_WINDOW.max(self.index.len() as u64);
+        match self.sample.entry(fp) {
+            MapEntry::Occupied(mut o) => {
+                let s = o.get_mut();
+                let gap = clock.saturating_sub(s.last);
+                s.last = clock;
+                if gap < min_gap {
+                    // Too soon to be the next pass (see "Inferring epoch boundaries").
+                    return;
+                }
+                s.count = s.count.saturating_add(1);
+                if s.count == 2 {
+                    s.repeat_at = clock;
+                    self.repeats += 1;
+                } else if s.count == HOT_ACCESSES {
+                    self.repeats -= 1;
+                }
+            }
+            MapEntry::Vacant(v) => {
+                v.insert(Sampled {
+                    first: clock,
+                    last: clock,
+                    repeat_at: 0,
+                    count: 1,
+                });
+                if self.sample.len() > SAMPLE_MAX {
+                    self.shift += 1;
+                    let shift = self.shift;
+                    self.sample.retain(|&fp, _| fp.leading_zeros() >= shift);
+                    self.repeats = self.sample.values().filter(|s| s.count == 2).count();
+                }
+                if self.prev_len >= MIN_FORCE_KEYS as f64
+                    && self.sample.len() as f64 * self.scale() > FORCE_FACTOR * self.prev_len
+                {
+                    self.moved_on();
+                    return;
+                }
+            }
+        }
+        if self.repeats >= MIN_REPEATS.max(self.sample.len() / REPEAT_DIVISOR) {
+            self.boundary_detected();
+        }
+    }
+
+    /// Objects a sampled key stands for.
+    fn scale(&self) -> f64 {
+        2f64.powi(self.shift as i32)
+    }
+
+    /// The epoch has seen [`FORCE_FACTOR`] times as many distinct objects as the previous one
+    /// without repeating: the reader moved on to other data. The epoch ended when it had seen
+    /// as many as the previous one.
+    fn moved_on(&mut self) {
+        let mut firsts: Vec<u64> = self.sample.values().map(|s| s.first).collect();
+        let k = ((self.prev_len / self.scale()).round() as usize).min(firsts.len() - 1);
+        let (_, at, _) = firsts.select_nth_unstable(k);
+        let boundary = (*at).max(self.epoch_start).min(self.clock);
+        self.advance(boundary);
+    }
+
+    /// Places the boundary behind the repeats (see the module documentation) and advances.
+    fn boundary_detected(&mut self) {
+        let mut at: Vec<u64> = self
+            .sample
+            .values()
+            .filter(|s| s.count == 2)
+            .map(|s| s.repeat_at)
+            .collect();
+        let boundary = if at.is_empty() {
+            self.clock
+        } else {
+            // The first repeat, ignoring stray early ones: those more than twice the span of
+            // the later half of the repeats before the median.
+            let mid = (at.len() - 1) / 2;
+            let (_, median, _) = at.select_nth_unstable(mid);
+            let median = *median;
+            let cutoff = median.saturating_sub(2 * self.clock.saturating_sub(median));
+            at.iter()
+                .copied()
+                .filter(|&t| t >= cutoff)
+                .min()
+                .unwrap_or(median)
+                .max(self.epoch_start)
+                .min(self.clock)
+        };
+        self.advance(boundary);
+    }
+
+    /// Starts a new epoch whose first access was at clock `boundary`.
+    fn advance(&mut self, boundary: u64) {
+        use EpochClass::*;
+        // Entries accessed since the boundary belong to the new epoch: take them off the
+        // fronts of their lists (which are in access order, newest first).
+        let mut moved = Vec::new();
+        for c in [Done, HotDone] {
+            loop {
+                let i = self.lists[c.idx()].head;
+                if i == NIL || self.nodes[i as usize].last < boundary {
+                    break;
+                }
+                self.unlink(i, c);
+                moved.push(i);
+            }
+        }
+        // Pending → Stale (hot ones at the fresher end); Done → Pending.
+        self.splice_front(Stale, Pending);
+        self.splice_front(Stale, HotPending);
+        self.lists[Pending.idx()] = std::mem::take(&mut self.lists[Done.idx()]);
+        self.lists[HotPending.idx()] = std::mem::take(&mut self.lists[HotDone.idx()]);
+        self.epoch = self.epoch.saturating_add(1);
+        self.epoch_start = boundary;
+        self.boundaries += 1;
+        // Appending at the tail, newest first, keeps the access order.
+        for i in moved {
+            let epoch = self.epoch;
+            let n = &mut self.nodes[i as usize];
+            n.ep = epoch;
+            n.count = 1;
+            let c = self.class_of(i);
+            self.push_tail(i, c);
+        }
+        let ended = self.sample.values().filter(|s| s.first < boundary).count();
+        self.prev_len = ended as f64 * self.scale();
+        self.sample.retain(|_, s| s.last >= boundary);
+        for s in self.sample.values_mut() {
+            // The first access since the boundary: exact for keys seen once, approximate
+            // otherwise.
+            s.first = if s.first >= boundary {
+                s.first
+            } else if s.repeat_at >= boundary {
+                s.repeat_at
+            } else {
+                s.last
+            };
+            s.count = 1;
+            s.repeat_at = 0;
+        }
+        self.repeats = 0;
+        if self.shift > 0 && self.sample.len() < SAMPLE_MAX / 4 {
+            self.shift -= 1;
+        }
+    }
+
+    /// The cache could not evict `i` (see "Eviction that fails").
+    fn requeue(&mut self, i: u32) {
+        let from = self.class_of(i);
+        self.unlink(i, from);
+        let epoch = self.epoch;
+        let clock = self.clock;
+        let n = &mut self.nodes[i as usize];
+        if n.hot {
+            n.ep = epoch;
+            n.last = clock;
+            self.push_head(i, EpochClass::HotDone);
+        } else {
+            n.ep = epoch.saturating_sub(1);
+            self.push_tail(i, EpochClass::Pending);
+        }
+    }
+}
+
+/// The key's first 8 bytes (uniform: keys are SHA-256 prefixes).
+fn fingerprint(key: EntryKey) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&key.0[..8]);
+    u64::from_le_bytes(b)
+}
+
+impl EvictionPolicy for EpochPolicy {
+    fn name(&self) -> &'static str {
+        "epoch"
+    }
+
+    fn insert(&mut self, info: &EntryInfo<'_>) {
+        if self.index.contains_key(&info.key) {
+            self.touch(info.key);
+            return;
+        }
+        let node = Node {
+            key: info.key,
+            prev: NIL,
+            next: NIL,
+            last: 0,
+            start: 0,
+            ep: BEFORE,
+            count: 0,
+            hot: false,
+        };
+        let i = match self.free.pop() {
+            Some(i) => {
+                self.nodes[i as usize] = node;
+                i
+            }
+            None => {
+                self.nodes.push(node);
+                (self.nodes.len() - 1) as u32
+            }
+        };
+        self.index.insert(info.key, i);
+        // Found on disk: stale, at the cold end (the scan hands entries over newest first).
+        self.push_tail(i, EpochClass::Stale);
+        if info.last_used.is_none() {
+            self.access(i);
+        }
+    }
+
+    fn touch(&mut self, key: EntryKey) {
+        let Some(&i) = self.index.get(&key) else {
+            return;
+        };
+        if let Some(pos) = self.offered.iter().position(|&k| k == key) {
+            self.offered.swap_remove(pos);
+            self.requeue(i);
+        } else {
+            self.access(i);
+        }
+    }
+
+    fn remove(&mut self, key: EntryKey) {
+        self.offered.retain(|&k| k != key);
+        if let Some(i) = self.index.remove(&key) {
+            let c = self.class_of(i);
+            self.unlink(i, c);
+            self.free.push(i);
+        }
+    }
+
+    fn victim(&mut self, evictable: &mut dyn FnMut(EntryKey) -> bool) -> Option<EntryKey> {
+        let mut found = None;
+        for c in EpochClass::ALL {
+            if self.walk(c, |n| {
+                let ok = evictable(n.key);
+                if ok {
+                    found = Some(n.key);
+                }
+                ok
+            }) {
+                break;
+            }
+        }
+        let key = found?;
+        if !self.offered.contains(&key) {
+            if self.offered.len() >= OFFERED_MAX {
+                self.offered.remove(0);
+            }
+            self.offered.push(key);
+        }
+        Some(key)
+    }
+
+    fn memory_bytes(&self) -> usize {
+        self.nodes.capacity() * std::mem::size_of::<Node>()
+            + self.free.capacity() * 4
+            + hashmap_bytes(
+                self.index.capacity(),
+                std::mem::size_of::<(EntryKey, u32)>(),
+            )
+            + hashmap_bytes(
+                self.sample.capacity(),
+                std::mem::size_of::<(u64, Sampled)>(),
+            )
+            + self.offered.capacity() * std::mem::size_of::<EntryKey>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use super::*;
+
+    fn k(n: u32) -> EntryKey {
+        // Spread over the fingerprint like real keys (SHA-256 prefixes) would be.
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&(u64::from(n).wrapping_mul(0x9E37_79B9_7F4A_7C15)).to_le_bytes());
+        b[8..12].copy_from_slice(&n.to_le_bytes());
+        EntryKey(b)
+    }
+
+    fn ins(p: &mut EpochPolicy, n: u32) {
+        p.insert(&EntryInfo {
+            key: k(n),
+            identity: None,
+            bytes: 1,
+            last_used: None,
+        });
+    }
+
+    fn ins_found(p: &mut EpochPolicy, n: u32, age_s: u64) {
+        p.insert(&EntryInfo {
+            key: k(n),
+            identity: None,
+            bytes: 1,
+            last_used: Some(SystemTime::now() - Duration::from_secs(age_s)),
+        });
+    }
+
+    fn keys(v: &[u32]) -> Vec<EntryKey> {
+        v.iter().map(|&n| k(n)).collect()
+    }
+
+    /// `count` accesses of other objects.
+    fn others(p: &mut EpochPolicy, from: u32, count: u32) {
+        for n in from..from + count {
+            ins(p, n);
+            p.remove(k(n));
+        }
+    }
+
+    /// Spaces accesses out so that none continues the previous one.
+    fn filler(p: &mut EpochPolicy, from: u32) {
+        others(p, from, CONTINUE_WINDOW as u32);
+    }
+
+    #[test]
+    fn done_entries_go_newest_first_and_found_entries_before_them() {
+        let mut p = EpochPolicy::new();
+        for n in 1..=4 {
+            ins(&mut p, n);
+        }
+        // All read in this epoch: the newest first.
+        assert_eq!(p.order(), keys(&[4, 3, 2, 1]));
+        assert_eq!(p.class(k(1)), Some(EpochClass::Done));
+        // Found on disk at start-up: stale, before everything, in the scan's order (newest
+        // handed over first, so each goes to the cold end).
+        ins_found(&mut p, 9, 10);
+        ins_found(&mut p, 8, 20);
+        assert_eq!(p.class(k(8)), Some(EpochClass::Stale));
+        assert_eq!(p.order(), keys(&[8, 9, 4, 3, 2, 1]));
+        // A found entry that is read joins this epoch.
+        p.touch(k(9));
+        assert_eq!(p.order(), keys(&[8, 9, 4, 3, 2, 1]));
+        assert_eq!(p.class(k(9)), Some(EpochClass::Done));
+        assert_eq!(p.victim(&mut |_| true), Some(k(8)));
+        p.remove(k(8));
+        assert_eq!(p.victim(&mut |_| true), Some(k(9)));
+        // Pinned (not evictable) entries are skipped and keep their place.
+        assert_eq!(p.victim(&mut |key| key != k(9) && key != k(4)), Some(k(3)));
+        p.remove(k(3));
+        assert_eq!(p.order(), keys(&[9, 4, 2, 1]));
+        assert_eq!(p.victim(&mut |_| false), None);
+        for n in [9, 4, 2, 1] {
+            p.remove(k(n));
+        }
+        assert!(p.is_empty());
+        assert!(p.order().is_empty());
+        assert!(p.memory_bytes() > 0);
+    }
+
+    #[test]
+    fn boundaries_are_announced_or_detected_and_make_old_entries_stale() {
+        let mut p = EpochPolicy::new();
+        for n in 1..=3 {
+            ins(&mut p, n);
+        }
+        p.new_epoch();
+        // Read last epoch, not yet in this one: pending, after anything done in this one.
+        assert_eq!(p.class(k(1)), Some(EpochClass::Pending));
+        ins(&mut p, 4);
+        p.touch(k(2));
+        assert_eq!(p.order(), keys(&[2, 4, 3, 1]));
+        p.new_epoch();
+        // 1 and 3 were not read for a whole epoch: stale, least recently used first.
+        assert_eq!(p.class(k(1)), Some(EpochClass::Stale));
+        assert_eq!(p.order(), keys(&[1, 3, 2, 4]));
+        assert_eq!(p.boundaries(), 2);
+
+        // Detection: a pass over 100 objects, then the next pass in another order.
+        let mut p = EpochPolicy::new();
+        for n in 0..100 {
+            ins(&mut p, n);
+        }
+        // Others read in between, so that the next pass is not a continuation: repeats count
+        // only after at least as many accesses as there are entries.
+        others(&mut p, 1000, 100);
+        assert_eq!(p.boundaries(), 0);
+        let second: Vec<u32> = (0..100).map(|n| (n * 37) % 100).collect();
+        let mut detected_after = None;
+        for (i, &n) in second.iter().enumerate() {
+            p.touch(k(n));
+            if detected_after.is_none() && p.boundaries() == 1 {
+                detected_after = Some(i + 1);
+            }
+        }
+        // max(MIN_REPEATS, 200 sampled keys / 16) = 12 repeats end the epoch, and the
+        // boundary is placed at the first of them: every object of the second pass is in the
+        // new epoch.
+        let threshold = MIN_REPEATS.max(200 / REPEAT_DIVISOR);
+        assert_eq!(detected_after, Some(threshold));
+        assert_eq!(p.boundaries(), 1);
+        for &n in &second {
+            assert_eq!(p.class(k(n)), Some(EpochClass::Done), "{n}");
+        }
+    }
+
+    #[test]
+    fn repeated_touches_are_one_access_and_frequent_entries_get_hot() {
+        let mut p = EpochPolicy::new();
+        ins(&mut p, 1);
+        ins(&mut p, 2);
+        // Block reads of an open file: one access, however many.
+        for _ in 0..10 {
+            p.touch(k(1));
+        }
+        assert_eq!(p.class(k(1)), Some(EpochClass::Done));
+        assert_eq!(p.order(), keys(&[1, 2]));
+        // Accessed three times in one epoch, far apart: hot, evicted last.
+        filler(&mut p, 100);
+        p.touch(k(1));
+        filler(&mut p, 200);
+        p.touch(k(1));
+        assert_eq!(p.class(k(1)), Some(EpochClass::HotDone));
+        assert_eq!(p.order(), keys(&[2, 1]));
+        // Stays hot across one boundary (hot-pending), loses it after an epoch without use.
+        p.new_epoch();
+        assert_eq!(p.class(k(1)), Some(EpochClass::HotPending));
+        p.new_epoch();
+        assert_eq!(p.class(k(1)), Some(EpochClass::Stale));
+        p.touch(k(1));
+        assert_eq!(p.class(k(1)), Some(EpochClass::Done));
+    }
+
+    #[test]
+    fn at_most_half_the_entries_are_hot() {
+        let mut p = EpochPolicy::new();
+        for n in 0..10 {
+            ins(&mut p, n);
+        }
+        for round in 0..3 {
+            for n in 0..10 {
+                p.touch(k(n));
+                filler(&mut p, 1000 + round * 10_000 + n * 100);
+            }
+        }
+        let hot = (0..10)
+            .filter(|&n| p.class(k(n)) == Some(EpochClass::HotDone))
+            .count();
+        assert_eq!(hot, 5);
+    }
+
+    #[test]
+    fn a_victim_that_could_not_be_evicted_is_not_offered_again_at_once() {
+        let mut p = EpochPolicy::new();
+        for n in 1..=3 {
+            ins(&mut p, n);
+        }
+        assert_eq!(p.victim(&mut |_| true), Some(k(3)));
+        // The cache failed to remove it (in use elsewhere) and touches it.
+        p.touch(k(3));
+        assert_eq!(p.class(k(3)), Some(EpochClass::Pending));
+        assert_eq!(p.victim(&mut |_| true), Some(k(2)));
+        p.remove(k(2));
+        // An ordinary touch is an access again.
+        p.touch(k(3));
+        assert_eq!(p.order(), keys(&[3, 1]));
+    }
+}

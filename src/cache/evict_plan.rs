@@ -1,0 +1,625 @@
+//! Clairvoyant eviction from the epoch plan: [`PlanPolicy`] and the [`PlanOracle`] it asks.
+//!
+//! # Belady with a plan
+//! When the trainer says in which order it will open the files (the epoch plan of the prefetch
+//! module), the optimal victim is known: the entry whose next use is furthest in the future,
+//! and first of all the entries the rest of the plan does not use at all (Belady's MIN, optimal
+//! for a cache that must hold what it just fetched). The policy does not know the plan itself:
+//! it asks a [`PlanOracle`] — implemented by the prefetch scheduler — for the plan index of an
+//! entry's next use after the reader's position.
+//!
+//! # Two partitions
+//! - Entries the plan does **not** need (`next_use` is `None`: already read in this epoch, not
+//!   in the plan, or no plan at all) live in an inner [`EpochPolicy`], which orders them and
+//!   gives the victims first. With no plan every entry is there, so the policy *is* the
+//!   epoch policy; with a plan, the inner order decides which of the entries read in this
+//!   epoch survive into the next one.
+//! - Entries the plan needs are in a max-heap keyed by their next use, refreshed lazily.
+//!
+//! # Keeping the heap right cheaply
+//! A key's next use only moves *later* as the reader advances (the position never goes back
+//! within one plan), and it moves exactly when the reader passes a use of that key — which is
+//! when the cache touches it. So the policy re-asks the oracle on every `touch` and pushes the
+//! new value (stale heap items are recognised by a per-entry stamp and dropped when they
+//! surface). The one way a stored value goes stale without a touch is a use the reader
+//! skipped; for that, each `victim` call re-asks the oracle about [`SWEEP`] entries in turn
+//! (so every entry is re-checked once every `len / SWEEP` evictions), and the candidate at
+//! the top of the heap is always re-checked before it is returned. A plan replacement
+//! changes everything: the oracle's [`PlanOracle::generation`] changes, and the next `victim`
+//! re-asks about every entry (O(n log n) once per plan); the entries the new plan does not
+//! need all become stale in the inner policy, so they go first, least recently used first.
+//!
+//! Cost: `touch` is one oracle lookup plus O(log n); `victim` is O(log n) amortised, plus
+//! O(log n) per unevictable entry at the top of the heap (pinned files are few), plus
+//! [`SWEEP`] lookups. The alternative — sampling a few dozen random entries per eviction and
+//! taking the furthest, as Redis does — needs no heap and no stamps but is only approximately
+//! Belady, and on a 50% cache it often evicts an entry needed soon; the heap costs 16 bytes
+//! per needed entry and is exact whenever the reader's uses are seen as touches.
+//!
+//! The oracle is called with the cache's state lock held: it must be cheap (a hash lookup)
+//! and must never call back into the cache.
+//!
+//! # Eviction that fails
+//! As for [`EpochPolicy`]: a touch of an entry handed out as a victim and not removed means
+//! the cache could not evict it; it is moved to the bottom of the heap (next use "now") until
+//! the oracle is asked about it again.
+
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use super::evict::{hashmap_bytes, EntryInfo, EvictionPolicy};
+use super::evict_epoch::EpochPolicy;
+use super::identity::EntryKey;
+
+/// Entries re-checked against the oracle per `victim` call.
+pub const SWEEP: usize = 8;
+const OFFERED_MAX: usize = 64;
+
+/// Where the reader is in the epoch plan, as the eviction policy needs it.
+///
+/// Implemented by the prefetch scheduler. Positions are plan indices (0-based lines of the
+/// plan); the reader's position is the first plan item it has not opened yet.
+pub trait PlanOracle: Send + Sync {
+    /// The smallest plan index `i` at or after the reader's position such that item `i` is the
+    /// object of `key` and has not been opened yet; `None` when the rest of the plan does not
+    /// use it (or no plan is set). Must only grow as the reader advances through one plan.
+    fn next_use(&self, key: EntryKey) -> Option<u64>;
+
+    /// Changes whenever answers may change other than by the reader advancing: a plan set,
+    /// replaced or cleared.
+    fn generation(&self) -> u64 {
+        0
+    }
+}
+
+/// An oracle with no plan: every entry is "not needed", so a [`PlanPolicy`] behaves exactly as
+/// its inner [`EpochPolicy`].
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoPlan;
+
+impl PlanOracle for NoPlan {
+    fn next_use(&self, _key: EntryKey) -> Option<u64> {
+        None
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    key: EntryKey,
+    /// The next use last seen (`None`: in the inner policy).
+    next: Option<u64>,
+    stamp: u32,
+    live: bool,
+    /// At the bottom of the heap after a failed eviction, until the oracle is asked again.
+    held: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct HeapItem {
+    next: u64,
+    stamp: u32,
+    slot: u32,
+}
+
+/// Belady from the epoch plan, epoch-aware for what the plan does not need (see the module
+/// documentation).
+pub struct PlanPolicy {
+    oracle: Arc<dyn PlanOracle>,
+    rest: EpochPolicy,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    index: HashMap<EntryKey, u32>,
+    heap: BinaryHeap<HeapItem>,
+    /// Live entries in the heap partition.
+    needed: usize,
+    generation: u64,
+    cursor: usize,
+    offered: Vec<EntryKey>,
+}
+
+impl std::fmt::Debug for PlanPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlanPolicy")
+            .field("entries", &self.index.len())
+            .field("needed", &self.needed)
+            .field("generation", &self.generation)
+            .finish()
+    }
+}
+
+/// How an entry that leaves the plan enters the inner policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Leave {
+    /// The reader just used it: an access in this epoch.
+    Used,
+    /// Found not needed without being used (a skipped use, a new plan): the cold end.
+    Dropped,
+}
+
+impl PlanPolicy {
+    pub fn new(oracle: Arc<dyn PlanOracle>) -> Self {
+        let generation = oracle.generation();
+        PlanPolicy {
+            oracle,
+            rest: EpochPolicy::new(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            index: HashMap::new(),
+            heap: BinaryHeap::new(),
+            needed: 0,
+            generation,
+            cursor: 0,
+            offered: Vec::new(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+
+    /// Entries the plan still needs.
+    pub fn needed(&self) -> usize {
+        self.needed
+    }
+
+    /// The inner policy (for diagnostics).
+    pub fn rest(&self) -> &EpochPolicy {
+        &self.rest
+    }
+
+    /// Keys in the order they would be evicted, by the next uses last seen (for tests and
+    /// diagnostics).
+    pub fn order(&self) -> Vec<EntryKey> {
+        let mut out = self.rest.order();
+        let mut needed: Vec<(u64, EntryKey)> = self
+            .slots
+            .iter()
+            .filter(|s| s.live)
+            .filter_map(|s| s.next.map(|n| (n, s.key)))
+            .collect();
+        needed.sort_by(|a, b| b.cmp(a));
+        out.extend(needed.into_iter().map(|(_, k)| k));
+        out
+    }
+
+    fn push(&mut self, i: u32, next: u64) {
+        let s = &mut self.slots[i as usize];
+        s.stamp = s.stamp.wrapping_add(1);
+        s.next = Some(next);
+        s.held = false;
+        self.heap.push(HeapItem {
+            next,
+            stamp: s.stamp,
+            slot: i,
+        });
+    }
+
+    /// Moves slot `i` to where `q` (a fresh answer of the oracle) says.
+    fn place(&mut self, i: u32, q: Option<u64>, how: Leave) {
+        let s = self.slots[i as usize];
+        match (s.next, q) {
+            (Some(old), Some(new)) => {
+                if old != new || s.held {
+                    self.push(i, new);
+                }
+            }
+            (Some(_), None) => {
+                let s = &mut self.slots[i as usize];
+                s.stamp = s.stamp.wrapping_add(1);
+                s.next = None;
+                self.needed -= 1;
+                self.rest.insert(&EntryInfo {
+                    key: s.key,
+                    identity: None,
+                    bytes: 0,
+                    last_used: (how == Leave::Dropped).then_some(SystemTime::UNIX_EPOCH),
+                });
+            }
+            (None, Some(new)) => {
+                self.rest.remove(s.key);
+                self.needed += 1;
+                self.push(i, new);
+            }
+            (None, None) => {
+                if how == Leave::Used {
+                    self.rest.touch(s.key);
+                }
+            }
+        }
+    }
+
+    /// After a plan change, re-asks the oracle about every entry (before anything else
+    /// happens under the new plan). Returns whether it did.
+    fn check_generation(&mut self) -> bool {
+        let generation = self.oracle.generation();
+        if generation == self.generation {
+            return false;
+        }
+        self.generation = generation;
+        // What the new plan does not need goes first (Belady), oldest first.
+        self.rest.all_stale();
+        for i in 0..self.slots.len() as u32 {
+            if self.slots[i as usize].live {
+                let q = self.oracle.next_use(self.slots[i as usize].key);
+                self.place(i, q, Leave::Dropped);
+            }
+        }
+        self.compact();
+        true
+    }
+
+    /// Re-asks the oracle after a plan change, and about a few entries in turn otherwise.
+    fn refresh(&mut self) {
+        if self.check_generation() {
+            return;
+        }
+        let n = self.slots.len();
+        if n == 0 {
+            return;
+        }
+        for _ in 0..SWEEP.min(n) {
+            self.cursor = (self.cursor + 1) % n;
+            let s = self.slots[self.cursor];
+            if s.held {
+                // Held after a failed eviction: re-asked on the next round.
+                self.slots[self.cursor].held = false;
+            } else if s.live && s.next.is_some() {
+                let q = self.oracle.next_use(s.key);
+                self.place(self.cursor as u32, q, Leave::Dropped);
+            }
+        }
+        if self.heap.len() > 2 * self.needed + 1024 {
+            self.compact();
+        }
+    }
+
+    /// Rebuilds the heap from the live entries (drops stale items).
+    fn compact(&mut self) {
+        let items: Vec<HeapItem> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.live)
+            .filter_map(|(i, s)| {
+                s.next.map(|next| HeapItem {
+                    next,
+                    stamp: s.stamp,
+                    slot: i as u32,
+                })
+            })
+            .collect();
+        self.heap = BinaryHeap::from(items);
+    }
+
+    fn offer(&mut self, key: EntryKey) {
+        if !self.offered.contains(&key) {
+            if self.offered.len() >= OFFERED_MAX {
+                self.offered.remove(0);
+            }
+            self.offered.push(key);
+        }
+    }
+}
+
+impl EvictionPolicy for PlanPolicy {
+    fn name(&self) -> &'static str {
+        "plan"
+    }
+
+    fn insert(&mut self, info: &EntryInfo<'_>) {
+        if self.index.contains_key(&info.key) {
+            self.touch(info.key);
+            return;
+        }
+        self.check_generation();
+        let slot = Slot {
+            key: info.key,
+            next: None,
+            stamp: 0,
+            live: true,
+            held: false,
+        };
+        let i = match self.free.pop() {
+            Some(i) => {
+                self.slots[i as usize] = Slot {
+                    stamp: self.slots[i as usize].stamp.wrapping_add(1),
+                    ..slot
+                };
+                i
+            }
+            None => {
+                self.slots.push(slot);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.index.insert(info.key, i);
+        match self.oracle.next_use(info.key) {
+            Some(next) => {
+                self.needed += 1;
+                self.push(i, next);
+            }
+            None => self.rest.insert(info),
+        }
+    }
+
+    fn touch(&mut self, key: EntryKey) {
+        let Some(&i) = self.index.get(&key) else {
+            return;
+        };
+        self.check_generation();
+        if let Some(pos) = self.offered.iter().position(|&k| k == key) {
+            self.offered.swap_remove(pos);
+            if self.slots[i as usize].next.is_some() {
+                // Could not be evicted: the bottom of the heap until asked again.
+                self.push(i, 0);
+                self.slots[i as usize].held = true;
+                return;
+            }
+        }
+        let q = self.oracle.next_use(key);
+        self.place(i, q, Leave::Used);
+    }
+
+    fn remove(&mut self, key: EntryKey) {
+        self.offered.retain(|&k| k != key);
+        let Some(i) = self.index.remove(&key) else {
+            return;
+        };
+        let s = &mut self.slots[i as usize];
+        s.live = false;
+        s.stamp = s.stamp.wrapping_add(1);
+        if s.next.take().is_some() {
+            self.needed -= 1;
+        } else {
+            self.rest.remove(key);
+        }
+        self.free.push(i);
+    }
+
+    fn resize(&mut self, key: EntryKey, bytes: u64) {
+        self.rest.resize(key, bytes);
+    }
+
+    fn victim(&mut self, evictable: &mut dyn FnMut(EntryKey) -> bool) -> Option<EntryKey> {
+        self.refresh();
+        // What the plan does not need goes first, in the epoch order.
+        if let Some(k) = self.rest.victim(evictable) {
+            return Some(k);
+        }
+        let mut skipped = Vec::new();
+        let found = loop {
+            let Some(top) = self.heap.pop() else {
+                break None;
+            };
+            let s = self.slots[top.slot as usize];
+            if !s.live || s.stamp != top.stamp {
+                continue; // superseded
+            }
+            let q = self.oracle.next_use(s.key);
+            if q != Some(top.next) && !s.held {
+                // Stale: re-place it and look again (a key no longer needed is the best victim).
+                self.place(top.slot, q, Leave::Dropped);
+                if q.is_none() && evictable(s.key) {
+                    break Some(s.key);
+                }
+                continue;
+            }
+            skipped.push(top);
+            if evictable(s.key) {
+                break Some(s.key);
+            }
+        };
+        self.heap.extend(skipped);
+        if let Some(k) = found {
+            self.offer(k);
+        }
+        found
+    }
+
+    fn memory_bytes(&self) -> usize {
+        self.rest.memory_bytes()
+            + self.slots.capacity() * std::mem::size_of::<Slot>()
+            + self.free.capacity() * 4
+            + hashmap_bytes(
+                self.index.capacity(),
+                std::mem::size_of::<(EntryKey, u32)>(),
+            )
+            + self.heap.capacity() * std::mem::size_of::<HeapItem>()
+            + self.offered.capacity() * std::mem::size_of::<EntryKey>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use super::super::evict_epoch::EpochClass;
+    use super::super::simulate::{TraceOracle, Workload};
+    use super::*;
+
+    struct Fixture {
+        keys: Vec<EntryKey>,
+        oracle: Arc<TraceOracle>,
+        p: PlanPolicy,
+    }
+
+    impl Fixture {
+        fn new(objects: usize) -> Self {
+            let keys = Workload::new(objects).keys;
+            let oracle = Arc::new(TraceOracle::new(keys.clone()));
+            let p = PlanPolicy::new(oracle.clone());
+            Fixture { keys, oracle, p }
+        }
+
+        fn k(&self, o: usize) -> EntryKey {
+            self.keys[o]
+        }
+
+        fn ks(&self, v: &[usize]) -> Vec<EntryKey> {
+            v.iter().map(|&o| self.keys[o]).collect()
+        }
+
+        fn ins(&mut self, o: usize) {
+            self.p.insert(&EntryInfo {
+                key: self.keys[o],
+                identity: None,
+                bytes: 1,
+                last_used: None,
+            });
+        }
+
+        fn ins_found(&mut self, o: usize) {
+            self.p.insert(&EntryInfo {
+                key: self.keys[o],
+                identity: None,
+                bytes: 1,
+                last_used: Some(SystemTime::now() - Duration::from_secs(60)),
+            });
+        }
+    }
+
+    #[test]
+    fn furthest_next_use_goes_first_after_what_the_plan_does_not_need() {
+        let mut f = Fixture::new(8);
+        f.oracle.set_plan(&[0, 1, 2, 3, 0, 4]);
+        for o in [0, 1, 2, 3, 4, 5] {
+            f.ins(o);
+        }
+        assert_eq!(f.p.needed(), 5);
+        // 5 is not in the plan; then 4 (index 5), 3 (3), 2 (2), 1 (1), 0 (0).
+        assert_eq!(f.p.order(), f.ks(&[5, 4, 3, 2, 1, 0]));
+        assert_eq!(f.p.victim(&mut |_| true), Some(f.k(5)));
+        f.p.remove(f.k(5));
+        // Pinned entries are skipped and keep their place.
+        let pinned = f.k(4);
+        assert_eq!(f.p.victim(&mut |k| k != pinned), Some(f.k(3)));
+        f.p.remove(f.k(3));
+        assert_eq!(f.p.victim(&mut |_| true), Some(f.k(4)));
+        assert_eq!(f.p.victim(&mut |_| false), None);
+        // The reader opens 0 (index 0) and reads it: its next use is now index 4.
+        f.oracle.opened(0);
+        f.p.touch(f.k(0));
+        assert_eq!(f.p.order(), f.ks(&[4, 0, 2, 1]));
+        // ... opens 1, 2, (3,) 0: 1, 2 and 0 are not needed again: epoch order (newest
+        // first), before 4.
+        for (i, o) in [(1, 1), (2, 2), (4, 0)] {
+            f.oracle.opened(i);
+            f.p.touch(f.k(o));
+        }
+        assert_eq!(f.p.needed(), 1);
+        assert_eq!(f.p.order(), f.ks(&[0, 2, 1, 4]));
+        assert_eq!(f.p.rest().class(f.k(0)), Some(EpochClass::Done));
+        for o in [0, 1, 2, 4] {
+            f.p.remove(f.k(o));
+        }
+        assert!(f.p.is_empty());
+        assert_eq!(f.p.needed(), 0);
+        assert!(f.p.order().is_empty());
+        assert!(f.p.memory_bytes() > 0);
+    }
+
+    #[test]
+    fn entries_found_at_start_up_are_placed_by_the_plan() {
+        let mut f = Fixture::new(4);
+        f.oracle.set_plan(&[2, 3]);
+        f.ins_found(0);
+        f.ins_found(1);
+        f.ins_found(2);
+        f.ins(3);
+        // 0 and 1 are not needed: stale, in the scan's order; then 3, then 2.
+        assert_eq!(f.p.order(), f.ks(&[1, 0, 3, 2]));
+        assert_eq!(f.p.rest().class(f.k(1)), Some(EpochClass::Stale));
+    }
+
+    #[test]
+    fn a_new_plan_reorders_everything_and_what_it_does_not_need_goes_first() {
+        let mut f = Fixture::new(6);
+        f.oracle.set_plan(&[0, 1, 2, 3]);
+        for o in 0..4 {
+            f.ins(o);
+        }
+        for i in 0..4 {
+            f.oracle.opened(i);
+            f.p.touch(f.k(i as usize));
+        }
+        f.ins(4); // read outside the plan, recently
+        assert_eq!(f.p.needed(), 0);
+        // Next epoch: 3, 1 are needed; 0, 2, 4 are not, and go first, least recent first.
+        f.oracle.set_plan(&[3, 5, 1]);
+        assert_eq!(f.p.victim(&mut |_| true), Some(f.k(0)));
+        assert_eq!(f.p.needed(), 2);
+        assert_eq!(f.p.order(), f.ks(&[0, 2, 4, 1, 3]));
+        // No plan at all: the epoch order, everything stale (least recently used first).
+        f.oracle.clear();
+        assert_eq!(f.p.victim(&mut |_| true), Some(f.k(3)));
+        assert_eq!(f.p.needed(), 0);
+    }
+
+    #[test]
+    fn a_use_passed_without_a_touch_is_noticed_by_the_sweep() {
+        let mut f = Fixture::new(3);
+        f.oracle.set_plan(&[0, 1, 2]);
+        for o in 0..3 {
+            f.ins(o);
+        }
+        // The reader skips 0 and 1 without the cache seeing them.
+        f.oracle.opened(1);
+        assert_eq!(f.p.order(), f.ks(&[2, 1, 0]));
+        let v = f.p.victim(&mut |_| true);
+        assert!(v == Some(f.k(0)) || v == Some(f.k(1)), "{v:?}");
+        assert_eq!(f.p.needed(), 1);
+        assert_eq!(f.p.order().last(), Some(&f.k(2)));
+        assert_eq!(f.p.rest().class(f.k(1)), Some(EpochClass::Stale));
+    }
+
+    #[test]
+    fn a_victim_that_could_not_be_evicted_is_not_offered_again_at_once() {
+        let mut f = Fixture::new(3);
+        f.oracle.set_plan(&[0, 1, 2]);
+        for o in 0..3 {
+            f.ins(o);
+        }
+        assert_eq!(f.p.victim(&mut |_| true), Some(f.k(2)));
+        f.p.touch(f.k(2)); // the cache could not remove it
+        assert_eq!(f.p.victim(&mut |_| true), Some(f.k(1)));
+        f.p.remove(f.k(1));
+        // Asked again (a real touch), it is in its place again.
+        f.p.touch(f.k(2));
+        assert_eq!(f.p.order(), f.ks(&[2, 0]));
+    }
+
+    #[test]
+    fn without_a_plan_it_is_the_epoch_policy() {
+        let keys = Workload::new(50).keys;
+        let mut plan = PlanPolicy::new(Arc::new(NoPlan));
+        let mut epoch = EpochPolicy::new();
+        for (i, &k) in keys.iter().enumerate() {
+            let info = EntryInfo {
+                key: k,
+                identity: None,
+                bytes: 1,
+                last_used: (i % 7 == 0).then(SystemTime::now),
+            };
+            plan.insert(&info);
+            epoch.insert(&info);
+            if i % 3 == 0 {
+                plan.touch(keys[i / 2]);
+                epoch.touch(keys[i / 2]);
+            }
+            if i % 5 == 0 {
+                let a = plan.victim(&mut |_| true);
+                assert_eq!(a, epoch.victim(&mut |_| true));
+                if let Some(a) = a {
+                    plan.remove(a);
+                    epoch.remove(a);
+                }
+            }
+        }
+        assert_eq!(plan.order(), epoch.order());
+    }
+}
