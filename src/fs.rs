@@ -424,28 +424,14 @@ impl Filesystem for RiffleFs {
             return;
         };
         let parent = self.ns.parent_of(ino.0);
-        let mut index = offset;
-        loop {
-            let full = match index {
-                0 => reply.add(ino, 1, FileType::Directory, "."),
-                1 => reply.add(INodeNo(parent), 2, FileType::Directory, ".."),
-                i => match entries.get((i - 2) as usize) {
-                    Some(e) => {
-                        let kind = if e.is_dir {
-                            FileType::Directory
-                        } else {
-                            FileType::RegularFile
-                        };
-                        reply.add(INodeNo(e.ino), i + 1, kind, &*e.name)
-                    }
-                    None => break,
-                },
+        walk_listing(&entries, ino.0, parent, offset, |e, next| {
+            let kind = if e.is_dir {
+                FileType::Directory
+            } else {
+                FileType::RegularFile
             };
-            if full {
-                break;
-            }
-            index += 1;
-        }
+            reply.add(INodeNo(e.ino), next, kind, &*e.name)
+        });
         reply.ok();
     }
 
@@ -464,31 +450,10 @@ impl Filesystem for RiffleFs {
         };
         let ttl = self.ttl();
         let parent = self.ns.parent_of(ino.0);
-        let mut index = offset;
-        loop {
-            let full = match index {
-                0 => reply.add(ino, 1, ".", &ttl, &self.dot_attr(ino.0), Generation(0)),
-                1 => reply.add(
-                    INodeNo(parent),
-                    2,
-                    "..",
-                    &ttl,
-                    &self.dot_attr(parent),
-                    Generation(0),
-                ),
-                i => match entries.get((i - 2) as usize) {
-                    Some(e) => {
-                        let attr = self.dot_attr(e.ino);
-                        reply.add(INodeNo(e.ino), i + 1, &*e.name, &ttl, &attr, Generation(0))
-                    }
-                    None => break,
-                },
-            };
-            if full {
-                break;
-            }
-            index += 1;
-        }
+        walk_listing(&entries, ino.0, parent, offset, |e, next| {
+            let attr = self.dot_attr(e.ino);
+            reply.add(INodeNo(e.ino), next, &*e.name, &ttl, &attr, Generation(0))
+        });
         reply.ok();
     }
 
@@ -690,6 +655,38 @@ impl Filesystem for RiffleFs {
     }
 }
 
+/// Feeds a directory handle's entries to `add` from `offset` on: offset 0 is ".", 1 is "..",
+/// then the listing; each entry is passed with the offset of the one after it. Stops when
+/// `add` reports the reply buffer full.
+fn walk_listing(
+    entries: &[DirEntry],
+    ino: u64,
+    parent: u64,
+    offset: u64,
+    mut add: impl FnMut(&DirEntry, u64) -> bool,
+) {
+    let dot = |name: &str, ino: u64| DirEntry {
+        name: Arc::from(name),
+        ino,
+        is_dir: true,
+    };
+    let mut index = offset;
+    loop {
+        let entry = match index {
+            0 => dot(".", ino),
+            1 => dot("..", parent),
+            i => match entries.get((i - 2) as usize) {
+                Some(e) => e.clone(),
+                None => return,
+            },
+        };
+        if add(&entry, index + 1) {
+            return;
+        }
+        index += 1;
+    }
+}
+
 /// A backing file for passthrough of `ino`: the one already in use for the inode, or the
 /// object's complete and verified cache file. `None` (served by the daemon) when the file is
 /// not cached and verified yet, or when daemon-served handles of the inode are open (the kernel
@@ -765,6 +762,35 @@ mod tests {
         for (error, errno) in cases {
             assert_eq!(ns_errno(&error), errno, "{error:?}");
         }
+    }
+
+    #[test]
+    fn listings_resume_at_any_offset() {
+        let entries: Vec<DirEntry> = (0..5)
+            .map(|i| DirEntry {
+                name: Arc::from(format!("f{i}").as_str()),
+                ino: 10 + i,
+                is_dir: false,
+            })
+            .collect();
+        let collect = |offset: u64, room: usize| {
+            let mut out = Vec::new();
+            walk_listing(&entries, 2, 1, offset, |e, next| {
+                out.push((e.name.to_string(), e.ino, next));
+                out.len() == room
+            });
+            out
+        };
+        let all = collect(0, 100);
+        assert_eq!(all.len(), 7);
+        assert_eq!(all[0], (".".into(), 2, 1));
+        assert_eq!(all[1], ("..".into(), 1, 2));
+        assert_eq!(all[6], ("f4".into(), 14, 7));
+        // A full buffer after three entries; the kernel resumes at the last offset given.
+        let first = collect(0, 3);
+        let rest = collect(first[2].2, 100);
+        assert_eq!([first, rest].concat(), all);
+        assert!(collect(7, 100).is_empty());
     }
 
     #[test]

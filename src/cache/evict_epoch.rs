@@ -875,4 +875,52 @@ mod tests {
         p.touch(k(3));
         assert_eq!(p.order(), keys(&[3, 1]));
     }
+
+    #[test]
+    fn reads_of_prefetched_entries_do_not_end_epochs() {
+        // Read-ahead: every object is written 100 accesses before the reader reads it. The read
+        // is a second access, but far sooner than a next pass could come back (there are 100+
+        // entries), so it is not a repeat.
+        let mut p = EpochPolicy::new();
+        for n in 0..100 {
+            ins(&mut p, n);
+        }
+        for n in 100..2000 {
+            ins(&mut p, n);
+            p.touch(k(n - 100));
+        }
+        assert_eq!(p.boundaries(), 0);
+        // The entry just read is the next victim; the ones fetched ahead are kept.
+        assert_eq!(p.victim(&mut |_| true), Some(k(1899)));
+    }
+
+    #[test]
+    fn a_reader_that_moves_on_to_other_data_ends_the_epoch() {
+        let mut p = EpochPolicy::new();
+        // Dataset A, twice: one detected boundary, and A's size is known.
+        for n in 0..200 {
+            ins(&mut p, n);
+        }
+        others(&mut p, 10_000, 200);
+        for n in 0..200 {
+            p.touch(k(n));
+        }
+        assert_eq!(p.boundaries(), 1);
+        // Dataset B, never repeating: once B has had 1.5 times as many objects as the last
+        // epoch, the epoch ends where B began.
+        for n in 1000..1600 {
+            ins(&mut p, n);
+        }
+        assert_eq!(p.boundaries(), 2);
+        assert_eq!(p.class(k(5)), Some(EpochClass::Pending));
+        assert_eq!(p.class(k(1000)), Some(EpochClass::Done));
+        // One epoch later A is stale and goes first.
+        for n in 1600..2200 {
+            ins(&mut p, n);
+        }
+        assert_eq!(p.boundaries(), 3);
+        assert_eq!(p.class(k(5)), Some(EpochClass::Stale));
+        let v = p.victim(&mut |_| true);
+        assert!(v.is_some_and(|v| (0..200).any(|n| k(n) == v)), "{v:?}");
+    }
 }
