@@ -10,7 +10,8 @@
 //! the window to zero: random readers fetch only the blocks they touch.
 //!
 //! Read-ahead is remembered as a high-water mark so each block is requested once per handle,
-//! not once per read.
+//! not once per read. Without the NVMe cache, the window is capped at a quarter of the memory
+//! cache, so what is read ahead is still there when the reader gets to it.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -124,6 +125,16 @@ impl FileReader {
     ) -> Self {
         let fc = fetcher.config();
         let (tolerance, step) = (fc.block_size, fc.block_size * fc.max_part_blocks);
+        // Blocks read ahead wait in the memory cache: a window larger than a quarter of it
+        // would have them evicted before the reader arrives (and fetched twice). With the
+        // NVMe cache they also land on disk, so the full window is safe.
+        let mut config = config;
+        if fetcher.disk().is_none() {
+            config.max_window = config
+                .max_window
+                .min(fc.block_cache_bytes / 4)
+                .max(config.initial_window);
+        }
         FileReader {
             object,
             fetcher,

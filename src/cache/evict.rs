@@ -13,10 +13,11 @@
 //! they keep the order of their last use in earlier runs (the index file's mtime) and are
 //! colder than anything used in this run.
 //!
-//! Dataset-aware policies (the prefetch issue: the epoch plan's Belady order, or "evict what
-//! was just read in this epoch") implement the same trait; they get each entry's identity on
-//! insert, and can be told about the plan through their own methods before being handed to
-//! the cache.
+//! Dataset-aware policies implement the same trait: [`super::evict_epoch::EpochPolicy`]
+//! ("evict what was just read in this epoch", with inferred epoch boundaries) and
+//! [`super::evict_plan::PlanPolicy`] (Belady from the epoch plan, through a
+//! [`super::evict_plan::PlanOracle`]); [`super::policy::make_policy`] picks one by name, and
+//! [`super::simulate`] measures them.
 
 use std::collections::HashMap;
 use std::time::SystemTime;

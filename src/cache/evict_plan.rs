@@ -25,16 +25,19 @@
 //! skipped; for that, each `victim` call re-asks the oracle about [`SWEEP`] entries in turn
 //! (so every entry is re-checked once every `len / SWEEP` evictions), and the candidate at
 //! the top of the heap is always re-checked before it is returned. A plan replacement
-//! changes everything: the oracle's [`PlanOracle::generation`] changes, and the next `victim`
-//! re-asks about every entry (O(n log n) once per plan); the entries the new plan does not
-//! need all become stale in the inner policy, so they go first, least recently used first.
+//! changes everything: the oracle's [`PlanOracle::generation`] changes, and the next call of
+//! any kind re-asks about every entry (O(n log n) once per plan); the entries the new plan
+//! does not need all become stale in the inner policy, so they go first, least recently used
+//! first.
 //!
 //! Cost: `touch` is one oracle lookup plus O(log n); `victim` is O(log n) amortised, plus
 //! O(log n) per unevictable entry at the top of the heap (pinned files are few), plus
 //! [`SWEEP`] lookups. The alternative — sampling a few dozen random entries per eviction and
-//! taking the furthest, as Redis does — needs no heap and no stamps but is only approximately
-//! Belady, and on a 50% cache it often evicts an entry needed soon; the heap costs 16 bytes
-//! per needed entry and is exact whenever the reader's uses are seen as touches.
+//! taking the furthest, as Redis does — needs no heap and no stamps, but it is only
+//! approximately Belady (the furthest of the sample, not of all) and costs a few dozen oracle
+//! lookups per eviction; the heap costs 16 bytes per needed entry and is exact whenever the
+//! reader's uses are seen as touches (the simulator checks it equals Belady's MIN access for
+//! access).
 //!
 //! The oracle is called with the cache's state lock held: it must be cheap (a hash lookup)
 //! and must never call back into the cache.
@@ -60,6 +63,16 @@ const OFFERED_MAX: usize = 64;
 ///
 /// Implemented by the prefetch scheduler. Positions are plan indices (0-based lines of the
 /// plan); the reader's position is the first plan item it has not opened yet.
+///
+/// - Mark an item opened before (or at least while) the cache is used for it: the policy asks
+///   on every touch (open, block read, block write), and an entry whose next use is still
+///   reported as the one being read looks needed right now.
+/// - Report everything the scheduler has fetched or is fetching ahead of the reader as a
+///   future use — plan items, and read-ahead items too (e.g. at `position + distance`, or
+///   the index they would have in the listing order): an entry fetched ahead and not yet read
+///   must never look "not needed", or it is the first thing evicted.
+/// - Called with the disk cache's state lock held: answer from memory (a hash lookup and an
+///   atomic load), never block, never call into the cache.
 pub trait PlanOracle: Send + Sync {
     /// The smallest plan index `i` at or after the reader's position such that item `i` is the
     /// object of `key` and has not been opened yet; `None` when the rest of the plan does not
@@ -212,6 +225,7 @@ impl PlanPolicy {
                 let s = &mut self.slots[i as usize];
                 s.stamp = s.stamp.wrapping_add(1);
                 s.next = None;
+                s.held = false;
                 self.needed -= 1;
                 self.rest.insert(&EntryInfo {
                     key: s.key,
@@ -353,13 +367,16 @@ impl EvictionPolicy for PlanPolicy {
         };
         self.check_generation();
         if let Some(pos) = self.offered.iter().position(|&k| k == key) {
+            // Handed out as a victim and not removed: the cache could not evict it.
             self.offered.swap_remove(pos);
             if self.slots[i as usize].next.is_some() {
-                // Could not be evicted: the bottom of the heap until asked again.
+                // The bottom of the heap until the oracle is asked again.
                 self.push(i, 0);
                 self.slots[i as usize].held = true;
-                return;
+            } else {
+                self.rest.hold(key);
             }
+            return;
         }
         let q = self.oracle.next_use(key);
         self.place(i, q, Leave::Used);

@@ -4,9 +4,13 @@
 //! |---------|------------------------------------------------------------------------|
 //! | `lru`   | least recently used first ([`LruPolicy`])                              |
 //! | `epoch` | stale, then read in this epoch newest first, then read last epoch, hot last ([`EpochPolicy`]) |
-//! | `plan`  | not needed by the plan (in the `epoch` order), then furthest next use ([`PlanPolicy`]); exactly `epoch` while no plan is set |
+//! | `plan`  | not needed by the plan (in the `epoch` order), then furthest next use ([`PlanPolicy`]); exactly `epoch` while the oracle reports nothing |
 //!
-//! Measured hit ratios are in [`super::simulate`]'s documentation.
+//! Measured hit ratios are in [`super::simulate`]'s documentation. The default is `plan`:
+//! with a plan it is Belady (optimal on W5, and far ahead wherever the order is not a single
+//! shuffle), without one it is `epoch` (W5: 0.4995 of a possible 0.5 against LRU's 0.15–0.16;
+//! about LRU's ratio on workloads without epochs, Zipf 0.671 against 0.674), and it protects
+//! whatever the scheduler reports as fetched ahead. `lru` remains for comparison.
 
 use std::fmt;
 use std::str::FromStr;

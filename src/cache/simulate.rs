@@ -17,23 +17,49 @@
 //!
 //! # Results
 //! `cargo test -p rifflefs --lib cache::simulate -- --nocapture` prints the tables. W5: 2,000
-//! objects, capacity 1,000 (50%), 3 epochs, a fresh seeded shuffle per epoch; hit ratio per
-//! epoch (epoch 1 is cold for every policy):
+//! objects, capacity 1,000 (50%), 3 epochs, a fresh seeded shuffle per epoch (seed 5); hit
+//! ratio per epoch, hits in brackets (epoch 1 is cold for every policy):
 //!
 //! ```text
-//! policy                  epoch 1  epoch 2  epoch 3
-//! lru                       0.000    0.307    0.311
-//! epoch                     0.000    0.495    0.497
-//! plan (per-epoch plan)     0.000    0.500    0.500
-//! plan (whole future)       0.000    0.500    0.500
-//! optimum (Belady MIN)      0.000    0.500    0.500
+//! policy                        epoch 1        epoch 2        epoch 3
+//! lru                    0.0000 (   0)  0.1485 ( 297)  0.1605 ( 321)
+//! epoch                  0.0000 (   0)  0.4995 ( 999)  0.4995 ( 999)
+//! plan (per-epoch plan)  0.0000 (   0)  0.4995 ( 999)  0.5000 (1000)
+//! plan (whole future)    0.0000 (   0)  0.5000 (1000)  0.5000 (1000)
+//! optimum (Belady MIN)   0.0000 (   0)  0.5000 (1000)  0.5000 (1000)
 //! ```
 //!
+//! Eight more seeds give the same picture (epochs 2–3: LRU 0.152–0.162, epoch 0.4993–0.5000,
+//! plan with per-epoch plans 0.4995–0.5000, plan with the whole future = optimum = 0.5000).
 //! On a fresh shuffle no policy can hit more than `capacity / N` of an epoch (each object is
-//! read once per epoch, so only what was cached when the epoch began can hit), and the epoch
-//! policy gets within a few accesses of that without a plan. More workloads (sequential order,
-//! hot files, a dataset switch, a small cache, several readers with pinned files, Zipf) are in
-//! the second table printed by the tests (`robustness`).
+//! read once per epoch, so only what was cached when the epoch began can hit); the epoch
+//! policy gets within one or two accesses of that without a plan. A per-epoch plan loses at
+//! most the first access of an epoch, when it misses into a cache full of objects the new
+//! plan needs.
+//!
+//! The `robustness` test prints more workloads (hit ratio of epochs 2 on; capacity 1,000
+//! unless noted):
+//!
+//! ```text
+//! workload                              lru    epoch  plan/epoch  optimum
+//! W5, 6 epochs                          0.156  0.499  0.500       0.500
+//! W5, 16 pinned readers, 4 touches      0.154  0.493  0.494       -
+//! same order every epoch                0.000  0.500  0.500       0.500
+//! shuffle, 20,000 objects, cache 10%    0.005  0.100  0.100       0.100
+//! shuffle, 20,000 objects, cache 50%    0.153  0.500  0.500       0.500
+//! shuffle + 10 hot files                0.229  0.540  0.540       0.541
+//! shuffle + 1 file read every 10        0.230  0.544  0.545       0.545
+//! two jobs on one dataset, interleaved  0.327  0.406  0.665       0.722
+//! dataset A ×3, then B ×3 (epochs 4–6)  0.101  0.167  0.333       0.333
+//! 1,000 old objects found at start-up   0.148  0.499  0.499       -
+//! Zipf 1.0 over 10,000 (no epochs)      0.674  0.671  0.794       0.816
+//! uniform random                        0.494  0.506  0.678       0.785
+//! ```
+//!
+//! With read-ahead (the next 64 objects fetched into the cache after each read; everything
+//! then hits, so the cost is in fetches): W5 takes 5,443 fetches with LRU, 4,082 with epoch
+//! and 4,064 with plan, for 6,000 reads (the minimum is 4,000); the same order every epoch
+//! 5,999 / 3,999 / 3,999.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -538,6 +564,8 @@ impl PlanOracle for TraceOracle {
 pub(crate) mod tests {
     use super::*;
 
+    const KINDS: [EvictionKind; 3] = [EvictionKind::Lru, EvictionKind::Epoch, EvictionKind::Plan];
+
     fn row(name: &str, r: &[f64]) -> String {
         let cells: Vec<String> = r.iter().map(|x| format!("{x:>7.3}")).collect();
         format!("{name:<22} {}", cells.join("  "))
@@ -613,13 +641,25 @@ pub(crate) mod tests {
         let plan_epoch = run(EvictionKind::Plan, &w, &opts, PlanMode::PerEpoch);
         let plan = run(EvictionKind::Plan, &w, &opts, PlanMode::WholeTrace);
         let min = belady_min(&w, 1000);
-        println!("\nW5: 2,000 objects, capacity 1,000, 3 shuffled epochs (hit ratio)");
-        println!("{:<22} epoch 1  epoch 2  epoch 3", "policy");
-        println!("{}", row("lru", &lru.ratios()));
-        println!("{}", row("epoch", &epoch.ratios()));
-        println!("{}", row("plan (per-epoch plan)", &plan_epoch.ratios()));
-        println!("{}", row("plan (whole future)", &plan.ratios()));
-        println!("{}", row("optimum (Belady MIN)", &min.ratios()));
+        println!("\nW5: 2,000 objects, capacity 1,000, 3 shuffled epochs: hit ratio (hits)");
+        println!(
+            "{:<22} {:>14} {:>14} {:>14}",
+            "policy", "epoch 1", "epoch 2", "epoch 3"
+        );
+        for (name, r) in [
+            ("lru", &lru),
+            ("epoch", &epoch),
+            ("plan (per-epoch plan)", &plan_epoch),
+            ("plan (whole future)", &plan),
+            ("optimum (Belady MIN)", &min),
+        ] {
+            let cells: Vec<String> = r
+                .epochs
+                .iter()
+                .map(|e| format!("{:.4} ({:>4})", e.hit_ratio(), e.hits))
+                .collect();
+            println!("{name:<22} {}", cells.join("  "));
+        }
         for e in 1..3 {
             let hits = |r: &SimReport| r.epochs[e].hits;
             assert!(hits(&plan) >= hits(&epoch), "epoch {e}");
@@ -631,6 +671,33 @@ pub(crate) mod tests {
         // Belady with the whole future is the optimum, access for access.
         assert_eq!(plan.epochs, min.epochs);
         assert_eq!(lru.hit_ratio(0), 0.0);
+
+        // The same on other seeds: hit ratio over epochs 2 and 3.
+        println!("seed    lru    epoch  plan/epoch  plan/whole  optimum");
+        for seed in 100..108 {
+            let w = Workload::shuffled(2000, 3, seed);
+            let lru = run(EvictionKind::Lru, &w, &opts, PlanMode::PerEpoch);
+            let epoch = run(EvictionKind::Epoch, &w, &opts, PlanMode::PerEpoch);
+            let plan_epoch = run(EvictionKind::Plan, &w, &opts, PlanMode::PerEpoch);
+            let plan = run(EvictionKind::Plan, &w, &opts, PlanMode::WholeTrace);
+            let min = belady_min(&w, 1000);
+            println!(
+                "{seed:<4} {:>6.4} {:>8.4} {:>11.4} {:>11.4} {:>8.4}",
+                lru.hit_ratio_from(1),
+                epoch.hit_ratio_from(1),
+                plan_epoch.hit_ratio_from(1),
+                plan.hit_ratio_from(1),
+                min.hit_ratio_from(1)
+            );
+            for e in 1..3 {
+                let hits = |r: &SimReport| r.epochs[e].hits;
+                assert!(hits(&plan) >= hits(&epoch), "seed {seed} epoch {e}");
+                assert!(hits(&epoch) > hits(&lru) + 200, "seed {seed} epoch {e}");
+                assert!(hits(&plan_epoch) + 1 >= hits(&min), "seed {seed} epoch {e}");
+                assert!(hits(&epoch) + 10 >= hits(&min), "seed {seed} epoch {e}");
+            }
+            assert_eq!(plan.epochs, min.epochs, "seed {seed}");
+        }
     }
 
     /// Shuffled epochs over `objects` with `hot` extra objects, one of which is read after
@@ -789,6 +856,7 @@ pub(crate) mod tests {
             },
         ];
         println!("\nhit ratio per epoch");
+        let mut summary = Vec::new();
         for c in &cases {
             let lru = run(EvictionKind::Lru, &c.w, &c.opts, PlanMode::PerEpoch);
             let epoch = run(EvictionKind::Epoch, &c.w, &c.opts, PlanMode::PerEpoch);
@@ -812,15 +880,35 @@ pub(crate) mod tests {
             println!("{}", row("  epoch", &epoch.ratios()));
             println!("{}", row("  plan (per-epoch)", &plan.ratios()));
             println!("{}", row("  plan (whole)", &whole.ratios()));
+            let from = if c.name.starts_with("dataset A") {
+                3
+            } else {
+                1
+            };
+            let mut line = format!(
+                "{:<36} {:>6.3} {:>6.3} {:>10.3}",
+                c.name,
+                lru.hit_ratio_from(from),
+                epoch.hit_ratio_from(from),
+                plan.hit_ratio_from(from)
+            );
             if c.opts.pinned_recent == 0 && c.opts.found.is_empty() && c.opts.prefetch == 0 {
                 let min = belady_min(&c.w, c.opts.capacity);
                 println!("{}", row("  optimum", &min.ratios()));
                 assert_eq!(whole.epochs, min.epochs, "{}", c.name);
+                line += &format!(" {:>8.3}", min.hit_ratio_from(from));
             }
-            // Never worse than LRU after the first epoch, and the plan never worse than
-            // the epoch order (within an access per epoch).
+            summary.push(line);
+            // After the first epoch: far better than LRU on epochs, about as good without
+            // them; the plan never worse than the epoch order (within an access per epoch).
             let after = |r: &SimReport| r.hit_ratio_from(1);
-            assert!(after(&epoch) >= after(&lru) - 0.001, "{}", c.name);
+            if c.name.starts_with("zipf") || c.name.starts_with("uniform") {
+                assert!(after(&epoch) >= after(&lru) - 0.015, "{}", c.name);
+            } else if c.opts.prefetch == 0 {
+                assert!(after(&epoch) >= after(&lru) + 0.05, "{}", c.name);
+            } else {
+                assert!(lru.prefetched >= epoch.prefetched, "{}", c.name);
+            }
             assert!(after(&plan) >= after(&epoch) - 0.002, "{}", c.name);
             assert!(after(&whole) >= after(&plan) - 0.002, "{}", c.name);
             if c.name.starts_with("dataset A") || c.name.starts_with("found") {
@@ -829,6 +917,50 @@ pub(crate) mod tests {
                 assert!(epoch.hit_ratio(last) > 0.49, "{}", c.name);
                 assert!(plan.hit_ratio(last) > 0.49, "{}", c.name);
             }
+        }
+        println!("\nhit ratio from epoch 2 (dataset A/B: from epoch 4)");
+        println!(
+            "{:<36} {:>6} {:>6} {:>10} {:>8}",
+            "workload", "lru", "epoch", "plan/epoch", "optimum"
+        );
+        for line in summary {
+            println!("{line}");
+        }
+    }
+
+    /// Cost per access at scale (`--ignored`; prints only: timings on a shared machine).
+    #[test]
+    #[ignore]
+    fn scale() {
+        let objects: usize = std::env::var("RIFFLE_SIM_OBJECTS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(200_000);
+        let w = Workload::shuffled(objects, 2, 1);
+        let opts = SimOptions::new(objects / 2);
+        for kind in KINDS {
+            let t = std::time::Instant::now();
+            let r = run(kind, &w, &opts, PlanMode::PerEpoch);
+            let per = t.elapsed().as_nanos() as f64 / w.accesses() as f64;
+            // Memory with every entry in the plan (the heap's worst case).
+            let oracle = Arc::new(TraceOracle::new(w.keys.clone()));
+            oracle.set_plan(&w.epochs[0]);
+            let mut p = make_policy(kind, Some(oracle));
+            for k in &w.keys[..objects / 2] {
+                p.insert(&EntryInfo {
+                    key: *k,
+                    identity: None,
+                    bytes: 1,
+                    last_used: None,
+                });
+            }
+            let mem = p.memory_bytes() as f64 / (objects / 2) as f64;
+            println!(
+                "{kind:<6} {objects} objects, cache {}: {per:.0} ns/access (with the simulator), \
+                 epoch 2 hit ratio {:.3}, policy memory {mem:.0} B/entry",
+                objects / 2,
+                r.hit_ratio(1)
+            );
         }
     }
 }

@@ -1,8 +1,12 @@
 //! The in-memory cache of completed blocks: byte-weighted, bounded, shared by all handles.
 //!
-//! A thin wrapper over moka's concurrent cache (TinyLFU admission, LRU eviction) weighted by
-//! block length, so the bytes held never exceed the configured size however many files are
-//! open. A size of zero disables it (every read then goes to the in-flight table or the store).
+//! A thin wrapper over moka's concurrent cache weighted by block length, so the bytes held
+//! never exceed the configured size however many files are open. A size of zero disables it
+//! (every read then goes to the in-flight table or the store).
+//!
+//! Plain LRU rather than moka's default TinyLFU, whose admission filter may refuse a new entry
+//! that looks less frequent than the one it would evict: a block fetched ahead of a sequential
+//! reader has been seen exactly once, and must be kept until the reader arrives.
 
 use bytes::Bytes;
 
@@ -18,6 +22,7 @@ impl BlockCache {
     pub fn new(max_bytes: u64) -> Self {
         let inner = (max_bytes > 0).then(|| {
             moka::sync::Cache::builder()
+                .eviction_policy(moka::policy::EvictionPolicy::lru())
                 .max_capacity(max_bytes)
                 .weigher(|_k: &BlockKey, v: &Bytes| v.len().try_into().unwrap_or(u32::MAX))
                 .build()

@@ -350,3 +350,46 @@ mod with_disk {
         out
     }
 }
+
+#[tokio::test]
+async fn read_ahead_into_a_full_memory_cache_is_kept_for_the_reader() {
+    // A cache of 8 blocks, already full of other, often-read data; blocks prefetched next
+    // must still be there for the reader.
+    let config = FetchConfig {
+        block_cache_bytes: 8 * BS,
+        ..small()
+    };
+    let body = data(64 * BS as usize, 13);
+    let (store, f, v) = setup(config, &[("k", body.clone())]);
+    // Fill the cache with blocks read several times (frequent, in TinyLFU's eyes).
+    for _ in 0..4 {
+        for i in 0..8 {
+            f.read(&v[0], i * BS..(i + 1) * BS).await.unwrap();
+        }
+    }
+    f.prefetch(&v[0], 40..44);
+    until_cached(&f, &v[0], 40..44).await;
+    let gets = store.count(Op::Get);
+    assert_eq!(
+        &f.read(&v[0], 40 * BS..44 * BS).await.unwrap()[..],
+        &body[40 * BS as usize..44 * BS as usize]
+    );
+    assert_eq!(
+        store.count(Op::Get),
+        gets,
+        "the prefetched blocks were kept"
+    );
+}
+
+async fn until_cached(f: &Fetcher, obj: &Arc<ObjectVersion>, blocks: std::ops::Range<u64>) {
+    for _ in 0..5000 {
+        if blocks
+            .clone()
+            .all(|i| f.block_cache().get(&(obj.clone(), i)).is_some())
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("prefetched blocks never arrived in the cache");
+}
