@@ -171,6 +171,12 @@ fn bad_input_gets_a_clear_reason() {
         ),
         (with(&["--cache-size", "120%"]), vec![], 2, "cache-size"),
         (
+            with(&["--cache-dir", "/tmp", "--eviction", "random"]),
+            vec![],
+            2,
+            "eviction policy",
+        ),
+        (
             with(&["--cache-dir", "/proc/riffle-cache"]),
             vec![],
             1,

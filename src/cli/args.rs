@@ -6,6 +6,7 @@ use clap::{Args, Parser, Subcommand};
 
 use super::size::{parse_bytes, parse_size, SizeSpec};
 use super::source::Source;
+use crate::cache::EvictionKind;
 use crate::namespace::MetadataTtl;
 
 #[derive(Debug, Parser)]
@@ -154,6 +155,12 @@ pub struct MountArgs {
     #[arg(long, value_name = "SIZE|N%", default_value = "90%", value_parser = parse_size, requires = "cache_dir")]
     pub cache_size: SizeSpec,
 
+    /// How the cache chooses what to evict: `plan` (the epoch plan's furthest-next-use first,
+    /// `epoch` order for the rest), `epoch` (what was read this epoch goes first: beats LRU on
+    /// shuffled epochs), or `lru`
+    #[arg(long, value_name = "POLICY", default_value = "plan", value_parser = parse_eviction, requires = "cache_dir")]
+    pub eviction: EvictionKind,
+
     /// Never hand cached files to the kernel (FUSE passthrough); every read goes through the daemon
     #[arg(long)]
     pub no_passthrough: bool,
@@ -219,6 +226,11 @@ fn parse_mode(s: &str) -> Result<u16, String> {
         .ok()
         .filter(|m| *m <= 0o7777)
         .ok_or_else(|| format!("'{s}' is not an octal file mode like 0444"))
+}
+
+fn parse_eviction(s: &str) -> Result<EvictionKind, String> {
+    s.parse::<EvictionKind>()
+        .map_err(|_| format!("'{s}' is not an eviction policy (plan, epoch or lru)"))
 }
 
 fn parse_block_size(s: &str) -> Result<u64, String> {

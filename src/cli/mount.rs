@@ -16,7 +16,7 @@ use super::args::MountArgs;
 use super::daemon::{self, Readiness};
 use super::size::SizeSpec;
 use super::{logging, one_line};
-use crate::cache::{CacheConfig, DiskCache, SizeLimit};
+use crate::cache::{make_policy, CacheConfig, DiskCache, SizeLimit};
 use crate::control;
 use crate::control::MountControl;
 use crate::fetch::{DiskTier, FetchConfig, Fetcher};
@@ -25,7 +25,7 @@ use crate::metrics::fuse_ops::FuseOps;
 use crate::metrics::{serve_metrics, MountMetrics};
 use crate::namespace::Namespace;
 use crate::prefetch::plan::Plan;
-use crate::prefetch::{PrefetchConfig, Prefetcher};
+use crate::prefetch::{Oracle, PrefetchConfig, Prefetcher};
 use crate::reader::ReadAheadConfig;
 use crate::store::retry::{RetryPolicy, RetryingStore};
 use crate::store::s3::{S3Config, S3Store};
@@ -94,6 +94,7 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
         block_size: args.block_size,
         ..FetchConfig::default()
     };
+    let oracle = Arc::new(Oracle::default());
     let disk = match &args.cache_dir {
         None => None,
         Some(dir) => {
@@ -103,7 +104,8 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
             };
             let mut cc = CacheConfig::new(dir, limit);
             cc.block_size = fetch_config.block_size;
-            let cache = DiskCache::open(cc)
+            let policy = make_policy(args.eviction, Some(oracle.clone()));
+            let cache = DiskCache::open_with_policy(cc, policy)
                 .with_context(|| format!("cannot use cache directory {}", dir.display()))?;
             let endpoint = args.endpoint_url.as_deref().unwrap_or("aws-s3");
             Some(Arc::new(DiskTier::new(
@@ -116,6 +118,7 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
     let flush_on_exit = disk.clone();
     let fetcher = Fetcher::new(store, fetch_config, runtime.handle().clone(), disk);
     let prefetch = Prefetcher::new(ns.clone(), fetcher.clone(), prefetch_config(args, &fetcher));
+    oracle.bind(&prefetch);
     if let Some(path) = &args.prefetch_plan {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read the prefetch plan {}", path.display()))?;

@@ -22,19 +22,25 @@
 //! in-file read-ahead takes over when they are opened). Every open is checked against the
 //! caches, so `riffle stats` reports how many opened files were already fully cached.
 //! [`Prefetcher::shutdown`] stops the scheduler and every job promptly.
+//!
+//! The NVMe cache's plan-aware eviction asks the prefetcher (through [`Oracle`]) when each
+//! cached object is needed next: its plan index if the reader has not opened it yet, "soon"
+//! for files fetched ahead in directory order, never otherwise. Those answers are given with
+//! `try_lock` only, because the cache asks while holding its own lock.
 
 pub mod dirorder;
 pub mod plan;
 pub mod warm;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 
 use parking_lot::Mutex;
 use serde_json::json;
 use tokio::sync::Notify;
 
+use crate::cache::{EntryKey, PlanOracle};
 use crate::fetch::{Fetcher, ObjectVersion, Priority};
 use crate::namespace::{Kind, Namespace, NamespaceError};
 use dirorder::DirOrder;
@@ -75,7 +81,13 @@ pub struct PrefetchStats {
 struct PlanSlot {
     tracker: PlanTracker,
     generation: u64,
+    /// Cache entries of the plan items resolved so far, and their plan index.
+    entries: HashMap<EntryKey, usize>,
 }
+
+/// Files fetched ahead outside a plan (directory order) that the eviction policy should
+/// treat as needed soon; bounded.
+const MAX_AHEAD_TRACKED: usize = 65_536;
 
 /// See the module documentation.
 pub struct Prefetcher {
@@ -90,6 +102,35 @@ pub struct Prefetcher {
     stats: PrefetchStats,
     jobs: Mutex<HashMap<u64, Arc<WarmJob>>>,
     next_job: AtomicU64,
+    ahead: Mutex<HashSet<EntryKey>>,
+}
+
+/// The eviction policy's view of the plan (see `cache::PlanOracle`), bound to the
+/// prefetcher once both exist (the cache is opened before the prefetcher is built).
+#[derive(Default)]
+pub struct Oracle {
+    prefetcher: OnceLock<Weak<Prefetcher>>,
+}
+
+impl Oracle {
+    pub fn bind(&self, prefetcher: &Arc<Prefetcher>) {
+        let _ = self.prefetcher.set(Arc::downgrade(prefetcher));
+    }
+
+    fn get(&self) -> Option<Arc<Prefetcher>> {
+        self.prefetcher.get().and_then(Weak::upgrade)
+    }
+}
+
+impl PlanOracle for Oracle {
+    fn next_use(&self, key: EntryKey) -> Option<u64> {
+        self.get()?.next_use(key)
+    }
+
+    fn generation(&self) -> u64 {
+        self.get()
+            .map_or(0, |p| p.generation.load(Ordering::Relaxed))
+    }
 }
 
 impl Prefetcher {
@@ -106,6 +147,7 @@ impl Prefetcher {
             stats: PrefetchStats::default(),
             jobs: Mutex::new(HashMap::new()),
             next_job: AtomicU64::new(1),
+            ahead: Mutex::new(HashSet::new()),
         })
     }
 
@@ -141,6 +183,7 @@ impl Prefetcher {
             plan.map(|p| PlanSlot {
                 tracker: PlanTracker::new(p, lag),
                 generation,
+                entries: HashMap::new(),
             }),
         );
         if let Some(old) = old {
@@ -152,9 +195,33 @@ impl Prefetcher {
         self.wake.notify_one();
     }
 
+    fn entry_key(&self, obj: &ObjectVersion) -> Option<EntryKey> {
+        self.fetcher.disk().map(|d| d.identity(obj).entry_key())
+    }
+
+    /// When the plan (or directory-order read-ahead) needs the cache entry `key` next: the
+    /// plan index of its next use, `None` if nothing ahead needs it.
+    fn next_use(&self, key: EntryKey) -> Option<u64> {
+        if let Some(slot) = self.plan.try_lock()?.as_ref() {
+            let position = slot.tracker.position();
+            if let Some(&i) = slot.entries.get(&key) {
+                let needed = i >= position && slot.tracker.state(i) != plan::ItemState::Opened;
+                return needed.then_some(i as u64);
+            }
+            if self.ahead.try_lock()?.contains(&key) {
+                return Some(position as u64);
+            }
+            return None;
+        }
+        self.ahead.try_lock()?.contains(&key).then_some(0)
+    }
+
     /// Tells the prefetcher that `ino` (the object `obj`) was opened.
     pub fn on_open(self: &Arc<Self>, ino: u64, obj: &Arc<ObjectVersion>) {
         self.stats.opens.fetch_add(1, Ordering::Relaxed);
+        if let Some(key) = self.entry_key(obj) {
+            self.ahead.lock().remove(&key);
+        }
         let cached = self.fetcher.is_cached(obj);
         if cached {
             self.stats.opens_cached.fetch_add(1, Ordering::Relaxed);
@@ -204,6 +271,13 @@ impl Prefetcher {
                 size,
             });
             self.stats.dir_order_fetched.fetch_add(1, Ordering::Relaxed);
+            if let Some(key) = self.entry_key(&obj) {
+                let mut ahead = self.ahead.lock();
+                if ahead.len() >= MAX_AHEAD_TRACKED {
+                    ahead.clear();
+                }
+                ahead.insert(key);
+            }
             let this = self.clone();
             tokio::spawn(async move {
                 if !this.is_stopped() {
@@ -268,6 +342,13 @@ impl Prefetcher {
                             etag,
                             size,
                         });
+                        if let Some(key) = self.entry_key(&obj) {
+                            if let Some(slot) = self.plan.lock().as_mut() {
+                                if slot.generation == generation {
+                                    slot.entries.entry(key).or_insert(i);
+                                }
+                            }
+                        }
                         match self.fetch_file(&obj).await {
                             Ok(bytes) => {
                                 self.stats.plan_fetched.fetch_add(1, Ordering::Relaxed);

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::*;
+use crate::cache::PlanOracle;
 use crate::fetch::FetchConfig;
 use crate::namespace::MetadataTtl;
 use crate::store::memory::{MemoryStore, Op};
@@ -18,6 +19,15 @@ struct Setup {
 }
 
 fn setup(keys: &[String], max_inflight: usize, config: PrefetchConfig) -> Setup {
+    setup_with(keys, max_inflight, config, None)
+}
+
+fn setup_with(
+    keys: &[String],
+    max_inflight: usize,
+    config: PrefetchConfig,
+    disk: Option<Arc<crate::fetch::DiskTier>>,
+) -> Setup {
     let store = Arc::new(MemoryStore::new());
     for (i, k) in keys.iter().enumerate() {
         store.put(k, vec![i as u8; FILE]);
@@ -33,7 +43,7 @@ fn setup(keys: &[String], max_inflight: usize, config: PrefetchConfig) -> Setup 
             ..FetchConfig::default()
         },
         tokio::runtime::Handle::current(),
-        None,
+        disk,
     );
     let prefetch = Prefetcher::new(ns.clone(), fetcher.clone(), config);
     prefetch.start();
@@ -271,4 +281,54 @@ async fn warm_fetches_a_subtree_and_reports_progress() {
             .is_some_and(|p| p.phase == warm::Phase::Failed)
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_oracle_tells_eviction_when_plan_items_are_needed() {
+    use crate::cache::{CacheConfig, DiskCache, SizeLimit};
+    let dir = tempfile::tempdir().unwrap();
+    let mut cc = CacheConfig::new(dir.path(), SizeLimit::Bytes(64 << 20));
+    cc.block_size = 4096;
+    cc.min_free_fraction = 0.0;
+    let cache = DiskCache::open(cc).unwrap();
+    let tier = Arc::new(crate::fetch::DiskTier::new(cache, "http://t", "b"));
+    let order = keys(6, "d");
+    let s = setup_with(&order, 64, config(8, 1 << 30, 100), Some(tier.clone()));
+    let oracle = Oracle::default();
+    assert_eq!(oracle.generation(), 0, "unbound: knows nothing");
+    oracle.bind(&s.prefetch);
+    s.prefetch.set_plan(Some(plan_of(&order)));
+    until("all fetched", || {
+        load(&s.prefetch.stats().plan_fetched) == 6
+    })
+    .await;
+    let key_of = |path: &str| {
+        let ns = s.ns.clone();
+        let path = path.to_string();
+        let tier = tier.clone();
+        async move {
+            let attr = ns.resolve(&path).await.unwrap();
+            let t = ns.open_target(attr.ino).await.unwrap();
+            let obj = ObjectVersion {
+                key: Arc::from(t.key.as_str()),
+                etag: t.etag,
+                size: t.size,
+            };
+            tier.identity(&obj).entry_key()
+        }
+    };
+    assert_eq!(oracle.next_use(key_of(&order[3]).await), Some(3));
+    for p in &order[..4] {
+        open(&s, p).await;
+    }
+    assert_eq!(
+        oracle.next_use(key_of(&order[3]).await),
+        None,
+        "opened: not needed again"
+    );
+    assert_eq!(oracle.next_use(key_of(&order[5]).await), Some(5));
+    let before = oracle.generation();
+    s.prefetch.set_plan(None);
+    assert!(oracle.generation() > before);
+    assert_eq!(oracle.next_use(key_of(&order[5]).await), None);
 }
