@@ -26,11 +26,15 @@ if ! bash deploy/local/rgw.sh status >/dev/null 2>&1; then
     started_rgw=1
 fi
 cleanup() {
+    # Keep the tests' exit status; nothing in here may change it.
+    local status=$?
+    set +e
     # Leave no mounts of ours behind, then stop the RGW if we started it.
     grep -E ' fuse\.riffle ' /proc/self/mountinfo | awk '{print $5}' | while read -r m; do
-        umount -l "$m" 2>/dev/null || true
+        umount -l "$m" 2>/dev/null
     done
-    if [ "$started_rgw" = 1 ]; then bash deploy/local/rgw.sh down || true; fi
+    if [ "$started_rgw" = 1 ]; then bash deploy/local/rgw.sh down; fi
+    exit "$status"
 }
 trap cleanup EXIT
 eval "$(bash deploy/local/rgw.sh env)"
