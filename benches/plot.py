@@ -5,7 +5,7 @@ Usage: plot.py PLOT_DATA.json OUT_DIR
 PLOT_DATA.json is written by `riffle-bench report --plot-data`: a list of
 tables {mode, table, title, unit, points: [{system, cold, warm, direct_cold,
 direct_warm}]}. Writes OUT_DIR/{mode}-{table}.png, one grouped bar chart per
-table (log scale: the systems differ by orders of magnitude).
+table (log scale when the systems differ by more than 20x, else linear).
 """
 
 import json
@@ -41,12 +41,16 @@ def plot(table, out_dir):
         bars = ax.bar(xs, ys, width, label=label, color=color, hatch=hatch,
                       alpha=0.55 if hatch else 1.0, edgecolor="black", linewidth=0.4)
         for b, y in zip(bars, ys):
-            ax.annotate(f"{y:.3g}", (b.get_x() + b.get_width() / 2, y),
+            ax.annotate(f"{y:.0f}" if y >= 100 else f"{y:.3g}", (b.get_x() + b.get_width() / 2, y),
                         ha="center", va="bottom", fontsize=7)
     ax.set_xticks(range(len(points)))
     ax.set_xticklabels([p["system"] for p in points])
-    ax.set_yscale("log")
-    ax.set_ylabel(f"{table['unit']} (log scale, higher is better)")
+    values = [p[k] for p in points for k, *_ in series if p.get(k)]
+    log = bool(values) and max(values) > 20 * min(values)
+    if log:
+        ax.set_yscale("log")
+    scale = "log scale, " if log else ""
+    ax.set_ylabel(f"{table['unit']} ({scale}higher is better)")
     ax.set_title(table["title"], fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(axis="y", which="both", alpha=0.3)

@@ -32,8 +32,9 @@ Usage: benches/run.sh [--quick] [options] [W1 W2 W3]
   --no-build       use the release binaries as they are
 
 Environment: RIFFLE_BENCH_WORK (scratch dir) [benches/.work],
-RIFFLE_BENCH_SEED [1], RIFFLE_BENCH_W1_MAX_FILES (read only the first N files
-of each W1 epoch), RIFFLE_BENCH_EPOCH_TIMEOUT (seconds) [quick 180, full 1200],
+RIFFLE_BENCH_SEED [1], RIFFLE_BENCH_W1_MAX_FILES (each W1 epoch reads the same
+seeded N files; 0 = all) [quick: all, full: 6000], RIFFLE_BENCH_EPOCH_TIMEOUT
+(seconds) [quick 180, full 1200],
 RIFFLE_BENCH_W3_DURATION [quick 4s, full 30s].
 USAGE
 }
@@ -64,6 +65,7 @@ if [ "$MODE" = quick ]; then
     [ ${#WORKLOADS[@]} -gt 0 ] || WORKLOADS=(w1 w2 w3)
 else
     SCALE=1
+    W1_MAX_FILES=${RIFFLE_BENCH_W1_MAX_FILES-6000}
     W3_DURATION=${RIFFLE_BENCH_W3_DURATION:-30s}
     EPOCH_TIMEOUT=${RIFFLE_BENCH_EPOCH_TIMEOUT:-1200}
     DIRECT=${DIRECT:-s3-client,riffle}
@@ -71,7 +73,7 @@ else
 fi
 [ "$DIRECT" = none ] && DIRECT=
 SEED=${RIFFLE_BENCH_SEED:-1}
-W1_MAX_FILES=${RIFFLE_BENCH_W1_MAX_FILES:-}
+W1_MAX_FILES=${W1_MAX_FILES-${RIFFLE_BENCH_W1_MAX_FILES:-}}
 
 WORK=${RIFFLE_BENCH_WORK:-$ROOT/benches/.work}
 RUN_ID=$(date -u +%Y%m%dT%H%M%SZ)-$MODE
@@ -98,7 +100,7 @@ cleanup() {
     unmount_all
     [ -n "$PROXY_PID" ] && kill "$PROXY_PID" 2>/dev/null && wait "$PROXY_PID" 2>/dev/null
     rm -rf "$WORK/cache" "$WORK/local"
-    exit $rc
+    exit "$rc"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -130,4 +132,4 @@ if [ -x benches/.venv/bin/python ]; then
 fi
 [ $rc = 0 ] || say "FAILED: a system returned wrong bytes (see above)"
 say "total $((SECONDS - RUN_STARTED)) s"
-exit $rc
+exit "$rc"

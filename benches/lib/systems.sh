@@ -10,7 +10,7 @@ mount_riffle() {
     local pidf="$WORK/run/riffle.pid" log="$LOG_DIR/riffle-$tag.log"
     rm -f "$pidf"
     if ! "$BIN/riffle" mount "s3://$bucket" "$mnt" --endpoint-url "$endpoint" \
-        --force-path-style --metadata-ttl indefinite \
+        --force-path-style --metadata-ttl indefinite --max-memory "${RIFFLE_MEMORY:-1G}" \
         --log-file "$log" --pid-file "$pidf" >>"$LOG_DIR/riffle-$tag.out" 2>&1; then
         NOT_RUN="failed: riffle mount failed ($(tail -n1 "$LOG_DIR/riffle-$tag.out" 2>/dev/null))"
         return 1

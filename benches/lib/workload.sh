@@ -15,8 +15,8 @@ read_pass() {
     local extra=()
     case $table in
         w3|w3-mmap) extra+=(--duration "$W3_DURATION") ;;
-        w1) [ -n "$W1_MAX_FILES" ] && extra+=(--max-files "$W1_MAX_FILES") ;;
     esac
+    extra+=("${LIMIT[@]}")
     drop_caches || true
     rm -f "$out"
     timeout -k 10 "$EPOCH_TIMEOUT" "$BIN/riffle-bench" read-fs --root "$root" \
@@ -24,6 +24,15 @@ read_pass() {
         --json-out "$out" "${extra[@]}" >/dev/null 2>>"$LOG_DIR/read-fs.log" || rc=$?
     say "    $table epoch $epoch: $(summary "$out")$([ $rc = 0 ] || echo " (exit $rc)")"
     return 0
+}
+
+# LIMIT: "--max-files N" when this workload's epochs read a subset (W1 in
+# the full run), else empty.
+set_limit() {
+    LIMIT=()
+    if [ "$WL" = w1 ] && [ -n "$W1_MAX_FILES" ] && [ "$W1_MAX_FILES" != 0 ]; then
+        LIMIT=(--max-files "$W1_MAX_FILES")
+    fi
 }
 
 # Status of a row from its cold result file.
@@ -43,14 +52,16 @@ run_copy() {
     local copy="$RES_DIR/$WL-copy-$col.json" rc=0
     timeout -k 10 "$EPOCH_TIMEOUT" "$BIN/riffle-bench" copy --manifest "$MANIFEST" \
         --endpoint "$endpoint" --dest "$dest" --parallel 64 --json-out "$copy" \
-        >/dev/null 2>>"$LOG_DIR/copy.log" || rc=$?
+        --seed "$SEED" "${LIMIT[@]}" >/dev/null 2>>"$LOG_DIR/copy.log" || rc=$?
     say "    copy: $(summary "$copy")$([ $rc = 0 ] || echo " (exit $rc)")"
     if [ ! -s "$WORK/run/local-done-$WL" ]; then
         say "  local disk"
         for e in 1 2; do
-            for t in $TABLES; do read_pass "$dest" "$t" "$e" "$RES_DIR/$t-local-e$e.json"; done
+            for t in $TABLES; do
+                read_pass "$dest" "$t" "$e" "$RES_DIR/$t-local-e$e.json"
+            done
         done
-        echo done > "$WORK/run/local-done-$WL"
+        echo ok > "$WORK/run/local-done-$WL"
         if has "$SYSTEMS" local; then
             for t in $TABLES; do
                 record_row --table "$t" --system local --column proxy \
@@ -73,11 +84,12 @@ run_copy() {
 # The store read straight with 64 requests in flight (W1: whole objects,
 # W2: 8 MiB ranged parts); not for the random-read W3.
 run_s3_client() {
-    local col=$1 endpoint=$2 mode out="$RES_DIR/$WL-s3-client-$col.json" rc=0
+    local col=$1 endpoint=$2 mode rc=0
+    local out="$RES_DIR/$WL-s3-client-$col.json"
     case $WL in w1) mode=objects ;; w2) mode=ranged ;; *) return 0 ;; esac
     say "  S3 client ($col): read-s3 --mode $mode, 64 in flight"
     timeout -k 10 "$EPOCH_TIMEOUT" "$BIN/riffle-bench" read-s3 --manifest "$MANIFEST" \
-        --endpoint "$endpoint" --mode "$mode" --parallel 64 --seed "$SEED" \
+        --endpoint "$endpoint" --mode "$mode" --parallel 64 --seed "$SEED" "${LIMIT[@]}" \
         --json-out "$out" >/dev/null 2>>"$LOG_DIR/read-s3.log" || rc=$?
     say "    one pass: $(summary "$out")$([ $rc = 0 ] || echo " (exit $rc)")"
     record_row --table "$WL" --system s3-client --column "$col" --status "$(status_of "$out")" \
@@ -89,19 +101,24 @@ run_fuse() {
     local sys=$1 col=$2 endpoint=$3 mnt="$WORK/mnt/$1" tag="$WL-$2" t e rss note=
     mkdir -p "$mnt"
     say "  $sys ($col)"
-    NOT_RUN= DAEMON_PID=
+    NOT_RUN=''
+    DAEMON_PID=''
+    local t0=$SECONDS
     if ! "mount_$sys" "$BUCKET" "$mnt" "$endpoint" "$tag"; then
         say "    $NOT_RUN"
         for t in $TABLES; do record_row --table "$t" --system "$sys" --column "$col" --status "$NOT_RUN"; done
         unmount_system "$sys" "$mnt"
         return 0
     fi
+    say "    mounted in $((SECONDS - t0)) s"
     for e in 1 2; do
         for t in $TABLES; do read_pass "$mnt" "$t" "$e" "$RES_DIR/$t-$sys-$col-e$e.json"; done
     done
     rss=$(peak_rss_kb "$DAEMON_PID")
+    t0=$SECONDS
     unmount_system "$sys" "$mnt"
-    [ "$sys" = riffle ] && note="no disk cache yet (issue 2): only the in-memory block cache (--max-memory 1G), so a warm epoch refetches whatever did not fit in 1 GiB"
+    say "    unmounted in $((SECONDS - t0)) s; daemon peak RSS ${rss:-?} KiB"
+    [ "$sys" = riffle ] && note="no disk cache yet (issue 2): only the in-memory block cache (--max-memory $RIFFLE_MEMORY), so a warm epoch refetches whatever did not fit in it"
     for t in $TABLES; do
         record_row --table "$t" --system "$sys" --column "$col" \
             --status "$(status_of "$RES_DIR/$t-$sys-$col-e1.json")" \
@@ -126,6 +143,15 @@ run_workload() {
         warn "generating $WL failed (see $LOG_DIR/gen.log); skipping it"
         return 0
     fi
+    RIFFLE_MEMORY=1G
+    set_limit
+    if [ ${#LIMIT[@]} -gt 0 ]; then
+        # Keep riffle's cache-to-data ratio of the whole dataset (1 GiB for
+        # all its files) when an epoch reads a subset.
+        local objects
+        objects=$(sed -n '2s/.*"objects":\([0-9]*\).*/\1/p' "$MANIFEST")
+        RIFFLE_MEMORY="$(( 1024 * W1_MAX_FILES / ${objects:-20000} ))M"
+    fi
     for col in proxy direct; do
         endpoint=$PROXY_URL
         [ "$col" = direct ] && endpoint=$RGW_URL
@@ -135,14 +161,21 @@ run_workload() {
                 local) [ "$col" = proxy ] && ! has "$SYSTEMS" copy-first && run_copy "$col" "$endpoint" ;;
                 copy-first) run_copy "$col" "$endpoint" ;;
                 s3-client) run_s3_client "$col" "$endpoint" ;;
-                riffle|s3fs|rclone) run_fuse "$sys" "$col" "$endpoint" ;;
-                *) warn "unknown system $sys" ;;
+                *)
+                    # Any FUSE system with a mount_SYSTEM function (lib/systems.sh).
+                    if declare -F "mount_$sys" >/dev/null; then
+                        run_fuse "$sys" "$col" "$endpoint"
+                    else
+                        warn "unknown system $sys"
+                    fi
+                    ;;
             esac
         done
     done
     rm -rf "$WORK/local/$MODE-$WL" "$WORK/cache"
     mkdir -p "$WORK/cache"
-    [ -n "$W1_MAX_FILES" ] && [ "$WL" = w1 ] && notes+=(--note "each W1 epoch reads the first $W1_MAX_FILES files of its shuffled order, for every system alike (time budget)")
+    [ ${#LIMIT[@]} -gt 0 ] && notes+=(--note "time budget: each W1 epoch reads the same $W1_MAX_FILES of the 20,000 files (a seeded subset, in a new shuffled order each epoch), for every system alike; copy-first copies that subset; riffle's --max-memory is scaled by the same fraction ($RIFFLE_MEMORY) so its cache holds the same share of the data as 1 GiB does of the whole dataset")
+    [ "$MODE" = quick ] && notes+=(--note "quick datasets are small: they fit riffle's 1 GiB memory cache, the peers' caches and (within a pass) the page cache, so this is a smoke test of correctness, not a measurement")
     case $WL in w3) notes+=(--note "each W3 pass reads for $W3_DURATION; both epochs use the same random offsets, so the warm epoch re-reads what the cold one read first (and then goes further)") ;; esac
     "$BIN/riffle-bench" record meta --run "$RUN_FILE" --workload "$WL" --mode "$MODE" \
         --manifest "$MANIFEST" --commit "$commit" --date "$date" \

@@ -62,7 +62,8 @@ pub struct ReadFsOptions {
     pub epoch: u32,
     /// W3: how long to read.
     pub duration: Duration,
-    /// W1/W2: read only the first N files of the shuffled order.
+    /// W1/W2: read only N files, the same N every epoch in a new order
+    /// (see [`crate::rng::epoch_order`]).
     pub max_files: Option<usize>,
     /// Read size of whole-file passes.
     pub block_size: usize,

@@ -152,7 +152,7 @@ mod tests {
         for size in [1u64, 4096, 5000, 1 << 20, 3 << 20] {
             for _ in 0..500 {
                 let (off, len) = next_read(&mut rng, size);
-                assert!(len >= 1 && len <= MAX_READ && off + len <= size);
+                assert!((1..=MAX_READ).contains(&len) && off + len <= size);
                 assert!(len == size || len % MIN_READ == 0);
             }
         }

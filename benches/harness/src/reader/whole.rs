@@ -10,17 +10,16 @@ use super::ReadFsOptions;
 use crate::content::Checksum;
 use crate::manifest::{Entry, Manifest};
 use crate::outcome::{Outcome, Tally};
-use crate::rng::shuffled_indices;
+use crate::rng::epoch_order;
 use crate::s3::copy::local_path;
 
 pub fn run(manifest: &Manifest, opts: &ReadFsOptions) -> anyhow::Result<Outcome> {
-    let mut order = shuffled_indices(
+    let order = epoch_order(
         manifest.entries.len(),
-        opts.seed.wrapping_add(u64::from(opts.epoch)),
+        opts.seed,
+        opts.epoch,
+        opts.max_files,
     );
-    if let Some(m) = opts.max_files {
-        order.truncate(m);
-    }
     let threads = opts.threads.clamp(1, order.len().max(1));
     let next = AtomicUsize::new(0);
     let tally = Tally::start(256.min(order.len() as u64));

@@ -115,10 +115,19 @@ pub fn num(v: f64) -> String {
     }
 }
 
-/// `value / base` as `0.42×`.
+/// `value / base` as `0.42×` (two significant digits below 1, so small
+/// ratios stay readable: `0.0043×`).
 pub fn ratio(value: Option<f64>, base: Option<f64>) -> String {
     match (value, base) {
-        (Some(v), Some(b)) if b > 0.0 => format!("{:.2}×", v / b),
+        (Some(v), Some(b)) if b > 0.0 && v > 0.0 => {
+            let r = v / b;
+            let digits = if r >= 0.995 {
+                2
+            } else {
+                (1 - r.log10().floor() as i32).max(2) as usize
+            };
+            format!("{r:.digits$}×")
+        }
         _ => "—".into(),
     }
 }
@@ -226,6 +235,10 @@ mod tests {
         assert_eq!(best_peer(&rows, "s3fs", Epoch::Cold), None);
         assert!(cell(&rows[3], Epoch::Cold).contains("WRONG BYTES"));
         assert_eq!(ratio(Some(1.0), Some(4.0)), "0.25×");
+        assert_eq!(ratio(Some(43.0), Some(10_000.0)), "0.0043×");
+        assert_eq!(ratio(Some(5.0), Some(100.0)), "0.050×");
+        assert_eq!(ratio(Some(12.0), Some(1.0)), "12.00×");
+        assert_eq!(ratio(None, Some(1.0)), "—");
     }
 
     #[test]

@@ -86,8 +86,8 @@ pub struct Meta {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Record {
-    Meta(Meta),
-    Row(Row),
+    Meta(Box<Meta>),
+    Row(Box<Row>),
 }
 
 /// The tables a workload produces, in order.

@@ -104,8 +104,9 @@ pub fn table(table: &str, rows: &[Row]) -> String {
             cells.push(ratio(throughput(r, epoch), base));
         }
         for epoch in [Epoch::Cold, Epoch::Warm] {
+            let compared = !matches!(r.system.as_str(), "local" | "s3-client");
             cells.push(match best_peer(&rows, &r.system, epoch) {
-                Some((name, t)) if throughput(r, epoch).is_some() => {
+                Some((name, t)) if compared && throughput(r, epoch).is_some() => {
                     format!("{} ({name})", ratio(throughput(r, epoch), Some(t)))
                 }
                 _ => "—".into(),
@@ -272,7 +273,8 @@ How to read the tables:
   **S3 client**: `riffle-bench read-s3`, the store read directly with 64
   requests in flight and no file system, as a reference for what the remote
   can deliver. **riffle**: `riffle mount` of the release build,
-  `--metadata-ttl indefinite`, default `--max-memory 1G`. **s3fs**: with its
+  `--metadata-ttl indefinite`, default `--max-memory 1G` (scaled down with the
+  data where an epoch reads a subset; see the notes). **s3fs**: with its
   local file cache (`use_cache`). **rclone**: `rclone mount --vfs-cache-mode
   full`.
 - **Ratios are the result**: absolute numbers on this shared 2-core machine,

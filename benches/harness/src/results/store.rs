@@ -36,8 +36,8 @@ pub fn read_run(path: &Path) -> anyhow::Result<(String, ModeResults)> {
         let rec: Record = serde_json::from_str(line)
             .with_context(|| format!("{} line {}", path.display(), n + 1))?;
         match rec {
-            Record::Meta(m) => metas.push(m),
-            Record::Row(r) => rows.push(r),
+            Record::Meta(m) => metas.push(*m),
+            Record::Row(r) => rows.push(*r),
         }
     }
     let mode = metas

@@ -14,6 +14,7 @@ use futures_util::stream::{self, StreamExt};
 use super::get::{get_streamed, parts};
 use crate::manifest::Manifest;
 use crate::outcome::{Outcome, Tally};
+use crate::rng::epoch_order;
 
 #[derive(Debug, Clone)]
 pub struct CopyOptions {
@@ -22,6 +23,17 @@ pub struct CopyOptions {
     pub parallel: usize,
     /// Objects larger than this are fetched in ranged parts of this size.
     pub part_size: u64,
+    /// Copy only the N files a limited reader epoch reads (see
+    /// [`crate::rng::epoch_order`]), with the reader's seed.
+    pub max_files: Option<usize>,
+    pub seed: u64,
+}
+
+/// The manifest entries to copy: all, or the reader's subset.
+fn selection(manifest: &Manifest, opts: &CopyOptions) -> Vec<usize> {
+    let mut v = epoch_order(manifest.entries.len(), opts.seed, 1, opts.max_files);
+    v.sort_unstable();
+    v
 }
 
 /// Downloads every object of `manifest` under `opts.dest` (keys become
@@ -34,8 +46,9 @@ pub async fn copy_dataset(
 ) -> anyhow::Result<Outcome> {
     let tally = Arc::new(Tally::start(0));
     // Create every directory and preallocate every file first.
-    let mut files = Vec::with_capacity(manifest.entries.len());
-    for e in &manifest.entries {
+    let chosen = selection(manifest, opts);
+    let mut files = Vec::with_capacity(chosen.len());
+    for e in chosen.iter().map(|&i| &manifest.entries[i]) {
         let path = local_path(&opts.dest, &e.key)?;
         if let Some(dir) = path.parent() {
             fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
@@ -45,21 +58,20 @@ pub async fn copy_dataset(
             .with_context(|| format!("size {}", path.display()))?;
         files.push(Arc::new(f));
     }
-    let jobs: Vec<(usize, u64, u64)> = manifest
-        .entries
+    let jobs: Vec<(usize, u64, u64)> = chosen
         .iter()
         .enumerate()
-        .flat_map(|(i, e)| {
-            parts(e.size, opts.part_size)
+        .flat_map(|(slot, &i)| {
+            parts(manifest.entries[i].size, opts.part_size)
                 .into_iter()
-                .map(move |(off, len)| (i, off, len))
+                .map(move |(off, len)| (slot, off, len))
         })
         .collect();
     stream::iter(jobs)
-        .map(|(i, off, len)| {
-            let e = &manifest.entries[i];
+        .map(|(slot, off, len)| {
+            let e = &manifest.entries[chosen[slot]];
             let key = manifest.s3_key(e);
-            let file = Arc::clone(&files[i]);
+            let file = Arc::clone(&files[slot]);
             let tally = Arc::clone(&tally);
             let whole = off == 0 && len == e.size;
             async move {

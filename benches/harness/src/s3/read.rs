@@ -12,7 +12,7 @@ use super::get::{get_streamed, parts};
 use crate::content::{Checksum, Content};
 use crate::manifest::Manifest;
 use crate::outcome::{Outcome, Tally};
-use crate::rng::shuffled_indices;
+use crate::rng::epoch_order;
 
 /// How `read-s3` reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -31,17 +31,14 @@ pub struct ReadOptions {
     pub part_size: u64,
     pub seed: u64,
     pub epoch: u32,
-    /// Read only the first N objects of the shuffled order.
+    /// Read only N objects (the same N every epoch, see [`epoch_order`]).
     pub max_files: Option<usize>,
 }
 
 /// Reads the dataset of `manifest` from the store and verifies it.
 pub async fn read_store(s3: &Client, manifest: &Manifest, opts: &ReadOptions) -> Outcome {
     let n = manifest.entries.len();
-    let mut order = shuffled_indices(n, opts.seed.wrapping_add(u64::from(opts.epoch)));
-    if let Some(m) = opts.max_files {
-        order.truncate(m);
-    }
+    let order = epoch_order(n, opts.seed, opts.epoch, opts.max_files);
     let tally = Arc::new(Tally::start(256.min(order.len() as u64)));
     let seed = manifest.header.seed;
     let source = format!("s3://{}/{}", opts.bucket, manifest.header.prefix);

@@ -28,6 +28,11 @@ pub struct Args {
     /// Objects larger than this are fetched in ranged parts of this size
     #[arg(long, default_value = "8M", value_parser = parse_size)]
     part_size: u64,
+    /// Copy only the N files `read-fs --max-files N --seed S` reads
+    #[arg(long)]
+    max_files: Option<usize>,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
     /// Also write the JSON result here
     #[arg(long)]
     json_out: Option<PathBuf>,
@@ -41,6 +46,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         dest: a.dest,
         parallel: a.parallel,
         part_size: a.part_size,
+        max_files: a.max_files,
+        seed: a.seed,
     };
     let outcome = super::runtime()?.block_on(copy_dataset(&s3, &manifest, &opts))?;
     super::emit(&outcome, a.json_out.as_deref())

@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use anyhow::Context;
+
 use riffle_bench::dataset::{Plan, Workload};
 use riffle_bench::manifest::{normalize_prefix, Manifest};
 use riffle_bench::s3::upload::{upload, UploadOptions};
@@ -20,9 +22,9 @@ pub struct Args {
     /// Key prefix of the dataset in the bucket
     #[arg(long, default_value = "")]
     prefix: String,
-    /// S3 endpoint, e.g. http://127.0.0.1:7480
+    /// S3 endpoint, e.g. http://127.0.0.1:7480 (required unless --manifest-only)
     #[arg(long, env = "AWS_ENDPOINT_URL")]
-    endpoint: String,
+    endpoint: Option<String>,
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Requests in flight at most
@@ -55,7 +57,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if a.manifest_only {
         return Ok(());
     }
-    let endpoint = Endpoint::from_env(&a.endpoint)?;
+    let url = a
+        .endpoint
+        .as_deref()
+        .context("--endpoint (or AWS_ENDPOINT_URL) is required to upload")?;
+    let endpoint = Endpoint::from_env(url)?;
     let s3 = connect(&endpoint);
     let opts = UploadOptions::new(&a.bucket, &prefix, a.parallel);
     let summary = super::runtime()?.block_on(upload(&s3, &plan, &opts))?;

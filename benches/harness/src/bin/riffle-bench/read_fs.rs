@@ -28,7 +28,7 @@ pub struct Args {
     /// W3: how long to read
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     duration: Duration,
-    /// W1/W2: read only the first N files of the shuffled order
+    /// W1/W2: read only N files, the same N every epoch in a new order
     #[arg(long)]
     max_files: Option<usize>,
     /// Also write the JSON result here

@@ -32,7 +32,7 @@ pub struct Args {
     seed: u64,
     #[arg(long, default_value_t = 1)]
     epoch: u32,
-    /// Read only the first N objects of the shuffled order
+    /// Read only N objects, the same N every epoch in a new order
     #[arg(long)]
     max_files: Option<usize>,
     /// Also write the JSON result here

@@ -98,7 +98,7 @@ pub fn run(cmd: Command) -> anyhow::Result<()> {
                 elapsed_s: a.elapsed_s,
                 notes: a.note,
             };
-            append(&a.run, &Record::Meta(meta))
+            append(&a.run, &Record::Meta(Box::new(meta)))
         }
         Command::Row(a) => {
             let row = Row {
@@ -112,7 +112,7 @@ pub fn run(cmd: Command) -> anyhow::Result<()> {
                 rss_kb: a.rss_kb,
                 note: a.note.filter(|n| !n.is_empty()),
             };
-            append(&a.run, &Record::Row(row))
+            append(&a.run, &Record::Row(Box::new(row)))
         }
     }
 }

@@ -1,0 +1,241 @@
+//! The `riffle-bench` binary without a store: a manifest-only `gen`, the
+//! reader's exit codes on right and wrong bytes, and `record` + `report`
+//! turning results into README tables.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use riffle_bench::content::Content;
+use riffle_bench::manifest::Manifest;
+
+const BIN: &str = env!("CARGO_BIN_EXE_riffle-bench");
+
+fn run(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env_remove("AWS_ENDPOINT_URL")
+        .output()
+        .expect("run riffle-bench")
+}
+
+fn text(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+/// Writes the manifest's files under `root` as `gen` would upload them.
+fn materialize(manifest: &Manifest, root: &Path) {
+    for e in &manifest.entries {
+        let p = root.join(&e.key);
+        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+        let bytes = Content::new(manifest.header.seed, &e.key).bytes(0, e.size as usize);
+        std::fs::write(p, bytes).expect("write");
+    }
+}
+
+#[test]
+fn read_fs_passes_on_right_bytes_and_fails_on_a_flipped_byte() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let manifest = dir.path().join("w1.manifest");
+    let out = run(&[
+        "gen",
+        "--workload",
+        "w1",
+        "--scale",
+        "0.002",
+        "--seed",
+        "7",
+        "--bucket",
+        "bench",
+        "--manifest",
+        text(&manifest),
+        "--manifest-only",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let m = Manifest::read(&manifest).expect("manifest");
+    assert_eq!(m.entries.len(), 40);
+    let root = dir.path().join("data");
+    materialize(&m, &root);
+
+    let json = dir.path().join("out.json");
+    let args = [
+        "read-fs",
+        "--root",
+        text(&root),
+        "--manifest",
+        text(&manifest),
+        "--pattern",
+        "w1",
+        "--json-out",
+        text(&json),
+    ];
+    let ok = run(&args);
+    assert_eq!(
+        ok.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
+    assert_eq!(report["files"], 40);
+    assert_eq!(report["mismatches"], 0);
+
+    let victim = root.join(&m.entries[5].key);
+    let mut bytes = std::fs::read(&victim).expect("read");
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x80;
+    std::fs::write(&victim, bytes).expect("write");
+    let bad = run(&args);
+    assert_eq!(
+        bad.status.code(),
+        Some(1),
+        "wrong bytes must fail the reader"
+    );
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("WRONG BYTES"));
+}
+
+#[test]
+fn gen_without_endpoint_explains_itself() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let manifest = dir.path().join("s.manifest");
+    let out = run(&[
+        "gen",
+        "--workload",
+        "sample",
+        "--bucket",
+        "bench",
+        "--manifest",
+        text(&manifest),
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--endpoint"));
+}
+
+#[test]
+fn record_and_report_write_tables_and_check_wrong_bytes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let manifest = dir.path().join("w2.manifest");
+    let out = run(&[
+        "gen",
+        "--workload",
+        "w2",
+        "--scale",
+        "0.004",
+        "--bucket",
+        "bench",
+        "--manifest",
+        text(&manifest),
+        "--manifest-only",
+    ]);
+    assert!(out.status.success());
+    let runf = dir.path().join("run.jsonl");
+    let pass = |name: &str, secs: f64, wrong: u64| {
+        let p = dir.path().join(name);
+        let o = serde_json::json!({"tool": "read-fs", "pattern": "w2", "source": "/x",
+            "threads": 4, "epoch": 1, "seed": 0, "files": 16, "bytes": 16_000_000u64,
+            "reads": 16, "elapsed_s": secs, "files_per_s": 0.0, "mb_per_s": 16.0 / secs,
+            "reads_per_s": 0.0, "errors": 0, "mismatches": wrong, "problems": []});
+        std::fs::write(&p, o.to_string()).expect("write");
+        p
+    };
+    let (l1, l2, r1, r2) = (
+        pass("l1", 0.1, 0),
+        pass("l2", 0.1, 0),
+        pass("r1", 1.0, 0),
+        pass("r2", 0.5, 3),
+    );
+    for (system, cold, warm) in [("local", &l1, &l2), ("riffle", &r1, &r2)] {
+        let out = run(&[
+            "record",
+            "row",
+            "--run",
+            text(&runf),
+            "--table",
+            "w2",
+            "--system",
+            system,
+            "--cold",
+            text(cold),
+            "--warm",
+            text(warm),
+            "--rss-kb",
+            "1024",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let out = run(&[
+        "record",
+        "row",
+        "--run",
+        text(&runf),
+        "--table",
+        "w2",
+        "--system",
+        "s3fs",
+        "--status",
+        "not run: s3fs is not installed",
+    ]);
+    assert!(out.status.success());
+    let out = run(&[
+        "record",
+        "meta",
+        "--run",
+        text(&runf),
+        "--workload",
+        "w2",
+        "--mode",
+        "quick",
+        "--manifest",
+        text(&manifest),
+        "--commit",
+        "abc",
+        "--date",
+        "2026-01-01T00:00:00Z",
+        "--elapsed-s",
+        "12",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let readme = dir.path().join("README.md");
+    let results = dir.path().join("results");
+    let plots = dir.path().join("plots");
+    let out = run(&[
+        "report",
+        "--run",
+        text(&runf),
+        "--results-dir",
+        text(&results),
+        "--readme",
+        text(&readme),
+        "--plots-dir",
+        text(&plots),
+        "--check",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "riffle's warm epoch read wrong bytes"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("| riffle | 16.0 MB/s (1.0 s) | **WRONG BYTES** (3 reads)"),
+        "{stdout}"
+    );
+    let md = std::fs::read_to_string(&readme).expect("readme");
+    assert!(md.contains("## Quick run"));
+    assert!(md.contains("not run: s3fs is not installed"));
+    assert!(md.contains("commit `abc`"));
+    assert!(results.join("quick.json").is_file());
+}
