@@ -45,6 +45,8 @@ echo "==> cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "==> cargo test"
 cargo test --workspace "$@"
+echo "==> RGW stopped and restarted under a mount (alone, last)"
+cargo test -p rifflefs --test rgw_restart -- --ignored
 if [ -x deploy/validate.sh ]; then
     echo "==> deploy manifests"
     deploy/validate.sh
