@@ -180,6 +180,25 @@ struct Entry {
     pin_use: Option<Arc<OpenEntry>>,
 }
 
+/// The record of `key`, created (and made known to the eviction policy) if there is none.
+/// Takes the two fields rather than the whole state so callers keep using the others.
+fn known_entry<'a>(
+    entries: &'a mut HashMap<EntryKey, Entry>,
+    policy: &mut Box<dyn EvictionPolicy>,
+    key: EntryKey,
+    id: &ObjectIdentity,
+) -> &'a mut Entry {
+    entries.entry(key).or_insert_with(|| {
+        policy.insert(&EntryInfo {
+            key,
+            identity: Some(id),
+            bytes: 0,
+            last_used: None,
+        });
+        Entry::default()
+    })
+}
+
 struct State {
     entries: HashMap<EntryKey, Entry>,
     policy: Box<dyn EvictionPolicy>,
@@ -585,15 +604,7 @@ impl DiskCache {
         let charged = fresh.charged_bytes();
         let mut guard = self.state.lock();
         let st = &mut *guard;
-        let e = st.entries.entry(key).or_insert_with(|| {
-            st.policy.insert(&EntryInfo {
-                key,
-                identity: Some(id),
-                bytes: 0,
-                last_used: None,
-            });
-            Entry::default()
-        });
+        let e = known_entry(&mut st.entries, &mut st.policy, key, id);
         if let Some(o) = &e.open {
             if !o.is_dead() {
                 return o.clone();
@@ -1187,15 +1198,7 @@ impl DiskCache {
         let key = id.entry_key();
         let mut guard = self.state.lock();
         let st = &mut *guard;
-        let e = st.entries.entry(key).or_insert_with(|| {
-            st.policy.insert(&EntryInfo {
-                key,
-                identity: Some(id),
-                bytes: 0,
-                last_used: None,
-            });
-            Entry::default()
-        });
+        let e = known_entry(&mut st.entries, &mut st.policy, key, id);
         e.pins += 1;
         if e.pin_use.is_none() {
             if let Some(o) = &e.open {
