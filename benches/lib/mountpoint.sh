@@ -14,6 +14,7 @@
 # with MOUNTPOINT_CACHE=1, its local disk cache (--cache, MOUNTPOINT_CACHE_MIB
 # caps it, default: Mountpoint's 5%-of-disk-free rule). MOUNTPOINT_MEMORY_MIB
 # sets its memory target (default: Mountpoint's, 95% of RAM).
+# shellcheck disable=SC2034  # DAEMON_PID and NOT_RUN are read by run.sh
 
 MOUNTPOINT_DIR=${MOUNTPOINT_DIR:-$ROOT/benches/mountpoint}
 MOUNTPOINT_BIN=$MOUNTPOINT_DIR/target/release/riffle-bench-mountpoint
@@ -72,13 +73,13 @@ mount_mountpoint() {
 }
 
 unmount_mountpoint() {
-    local mnt=$1 pid=${DAEMON_PID:-} i
+    local mnt=$1 pid=${DAEMON_PID:-} _
     if mountpoint -q "$mnt" 2>/dev/null; then
         fusermount3 -u "$mnt" 2>/dev/null || fusermount -u "$mnt" 2>/dev/null \
             || umount "$mnt" 2>/dev/null || umount -l "$mnt" 2>/dev/null || true
     fi
     if [ -n "$pid" ]; then
-        for i in $(seq 1 100); do
+        for _ in $(seq 1 100); do
             kill -0 "$pid" 2>/dev/null || break
             sleep 0.1
         done

@@ -26,15 +26,23 @@ use anyhow::{Context, anyhow, bail};
 use clap::Parser;
 use mountpoint_s3_client::config::{AddressingStyle, S3ClientAuthConfig};
 use mountpoint_s3_client::user_agent::UserAgent;
-use mountpoint_s3_fs::data_cache::{CacheLimit, DataCacheConfig, DiskDataCacheConfig, ManagedCacheDir};
+use mountpoint_s3_fs::data_cache::{
+    CacheLimit, DataCacheConfig, DiskDataCacheConfig, ManagedCacheDir,
+};
 use mountpoint_s3_fs::fs::{CacheConfig, TimeToLive};
 use mountpoint_s3_fs::fuse::config::{FuseOptions, FuseSessionConfig, MountPoint};
 use mountpoint_s3_fs::fuse::session::FuseSession;
 use mountpoint_s3_fs::logging::{LoggingConfig, init_logging};
-use mountpoint_s3_fs::memory::{CandidateSize, MINIMUM_MEM_LIMIT, PagedPool, effective_total_memory};
-use mountpoint_s3_fs::s3::config::{ClientConfig, MemoryLimitSetting, PartConfig, Region, TargetThroughputSetting};
+use mountpoint_s3_fs::memory::{
+    CandidateSize, MINIMUM_MEM_LIMIT, PagedPool, effective_total_memory,
+};
+use mountpoint_s3_fs::s3::config::{
+    ClientConfig, MemoryLimitSetting, PartConfig, Region, TargetThroughputSetting,
+};
 use mountpoint_s3_fs::s3::{Bucket, Prefix, S3Path, S3Personality};
-use mountpoint_s3_fs::{MountpointConfig, Runtime, S3FilesystemConfig, Superblock, SuperblockConfig, metrics};
+use mountpoint_s3_fs::{
+    MountpointConfig, Runtime, S3FilesystemConfig, Superblock, SuperblockConfig, metrics,
+};
 use nix::unistd::{ForkResult, Pid};
 
 /// Mountpoint's default disk-cache block size (also its S3 Express cache's).
@@ -159,19 +167,30 @@ impl Args {
             None => (self.bucket.as_str(), ""),
         };
         let prefix = match (&self.prefix, uri_prefix) {
-            (Some(_), p) if !p.is_empty() => bail!("give the prefix either in the s3:// URI or with --prefix"),
+            (Some(_), p) if !p.is_empty() => {
+                bail!("give the prefix either in the s3:// URI or with --prefix")
+            }
             (Some(p), _) => p.as_str(),
             (None, p) => p,
         };
-        let bucket = Bucket::new(bucket).with_context(|| format!("invalid bucket name {bucket:?}"))?;
+        let bucket =
+            Bucket::new(bucket).with_context(|| format!("invalid bucket name {bucket:?}"))?;
         let prefix = Prefix::new(prefix).with_context(|| format!("invalid prefix {prefix:?}"))?;
         Ok(S3Path::new(bucket, prefix))
     }
 
     fn logging_config(&self) -> LoggingConfig {
         // mount-s3's default filter: warnings, Mountpoint's own info lines, no CRT, no metrics.
-        let mut filter = if self.debug { "debug".to_string() } else { "warn,mountpoint_s3=info".to_string() };
-        filter.push_str(if self.debug_crt { ",awscrt=debug" } else { ",awscrt=off" });
+        let mut filter = if self.debug {
+            "debug".to_string()
+        } else {
+            "warn,mountpoint_s3=info".to_string()
+        };
+        filter.push_str(if self.debug_crt {
+            ",awscrt=debug"
+        } else {
+            ",awscrt=off"
+        });
         if !self.debug {
             filter.push_str(&format!(",{}=off", metrics::TARGET_NAME));
         }
@@ -206,13 +225,21 @@ impl Args {
     }
 
     fn disk_cache_config(&self) -> anyhow::Result<Option<DiskDataCacheConfig>> {
-        let Some(dir) = &self.cache else { return Ok(None) };
+        let Some(dir) = &self.cache else {
+            return Ok(None);
+        };
         let limit = match self.max_cache_size {
             Some(0) => bail!("--max-cache-size must be positive"),
-            Some(mib) => CacheLimit::TotalSize { max_size: (mib * 1024 * 1024) as usize },
+            Some(mib) => CacheLimit::TotalSize {
+                max_size: (mib * 1024 * 1024) as usize,
+            },
             None => CacheLimit::default(),
         };
-        Ok(Some(DiskDataCacheConfig { cache_directory: dir.clone(), block_size: CACHE_BLOCK_SIZE, limit }))
+        Ok(Some(DiskDataCacheConfig {
+            cache_directory: dir.clone(),
+            block_size: CACHE_BLOCK_SIZE,
+            limit,
+        }))
     }
 }
 
@@ -236,16 +263,25 @@ fn mount(args: &Args) -> anyhow::Result<FuseSession> {
     let client_config = ClientConfig {
         region: Region::new_user_specified(args.region.clone()),
         endpoint_url: args.endpoint_url.clone(),
-        addressing_style: if args.force_path_style { AddressingStyle::Path } else { AddressingStyle::Automatic },
+        addressing_style: if args.force_path_style {
+            AddressingStyle::Path
+        } else {
+            AddressingStyle::Automatic
+        },
         dual_stack: false,
         transfer_acceleration: false,
         auth_config: S3ClientAuthConfig::Default,
         requester_pays: false,
         expected_bucket_owner: None,
-        throughput_target: TargetThroughputSetting::User { gbps: args.maximum_throughput_gbps },
+        throughput_target: TargetThroughputSetting::User {
+            gbps: args.maximum_throughput_gbps,
+        },
         bind: None,
         part_config,
-        user_agent: UserAgent::new(Some(format!("riffle-bench-mountpoint/{}", env!("CARGO_PKG_VERSION")))),
+        user_agent: UserAgent::new(Some(format!(
+            "riffle-bench-mountpoint/{}",
+            env!("CARGO_PKG_VERSION")
+        ))),
         tls_config: None,
     };
     // Sends one ListObjectsV2 first, so a wrong endpoint, bucket or key fails the mount here.
@@ -253,7 +289,8 @@ fn mount(args: &Args) -> anyhow::Result<FuseSession> {
         .create_client(pool.clone(), Some(&s3_path))
         .context("cannot reach the bucket")?;
     let runtime = Runtime::new(client.event_loop_group());
-    let personality = S3Personality::infer_from_bucket(s3_path.bucket.as_str(), &client.endpoint_config());
+    let personality =
+        S3Personality::infer_from_bucket(s3_path.bucket.as_str(), &client.endpoint_config());
 
     let fs_config = S3FilesystemConfig {
         cache_config: args.metadata_cache_config(),
@@ -262,12 +299,21 @@ fn mount(args: &Args) -> anyhow::Result<FuseSession> {
         read_only: true,
         ..Default::default()
     };
-    let mut data_cache_config = DataCacheConfig { disk_cache_config: args.disk_cache_config()?, express_cache_config: None };
+    let mut data_cache_config = DataCacheConfig {
+        disk_cache_config: args.disk_cache_config()?,
+        express_cache_config: None,
+    };
     // Mountpoint owns DIR/mountpoint-cache: wiped now and again at unmount.
     let managed_cache_dir = match &mut data_cache_config.disk_cache_config {
         Some(disk) => {
-            let managed = ManagedCacheDir::new_from_parent_with_cache_key(&disk.cache_directory, None, true)
-                .with_context(|| format!("cannot create the cache directory under {}", disk.cache_directory.display()))?;
+            let managed =
+                ManagedCacheDir::new_from_parent_with_cache_key(&disk.cache_directory, None, true)
+                    .with_context(|| {
+                        format!(
+                            "cannot create the cache directory under {}",
+                            disk.cache_directory.display()
+                        )
+                    })?;
             disk.cache_directory = managed.as_path_buf();
             Some(managed)
         }
@@ -288,7 +334,10 @@ fn mount(args: &Args) -> anyhow::Result<FuseSession> {
     let superblock = Superblock::new(
         client.clone(),
         s3_path,
-        SuperblockConfig { cache_config: fs_config.cache_config.clone(), s3_personality: personality },
+        SuperblockConfig {
+            cache_config: fs_config.cache_config.clone(),
+            s3_personality: personality,
+        },
     );
     let mut session = MountpointConfig::new(fuse_config, fs_config, data_cache_config)?
         .create_fuse_session(superblock, client, runtime, pool)
@@ -308,7 +357,11 @@ fn write_pid_file(path: Option<&Path>) -> anyhow::Result<()> {
 }
 
 fn mounted_message(args: &Args) -> String {
-    format!("{} is mounted at {}", args.bucket, args.mount_point.display())
+    format!(
+        "{} is mounted at {}",
+        args.bucket,
+        args.mount_point.display()
+    )
 }
 
 fn run_foreground(args: Args) -> anyhow::Result<()> {
@@ -337,9 +390,10 @@ fn daemon_child(args: Args, status: OwnedFd) -> anyhow::Result<()> {
     let mut status = File::from(status);
     // Own session: no controlling terminal, not killed with the caller's process group.
     let _ = nix::unistd::setsid();
-    let result = (|| {
+    let result = (|| -> anyhow::Result<_> {
         let logging = init_logging(args.logging_config()).context("cannot initialize logging")?;
-        let metrics = metrics::install(None).map_err(|e| anyhow!("cannot initialize metrics: {e}"))?;
+        let metrics =
+            metrics::install(None).map_err(|e| anyhow!("cannot initialize metrics: {e}"))?;
         let session = mount(&args)?;
         write_pid_file(args.pid_file.as_deref())?;
         Ok((logging, metrics, session))
@@ -353,8 +407,9 @@ fn daemon_child(args: Args, status: OwnedFd) -> anyhow::Result<()> {
             session.join().context("FUSE session failed")
         }
         Err(e) => {
+            // The parent prints it.
             let _ = status.write_all(format!("error: {e:#}").as_bytes());
-            Err(e)
+            std::process::exit(1);
         }
     }
 }
@@ -383,7 +438,10 @@ fn daemon_parent(args: &Args, child: Pid, status: OwnedFd) -> anyhow::Result<()>
         }
         Err(_) => {
             let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
-            bail!("the mount was not live after {} s; killed the mount process", args.daemon_timeout);
+            bail!(
+                "the mount was not live after {} s; killed the mount process",
+                args.daemon_timeout
+            );
         }
     }
 }
