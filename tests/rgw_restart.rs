@@ -11,8 +11,11 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// The running radosgw: its pid and command line.
+/// The radosgw of the local cluster under test (`RIFFLE_RGW_DIR`, as `deploy/local/rgw.sh`
+/// uses it): its pid and command line.
 fn radosgw() -> (i32, Vec<String>) {
+    let dir = std::env::var("RIFFLE_RGW_DIR").unwrap_or_else(|_| "/tmp/riffle-rgw".into());
+    let conf = format!("{}/ceph.conf", dir.trim_end_matches('/'));
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
             continue;
@@ -25,11 +28,11 @@ fn radosgw() -> (i32, Vec<String>) {
             .filter(|a| !a.is_empty())
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect();
-        if args.first().is_some_and(|a| a.ends_with("radosgw")) {
+        if args.first().is_some_and(|a| a.ends_with("radosgw")) && args.contains(&conf) {
             return (pid, args);
         }
     }
-    panic!("no radosgw process found");
+    panic!("no radosgw process of {conf} found");
 }
 
 fn answers(endpoint: &str) -> bool {
