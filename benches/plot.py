@@ -3,9 +3,12 @@
 Usage: plot.py PLOT_DATA.json OUT_DIR
 
 PLOT_DATA.json is written by `riffle-bench report --plot-data`: a list of
-tables {mode, table, title, unit, points: [{system, cold, warm, direct_cold,
-direct_warm}]}. Writes OUT_DIR/{mode}-{table}.png, one grouped bar chart per
-table (log scale when the systems differ by more than 20x, else linear).
+tables {mode, table, title, unit, series: [{key, label, hatch}], points:
+[{system, label, values: {key: value}}], y_max?, reference?: [value,
+label]}. Writes
+OUT_DIR/{mode}-{table}.png, one grouped bar chart per table: one bar group
+per system, one bar per series (log scale when the values differ by more
+than 20x, unless y_max fixes a linear axis, as for hit ratios).
 """
 
 import json
@@ -17,40 +20,56 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-SERIES = [
-    ("cold", "cold (proxy)", "#4c72b0", None),
-    ("warm", "warm (proxy)", "#dd8452", None),
-    ("direct_cold", "cold (no proxy)", "#4c72b0", "//"),
-    ("direct_warm", "warm (no proxy)", "#dd8452", "//"),
-]
+COLORS = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3"]
 
 
 def plot(table, out_dir):
     points = table["points"]
     if not points:
         return None
-    series = [s for s in SERIES if any(p.get(s[0]) for p in points)]
-    width = 0.8 / max(len(series), 1)
-    fig, ax = plt.subplots(figsize=(10, 4.8))
-    for i, (key, label, color, hatch) in enumerate(series):
+    series = [s for s in table["series"] if any(s["key"] in p["values"] for p in points)]
+    if not series:
+        return None
+    # Plain series take the colours in order; a hatched series repeats the
+    # colour of the plain one it mirrors (cold/warm without the proxy).
+    plain = [s for s in series if not s["hatch"]]
+    colors = {}
+    for i, s in enumerate(plain):
+        colors[s["key"]] = COLORS[i % len(COLORS)]
+    for s in series:
+        if s["hatch"]:
+            base = s["key"].removeprefix("direct_")
+            colors[s["key"]] = colors.get(base, COLORS[len(colors) % len(COLORS)])
+    width = 0.8 / len(series)
+    fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(points) + 2), 4.8))
+    for i, s in enumerate(series):
         xs, ys = [], []
         for j, p in enumerate(points):
-            if p.get(key):
+            v = p["values"].get(s["key"])
+            if v is not None and (v > 0 or table.get("y_max")):
                 xs.append(j + (i - (len(series) - 1) / 2) * width)
-                ys.append(p[key])
-        bars = ax.bar(xs, ys, width, label=label, color=color, hatch=hatch,
-                      alpha=0.55 if hatch else 1.0, edgecolor="black", linewidth=0.4)
+                ys.append(v)
+        bars = ax.bar(xs, ys, width, label=s["label"], color=colors[s["key"]],
+                      hatch="//" if s["hatch"] else None, alpha=0.55 if s["hatch"] else 1.0,
+                      edgecolor="black", linewidth=0.4)
         for b, y in zip(bars, ys):
-            ax.annotate(f"{y:.0f}" if y >= 100 else f"{y:.3g}", (b.get_x() + b.get_width() / 2, y),
-                        ha="center", va="bottom", fontsize=7)
+            text = f"{y:.2f}" if table.get("y_max") else (f"{y:.0f}" if y >= 100 else f"{y:.3g}")
+            ax.annotate(text, (b.get_x() + b.get_width() / 2, y), ha="center", va="bottom", fontsize=7)
     ax.set_xticks(range(len(points)))
-    ax.set_xticklabels([p["system"] for p in points])
-    values = [p[k] for p in points for k, *_ in series if p.get(k)]
-    log = bool(values) and max(values) > 20 * min(values)
-    if log:
-        ax.set_yscale("log")
-    scale = "log scale, " if log else ""
-    ax.set_ylabel(f"{table['unit']} ({scale}higher is better)")
+    ax.set_xticklabels([p.get("label") or p["system"] for p in points], fontsize=8)
+    if table.get("y_max"):
+        ax.set_ylim(0, table["y_max"] * 1.05)
+        ax.set_ylabel(table["unit"])
+    else:
+        values = [v for p in points for v in p["values"].values() if v and v > 0]
+        log = bool(values) and max(values) > 20 * min(values)
+        if log:
+            ax.set_yscale("log")
+        scale = "log scale, " if log else ""
+        ax.set_ylabel(f"{table['unit']} ({scale}higher is better)")
+    if table.get("reference"):
+        value, label = table["reference"]
+        ax.axhline(value, color="grey", linestyle="--", linewidth=1, label=label)
     ax.set_title(table["title"], fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(axis="y", which="both", alpha=0.3)

@@ -2,78 +2,116 @@
 # The rifflefs benchmarks (shared/BENCHMARKS.md), every system side by side
 # in one run:
 #
-#   benches/run.sh [--quick] [--systems LIST] [--direct LIST] [--no-build] [W1 W2 W3]
+#   benches/run.sh [--quick] [--debug] [--no-plots] [--systems LIST] [--direct LIST]
+#                  [--no-build] [--build-mountpoint] [W1 W2 W3 W5]
 #
-# Builds the release binaries, starts the local Ceph RGW if it is down,
-# generates the datasets (skipping objects already uploaded), starts
-# riffle-proxy in front of RGW (30 ms first byte, 100 MB/s per connection)
-# and, for each workload, reads the dataset through every system with the
-# same reader (riffle-bench read-fs), epoch 1 (cold) and epoch 2 (warm), the
-# page cache dropped before each epoch. Prints the tables, merges them into
-# benches/results/{quick,full}.json and writes benches/README.md and the
-# plots in benches/plots/. Exits non-zero if any system returned wrong bytes.
-# Every mount is unmounted on exit, failure included.
+# Builds the binaries, starts the local Ceph RGW if it is down, installs the
+# peers (s3fs, rclone) with apt when missing, generates the datasets
+# (skipping objects already uploaded), starts riffle-proxy in front of RGW
+# (30 ms first byte, 100 MB/s per connection) and, for each workload, reads
+# the dataset through every system with the same reader (riffle-bench
+# read-fs), epoch 1 (cold) and epoch 2 (warm; W5: three epochs per eviction
+# policy), the page cache dropped before each epoch, GETs counted at the
+# proxy and riffle's counters saved around each epoch. Prints the tables,
+# merges them into benches/results/{quick,full}.json and writes
+# benches/README.md and the plots in benches/plots/. Exits non-zero if any
+# system returned wrong bytes, and with --quick also if a riffle variant
+# failed to run or hit I/O errors. Every mount is unmounted on exit, failure
+# included.
+#
+# CI smoke test (after the debug build of the tests; ~5 min):
+#   benches/run.sh --quick --debug --no-plots
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-BIN=$ROOT/target/release
 
 usage() {
     cat <<USAGE
-Usage: benches/run.sh [--quick] [options] [W1 W2 W3]
+Usage: benches/run.sh [--quick] [options] [W1 W2 W3 W5]
 
-  --quick          scaled-down datasets (scale 0.05, W3 reads 4 s): a smoke test
-                   of a few minutes [default workloads W1 W2 W3]
-                   (without --quick: full datasets, default workloads W1 W2)
-  --systems LIST   systems to run, comma-separated
-                   [local,copy-first,s3-client,riffle,s3fs,rclone]
+  --quick          scaled-down datasets (scale 0.05, W3 reads 2 s): a smoke test
+                   of a few minutes that fails on wrong bytes or a failed riffle
+                   [default workloads W1 W2 W3 W5]
+                   (without --quick: full datasets, default workloads W1 W2 W5)
+  --debug          build and run the debug profile (cargo build without
+                   --release: what CI builds for the tests); also
+                   RIFFLE_BENCH_PROFILE=debug
+  --no-plots       skip the Python venv and the plots (CI)
+  --systems LIST   systems to run, comma-separated [$DEFAULT_SYSTEMS]
+                   (also: riffle-mem, riffle without a disk cache)
   --direct LIST    systems also run against RGW without the proxy, or "none"
-                   [quick: copy-first,s3-client,riffle,s3fs,rclone; full: s3-client,riffle]
-  --no-build       use the release binaries as they are
+                   [quick: none; full: s3-client,riffle]
+  --no-build       use the binaries as they are
+  --build-mountpoint  build the bench-only Mountpoint binary if needed (~10 min
+                   the first time; default in full runs, not with --quick)
 
 Environment: RIFFLE_BENCH_WORK (scratch dir) [benches/.work],
 RIFFLE_BENCH_SEED [1], RIFFLE_BENCH_W1_MAX_FILES (each W1 epoch reads the same
-seeded N files; 0 = all) [quick: all, full: 6000], RIFFLE_BENCH_EPOCH_TIMEOUT
-(seconds) [quick 180, full 1200],
-RIFFLE_BENCH_W3_DURATION [quick 4s, full 30s].
+seeded N files, whole directories; 0 = all) [quick: all, full: 6000],
+RIFFLE_BENCH_W5_MAX_FILES (the same for W5) [quick: all, full: 6000],
+RIFFLE_BENCH_EPOCH_TIMEOUT (seconds) [quick 180, full 1200],
+RIFFLE_BENCH_W3_DURATION [quick 2s, full 30s], MOUNTPOINT_* (see
+benches/lib/mountpoint.sh; MOUNTPOINT_CACHE defaults to 1 here).
 USAGE
 }
 
+DEFAULT_SYSTEMS="local,copy-first,s3-client,riffle,riffle-nopt,riffle-plan,riffle-listing,s3fs,rclone,mountpoint"
 MODE=full
-SYSTEMS="local,copy-first,s3-client,riffle,s3fs,rclone"
+SYSTEMS=$DEFAULT_SYSTEMS
 DIRECT=
 BUILD=1
+BUILD_MOUNTPOINT=
+PLOTS=1
+PROFILE=${RIFFLE_BENCH_PROFILE:-release}
 WORKLOADS=()
 while [ $# -gt 0 ]; do
     case $1 in
         --quick) MODE=quick ;;
+        --debug) PROFILE=debug ;;
+        --no-plots) PLOTS=0 ;;
         --systems) SYSTEMS=${2:?}; shift ;;
         --direct) DIRECT=${2:?}; shift ;;
         --no-build) BUILD=0 ;;
+        --build-mountpoint) BUILD_MOUNTPOINT=1 ;;
         -h|--help) usage; exit 0 ;;
-        [wW][1-3]) WORKLOADS+=("$(echo "$1" | tr 'W' 'w')") ;;
-        [wW][45]) echo "benches/run.sh: $1 has no runner yet (see benches/README.md)" >&2; exit 2 ;;
+        [wW][1235]) WORKLOADS+=("$(echo "$1" | tr 'W' 'w')") ;;
+        [wW]4) echo "benches/run.sh: W4 has no runner yet (see benches/README.md)" >&2; exit 2 ;;
         *) usage >&2; exit 2 ;;
     esac
     shift
 done
+case $PROFILE in
+    release|debug) ;;
+    *) echo "benches/run.sh: RIFFLE_BENCH_PROFILE must be release or debug" >&2; exit 2 ;;
+esac
+BIN=$ROOT/target/$PROFILE
 if [ "$MODE" = quick ]; then
     SCALE=0.05
-    W3_DURATION=${RIFFLE_BENCH_W3_DURATION:-4s}
+    W3_DURATION=${RIFFLE_BENCH_W3_DURATION:-2s}
     EPOCH_TIMEOUT=${RIFFLE_BENCH_EPOCH_TIMEOUT:-180}
-    DIRECT=${DIRECT:-copy-first,s3-client,riffle,s3fs,rclone}
-    [ ${#WORKLOADS[@]} -gt 0 ] || WORKLOADS=(w1 w2 w3)
+    DIRECT=${DIRECT:-none}
+    # Small enough that the quick datasets do not fit riffle's memory cache,
+    # so warm epochs exercise the disk cache.
+    RIFFLE_BASE_MEMORY=64M
+    BUILD_MOUNTPOINT=${BUILD_MOUNTPOINT:-0}
+    [ ${#WORKLOADS[@]} -gt 0 ] || WORKLOADS=(w1 w2 w3 w5)
 else
     SCALE=1
     W1_MAX_FILES=${RIFFLE_BENCH_W1_MAX_FILES-6000}
+    W5_MAX_FILES=${RIFFLE_BENCH_W5_MAX_FILES-6000}
     W3_DURATION=${RIFFLE_BENCH_W3_DURATION:-30s}
     EPOCH_TIMEOUT=${RIFFLE_BENCH_EPOCH_TIMEOUT:-1200}
     DIRECT=${DIRECT:-s3-client,riffle}
-    [ ${#WORKLOADS[@]} -gt 0 ] || WORKLOADS=(w1 w2)
+    RIFFLE_BASE_MEMORY=1G
+    BUILD_MOUNTPOINT=${BUILD_MOUNTPOINT:-$BUILD}
+    [ ${#WORKLOADS[@]} -gt 0 ] || WORKLOADS=(w1 w2 w5)
 fi
 [ "$DIRECT" = none ] && DIRECT=
 SEED=${RIFFLE_BENCH_SEED:-1}
 W1_MAX_FILES=${W1_MAX_FILES-${RIFFLE_BENCH_W1_MAX_FILES:-}}
+W5_MAX_FILES=${W5_MAX_FILES-${RIFFLE_BENCH_W5_MAX_FILES:-}}
+RIFFLE_EXTRA_ARGS=()
+export MOUNTPOINT_CACHE=${MOUNTPOINT_CACHE:-1}
 
 WORK=${RIFFLE_BENCH_WORK:-$ROOT/benches/.work}
 RUN_ID=$(date -u +%Y%m%dT%H%M%SZ)-$MODE
@@ -90,6 +128,13 @@ mkdir -p "$WORK"/{mnt,run,cache,local,manifests} "$LOG_DIR" "$RES_DIR"
 . "$ROOT/benches/lib/prepare.sh"
 # shellcheck source=benches/lib/workload.sh
 . "$ROOT/benches/lib/workload.sh"
+# shellcheck source=benches/lib/w5.sh
+. "$ROOT/benches/lib/w5.sh"
+# The Mountpoint peer (mount_mountpoint, unmount_mountpoint, build_mountpoint).
+if [ -f "$ROOT/benches/lib/mountpoint.sh" ]; then
+    # shellcheck source=benches/lib/mountpoint.sh
+    . "$ROOT/benches/lib/mountpoint.sh"
+fi
 
 [ "$(id -u)" = 0 ] || die "run as root: FUSE mounts and dropping the page cache need it"
 RUN_STARTED=$SECONDS
@@ -105,12 +150,16 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-say "benches/run.sh: mode $MODE, workloads ${WORKLOADS[*]}, systems $SYSTEMS, no-proxy column: ${DIRECT:-none}"
+say "benches/run.sh: mode $MODE ($PROFILE build), workloads ${WORKLOADS[*]}, systems $SYSTEMS, no-proxy column: ${DIRECT:-none}"
 say "scratch $WORK, logs $LOG_DIR"
 [ "$BUILD" = 1 ] && build_binaries
+[ -x "$BIN/riffle" ] && [ -x "$BIN/riffle-bench" ] && [ -x "$BIN/riffle-proxy" ] \
+    || die "no $PROFILE binaries in $BIN (run without --no-build)"
+BUILT_AT=$SECONDS
 ensure_rgw
 ensure_peer_tools
 ensure_plot_venv
+prepare_mountpoint
 check_memory "${WORKLOADS[@]}"
 start_proxy
 drop_caches || warn "cannot write /proc/sys/vm/drop_caches: the page cache is NOT dropped between epochs"
@@ -119,17 +168,19 @@ for wl in "${WORKLOADS[@]}"; do
     run_workload "$wl"
 done
 
-say "all workloads done in $((SECONDS - RUN_STARTED)) s; writing the report"
+say "all workloads done in $((SECONDS - RUN_STARTED)) s ($((SECONDS - BUILT_AT)) s after the build); writing the report"
 rc=0
+checks=(--check)
+[ "$MODE" = quick ] && checks+=(--require riffle)
 "$BIN/riffle-bench" report --run "$RUN_FILE" --results-dir benches/results \
     --readme benches/README.md --plots-dir benches/plots \
-    --plot-data "$RES_DIR/plot-data.json" --check || rc=$?
-if [ -x benches/.venv/bin/python ]; then
+    --plot-data "$RES_DIR/plot-data.json" "${checks[@]}" || rc=$?
+if [ "$PLOTS" = 1 ] && [ -x benches/.venv/bin/python ]; then
     benches/.venv/bin/python benches/plot.py "$RES_DIR/plot-data.json" benches/plots \
         >>"$LOG_DIR/plot.log" 2>&1 || warn "plotting failed (see $LOG_DIR/plot.log)"
     "$BIN/riffle-bench" report --results-dir benches/results --readme benches/README.md \
         --plots-dir benches/plots >/dev/null 2>&1 || true
 fi
-[ $rc = 0 ] || say "FAILED: a system returned wrong bytes (see above)"
-say "total $((SECONDS - RUN_STARTED)) s"
+[ $rc = 0 ] || say "FAILED: a system returned wrong bytes, or a riffle variant failed (see above)"
+say "total $((SECONDS - RUN_STARTED)) s ($((SECONDS - BUILT_AT)) s after the build)"
 exit "$rc"

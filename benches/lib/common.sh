@@ -64,3 +64,11 @@ unmount_fuse() {
         kill "$pid" 2>/dev/null || true
     fi
 }
+
+# The commit of the run, with "+dirty" when src/ or benches/ have changes.
+commit_id() {
+    local c
+    c=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+    git diff --quiet HEAD -- src benches 2>/dev/null || c="$c+dirty"
+    echo "$c"
+}

@@ -1,10 +1,32 @@
 # Preparing a benchmark run: binaries, RGW, peer tools, the plot venv, a
 # memory check and the latency proxy. Sourced by benches/run.sh.
 
+# Builds riffle, riffle-bench and riffle-proxy: release, or the debug
+# profile with --debug (what CI has already built for the tests).
 build_binaries() {
-    say "building release binaries (riffle, riffle-bench, riffle-proxy)"
-    CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-1} cargo build --release -q -p riffle-bench -p rifflefs \
+    local flags=()
+    [ "$PROFILE" = release ] && flags+=(--release)
+    say "building $PROFILE binaries (riffle, riffle-bench, riffle-proxy)"
+    CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-1} cargo build "${flags[@]}" -q -p riffle-bench -p rifflefs \
         || die "cargo build failed"
+}
+
+# Mountpoint (benches/lib/mountpoint.sh): built when asked (full runs; the
+# first build takes ~10 min for the AWS CRT), else used only if already
+# built. Without the binary its rows say why.
+prepare_mountpoint() {
+    has "$SYSTEMS" mountpoint || return 0
+    if ! declare -F mount_mountpoint >/dev/null; then
+        warn "benches/lib/mountpoint.sh is missing: Mountpoint is not run"
+        return 0
+    fi
+    if [ "$BUILD_MOUNTPOINT" = 1 ]; then
+        say "building the bench-only Mountpoint binary (benches/mountpoint) if needed"
+        build_mountpoint >/dev/null 2>>"$LOG_DIR/mountpoint-build.log" \
+            || warn "Mountpoint could not be built: $(tail -n1 "$LOG_DIR/mountpoint-build.log")"
+    elif [ ! -x "${MOUNTPOINT_BIN:-}" ]; then
+        say "Mountpoint is not built; its rows will say so (benches/run.sh --build-mountpoint builds it, ~10 min)"
+    fi
 }
 
 ensure_rgw() {
@@ -34,6 +56,7 @@ ensure_peer_tools() {
 # A venv with matplotlib for the plots; without it the report has no plots.
 ensure_plot_venv() {
     local venv=benches/.venv
+    [ "$PLOTS" = 1 ] || return 0
     if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import matplotlib' 2>/dev/null; then
         return 0
     fi
@@ -46,7 +69,12 @@ ensure_plot_venv() {
 check_memory() {
     local need=0 wl gb avail
     for wl in "$@"; do
-        case $wl in w1) gb=2.3 ;; w2|w3) gb=4.3 ;; *) gb=0 ;; esac
+        case $wl in
+            w1) gb=2.3 ;;
+            w5) if [[ " $* " == *" w1 "* ]]; then gb=0; else gb=2.3; fi ;;
+            w2|w3) gb=4.3 ;;
+            *) gb=0 ;;
+        esac
         need=$(awk -v a="$need" -v b="$gb" -v s="$SCALE" 'BEGIN {print a + b * s}')
     done
     avail=$(awk '/^MemAvailable:/ {printf "%.1f", $2 / 1048576}' /proc/meminfo)
@@ -67,6 +95,8 @@ start_proxy() {
         sleep 0.1
     done
     PROXY_URL="http://$(sed -n 's/^listening on //p' "$out")"
-    [ "$PROXY_URL" != "http://" ] || die "riffle-proxy did not start (see $LOG_DIR/proxy.log)"
+    PROXY_CONTROL=$(sed -n 's/^control on //p' "$out")
+    [ "$PROXY_URL" != "http://" ] && [ -n "$PROXY_CONTROL" ] \
+        || die "riffle-proxy did not start (see $LOG_DIR/proxy.log)"
     say "proxy $PROXY_URL -> $RGW_URL (30 ms first byte, 100 MB/s per connection)"
 }

@@ -1,28 +1,75 @@
-# Mounting and unmounting each FUSE system of the benchmark (riffle, s3fs,
-# rclone) against an endpoint (the proxy or RGW). Sourced by benches/run.sh.
+# Mounting and unmounting each FUSE system of the benchmark (the riffle
+# variants, s3fs, rclone, Mountpoint) against an endpoint (the proxy or RGW).
+# Sourced by benches/run.sh.
 #
-# mount_SYSTEM BUCKET MNT ENDPOINT TAG sets DAEMON_PID and returns 0 once the
-# mount is live, or sets NOT_RUN (a reason) and returns 1.
-# unmount_system SYSTEM MNT unmounts and waits for the daemon to exit.
+# mount_system SYSTEM BUCKET MNT ENDPOINT TAG sets DAEMON_PID and returns 0
+# once the mount is live, or sets NOT_RUN (a reason) and returns 1.
+# unmount_system SYSTEM MNT unmounts, waits for the daemon to exit and
+# removes the system's cache directory.
+#
+# The riffle variants (each a fresh mount with a fresh cache directory under
+# $WORK/cache, on local disk):
+#   riffle          --cache-dir (FUSE passthrough for fully cached files)
+#   riffle-nopt     --cache-dir --no-passthrough
+#   riffle-plan     --cache-dir, and `riffle plan MNT FILE` before every epoch
+#                   with the exact order the reader will open (riffle-bench plan)
+#   riffle-listing  --cache-dir; the reader opens the files in listing order
+#                   (directory-order detection, no plan)
+#   riffle-mem      no --cache-dir: the in-memory block cache only
+#   riffle-lru, riffle-epoch (W5) --cache-dir --cache-size --eviction POLICY;
+#                   W5's riffle-plan adds --eviction plan
+# All with --metadata-ttl indefinite and --max-memory $RIFFLE_MEMORY;
+# RIFFLE_EXTRA_ARGS (an array, set by W5) is appended.
+
+is_riffle() { [[ $1 == riffle || $1 == riffle-* ]]; }
+
+# Systems that are read with an epoch plan, or in listing order.
+uses_plan() { [ "$1" = riffle-plan ]; }
+reads_in_listing_order() { [ "$1" = riffle-listing ]; }
+
+cache_dir_of() { echo "$WORK/cache/$1-$2"; }
+
+mount_system() {
+    local sys=$1; shift
+    if is_riffle "$sys"; then
+        mount_riffle "$sys" "$@"
+    elif declare -F "mount_$sys" >/dev/null; then
+        "mount_$sys" "$@"
+    else
+        NOT_RUN="not run: no runner for $sys"
+        return 1
+    fi
+}
 
 mount_riffle() {
-    local bucket=$1 mnt=$2 endpoint=$3 tag=$4
-    local pidf="$WORK/run/riffle.pid" log="$LOG_DIR/riffle-$tag.log"
+    local sys=$1 bucket=$2 mnt=$3 endpoint=$4 tag=$5
+    local pidf="$WORK/run/riffle-$tag.pid" log="$LOG_DIR/$sys-$tag.log"
+    local cache args=()
+    cache=$(cache_dir_of "$sys" "$tag")
+    rm -rf "$cache"
+    case $sys in
+        riffle-mem) ;;
+        riffle-nopt) mkdir -p "$cache"; args+=(--cache-dir "$cache" --no-passthrough) ;;
+        *) mkdir -p "$cache"; args+=(--cache-dir "$cache") ;;
+    esac
+    args+=("${RIFFLE_EXTRA_ARGS[@]}")
     rm -f "$pidf"
     if ! "$BIN/riffle" mount "s3://$bucket" "$mnt" --endpoint-url "$endpoint" \
         --force-path-style --metadata-ttl indefinite --max-memory "${RIFFLE_MEMORY:-1G}" \
-        --log-file "$log" --pid-file "$pidf" >>"$LOG_DIR/riffle-$tag.out" 2>&1; then
-        NOT_RUN="failed: riffle mount failed ($(tail -n1 "$LOG_DIR/riffle-$tag.out" 2>/dev/null))"
+        "${args[@]}" --log-file "$log" --pid-file "$pidf" >>"$LOG_DIR/$sys-$tag.out" 2>&1; then
+        NOT_RUN="failed: riffle mount failed ($(tail -n1 "$LOG_DIR/$sys-$tag.out" 2>/dev/null))"
         return 1
     fi
     DAEMON_PID=$(cat "$pidf" 2>/dev/null || true)
     mountpoint -q "$mnt" || { NOT_RUN="failed: riffle mount returned but $mnt is not mounted"; return 1; }
+    echo "$sys: riffle mount ... --max-memory ${RIFFLE_MEMORY:-1G} ${args[*]}" >>"$LOG_DIR/mounts.log"
 }
 
 mount_s3fs() {
     local bucket=$1 mnt=$2 endpoint=$3 tag=$4
     command -v s3fs >/dev/null || { NOT_RUN="not run: s3fs is not installed (apt-get install s3fs failed)"; return 1; }
-    local cache="$WORK/cache/s3fs"
+    local cache
+    cache=$(cache_dir_of s3fs "$tag")
     rm -rf "$cache"; mkdir -p "$cache"
     s3fs "$bucket" "$mnt" -f -o ro -o passwd_file="$WORK/run/s3fs.passwd" \
         -o url="$endpoint" -o use_path_request_style -o endpoint=us-east-1 \
@@ -37,7 +84,8 @@ mount_s3fs() {
 mount_rclone() {
     local bucket=$1 mnt=$2 endpoint=$3 tag=$4
     command -v rclone >/dev/null || { NOT_RUN="not run: rclone is not installed (apt-get install rclone failed)"; return 1; }
-    local cache="$WORK/cache/rclone" conf="$WORK/run/rclone-$tag.conf"
+    local cache conf="$WORK/run/rclone-$tag.conf"
+    cache=$(cache_dir_of rclone "$tag")
     rm -rf "$cache"; mkdir -p "$cache"
     cat > "$conf" <<CONF
 [bench]
@@ -59,13 +107,22 @@ CONF
     return 1
 }
 
+# Mountpoint (benches/lib/mountpoint.sh, when present) is mount_mountpoint
+# BUCKET MNT ENDPOINT TAG; without that file the system reports "not run".
+
 unmount_system() {
-    local system=$1 mnt=$2
-    if [ "$system" = riffle ] && mountpoint -q "$mnt" 2>/dev/null; then
+    local system=$1 mnt=$2 tag=${3:-}
+    if is_riffle "$system" && mountpoint -q "$mnt" 2>/dev/null; then
         "$BIN/riffle" unmount "$mnt" >/dev/null 2>&1 || true
     fi
-    unmount_fuse "$mnt" "${DAEMON_PID:-}"
+    if [ "$system" = mountpoint ] && declare -F unmount_mountpoint >/dev/null; then
+        unmount_mountpoint "$mnt"
+    else
+        unmount_fuse "$mnt" "${DAEMON_PID:-}"
+    fi
     DAEMON_PID=
+    [ -n "$tag" ] && rm -rf "$(cache_dir_of "$system" "$tag")"
+    return 0
 }
 
 # Unmounts everything under $WORK/mnt (the exit trap).

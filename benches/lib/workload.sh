@@ -9,29 +9,82 @@ tables_of() {
     case $1 in w3) echo "w3 w3-mmap" ;; *) echo "$1" ;; esac
 }
 
-# read_pass ROOT TABLE EPOCH OUT: one reader epoch after dropping caches.
+# The proxy's counters (riffle-bench proxy-stats): "--reset" zeroes them,
+# "--out FILE" saves them.
+proxy_stats() {
+    "$BIN/riffle-bench" proxy-stats --control "$PROXY_CONTROL" "$@" 2>>"$LOG_DIR/proxy-stats.log"
+}
+
+# riffle stats MNT --json into FILE (empty when the daemon does not answer).
+riffle_stats() {
+    "$BIN/riffle" stats "$1" --json >"$2" 2>>"$LOG_DIR/riffle-stats.log" || : >"$2"
+}
+
+# GET requests (whole and ranged) in a proxy-stats file, or "?".
+gets_of() {
+    sed -n 's/.*"get_object":\([0-9]*\).*"get_range":\([0-9]*\).*/\1 \2/p' "$1" 2>/dev/null \
+        | awk '{print $1 + $2; found = 1} END {if (!found) print "?"}'
+}
+
+# read_pass SYSTEM ROOT TABLE EPOCH OUT [COUNT]: one reader epoch after
+# dropping the page cache. With COUNT=1 (the FUSE systems), the proxy's
+# counters are reset before the epoch and saved after it (OUT's .proxy.json,
+# through the proxy column only), and a riffle mount's `riffle stats` are
+# saved before and after it (.riffle-before/.riffle-after.json). For
+# riffle-plan, the epoch's plan (riffle-bench plan: the very order read-fs
+# will open) is written first and handed to `riffle plan` right before the
+# reader starts.
 read_pass() {
-    local root=$1 table=$2 epoch=$3 out=$4 rc=0
-    local extra=()
+    local sys=$1 root=$2 table=$3 epoch=$4 out=$5 count=${6:-0} rc=0
+    local base=${out%.json} extra=() order=shuffle plan="" t0 msg=""
     case $table in
         w3|w3-mmap) extra+=(--duration "$W3_DURATION") ;;
+        *) reads_in_listing_order "$sys" && order=listing; extra+=(--order "$order") ;;
     esac
     extra+=("${LIMIT[@]}")
+    rm -f "$out" "$base".{proxy,riffle-before,riffle-after}.json
+    if uses_plan "$sys"; then
+        plan="$WORK/run/plan-$table-e$epoch.txt"
+        "$BIN/riffle-bench" plan --manifest "$MANIFEST" --seed "$SEED" --epoch "$epoch" \
+            --order "$order" "${LIMIT[@]}" --out "$plan" 2>>"$LOG_DIR/plan.log" \
+            || { warn "riffle-bench plan failed (see $LOG_DIR/plan.log)"; plan=""; }
+    fi
     drop_caches || true
-    rm -f "$out"
+    if [ "$count" = 1 ]; then
+        is_riffle "$sys" && riffle_stats "$root" "$base.riffle-before.json"
+        [ "$COL" = proxy ] && proxy_stats --reset >/dev/null
+    fi
+    if [ -n "$plan" ]; then
+        t0=$(date +%s.%N)
+        "$BIN/riffle" plan "$root" "$plan" >>"$LOG_DIR/plan.log" 2>&1 \
+            || warn "riffle plan $root failed (see $LOG_DIR/plan.log)"
+        msg=" [plan of $(wc -l < "$plan") files set in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN {printf "%.2f", b - a}') s]"
+    fi
     timeout -k 10 "$EPOCH_TIMEOUT" "$BIN/riffle-bench" read-fs --root "$root" \
         --manifest "$MANIFEST" --pattern "$table" --seed "$SEED" --epoch "$epoch" \
         --json-out "$out" "${extra[@]}" >/dev/null 2>>"$LOG_DIR/read-fs.log" || rc=$?
-    say "    $table epoch $epoch: $(summary "$out")$([ $rc = 0 ] || echo " (exit $rc)")"
+    if [ "$count" = 1 ]; then
+        if [ "$COL" = proxy ]; then
+            proxy_stats --out "$base.proxy.json" || true
+            msg+=", $(gets_of "$base.proxy.json") GETs at the proxy"
+        fi
+        is_riffle "$sys" && riffle_stats "$root" "$base.riffle-after.json"
+    fi
+    say "    $table epoch $epoch: $(summary "$out")$msg$([ $rc = 0 ] || echo " (exit $rc)")"
     return 0
 }
 
-# LIMIT: "--max-files N" when this workload's epochs read a subset (W1 in
-# the full run), else empty.
+# LIMIT: "--max-files N" when this workload's epochs read a subset (W1 and
+# W5 in the full run), else empty.
 set_limit() {
     LIMIT=()
-    if [ "$WL" = w1 ] && [ -n "$W1_MAX_FILES" ] && [ "$W1_MAX_FILES" != 0 ]; then
-        LIMIT=(--max-files "$W1_MAX_FILES")
+    local n=
+    case $WL in
+        w1) n=$W1_MAX_FILES ;;
+        w5) n=$W5_MAX_FILES ;;
+    esac
+    if [ -n "$n" ] && [ "$n" != 0 ]; then
+        LIMIT=(--max-files "$n")
     fi
 }
 
@@ -58,7 +111,7 @@ run_copy() {
         say "  local disk"
         for e in 1 2; do
             for t in $TABLES; do
-                read_pass "$dest" "$t" "$e" "$RES_DIR/$t-local-e$e.json"
+                read_pass local "$dest" "$t" "$e" "$RES_DIR/$t-local-e$e.json"
             done
         done
         echo ok > "$WORK/run/local-done-$WL"
@@ -96,29 +149,51 @@ run_s3_client() {
         --cold "$out" --note "no cache, so one pass only"
 }
 
+# The note under a system's row.
+note_of() {
+    case $1 in
+        riffle) echo "a fresh mount with a fresh --cache-dir on local disk; files complete in the cache are opened with FUSE passthrough; --max-memory $RIFFLE_MEMORY" ;;
+        riffle-nopt) echo "as riffle, with --no-passthrough: every read goes through the daemon (and its CRC check)" ;;
+        riffle-plan) echo "as riffle, plus \`riffle plan MNT FILE\` right before each epoch with the exact order the reader opens (\`riffle-bench plan\`, the reader's own order function); setting it is not timed (it takes milliseconds)" ;;
+        riffle-listing) echo "‡ this row's reader opens the files in listing order (sorted paths, directory by directory) instead of a shuffle; otherwise as riffle, no plan: riffle's directory-order detection prefetches" ;;
+        riffle-mem) echo "no --cache-dir: only the in-memory block cache (--max-memory $RIFFLE_MEMORY), so a warm epoch refetches whatever did not fit in it" ;;
+        mountpoint) echo "the mountpoint-s3-fs library (bench-only binary, benches/mountpoint) with its local disk cache (--cache), --metadata-ttl indefinite, --max-threads ${MOUNTPOINT_MAX_THREADS:-16}" ;;
+    esac
+}
+
+# Whether a system runs in this workload (the plan and listing-order
+# variants are W1's).
+runs_in() {
+    case $1 in
+        riffle-plan|riffle-listing) [ "$WL" = w1 ] ;;
+        *) return 0 ;;
+    esac
+}
+
 # A FUSE system: mount, two epochs of every table, peak RSS, unmount.
 run_fuse() {
-    local sys=$1 col=$2 endpoint=$3 mnt="$WORK/mnt/$1" tag="$WL-$2" t e rss note=
+    local sys=$1 col=$2 endpoint=$3 mnt="$WORK/mnt/$1" tag="$WL-$2" t e rss note
     mkdir -p "$mnt"
     say "  $sys ($col)"
     NOT_RUN=''
     DAEMON_PID=''
+    COL=$col
     local t0=$SECONDS
-    if ! "mount_$sys" "$BUCKET" "$mnt" "$endpoint" "$tag"; then
+    if ! mount_system "$sys" "$BUCKET" "$mnt" "$endpoint" "$tag"; then
         say "    $NOT_RUN"
         for t in $TABLES; do record_row --table "$t" --system "$sys" --column "$col" --status "$NOT_RUN"; done
-        unmount_system "$sys" "$mnt"
+        unmount_system "$sys" "$mnt" "$tag"
         return 0
     fi
     say "    mounted in $((SECONDS - t0)) s"
     for e in 1 2; do
-        for t in $TABLES; do read_pass "$mnt" "$t" "$e" "$RES_DIR/$t-$sys-$col-e$e.json"; done
+        for t in $TABLES; do read_pass "$sys" "$mnt" "$t" "$e" "$RES_DIR/$t-$sys-$col-e$e.json" 1; done
     done
     rss=$(peak_rss_kb "$DAEMON_PID")
     t0=$SECONDS
-    unmount_system "$sys" "$mnt"
+    unmount_system "$sys" "$mnt" "$tag"
     say "    unmounted in $((SECONDS - t0)) s; daemon peak RSS ${rss:-?} KiB"
-    [ "$sys" = riffle ] && note="no disk cache yet (issue 2): only the in-memory block cache (--max-memory $RIFFLE_MEMORY), so a warm epoch refetches whatever did not fit in it"
+    note=$(note_of "$sys")
     for t in $TABLES; do
         record_row --table "$t" --system "$sys" --column "$col" \
             --status "$(status_of "$RES_DIR/$t-$sys-$col-e1.json")" \
@@ -127,27 +202,37 @@ run_fuse() {
     done
 }
 
+# Generates (or finds) the dataset of $1 into $BUCKET / $MANIFEST.
+gen_dataset() {
+    "$BIN/riffle-bench" gen --workload "$1" --scale "$SCALE" --seed "$SEED" \
+        --bucket "$BUCKET" --endpoint "$RGW_URL" --manifest "$MANIFEST" 2>>"$LOG_DIR/gen.log"
+}
+
 run_workload() {
     WL=$1
+    if [ "$WL" = w5 ]; then
+        run_w5
+        return 0
+    fi
     TABLES=$(tables_of "$WL")
     BUCKET="riffle-bench-$MODE-$WL"
     MANIFEST="$WORK/manifests/$MODE-$WL.manifest"
     local started=$SECONDS date commit col endpoint sys notes=()
     date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-    commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-    git diff --quiet HEAD -- src benches 2>/dev/null || commit="$commit+dirty"
+    commit=$(commit_id)
     rm -f "$WORK/run/local-done-$WL"
     say "== ${WL^^} ($MODE): dataset s3://$BUCKET"
-    if ! "$BIN/riffle-bench" gen --workload "$WL" --scale "$SCALE" --seed "$SEED" \
-        --bucket "$BUCKET" --endpoint "$RGW_URL" --manifest "$MANIFEST" 2>>"$LOG_DIR/gen.log"; then
+    if ! gen_dataset "$WL"; then
         warn "generating $WL failed (see $LOG_DIR/gen.log); skipping it"
         return 0
     fi
-    RIFFLE_MEMORY=1G
+    say "   dataset ready after $((SECONDS - started)) s"
+    RIFFLE_MEMORY=$RIFFLE_BASE_MEMORY
+    RIFFLE_EXTRA_ARGS=()
     set_limit
     if [ ${#LIMIT[@]} -gt 0 ]; then
-        # Keep riffle's cache-to-data ratio of the whole dataset (1 GiB for
-        # all its files) when an epoch reads a subset.
+        # Keep riffle's memory-cache-to-data ratio of the whole dataset
+        # (1 GiB for all its files) when an epoch reads a subset.
         local objects
         objects=$(sed -n '2s/.*"objects":\([0-9]*\).*/\1/p' "$MANIFEST")
         RIFFLE_MEMORY="$(( 1024 * W1_MAX_FILES / ${objects:-20000} ))M"
@@ -161,21 +246,15 @@ run_workload() {
                 local) [ "$col" = proxy ] && ! has "$SYSTEMS" copy-first && run_copy "$col" "$endpoint" ;;
                 copy-first) run_copy "$col" "$endpoint" ;;
                 s3-client) run_s3_client "$col" "$endpoint" ;;
-                *)
-                    # Any FUSE system with a mount_SYSTEM function (lib/systems.sh).
-                    if declare -F "mount_$sys" >/dev/null; then
-                        run_fuse "$sys" "$col" "$endpoint"
-                    else
-                        warn "unknown system $sys"
-                    fi
-                    ;;
+                *) runs_in "$sys" && run_fuse "$sys" "$col" "$endpoint" ;;
             esac
         done
     done
     rm -rf "$WORK/local/$MODE-$WL" "$WORK/cache"
     mkdir -p "$WORK/cache"
-    [ ${#LIMIT[@]} -gt 0 ] && notes+=(--note "time budget: each W1 epoch reads the same $W1_MAX_FILES of the 20,000 files (a seeded subset, in a new shuffled order each epoch), for every system alike; copy-first copies that subset; riffle's --max-memory is scaled by the same fraction ($RIFFLE_MEMORY) so its cache holds the same share of the data as 1 GiB does of the whole dataset")
-    [ "$MODE" = quick ] && notes+=(--note "quick datasets are small: they fit riffle's 1 GiB memory cache, the peers' caches and (within a pass) the page cache, so this is a smoke test of correctness, not a measurement")
+    [ ${#LIMIT[@]} -gt 0 ] && notes+=(--note "time budget: each W1 epoch reads the same $W1_MAX_FILES of the 20,000 files (whole directories, chosen with the seed; a new shuffled order each epoch), for every system alike; copy-first copies that subset; riffle's --max-memory is scaled by the same fraction ($RIFFLE_MEMORY) so its memory cache holds the same share of the data as 1 GiB does of the whole dataset (the disk cache is unlimited)")
+    [ "$MODE" = quick ] && notes+=(--note "quick datasets are small: they fit the peers' caches and (within a pass) the page cache, so this is a smoke test of correctness, not a measurement; riffle runs with --max-memory $RIFFLE_BASE_MEMORY so its warm epochs read the disk cache")
+    [ "$PROFILE" = debug ] && notes+=(--note "debug builds of riffle and the reader (--debug): absolute numbers are lower than with release builds")
     case $WL in w3) notes+=(--note "each W3 pass reads for $W3_DURATION; both epochs use the same random offsets, so the warm epoch re-reads what the cold one read first (and then goes further)") ;; esac
     "$BIN/riffle-bench" record meta --run "$RUN_FILE" --workload "$WL" --mode "$MODE" \
         --manifest "$MANIFEST" --commit "$commit" --date "$date" \

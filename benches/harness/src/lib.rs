@@ -9,11 +9,13 @@
 //! - The benchmark pieces behind the `riffle-bench` binary: deterministic
 //!   datasets ([`dataset`], [`content`], [`manifest`]), the parallel S3
 //!   client ([`s3`]: upload, read, copy), the file-system reader used for
-//!   every system ([`reader`]), and the result tables ([`results`]).
+//!   every system ([`reader`]), which files an epoch reads in which order
+//!   ([`order`]), and the result tables ([`results`]).
 
 pub mod content;
 pub mod dataset;
 pub mod manifest;
+pub mod order;
 pub mod outcome;
 pub mod progress;
 pub mod proxy;

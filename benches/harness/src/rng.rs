@@ -90,44 +90,9 @@ pub fn shuffled_indices(n: usize, seed: u64) -> Vec<usize> {
     v
 }
 
-/// The files an epoch visits, in order: all `n` shuffled with
-/// `seed + epoch` (like PyTorch's `DistributedSampler`), or, with `limit`,
-/// the same `limit` files every epoch (the first of a shuffle by `seed`
-/// alone) in an order shuffled with `seed + epoch`, so a second epoch
-/// revisits what the first one read.
-pub fn epoch_order(n: usize, seed: u64, epoch: u32, limit: Option<usize>) -> Vec<usize> {
-    let epoch_seed = seed.wrapping_add(u64::from(epoch));
-    match limit {
-        Some(m) if m < n => {
-            let mut subset = shuffled_indices(n, seed);
-            subset.truncate(m);
-            subset.sort_unstable();
-            shuffled_indices(m, epoch_seed)
-                .into_iter()
-                .map(|i| subset[i])
-                .collect()
-        }
-        _ => shuffled_indices(n, epoch_seed),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn limited_epochs_revisit_the_same_files_in_another_order() {
-        let e1 = epoch_order(1000, 5, 1, Some(100));
-        let e2 = epoch_order(1000, 5, 2, Some(100));
-        assert_eq!(e1.len(), 100);
-        assert_ne!(e1, e2);
-        let (mut s1, mut s2) = (e1.clone(), e2.clone());
-        s1.sort_unstable();
-        s2.sort_unstable();
-        assert_eq!(s1, s2);
-        assert_eq!(epoch_order(10, 5, 1, None), shuffled_indices(10, 6));
-        assert_eq!(epoch_order(10, 5, 1, Some(20)), shuffled_indices(10, 6));
-    }
 
     #[test]
     fn splitmix_is_stable() {

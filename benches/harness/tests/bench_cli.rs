@@ -230,7 +230,9 @@ fn record_and_report_write_tables_and_check_wrong_bytes() {
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
-        stdout.contains("| riffle | 16.0 MB/s (1.0 s) | **WRONG BYTES** (3 reads)"),
+        stdout.contains(
+            "| riffle (disk cache, passthrough) | 16.0 MB/s (1.0 s) | **WRONG BYTES** (3 reads)"
+        ),
         "{stdout}"
     );
     let md = std::fs::read_to_string(&readme).expect("readme");

@@ -12,6 +12,7 @@ use std::time::Duration;
 use anyhow::Context;
 
 use crate::manifest::Manifest;
+use crate::order::Order;
 use crate::outcome::Outcome;
 
 /// The access pattern of a pass.
@@ -63,8 +64,10 @@ pub struct ReadFsOptions {
     /// W3: how long to read.
     pub duration: Duration,
     /// W1/W2: read only N files, the same N every epoch in a new order
-    /// (see [`crate::rng::epoch_order`]).
+    /// (see [`crate::order`]).
     pub max_files: Option<usize>,
+    /// W1/W2: a seeded shuffle (new every epoch) or listing order.
+    pub order: Order,
     /// Read size of whole-file passes.
     pub block_size: usize,
 }
@@ -79,6 +82,7 @@ impl ReadFsOptions {
             epoch: 1,
             duration: Duration::from_secs(30),
             max_files: None,
+            order: Order::Shuffle,
             block_size: 1 << 20,
         }
     }

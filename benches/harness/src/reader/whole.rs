@@ -1,5 +1,6 @@
-//! Whole-file passes (W1, W2): worker threads take the next file of a
-//! seeded shuffle, open it, read it to the end in fixed-size reads while
+//! Whole-file passes (W1, W2): worker threads take the next file of the
+//! epoch's order (a seeded shuffle, or listing order; see
+//! [`crate::order`]), open it, read it to the end in fixed-size reads while
 //! checksumming, close it, and compare size and checksum with the manifest.
 
 use std::fs::File;
@@ -9,17 +10,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use super::ReadFsOptions;
 use crate::content::Checksum;
 use crate::manifest::{Entry, Manifest};
+use crate::order::epoch_files;
 use crate::outcome::{Outcome, Tally};
-use crate::rng::epoch_order;
 use crate::s3::copy::local_path;
 
 pub fn run(manifest: &Manifest, opts: &ReadFsOptions) -> anyhow::Result<Outcome> {
-    let order = epoch_order(
-        manifest.entries.len(),
-        opts.seed,
-        opts.epoch,
-        opts.max_files,
-    );
+    let order = epoch_files(manifest, opts.seed, opts.epoch, opts.max_files, opts.order);
     let threads = opts.threads.clamp(1, order.len().max(1));
     let next = AtomicUsize::new(0);
     let tally = Tally::start(256.min(order.len() as u64));

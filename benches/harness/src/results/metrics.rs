@@ -2,6 +2,8 @@
 //! W1, MB/s otherwise), its cell text, and its ratios to local disk and to
 //! the best peer in the same run.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
 use super::{Column, Row};
@@ -141,14 +143,22 @@ pub fn best_peer<'a>(rows: &'a [Row], system: &str, epoch: Epoch) -> Option<(&'a
         .max_by(|a, b| a.1.total_cmp(&b.1))
 }
 
-/// One bar group of a plot.
+/// One bar series of a plot (a colour in the legend).
+#[derive(Debug, Clone, Serialize)]
+pub struct PlotSeries {
+    pub key: String,
+    pub label: String,
+    /// Drawn hatched and lighter (the no-proxy columns).
+    pub hatch: bool,
+}
+
+/// One bar group of a plot: a system and its value per series.
 #[derive(Debug, Clone, Serialize)]
 pub struct PlotPoint {
     pub system: String,
-    pub cold: Option<f64>,
-    pub warm: Option<f64>,
-    pub direct_cold: Option<f64>,
-    pub direct_warm: Option<f64>,
+    /// The tick label.
+    pub label: String,
+    pub values: BTreeMap<String, f64>,
 }
 
 /// The plot data of one table.
@@ -157,24 +167,64 @@ pub struct PlotTable {
     pub mode: String,
     pub table: String,
     pub title: String,
+    /// The y axis label.
     pub unit: String,
+    pub series: Vec<PlotSeries>,
     pub points: Vec<PlotPoint>,
+    /// Linear axis from 0 to this value (hit ratios); log scale allowed otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub y_max: Option<f64>,
+    /// A dashed horizontal line (value, label), e.g. a ceiling.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reference: Option<(f64, String)>,
+}
+
+fn series(key: &str, label: &str, hatch: bool) -> PlotSeries {
+    PlotSeries {
+        key: key.into(),
+        label: label.into(),
+        hatch,
+    }
+}
+
+/// The series of a cold/warm throughput plot.
+pub fn throughput_series() -> Vec<PlotSeries> {
+    vec![
+        series("cold", "cold (proxy)", false),
+        series("warm", "warm (proxy)", false),
+        series("direct_cold", "cold (no proxy)", true),
+        series("direct_warm", "warm (no proxy)", true),
+    ]
 }
 
 /// Plot data for the systems of `rows` (proxy column, with the direct
-/// column alongside when there is one).
-pub fn plot_points(rows: &[Row]) -> Vec<PlotPoint> {
+/// column alongside when there is one), labelled with `label`.
+pub fn plot_points(rows: &[Row], label: &dyn Fn(&str) -> String) -> Vec<PlotPoint> {
     let mut out = Vec::new();
     for r in rows.iter().filter(|r| r.column == Column::Proxy) {
         let direct = rows
             .iter()
             .find(|d| d.column == Column::Direct && d.system == r.system);
+        let mut values = BTreeMap::new();
+        let mut put = |k: &str, v: Option<f64>| {
+            if let Some(v) = v {
+                values.insert(k.to_string(), v);
+            }
+        };
+        put("cold", throughput(r, Epoch::Cold));
+        put("warm", throughput(r, Epoch::Warm));
+        put(
+            "direct_cold",
+            direct.and_then(|d| throughput(d, Epoch::Cold)),
+        );
+        put(
+            "direct_warm",
+            direct.and_then(|d| throughput(d, Epoch::Warm)),
+        );
         out.push(PlotPoint {
             system: r.system.clone(),
-            cold: throughput(r, Epoch::Cold),
-            warm: throughput(r, Epoch::Warm),
-            direct_cold: direct.and_then(|d| throughput(d, Epoch::Cold)),
-            direct_warm: direct.and_then(|d| throughput(d, Epoch::Warm)),
+            label: label(&r.system),
+            values,
         });
     }
     out
@@ -204,6 +254,9 @@ mod tests {
             copy: None,
             rss_kb: None,
             note: None,
+            cold_detail: None,
+            warm_detail: None,
+            passes: Vec::new(),
         }
     }
 

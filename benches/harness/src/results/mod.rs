@@ -2,10 +2,13 @@
 //! ([`Row`]) and each workload run ([`Meta`]), the per-mode store under
 //! `benches/results/`, and the markdown report (`benches/README.md`).
 
+pub mod detail;
+pub mod goals;
 pub mod machine;
 pub mod metrics;
 pub mod render;
 pub mod store;
+pub mod w5;
 
 use serde::{Deserialize, Serialize};
 
@@ -43,6 +46,81 @@ pub struct Row {
     pub rss_kb: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// What the cold epoch cost at the store and what riffle counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cold_detail: Option<PassDetail>,
+    /// The same for the warm epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_detail: Option<PassDetail>,
+    /// Every epoch in order, for workloads of more than two epochs (W5).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub passes: Vec<Pass>,
+}
+
+/// One epoch of a many-epoch row (W5).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Pass {
+    pub outcome: Outcome,
+    #[serde(default)]
+    pub detail: PassDetail,
+}
+
+impl Pass {
+    /// The share of the files read that cost no GET at the store:
+    /// `1 - GETs / files` (GETs counted at the proxy; W1-style files are
+    /// one block, so one GET each). `None` without a proxy count.
+    pub fn hit_ratio(&self) -> Option<f64> {
+        hit_ratio(&self.outcome, &self.detail)
+    }
+}
+
+/// `1 - GETs / files`, clamped to [0, 1]; `None` without a proxy count.
+pub fn hit_ratio(o: &Outcome, d: &PassDetail) -> Option<f64> {
+    let gets = d.store_gets?;
+    (o.files > 0).then(|| (1.0 - gets as f64 / o.files as f64).clamp(0.0, 1.0))
+}
+
+/// What an epoch cost beside the reader's own numbers.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PassDetail {
+    /// GET requests (whole and ranged) counted at the proxy during the
+    /// epoch: what the store really served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_gets: Option<u64>,
+    /// Bytes the proxy sent during the epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_bytes: Option<u64>,
+    /// riffle's counters over the epoch (`riffle stats --json` after minus before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub riffle: Option<RiffleCounters>,
+}
+
+/// The `riffle stats` counters the report uses, over one epoch (the
+/// `cache_*` gauges are as they stood at its end).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RiffleCounters {
+    pub get_requests: u64,
+    pub get_bytes: u64,
+    pub opens: u64,
+    /// Opens of files already complete in a cache (disk or memory).
+    pub opens_already_cached: u64,
+    pub passthrough_opens: u64,
+    pub plan_opens: u64,
+    pub plan_opens_already_cached: u64,
+    pub plan_fetched_files: u64,
+    pub plan_unused_bytes: u64,
+    pub dir_order_fetched_files: u64,
+    /// Block hits and misses of the disk cache (reads that reach the daemon).
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    pub evictions: u64,
+    /// `enabled`, `disabled`, ... (`fuse.passthrough`).
+    #[serde(default)]
+    pub passthrough: String,
+    pub cache_objects: u64,
+    pub cache_bytes: u64,
+    /// Bytes of cache index memory per cached object.
+    pub index_memory_per_object: u64,
 }
 
 impl Row {
@@ -52,11 +130,14 @@ impl Row {
 
     /// Reads that returned wrong bytes, over all passes of the row.
     pub fn mismatches(&self) -> u64 {
-        [&self.cold, &self.warm, &self.copy]
+        let two: u64 = [&self.cold, &self.warm, &self.copy]
             .iter()
             .filter_map(|o| o.as_ref())
             .map(|o| o.mismatches)
-            .sum()
+            .sum();
+        // Many-epoch rows repeat their first two epochs as cold and warm.
+        let all: u64 = self.passes.iter().map(|p| p.outcome.mismatches).sum();
+        two.max(all)
     }
 }
 

@@ -3,27 +3,55 @@
 
 use std::fmt::Write;
 
-use super::metrics::{best_peer, cell, ratio, throughput, Epoch, PlotTable, Unit};
+use super::metrics::{
+    best_peer, cell, ratio, throughput, throughput_series, Epoch, PlotTable, Unit,
+};
 use super::store::{ModeResults, WorkloadResult};
 use super::{tables_of, Column, Row};
 
 /// Display order of systems.
-const ORDER: [&str; 7] = [
+const ORDER: [&str; 12] = [
     "local",
     "copy-first",
     "s3-client",
     "riffle",
+    "riffle-nopt",
+    "riffle-plan",
+    "riffle-listing",
+    "riffle-mem",
     "s3fs",
     "rclone",
     "mountpoint",
+    "riffle-lru",
 ];
 
-fn system_label(system: &str) -> String {
+/// The row label of a system.
+pub fn system_label(system: &str) -> String {
     match system {
         "local" => "local disk".into(),
         "copy-first" => "copy-first".into(),
         "s3-client" => "S3 client, 64 in flight (reference)".into(),
+        "riffle" => "riffle (disk cache, passthrough)".into(),
+        "riffle-nopt" => "riffle (disk cache, no passthrough)".into(),
+        "riffle-plan" => "riffle + epoch plan".into(),
+        "riffle-listing" => "riffle, listing order ‡".into(),
+        "riffle-mem" => "riffle (memory only)".into(),
         "rclone" => "rclone (full cache)".into(),
+        "mountpoint" => "Mountpoint".into(),
+        s => s.into(),
+    }
+}
+
+/// A short label for plots.
+pub fn short_label(system: &str) -> String {
+    match system {
+        "local" => "local".into(),
+        "s3-client" => "S3 client".into(),
+        "riffle-nopt" => "riffle\nno passthrough".into(),
+        "riffle-plan" => "riffle\n+ plan".into(),
+        "riffle-listing" => "riffle\nlisting order".into(),
+        "riffle-mem" => "riffle\nmemory only".into(),
+        "mountpoint" => "Mountpoint".into(),
         s => s.into(),
     }
 }
@@ -34,19 +62,21 @@ fn table_title(table: &str) -> &'static str {
         "w2" => "W2 shards: 4 readers, whole shards in 1 MiB reads",
         "w3" => "W3 tokens: 16 threads, random 4 KiB–1 MiB pread",
         "w3-mmap" => "W3 tokens through mmap: 16 threads, random 4 KiB–1 MiB",
-        "w5" => "W5 larger than cache",
+        "w5" => "W5 larger than cache: W1 with a cache of half the data, 3 shuffled epochs",
         _ => "workload",
     }
 }
 
+fn rank(system: &str) -> usize {
+    ORDER
+        .iter()
+        .position(|s| *s == system)
+        .unwrap_or(ORDER.len())
+}
+
 fn sorted(rows: &[Row]) -> Vec<&Row> {
     let mut v: Vec<&Row> = rows.iter().collect();
-    v.sort_by_key(|r| {
-        ORDER
-            .iter()
-            .position(|s| *s == r.system)
-            .unwrap_or(ORDER.len())
-    });
+    v.sort_by_key(|r| rank(&r.system));
     v
 }
 
@@ -57,6 +87,9 @@ fn rss(row: &Row) -> String {
 
 /// The markdown table of one table id.
 pub fn table(table: &str, rows: &[Row]) -> String {
+    if table == "w5" {
+        return super::w5::table(rows);
+    }
     let rows: Vec<Row> = rows.iter().filter(|r| r.table == table).cloned().collect();
     let proxy: Vec<&Row> = sorted(&rows)
         .into_iter()
@@ -66,7 +99,7 @@ pub fn table(table: &str, rows: &[Row]) -> String {
         .iter()
         .find(|r| r.system == "local" && r.column == Column::Proxy);
     let has_direct = rows.iter().any(|r| r.column == Column::Direct);
-    let first256 = table == "w1" || table == "w5";
+    let first256 = table == "w1";
     let mut out = String::new();
     let mut head = vec!["system", "cold (epoch 1)", "warm (epoch 2)"];
     if first256 {
@@ -143,6 +176,78 @@ pub fn table(table: &str, rows: &[Row]) -> String {
     out
 }
 
+fn count(v: Option<u64>) -> String {
+    v.map_or("—".into(), |n| n.to_string())
+}
+
+fn share(part: u64, whole: u64) -> String {
+    if whole == 0 {
+        "—".into()
+    } else {
+        format!("{part} / {whole}")
+    }
+}
+
+/// What each epoch cost at the store (GETs counted at the proxy) and
+/// riffle's own counters, for the proxy rows that have them.
+pub fn cost_table(table: &str, rows: &[Row]) -> Option<String> {
+    if table == "w5" {
+        return None; // its own table has the per-epoch counts
+    }
+    let rows: Vec<&Row> = sorted(rows)
+        .into_iter()
+        .filter(|r| r.table == table && r.column == Column::Proxy && r.ok())
+        .filter(|r| r.cold_detail.is_some() || r.warm_detail.is_some())
+        .collect();
+    if rows.is_empty() {
+        return None;
+    }
+    let mut out = String::new();
+    let head = [
+        "system",
+        "GETs at the store, cold",
+        "GETs at the store, warm",
+        "cold: opens of files already cached",
+        "cold: plan opens already cached",
+        "cold: dir-order prefetched files",
+        "warm: passthrough opens",
+        "cache index memory per object",
+    ];
+    let _ = writeln!(out, "| {} |", head.join(" | "));
+    let _ = writeln!(out, "|{}", "---|".repeat(head.len()));
+    for r in rows {
+        let cold = r.cold_detail.as_ref();
+        let warm = r.warm_detail.as_ref();
+        let rc = cold.and_then(|d| d.riffle.as_ref());
+        let rw = warm.and_then(|d| d.riffle.as_ref());
+        let cells = [
+            system_label(&r.system),
+            count(cold.and_then(|d| d.store_gets)),
+            count(warm.and_then(|d| d.store_gets)),
+            rc.map_or("—".into(), |c| share(c.opens_already_cached, c.opens)),
+            rc.filter(|c| c.plan_opens > 0).map_or("—".into(), |c| {
+                share(c.plan_opens_already_cached, c.plan_opens)
+            }),
+            rc.map_or("—".into(), |c| c.dir_order_fetched_files.to_string()),
+            rw.map_or("—".into(), |c| {
+                format!(
+                    "{} ({})",
+                    share(c.passthrough_opens, c.opens),
+                    c.passthrough
+                )
+            }),
+            rw.filter(|c| c.cache_objects > 0).map_or("—".into(), |c| {
+                format!(
+                    "{} B ({} objects)",
+                    c.index_memory_per_object, c.cache_objects
+                )
+            }),
+        ];
+        let _ = writeln!(out, "| {} |", cells.join(" | "));
+    }
+    Some(out)
+}
+
 /// One workload's section: facts of the run, its tables and plots.
 pub fn workload_section(w: &WorkloadResult, plot: &dyn Fn(&str) -> Option<String>) -> String {
     let m = &w.meta;
@@ -178,6 +283,23 @@ pub fn workload_section(w: &WorkloadResult, plot: &dyn Fn(&str) -> Option<String
         );
         out.push_str(&table(&t, &w.rows));
         out.push('\n');
+        let goals = super::goals::goals(&t, &w.rows);
+        if !goals.is_empty() {
+            let _ = writeln!(out, "Goals (issues 3 and 4), this run:\n");
+            for g in goals {
+                let _ = writeln!(out, "- {g}");
+            }
+            out.push('\n');
+        }
+        if let Some(cost) = cost_table(&t, &w.rows) {
+            let _ = writeln!(
+                out,
+                "What each epoch cost: GETs counted at the proxy (the store side), and \
+                 riffle's own counters (`riffle stats`) over the epoch\n"
+            );
+            out.push_str(&cost);
+            out.push('\n');
+        }
         if let Some(img) = plot(&t) {
             let _ = writeln!(out, "![{}]({img})\n", table_title(&t));
         }
@@ -194,19 +316,21 @@ pub fn plot_tables(mode: &str, results: &ModeResults) -> Vec<PlotTable> {
             if rows.is_empty() {
                 continue;
             }
-            let mut points = super::metrics::plot_points(&rows);
-            points.sort_by_key(|p| {
-                ORDER
-                    .iter()
-                    .position(|s| *s == p.system)
-                    .unwrap_or(ORDER.len())
-            });
+            if t == "w5" {
+                out.push(super::w5::plot(mode, &rows, table_title(&t)));
+                continue;
+            }
+            let mut points = super::metrics::plot_points(&rows, &short_label);
+            points.sort_by_key(|p| rank(&p.system));
             out.push(PlotTable {
                 mode: mode.to_string(),
                 table: t.clone(),
                 title: format!("{} ({mode})", table_title(&t)),
                 unit: Unit::of_table(&t).label().to_string(),
+                series: throughput_series(),
                 points,
+                y_max: None,
+                reference: None,
             });
         }
     }
@@ -249,21 +373,32 @@ Generated by `benches/run.sh` from `benches/results/*.json`; edit the text in
 `benches/harness/src/results/render.rs`, not here. The workloads and baselines
 are those of `shared/BENCHMARKS.md`.
 
-**How to reproduce:** `benches/run.sh W1 W2` (full datasets; add `W3` for the
-4 GiB random-read workload) or `benches/run.sh --quick` (scaled-down datasets,
-a few minutes, fails on any wrong byte). Needs root (FUSE mounts, dropping the
-page cache), the local Ceph RGW (`deploy/local/rgw.sh`, started if down),
-`s3fs` and `rclone` (installed with apt if missing) and Python 3 for the plots.
+**How to reproduce:** `benches/run.sh W1 W2 W5` (full datasets, about 25
+minutes here; add `W3` for the 4 GiB random-read workload) or
+`benches/run.sh --quick` (scaled-down datasets, a few minutes). Needs root
+(FUSE mounts, dropping the page cache), the local Ceph RGW
+(`deploy/local/rgw.sh`, started if down), `s3fs` and `rclone` (installed with
+apt if missing) and Python 3 with matplotlib for the plots (a venv in
+`benches/.venv`; `--no-plots` skips it). The Mountpoint peer is a bench-only
+binary over the `mountpoint-s3-fs` library (`benches/mountpoint`), built by
+full runs (about 10 minutes the first time) or `--build-mountpoint`.
+
+**CI smoke test:** `benches/run.sh --quick --debug --no-plots` uses the debug
+build CI already has for the tests, installs what it needs, takes about five
+minutes after the build, and exits non-zero when any system returned a wrong
+byte or any riffle variant failed to run or hit an I/O error.
 
 How to read the tables:
 
 - **The remote** is Ceph RGW on loopback behind `riffle-proxy`: 30 ms before
   the first byte of every response and 100 MB/s per connection, like S3 seen
   from a nearby instance. \"no proxy\" columns are RGW straight on loopback.
+  The proxy also counts the GETs of every epoch: what each epoch really cost
+  at the store.
 - **Every system is read by the same reader**, `riffle-bench read-fs`, which
   verifies every byte (whole files against the manifest's checksums, random
   reads against the regenerated content); a wrong byte shows as
-  **WRONG BYTES** and fails `--quick`.
+  **WRONG BYTES** and fails the run.
 - **The page cache is dropped** (`sync; echo 3 > /proc/sys/vm/drop_caches`)
   before every epoch, for every system alike, so \"warm\" means the system's own
   cache (memory or disk), never the kernel's.
@@ -272,27 +407,33 @@ How to read the tables:
   proxy, then the local epoch; its cold figure includes the copy.
   **S3 client**: `riffle-bench read-s3`, the store read directly with 64
   requests in flight and no file system, as a reference for what the remote
-  can deliver. **riffle**: `riffle mount` of the release build,
-  `--metadata-ttl indefinite`, default `--max-memory 1G` (scaled down with the
-  data where an epoch reads a subset; see the notes). **s3fs**: with its
-  local file cache (`use_cache`). **rclone**: `rclone mount --vfs-cache-mode
-  full`.
+  can deliver.
+- **riffle** rows are `riffle mount` of the same build, each a fresh mount with
+  a fresh cache directory on local disk, `--metadata-ttl indefinite`:
+  **riffle (disk cache, passthrough)** is `--cache-dir` with FUSE passthrough for
+  files complete in the cache; **no passthrough** adds `--no-passthrough`;
+  **+ epoch plan** calls `riffle plan MNT FILE` right before each epoch with the
+  exact order the reader will open (`riffle-bench plan` prints it from the
+  reader's own order function); **listing order ‡** is read in sorted path
+  order instead of a shuffle, with no plan (riffle's directory-order detection).
+  **s3fs**: with its local file cache (`use_cache`). **rclone**: `rclone mount
+  --vfs-cache-mode full`. **Mountpoint**: Mountpoint for S3 through its
+  library, with its local disk cache.
 - **Ratios are the result**: absolute numbers on this shared 2-core machine,
   where RGW, the proxy, the daemon and the reader share the cores, are noise.
   \"÷ local\" and \"÷ best peer\" divide the row's throughput by that of local
-  disk and of the best of copy-first, s3fs, rclone (and Mountpoint, once it
-  runs) in the same run and epoch. The daemon's peak RSS is `VmHWM` after both
-  epochs.
+  disk and of the best of copy-first, s3fs, rclone and Mountpoint in the same
+  run and epoch. The daemon's peak RSS is `VmHWM` after both epochs.
+- **Goals** under a table are those of issues 3 and 4, checked on that run.
 
 ";
 
 const README_TAIL: &str = "\
 ## Not run yet
 
-- **Mountpoint for S3**: needs a bench-only binary against the
-  `mountpoint-s3-fs` library (a later step of issue 6).
-- **W4** (listing) and **W5** (larger than cache): `riffle-bench gen` makes
-  their datasets; their runners come with the listing and disk-cache work.
+- **W4** (listing): `riffle-bench gen` makes its dataset; its runner comes with
+  the listing work.
+- **W3** is not part of the default full run (`benches/run.sh W3` adds it).
 ";
 
 #[cfg(test)]
@@ -318,6 +459,9 @@ mod tests {
             copy: None,
             rss_kb: Some(204_800),
             note: None,
+            cold_detail: None,
+            warm_detail: None,
+            passes: Vec::new(),
         }
     }
 
@@ -336,7 +480,10 @@ mod tests {
         let lines: Vec<&str> = t.lines().collect();
         assert!(lines[0].contains("no proxy: cold"));
         assert!(lines[2].starts_with("| local disk |"), "{t}");
-        assert!(lines[3].contains("| riffle | 10.0 files/s (10.0 s)"), "{t}");
+        assert!(
+            lines[3].contains("| riffle (disk cache, passthrough) | 10.0 files/s (10.0 s)"),
+            "{t}"
+        );
         assert!(lines[3].contains("0.10×"), "riffle vs local: {t}");
         assert!(lines[3].contains("4.00× (s3fs)"), "riffle vs s3fs: {t}");
         assert!(lines[3].contains("200 MiB"));

@@ -13,8 +13,8 @@ use futures_util::stream::{self, StreamExt};
 
 use super::get::{get_streamed, parts};
 use crate::manifest::Manifest;
+use crate::order::subset;
 use crate::outcome::{Outcome, Tally};
-use crate::rng::epoch_order;
 
 #[derive(Debug, Clone)]
 pub struct CopyOptions {
@@ -24,14 +24,14 @@ pub struct CopyOptions {
     /// Objects larger than this are fetched in ranged parts of this size.
     pub part_size: u64,
     /// Copy only the N files a limited reader epoch reads (see
-    /// [`crate::rng::epoch_order`]), with the reader's seed.
+    /// [`crate::order::subset`]), with the reader's seed.
     pub max_files: Option<usize>,
     pub seed: u64,
 }
 
 /// The manifest entries to copy: all, or the reader's subset.
 fn selection(manifest: &Manifest, opts: &CopyOptions) -> Vec<usize> {
-    let mut v = epoch_order(manifest.entries.len(), opts.seed, 1, opts.max_files);
+    let mut v = subset(manifest, opts.seed, opts.max_files);
     v.sort_unstable();
     v
 }

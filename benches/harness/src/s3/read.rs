@@ -11,8 +11,8 @@ use futures_util::stream::{self, StreamExt};
 use super::get::{get_streamed, parts};
 use crate::content::{Checksum, Content};
 use crate::manifest::Manifest;
+use crate::order::{epoch_files, Order};
 use crate::outcome::{Outcome, Tally};
-use crate::rng::epoch_order;
 
 /// How `read-s3` reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -31,14 +31,19 @@ pub struct ReadOptions {
     pub part_size: u64,
     pub seed: u64,
     pub epoch: u32,
-    /// Read only N objects (the same N every epoch, see [`epoch_order`]).
+    /// Read only N objects (the same N every epoch, see [`crate::order`]).
     pub max_files: Option<usize>,
 }
 
 /// Reads the dataset of `manifest` from the store and verifies it.
 pub async fn read_store(s3: &Client, manifest: &Manifest, opts: &ReadOptions) -> Outcome {
-    let n = manifest.entries.len();
-    let order = epoch_order(n, opts.seed, opts.epoch, opts.max_files);
+    let order = epoch_files(
+        manifest,
+        opts.seed,
+        opts.epoch,
+        opts.max_files,
+        Order::Shuffle,
+    );
     let tally = Arc::new(Tally::start(256.min(order.len() as u64)));
     let seed = manifest.header.seed;
     let source = format!("s3://{}/{}", opts.bucket, manifest.header.prefix);

@@ -7,6 +7,8 @@
 
 mod copy;
 mod gen;
+mod plan;
+mod proxy_stats;
 mod read_fs;
 mod read_s3;
 mod record;
@@ -36,6 +38,11 @@ enum Command {
     ReadFs(read_fs::Args),
     /// Copy a dataset from the store to local disk (copy-first baseline)
     Copy(copy::Args),
+    /// Print the epoch plan of a read-fs epoch (paths in the order it opens them)
+    Plan(plan::Args),
+    /// Print (or reset) a riffle-proxy's counters through its control endpoint
+    #[command(name = "proxy-stats")]
+    ProxyStats(proxy_stats::Args),
     /// Append a result record to a run file (used by benches/run.sh)
     #[command(subcommand)]
     Record(record::Command),
@@ -50,6 +57,8 @@ fn main() -> ExitCode {
         Command::ReadS3(a) => read_s3::run(a),
         Command::ReadFs(a) => read_fs::run(a),
         Command::Copy(a) => copy::run(a),
+        Command::Plan(a) => plan::run(a).map(|()| ExitCode::SUCCESS),
+        Command::ProxyStats(a) => proxy_stats::run(a).map(|()| ExitCode::SUCCESS),
         Command::Record(c) => record::run(c).map(|()| ExitCode::SUCCESS),
         Command::Report(a) => report::run(a),
     };

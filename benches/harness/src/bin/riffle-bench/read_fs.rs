@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use riffle_bench::manifest::Manifest;
+use riffle_bench::order::Order;
 use riffle_bench::reader::{read_fs, Pattern, ReadFsOptions};
 use riffle_bench::units::parse_duration;
 
@@ -28,9 +29,14 @@ pub struct Args {
     /// W3: how long to read
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     duration: Duration,
-    /// W1/W2: read only N files, the same N every epoch in a new order
+    /// W1/W2: read only N files (whole directories), the same N every epoch
     #[arg(long)]
     max_files: Option<usize>,
+    /// W1/W2: the order files are opened in: a shuffle seeded with
+    /// seed + epoch, or sorted by path (listing order). `riffle-bench plan`
+    /// prints the same order
+    #[arg(long, value_enum, default_value = "shuffle")]
+    order: Order,
     /// Also write the JSON result here
     #[arg(long)]
     json_out: Option<PathBuf>,
@@ -44,6 +50,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     opts.epoch = a.epoch;
     opts.duration = a.duration;
     opts.max_files = a.max_files;
+    opts.order = a.order;
     let outcome = read_fs(&manifest, &opts)?;
     super::emit(&outcome, a.json_out.as_deref())
 }

@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use riffle_bench::manifest::Manifest;
 use riffle_bench::outcome::Outcome;
+use riffle_bench::results::detail::pass_detail;
 use riffle_bench::results::machine::Machine;
-use riffle_bench::results::{Column, Meta, Record, Row};
+use riffle_bench::results::{Column, Meta, Pass, Record, Row};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
@@ -55,7 +56,7 @@ pub struct MetaArgs {
 pub struct RowArgs {
     #[arg(long)]
     run: PathBuf,
-    /// Table id: w1, w2, w3, w3-mmap
+    /// Table id: w1, w2, w3, w3-mmap, w5
     #[arg(long)]
     table: String,
     #[arg(long)]
@@ -65,12 +66,17 @@ pub struct RowArgs {
     /// ok, "not run: REASON" or "failed: REASON"
     #[arg(long, default_value = "ok")]
     status: String,
-    /// JSON result of epoch 1
+    /// JSON result of epoch 1 (with its sidecars X.proxy.json,
+    /// X.riffle-before.json, X.riffle-after.json when present)
     #[arg(long)]
     cold: Option<PathBuf>,
-    /// JSON result of epoch 2
+    /// JSON result of epoch 2 (sidecars as for --cold)
     #[arg(long)]
     warm: Option<PathBuf>,
+    /// JSON result of every epoch in order, for workloads of more than two
+    /// epochs (W5; repeatable; sidecars as for --cold)
+    #[arg(long)]
+    pass: Vec<PathBuf>,
     /// JSON result of the copy (copy-first)
     #[arg(long)]
     copy: Option<PathBuf>,
@@ -101,6 +107,18 @@ pub fn run(cmd: Command) -> anyhow::Result<()> {
             append(&a.run, &Record::Meta(Box::new(meta)))
         }
         Command::Row(a) => {
+            let mut passes = Vec::new();
+            for p in &a.pass {
+                // A pass without a result (the reader crashed) ends the row.
+                let Some(outcome) = outcome(Some(p))? else {
+                    break;
+                };
+                passes.push(Pass {
+                    outcome,
+                    detail: pass_detail(p)?.unwrap_or_default(),
+                });
+            }
+            let detail = |p: Option<&Path>| p.map(pass_detail).transpose().map(Option::flatten);
             let row = Row {
                 table: a.table,
                 system: a.system,
@@ -111,6 +129,9 @@ pub fn run(cmd: Command) -> anyhow::Result<()> {
                 copy: outcome(a.copy.as_deref())?,
                 rss_kb: a.rss_kb,
                 note: a.note.filter(|n| !n.is_empty()),
+                cold_detail: detail(a.cold.as_deref())?,
+                warm_detail: detail(a.warm.as_deref())?,
+                passes,
             };
             append(&a.run, &Record::Row(Box::new(row)))
         }

@@ -6,9 +6,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use riffle_bench::outcome::Outcome;
 use riffle_bench::results::render::{plot_tables, readme, table, MODES};
 use riffle_bench::results::store::{load, merge, read_run};
-use riffle_bench::results::tables_of;
+use riffle_bench::results::{tables_of, Row};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -30,10 +31,29 @@ pub struct Args {
     /// Exit 1 when any system in the run read wrong bytes
     #[arg(long)]
     check: bool,
+    /// Exit 1 also when a row of this system (or of its variants,
+    /// SYSTEM-*) in the run did not run, or hit I/O errors (repeatable)
+    #[arg(long)]
+    require: Vec<String>,
+}
+
+/// Why a required row failed, if it did.
+fn required_failure(r: &Row) -> Option<String> {
+    if !r.ok() {
+        return Some(r.status.clone());
+    }
+    let mut passes: Vec<&Outcome> = [&r.cold, &r.warm, &r.copy].into_iter().flatten().collect();
+    passes.extend(r.passes.iter().map(|p| &p.outcome));
+    if passes.is_empty() {
+        return Some("no result".into());
+    }
+    let errors: u64 = passes.iter().map(|o| o.errors).sum();
+    (errors > 0).then(|| format!("{errors} I/O errors"))
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let mut wrong = Vec::new();
+    let mut failed = Vec::new();
     if let Some(run) = &a.run {
         let (mode, results) = read_run(run)?;
         merge(&a.results_dir, &mode, &results)?;
@@ -44,6 +64,15 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 }
             }
             for r in &w.rows {
+                let required = a
+                    .require
+                    .iter()
+                    .any(|s| r.system == *s || r.system.starts_with(&format!("{s}-")));
+                if required {
+                    if let Some(why) = required_failure(r) {
+                        failed.push(format!("{} {} ({:?}): {why}", r.table, r.system, r.column));
+                    }
+                }
                 if r.mismatches() > 0 {
                     wrong.push(format!(
                         "{} {} ({:?}): {} wrong reads",
@@ -81,6 +110,12 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if a.check && !wrong.is_empty() {
         for w in &wrong {
             eprintln!("WRONG BYTES: {w}");
+        }
+        return Ok(ExitCode::from(1));
+    }
+    if !failed.is_empty() {
+        for f in &failed {
+            eprintln!("FAILED: {f}");
         }
         return Ok(ExitCode::from(1));
     }

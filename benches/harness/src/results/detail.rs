@@ -1,0 +1,130 @@
+//! Reading what an epoch cost from the files `benches/run.sh` leaves next
+//! to each reader result `X.json`:
+//!
+//! - `X.proxy.json`: `riffle-bench proxy-stats` after the epoch (the proxy's
+//!   counters were reset just before it), so its GETs are the epoch's;
+//! - `X.riffle-before.json` / `X.riffle-after.json`: `riffle stats --json`
+//!   just before and after the epoch; the counters are their difference.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use serde_json::Value;
+
+use super::{PassDetail, RiffleCounters};
+
+/// `dir/name.json` → `dir/name.<suffix>.json`.
+pub fn sidecar(result: &Path, suffix: &str) -> PathBuf {
+    let stem = result
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    result.with_file_name(format!("{stem}.{suffix}.json"))
+}
+
+fn read_json(path: &Path) -> anyhow::Result<Option<Value>> {
+    match std::fs::read_to_string(path) {
+        Ok(t) if t.trim().is_empty() => Ok(None),
+        Ok(t) => Ok(Some(
+            serde_json::from_str(t.trim()).with_context(|| format!("parse {}", path.display()))?,
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("read {}", path.display())),
+    }
+}
+
+fn u(v: &Value, path: &[&str]) -> u64 {
+    path.iter()
+        .try_fold(v, |v, k| v.get(k))
+        .and_then(Value::as_u64)
+        .unwrap_or(0)
+}
+
+/// riffle's counters between two `riffle stats --json` snapshots.
+pub fn riffle_delta(before: Option<&Value>, after: &Value) -> RiffleCounters {
+    let d = |path: &[&str]| u(after, path).saturating_sub(before.map_or(0, |b| u(b, path)));
+    RiffleCounters {
+        get_requests: d(&["store", "get_requests"]),
+        get_bytes: d(&["store", "get_bytes"]),
+        opens: d(&["fuse", "opens"]),
+        opens_already_cached: d(&["prefetch", "opens_already_cached"]),
+        passthrough_opens: d(&["fuse", "passthrough_opens"]),
+        plan_opens: d(&["prefetch", "plan_opens"]),
+        plan_opens_already_cached: d(&["prefetch", "plan_opens_already_cached"]),
+        plan_fetched_files: d(&["prefetch", "plan_fetched_files"]),
+        plan_unused_bytes: d(&["prefetch", "plan_unused_bytes"]),
+        dir_order_fetched_files: d(&["prefetch", "dir_order_fetched_files"]),
+        cache_hits: d(&["cache", "hits"]),
+        cache_misses: d(&["cache", "misses"]),
+        evictions: d(&["cache", "evictions"]),
+        passthrough: after
+            .pointer("/fuse/passthrough")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string(),
+        cache_objects: u(after, &["cache", "objects"]),
+        cache_bytes: u(after, &["cache", "bytes"]),
+        index_memory_per_object: u(after, &["cache", "index_memory_per_object"]),
+    }
+}
+
+/// The detail of the epoch whose reader result is `result`, from its
+/// sidecar files; `None` when there are none.
+pub fn pass_detail(result: &Path) -> anyhow::Result<Option<PassDetail>> {
+    let proxy = read_json(&sidecar(result, "proxy"))?;
+    let before = read_json(&sidecar(result, "riffle-before"))?;
+    let after = read_json(&sidecar(result, "riffle-after"))?;
+    if proxy.is_none() && after.is_none() {
+        return Ok(None);
+    }
+    let store_gets = proxy
+        .as_ref()
+        .map(|p| u(p, &["requests", "get_object"]) + u(p, &["requests", "get_range"]));
+    let store_bytes = proxy.as_ref().map(|p| u(p, &["bytes_down"]));
+    Ok(Some(PassDetail {
+        store_gets,
+        store_bytes,
+        riffle: after.as_ref().map(|a| riffle_delta(before.as_ref(), a)),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sidecars_and_deltas() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let result = dir.path().join("w1-riffle-proxy-e2.json");
+        assert_eq!(
+            sidecar(&result, "proxy"),
+            dir.path().join("w1-riffle-proxy-e2.proxy.json")
+        );
+        assert!(pass_detail(&result).expect("none").is_none());
+        std::fs::write(
+            sidecar(&result, "proxy"),
+            r#"{"requests":{"total":9,"get_object":2,"get_range":5,"head":2},"bytes_down":700}"#,
+        )
+        .expect("write");
+        std::fs::write(
+            sidecar(&result, "riffle-before"),
+            r#"{"store":{"get_requests":10},"fuse":{"opens":100,"passthrough":"enabled"}}"#,
+        )
+        .expect("write");
+        std::fs::write(
+            sidecar(&result, "riffle-after"),
+            r#"{"store":{"get_requests":17},"fuse":{"opens":150,"passthrough":"enabled","passthrough_opens":40},"cache":{"objects":90,"index_memory_per_object":916}}"#,
+        )
+        .expect("write");
+        let d = pass_detail(&result).expect("read").expect("some");
+        assert_eq!(d.store_gets, Some(7));
+        assert_eq!(d.store_bytes, Some(700));
+        let r = d.riffle.expect("riffle");
+        assert_eq!(r.get_requests, 7);
+        assert_eq!(r.opens, 50);
+        assert_eq!(r.passthrough_opens, 40);
+        assert_eq!(r.passthrough, "enabled");
+        assert_eq!(r.cache_objects, 90);
+        assert_eq!(r.index_memory_per_object, 916);
+    }
+}

@@ -1,0 +1,239 @@
+//! The goals of issues 3 and 4 checked against one run's rows, as lines
+//! under each table: the measured value, the goal, met or not.
+
+use super::metrics::{throughput, Epoch};
+use super::render::system_label;
+use super::{Column, Row};
+
+fn find<'a>(rows: &'a [Row], table: &str, system: &str) -> Option<&'a Row> {
+    rows.iter()
+        .find(|r| r.table == table && r.system == system && r.column == Column::Proxy)
+}
+
+fn tp(rows: &[Row], table: &str, system: &str, epoch: Epoch) -> Option<f64> {
+    find(rows, table, system).and_then(|r| throughput(r, epoch))
+}
+
+/// `at_least`: the goal is `value >= goal` (else `value <= goal`, or `<`
+/// when `strict`).
+struct Goal {
+    what: String,
+    value: Option<f64>,
+    goal: f64,
+    at_least: bool,
+    strict: bool,
+    unit: &'static str,
+    missing: String,
+}
+
+impl Goal {
+    fn render(&self) -> String {
+        let op = match (self.at_least, self.strict) {
+            (true, _) => "≥",
+            (false, true) => "<",
+            (false, false) => "≤",
+        };
+        let fmt = |v: f64| {
+            if self.unit == "×" && v < 0.995 {
+                format!("{v:.2}{}", self.unit)
+            } else if v >= 10.0 {
+                format!("{v:.1}{}", self.unit)
+            } else {
+                format!("{v:.2}{}", self.unit)
+            }
+        };
+        let goal = format!("goal {op} {}{}", self.goal, self.unit);
+        match self.value {
+            None => format!("{}: not measured ({}; {goal})", self.what, self.missing),
+            Some(v) => {
+                let met = match (self.at_least, self.strict) {
+                    (true, _) => v >= self.goal,
+                    (false, true) => v < self.goal,
+                    (false, false) => v <= self.goal,
+                };
+                format!(
+                    "{}: **{}** ({goal}): {}",
+                    self.what,
+                    fmt(v),
+                    if met { "met" } else { "**not met**" }
+                )
+            }
+        }
+    }
+}
+
+fn div(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    }
+}
+
+fn missing(rows: &[Row], table: &str, systems: &[&str]) -> String {
+    let gone: Vec<String> = systems
+        .iter()
+        .filter(|s| tp(rows, table, s, Epoch::Cold).is_none())
+        .map(|s| {
+            let status = find(rows, table, s).map_or("not in this run".to_string(), |r| {
+                if r.ok() {
+                    "no result".into()
+                } else {
+                    r.status.clone()
+                }
+            });
+            format!("{}: {status}", system_label(s))
+        })
+        .collect();
+    if gone.is_empty() {
+        "no result".into()
+    } else {
+        gone.join("; ")
+    }
+}
+
+fn warm_vs_local(rows: &[Row], table: &str, system: &str, goal: f64) -> Goal {
+    Goal {
+        what: format!("{}, warm files/s ÷ local disk", system_label(system))
+            .replace("files/s", if table == "w1" { "files/s" } else { "MB/s" }),
+        value: div(
+            tp(rows, table, system, Epoch::Warm),
+            tp(rows, table, "local", Epoch::Warm),
+        ),
+        goal,
+        at_least: true,
+        strict: false,
+        unit: "×",
+        missing: missing(rows, table, &[system, "local"]),
+    }
+}
+
+/// The goal lines of one table (empty when it has none).
+pub fn goals(table: &str, rows: &[Row]) -> Vec<String> {
+    let mut out = Vec::new();
+    match table {
+        "w1" => {
+            for s in ["riffle", "riffle-nopt"] {
+                if find(rows, table, s).is_some() {
+                    out.push(warm_vs_local(rows, table, s, 0.8));
+                }
+            }
+            if find(rows, table, "riffle-plan").is_some() {
+                let plan = tp(rows, table, "riffle-plan", Epoch::Cold);
+                for (peer, goal) in [("s3fs", 10.0), ("mountpoint", 5.0)] {
+                    out.push(Goal {
+                        what: format!("riffle + epoch plan, cold files/s ÷ {}", system_label(peer)),
+                        value: div(plan, tp(rows, table, peer, Epoch::Cold)),
+                        goal,
+                        at_least: true,
+                        strict: false,
+                        unit: "×",
+                        missing: missing(rows, table, &["riffle-plan", peer]),
+                    });
+                }
+                let plan_row = find(rows, table, "riffle-plan").filter(|r| r.ok());
+                let copy_total = find(rows, table, "copy-first")
+                    .filter(|r| r.ok())
+                    .and_then(|r| Some(r.copy.as_ref()?.elapsed_s + r.cold.as_ref()?.elapsed_s));
+                out.push(Goal {
+                    what: "riffle + epoch plan, cold epoch time ÷ copy-first total (copy + local epoch)"
+                        .into(),
+                    value: div(
+                        plan_row.and_then(|r| r.cold.as_ref()).map(|o| o.elapsed_s),
+                        copy_total,
+                    ),
+                    goal: 1.1,
+                    at_least: false,
+                    strict: false,
+                    unit: "×",
+                    missing: missing(rows, table, &["riffle-plan", "copy-first"]),
+                });
+                out.push(Goal {
+                    what: "riffle + epoch plan, first 256 files of the cold epoch".into(),
+                    value: plan_row.and_then(|r| r.cold.as_ref()?.first_256_s),
+                    goal: 1.0,
+                    at_least: false,
+                    strict: true,
+                    unit: " s",
+                    missing: missing(rows, table, &["riffle-plan"]),
+                });
+            }
+        }
+        "w2" => {
+            for s in ["riffle", "riffle-nopt"] {
+                if find(rows, table, s).is_some() {
+                    out.push(warm_vs_local(rows, table, s, 0.95));
+                }
+            }
+        }
+        _ => {}
+    }
+    out.iter().map(Goal::render).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::outcome::Outcome;
+
+    fn row(system: &str, secs: f64) -> Row {
+        let o = Outcome {
+            files: 1000,
+            bytes: 100_000_000,
+            elapsed_s: secs,
+            first_256_s: Some(0.4),
+            ..Outcome::default()
+        };
+        Row {
+            table: "w1".into(),
+            system: system.into(),
+            column: Column::Proxy,
+            status: "ok".into(),
+            cold: Some(o.clone()),
+            warm: Some(o),
+            copy: None,
+            rss_kb: None,
+            note: None,
+            cold_detail: None,
+            warm_detail: None,
+            passes: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn w1_goals_are_checked_and_missing_peers_said() {
+        let mut copy = row("copy-first", 1.0);
+        copy.copy = Some(Outcome {
+            elapsed_s: 4.0,
+            ..Outcome::default()
+        });
+        let rows = vec![
+            row("local", 1.0),
+            copy,
+            row("riffle", 1.1),
+            row("riffle-plan", 5.0),
+            row("s3fs", 60.0),
+        ];
+        let g = goals("w1", &rows).join("\n");
+        assert!(
+            g.contains("warm files/s ÷ local disk: **0.91×** (goal ≥ 0.8×): met"),
+            "{g}"
+        );
+        assert!(g.contains("÷ s3fs: **12.0×** (goal ≥ 10×): met"), "{g}");
+        assert!(
+            g.contains("÷ Mountpoint: not measured (Mountpoint: not in this run"),
+            "{g}"
+        );
+        assert!(
+            g.contains("copy-first total (copy + local epoch): **1.00×** (goal ≤ 1.1×): met"),
+            "{g}"
+        );
+        assert!(
+            g.contains("first 256 files of the cold epoch: **0.40 s** (goal < 1 s): met"),
+            "{g}"
+        );
+        let mut slow = rows.clone();
+        slow[3] = row("riffle-plan", 50.0);
+        let g = goals("w1", &slow).join("\n");
+        assert!(g.contains("**10.0×** (goal ≤ 1.1×): **not met**"), "{g}");
+    }
+}
