@@ -29,9 +29,11 @@ cleanup() {
     # Keep the tests' exit status; nothing in here may change it.
     local status=$?
     set +e
-    # Leave no mounts of ours behind, then stop the RGW if we started it.
+    # Leave no mounts of ours behind (the tests mount under temporary directories; other
+    # riffle mounts on this machine are not ours to touch), then stop the RGW if we started it.
+    local tmp=${TMPDIR:-/tmp}
     grep -E ' fuse\.riffle ' /proc/self/mountinfo | awk '{print $5}' | while read -r m; do
-        umount -l "$m" 2>/dev/null
+        case "$m" in "${tmp%/}"/.tmp*) umount -l "$m" 2>/dev/null ;; esac
     done
     if [ "$started_rgw" = 1 ]; then bash deploy/local/rgw.sh down; fi
     exit "$status"
