@@ -49,6 +49,10 @@ echo "==> cargo test"
 cargo test --workspace "$@"
 echo "==> RGW stopped and restarted under a mount (alone, last)"
 cargo test -p rifflefs --test rgw_restart -- --ignored
+echo "==> benchmark smoke test (quick datasets, every system side by side, every byte verified)"
+# Debug binaries (already built for the tests); fails on any wrong byte. It rewrites
+# benches/README.md's quick section in this checkout; the committed one is from a release run.
+benches/run.sh --quick --debug --no-plots
 if [ -x deploy/validate.sh ]; then
     echo "==> deploy manifests"
     deploy/validate.sh
