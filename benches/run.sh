@@ -84,7 +84,7 @@ case $PROFILE in
     release|debug) ;;
     *) echo "benches/run.sh: RIFFLE_BENCH_PROFILE must be release or debug" >&2; exit 2 ;;
 esac
-BIN=$ROOT/target/$PROFILE
+BIN=${CARGO_TARGET_DIR:-$ROOT/target}/$PROFILE
 if [ "$MODE" = quick ]; then
     SCALE=0.05
     W3_DURATION=${RIFFLE_BENCH_W3_DURATION:-2s}
