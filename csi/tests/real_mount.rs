@@ -56,6 +56,9 @@ fn env() -> Option<Env> {
         .expect("AWS_SECRET_ACCESS_KEY must be set with RIFFLE_TEST_ENDPOINT");
     let riffle = std::env::var_os("RIFFLE_BIN")
         .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("CARGO_TARGET_DIR").map(|t| PathBuf::from(t).join("debug/riffle"))
+        })
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/riffle"));
     assert!(
         riffle.is_file(),
