@@ -72,3 +72,20 @@ commit_id() {
     git diff --quiet HEAD -- src benches 2>/dev/null || c="$c+dirty"
     echo "$c"
 }
+
+# The machine's 1-minute load average, sampled after every epoch (note_load)
+# and reported per workload (load_note), since other jobs may share the
+# machine and move the absolute numbers.
+LOAD_MIN=
+LOAD_MAX=
+note_load() {
+    local l
+    l=$(cut -d' ' -f1 /proc/loadavg)
+    if [ -z "$LOAD_MIN" ] || awk -v a="$l" -v b="$LOAD_MIN" 'BEGIN {exit !(a < b)}'; then LOAD_MIN=$l; fi
+    if [ -z "$LOAD_MAX" ] || awk -v a="$l" -v b="$LOAD_MAX" 'BEGIN {exit !(a > b)}'; then LOAD_MAX=$l; fi
+}
+load_reset() { LOAD_MIN=; LOAD_MAX=; }
+load_note() {
+    [ -n "$LOAD_MIN" ] || return 0
+    echo "1-minute load average after the epochs of this workload: $LOAD_MIN to $LOAD_MAX on $(nproc) cores (RGW, the proxy, the daemon and 8 reader threads count; above that, other jobs were sharing the machine)"
+}

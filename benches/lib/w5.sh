@@ -18,6 +18,7 @@ run_w5() {
     local mnt="$WORK/mnt/riffle-w5" tag="w5-proxy" rss passes notes=()
     date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
     commit=$(commit_id)
+    load_reset
     say "== W5 ($MODE): W1's dataset s3://$BUCKET, cache limited to half of what an epoch reads"
     if ! gen_dataset w1; then
         warn "generating W1's dataset for W5 failed (see $LOG_DIR/gen.log); skipping W5"
@@ -47,22 +48,25 @@ run_w5() {
             continue
         fi
         passes=()
+        MOUNT_LOST=
         for e in 1 2 3; do
             read_pass "$sys" "$mnt" w1 "$e" "$RES_DIR/w5-$sys-e$e.json" 1
             passes+=(--pass "$RES_DIR/w5-$sys-e$e.json")
+            check_mounted "$mnt" "$e" || break
         done
         rss=$(peak_rss_kb "$DAEMON_PID")
         unmount_system "$sys" "$mnt" "$tag"
         record_row --table w5 --system "$sys" --column proxy \
-            --status "$(status_of "$RES_DIR/w5-$sys-e1.json")" \
+            --status "${MOUNT_LOST:-$(status_of "$RES_DIR/w5-$sys-e1.json")}" \
             --cold "$RES_DIR/w5-$sys-e1.json" --warm "$RES_DIR/w5-$sys-e2.json" \
             "${passes[@]}" ${rss:+--rss-kb "$rss"}
     done
     RIFFLE_EXTRA_ARGS=()
-    notes+=(--note "every policy gets a fresh mount and an empty cache directory; each epoch reads the same $files files ($(awk -v b="$bytes" 'BEGIN {printf "%.0f", b / 1e6}') MB$([ ${#LIMIT[@]} -gt 0 ] && echo ", $W5_MAX_FILES whole directories' worth of the 20,000 to keep W5 within a few minutes"; true)) in a new seeded shuffle, 8 readers as in W1; --cache-size $cache_size (half those bytes; each cached file also costs its 4 KiB rounding and journal, so a little under half the files fit), --max-memory 32M (riffle's minimum: 16 MB of memory cache, under 5% of the data)")
+    notes+=(--note "every policy gets a fresh mount and an empty cache directory; each epoch reads the same $files files ($(awk -v b="$bytes" 'BEGIN {printf "%.0f", b / 1e6}') MB$([ ${#LIMIT[@]} -gt 0 ] && echo ": whole directories of the 20,000, the same subset as W1's, to keep W5 within a few minutes"; true)) in a new seeded shuffle, 8 readers as in W1; --cache-size $cache_size (half those bytes; each cached file also costs its 4 KiB rounding and journal, so a little under half the files fit), --max-memory 32M (riffle's minimum: 16 MB of memory cache, under 5% of the data)")
     notes+=(--note "hit ratio = 1 − GETs counted at the proxy ÷ files read in the epoch (a file is one GET when it is not cached), so prefetched files count as misses too, however early they were fetched; 0.5 is the ceiling with half the data cached under a fresh shuffle")
     notes+=(--note "\`--eviction plan\` runs with \`riffle plan\` before each epoch, so it also prefetches in plan order (its files/s show prefetch, its hit ratio only the cache); \`lru\` and \`epoch\` read without a plan")
     [ "$PROFILE" = debug ] && notes+=(--note "debug builds of riffle and the reader (--debug)")
+    [ -n "$(load_note)" ] && notes+=(--note "$(load_note)")
     "$BIN/riffle-bench" record meta --run "$RUN_FILE" --workload w5 --mode "$MODE" \
         --manifest "$MANIFEST" --commit "$commit" --date "$date" \
         --elapsed-s "$((SECONDS - started))" "${notes[@]}"

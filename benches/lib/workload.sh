@@ -70,7 +70,8 @@ read_pass() {
         fi
         is_riffle "$sys" && riffle_stats "$root" "$base.riffle-after.json"
     fi
-    say "    $table epoch $epoch: $(summary "$out")$msg$([ $rc = 0 ] || echo " (exit $rc)")"
+    note_load
+    say "    $table epoch $epoch: $(summary "$out")$msg$([ $rc = 0 ] || echo " (exit $rc)") [load $(cut -d' ' -f1 /proc/loadavg)]"
     return 0
 }
 
@@ -170,6 +171,17 @@ runs_in() {
     esac
 }
 
+# check_mounted MNT EPOCH: 0 while MNT is still mounted; else sets
+# MOUNT_LOST (the row's status) and warns: something unmounted it during the
+# epoch (its daemon died, or a cleanup elsewhere on the machine, such as
+# tests/run.sh's exit trap, unmounted every fuse.riffle mount).
+check_mounted() {
+    mountpoint -q "$1" 2>/dev/null && return 0
+    MOUNT_LOST="failed: the mount disappeared during epoch $2 (its daemon exited, or something else on the machine unmounted it; see logs)"
+    warn "$1 is no longer mounted after epoch $2"
+    return 1
+}
+
 # A FUSE system: mount, two epochs of every table, peak RSS, unmount.
 run_fuse() {
     local sys=$1 col=$2 endpoint=$3 mnt="$WORK/mnt/$1" tag="$WL-$2" t e rss note
@@ -186,8 +198,10 @@ run_fuse() {
         return 0
     fi
     say "    mounted in $((SECONDS - t0)) s"
+    MOUNT_LOST=
     for e in 1 2; do
         for t in $TABLES; do read_pass "$sys" "$mnt" "$t" "$e" "$RES_DIR/$t-$sys-$col-e$e.json" 1; done
+        check_mounted "$mnt" "$e" || break
     done
     rss=$(peak_rss_kb "$DAEMON_PID")
     t0=$SECONDS
@@ -196,7 +210,7 @@ run_fuse() {
     note=$(note_of "$sys")
     for t in $TABLES; do
         record_row --table "$t" --system "$sys" --column "$col" \
-            --status "$(status_of "$RES_DIR/$t-$sys-$col-e1.json")" \
+            --status "${MOUNT_LOST:-$(status_of "$RES_DIR/$t-$sys-$col-e1.json")}" \
             --cold "$RES_DIR/$t-$sys-$col-e1.json" --warm "$RES_DIR/$t-$sys-$col-e2.json" \
             ${rss:+--rss-kb "$rss"} ${note:+--note "$note"}
     done
@@ -221,6 +235,7 @@ run_workload() {
     date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
     commit=$(commit_id)
     rm -f "$WORK/run/local-done-$WL"
+    load_reset
     say "== ${WL^^} ($MODE): dataset s3://$BUCKET"
     if ! gen_dataset "$WL"; then
         warn "generating $WL failed (see $LOG_DIR/gen.log); skipping it"
@@ -255,6 +270,7 @@ run_workload() {
     [ ${#LIMIT[@]} -gt 0 ] && notes+=(--note "time budget: each W1 epoch reads the same $W1_MAX_FILES of the 20,000 files (whole directories, chosen with the seed; a new shuffled order each epoch), for every system alike; copy-first copies that subset; riffle's --max-memory is scaled by the same fraction ($RIFFLE_MEMORY) so its memory cache holds the same share of the data as 1 GiB does of the whole dataset (the disk cache is unlimited)")
     [ "$MODE" = quick ] && notes+=(--note "quick datasets are small: they fit the peers' caches and (within a pass) the page cache, so this is a smoke test of correctness, not a measurement; riffle runs with --max-memory $RIFFLE_BASE_MEMORY so its warm epochs read the disk cache")
     [ "$PROFILE" = debug ] && notes+=(--note "debug builds of riffle and the reader (--debug): absolute numbers are lower than with release builds")
+    [ -n "$(load_note)" ] && notes+=(--note "$(load_note)")
     case $WL in w3) notes+=(--note "each W3 pass reads for $W3_DURATION; both epochs use the same random offsets, so the warm epoch re-reads what the cold one read first (and then goes further)") ;; esac
     "$BIN/riffle-bench" record meta --run "$RUN_FILE" --workload "$WL" --mode "$MODE" \
         --manifest "$MANIFEST" --commit "$commit" --date "$date" \
