@@ -173,6 +173,8 @@ struct Entry {
     /// Bytes of `bytes` reserved by writes in progress.
     reserved: u64,
     pins: u32,
+    /// Holds ([`DiskCache::hold`]): like pins for this process's eviction, nothing more.
+    holds: u16,
     writes: u32,
     evicting: bool,
     open: Option<Arc<OpenEntry>>,
@@ -317,17 +319,23 @@ impl Drop for RangeLock<'_> {
 }
 
 /// Keeps an object's entry from being evicted, here and (once its files are open) in every
-/// process sharing the directory. Dropping it unpins.
+/// process sharing the directory ([`DiskCache::pin`]); or, from [`DiskCache::hold`], only
+/// from this process's eviction. Dropping it unpins.
 #[derive(Debug)]
 pub struct PinGuard {
     cache: Weak<DiskCache>,
     key: EntryKey,
+    hold: bool,
 }
 
 impl Drop for PinGuard {
     fn drop(&mut self) {
         if let Some(cache) = self.cache.upgrade() {
-            cache.unpin(self.key);
+            if self.hold {
+                cache.unhold(self.key);
+            } else {
+                cache.unpin(self.key);
+            }
         }
     }
 }
@@ -646,6 +654,7 @@ impl DiskCache {
                     && entries
                         .get(&k)
                         .is_some_and(|e| e.pins == 0 && e.writes == 0 && e.open.is_some())
+                // (An entry that is only held may close its files.)
             }) else {
                 break;
             };
@@ -1007,7 +1016,11 @@ impl DiskCache {
                     let Some(v) = st.policy.victim(&mut |k| {
                         k != key
                             && entries.get(&k).is_some_and(|e| {
-                                e.pins == 0 && e.writes == 0 && !e.evicting && e.bytes > 0
+                                e.pins == 0
+                                    && e.holds == 0
+                                    && e.writes == 0
+                                    && !e.evicting
+                                    && e.bytes > 0
                             })
                     }) else {
                         break;
@@ -1211,6 +1224,34 @@ impl DiskCache {
         PinGuard {
             cache: Arc::downgrade(self),
             key,
+            hold: false,
+        }
+    }
+
+    /// Keeps the complete entry of `id` from this process's eviction until the guard is
+    /// dropped, without keeping its files open or locking them (unlike [`Self::pin`]): for a
+    /// file the kernel holds open (a passthrough backing file kept after close), so the disk
+    /// budget never counts as free the bytes of a file the kernel still reads. `None` when the
+    /// entry is not complete, is being evicted, or is held too many times.
+    pub fn hold(self: &Arc<Self>, id: &ObjectIdentity) -> Option<PinGuard> {
+        let key = id.entry_key();
+        let mut st = self.state.lock();
+        let e = st.entries.get_mut(&key)?;
+        if !e.complete || e.evicting {
+            return None;
+        }
+        e.holds = e.holds.checked_add(1)?;
+        Some(PinGuard {
+            cache: Arc::downgrade(self),
+            key,
+            hold: true,
+        })
+    }
+
+    fn unhold(&self, key: EntryKey) {
+        let mut st = self.state.lock();
+        if let Some(e) = st.entries.get_mut(&key) {
+            e.holds = e.holds.saturating_sub(1);
         }
     }
 
@@ -1223,7 +1264,7 @@ impl DiskCache {
                 if let Some(o) = e.pin_use.take() {
                     o.release_use();
                 }
-                forget = e.bytes == 0 && e.open.is_none() && e.writes == 0;
+                forget = e.bytes == 0 && e.open.is_none() && e.writes == 0 && e.holds == 0;
             }
         }
         if forget {

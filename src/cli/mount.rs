@@ -5,6 +5,7 @@
 //! dead FUSE mount); then one LIST of the prefix proves the endpoint answers, the bucket exists
 //! and the credentials work (bounded by a timeout); only then is the filesystem mounted.
 
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -178,8 +179,16 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
     };
     config.n_threads = Some(args.fuse_threads as usize);
     config.clone_fd = true;
+    let fuse_device = fs.fuse_device();
     let mut session = fuser::Session::new(fs, &mountpoint, &config)
         .map_err(|e| anyhow!("cannot mount at {}: {e}", mountpoint.display()))?;
+    match session.as_fd().try_clone_to_owned() {
+        Ok(fd) => {
+            let _ = fuse_device.set(Arc::new(fd));
+            // (Until then, backing ids are only opened at open time.)
+        }
+        Err(e) => tracing::debug!(error = %e, "cannot duplicate /dev/fuse; no backing ids ahead"),
+    }
     let (_control, _metrics_server) = {
         let _in_runtime = runtime.enter();
         prefetch.start();

@@ -19,7 +19,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use tokio::sync::Semaphore;
+use tokio::sync::{mpsc, Semaphore};
 
 use super::ObjectVersion;
 use crate::cache::{DiskCache, EntryKey, ObjectIdentity, PinGuard};
@@ -35,6 +35,8 @@ pub struct DiskTier {
     verified: Mutex<HashSet<EntryKey>>,
     verifying: Mutex<HashSet<EntryKey>>,
     pub(super) write_permits: Arc<Semaphore>,
+    /// Where to announce objects this daemon completed in the cache ([`Self::completions`]).
+    completed: Mutex<Option<mpsc::Sender<ObjectVersion>>>,
 }
 
 impl DiskTier {
@@ -47,6 +49,7 @@ impl DiskTier {
             verified: Mutex::new(HashSet::new()),
             verifying: Mutex::new(HashSet::new()),
             write_permits: Arc::new(Semaphore::new(WRITE_PERMITS)),
+            completed: Mutex::new(None),
         }
     }
 
@@ -76,11 +79,33 @@ impl DiskTier {
         self.cache.pin(&self.identity(obj))
     }
 
-    /// Notes that this daemon wrote the last missing block of `id`.
+    /// Keeps the complete cache entry of `obj` from eviction without holding its files open
+    /// ([`DiskCache::hold`]).
+    pub fn hold(&self, obj: &ObjectVersion) -> Option<PinGuard> {
+        self.cache.hold(&self.identity(obj))
+    }
+
+    /// Notes that this daemon wrote a block of `id`; announces the object if that completed it.
     pub(super) fn wrote(&self, id: &ObjectIdentity) {
-        if self.cache.is_complete(id) {
-            self.verified.lock().insert(id.entry_key());
+        if self.cache.is_complete(id) && self.verified.lock().insert(id.entry_key()) {
+            if let Some(tx) = &*self.completed.lock() {
+                // Full: the listener lags; it is only an optimisation, so drop it.
+                let _ = tx.try_send(ObjectVersion {
+                    key: id.key.clone(),
+                    etag: id.etag.clone(),
+                    size: id.size,
+                });
+            }
         }
+    }
+
+    /// From now on, every object this daemon completes in the cache (complete and known good,
+    /// so ready for passthrough) is sent here, as long as the channel has room (`capacity`).
+    /// Replaces an earlier listener.
+    pub fn completions(&self, capacity: usize) -> mpsc::Receiver<ObjectVersion> {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        *self.completed.lock() = Some(tx);
+        rx
     }
 
     /// The cache file of `obj` for passthrough, if it is complete and known good; otherwise

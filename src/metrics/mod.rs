@@ -103,6 +103,8 @@ impl StatsSource for MountMetrics {
             "fuse": {
                 "opens": load(&self.fs.opens),
                 "passthrough_opens": load(&self.fs.passthrough_opens),
+                "fast_opens": load(&self.fs.fast_opens),
+                "backings_opened_ahead": load(&self.fs.opened_ahead),
                 "passthrough": self.fs.passthrough_mode.lock().clone(),
             },
             "cache": cache,

@@ -300,6 +300,48 @@ impl Namespace {
         Self::path_of(&self.tree.read(), &self.root_prefix, ino)
     }
 
+    /// The answer to a lookup of `name` in `parent` if it needs no request to the store (the
+    /// parent's listing, the child's attributes or a negative entry is younger than the TTL).
+    pub fn lookup_cached(&self, parent: u64, name: &str) -> Option<Result<Attr, NamespaceError>> {
+        if invalid_reason(name).is_some() || name.contains('/') {
+            return Some(Err(NamespaceError::NotFound));
+        }
+        self.fresh_lookup(&self.tree.read(), parent, name)
+    }
+
+    fn fresh_lookup(
+        &self,
+        tree: &Tree,
+        parent: u64,
+        name: &str,
+    ) -> Option<Result<Attr, NamespaceError>> {
+        let node = match Self::node(tree, parent) {
+            Ok(node) => node,
+            Err(e) => return Some(Err(e)),
+        };
+        let Some(dir) = node.dir.as_ref() else {
+            return Some(Err(NamespaceError::NotADirectory));
+        };
+        if let Some((_, listed)) = &dir.listing {
+            if self.ttl.is_fresh(*listed) {
+                return Some(match dir.children.get(name) {
+                    Some(&ino) => Ok(Self::attr_of(ino, &tree.nodes[(ino - 1) as usize])),
+                    None => Err(NamespaceError::NotFound),
+                });
+            }
+        }
+        if let Some(&ino) = dir.children.get(name) {
+            let child = &tree.nodes[(ino - 1) as usize];
+            if self.ttl.is_fresh(child.checked) {
+                return Some(Ok(Self::attr_of(ino, child)));
+            }
+        }
+        match dir.missing.get(name) {
+            Some(since) if self.ttl.is_fresh(*since) => Some(Err(NamespaceError::NotFound)),
+            _ => None,
+        }
+    }
+
     /// Looks `name` up in directory `parent`.
     pub async fn lookup(self: &Arc<Self>, parent: u64, name: &str) -> Result<Attr, NamespaceError> {
         if invalid_reason(name).is_some() || name.contains('/') {
@@ -308,27 +350,13 @@ impl Namespace {
         let mut list_in_background = false;
         let prefix = {
             let tree = self.tree.read();
-            let node = Self::node(&tree, parent)?;
-            let dir = node.dir.as_ref().ok_or(NamespaceError::NotADirectory)?;
-            if let Some((_, listed)) = &dir.listing {
-                if self.ttl.is_fresh(*listed) {
-                    return match dir.children.get(name) {
-                        Some(&ino) => Ok(Self::attr_of(ino, &tree.nodes[(ino - 1) as usize])),
-                        None => Err(NamespaceError::NotFound),
-                    };
-                }
+            if let Some(answer) = self.fresh_lookup(&tree, parent, name) {
+                return answer;
             }
-            if let Some(&ino) = dir.children.get(name) {
-                let child = &tree.nodes[(ino - 1) as usize];
-                if self.ttl.is_fresh(child.checked) {
-                    return Ok(Self::attr_of(ino, child));
-                }
-            }
-            if let Some(since) = dir.missing.get(name) {
-                if self.ttl.is_fresh(*since) {
-                    return Err(NamespaceError::NotFound);
-                }
-            }
+            let dir = Self::node(&tree, parent)?
+                .dir
+                .as_ref()
+                .ok_or(NamespaceError::NotADirectory)?;
             // (With a zero TTL a listing would be stale at once: no point.)
             if self.ttl != MetadataTtl::For(Duration::ZERO)
                 && !dir.refreshing.swap(true, Ordering::AcqRel)
@@ -449,14 +477,10 @@ impl Namespace {
 
     /// Attributes of `ino`, revalidated with a HEAD when a file's are older than the TTL.
     pub async fn getattr(&self, ino: u64) -> Result<Attr, NamespaceError> {
-        let key = {
-            let tree = self.tree.read();
-            let node = Self::node(&tree, ino)?;
-            if node.dir.is_some() || self.ttl.is_fresh(node.checked) {
-                return Ok(Self::attr_of(ino, node));
-            }
-            Self::path_of(&tree, &self.root_prefix, ino)
-        };
+        if let Some(answer) = self.getattr_cached(ino) {
+            return answer;
+        }
+        let key = Self::path_of(&self.tree.read(), &self.root_prefix, ino);
         let result = self.store.head(&key).await;
         let mut tree = self.tree.write();
         let node = tree
@@ -478,9 +502,34 @@ impl Namespace {
         }
     }
 
+    /// Attributes of `ino` if they need no revalidation (a directory, or a file checked within
+    /// the TTL).
+    pub fn getattr_cached(&self, ino: u64) -> Option<Result<Attr, NamespaceError>> {
+        let tree = self.tree.read();
+        match Self::node(&tree, ino) {
+            Ok(node) if node.dir.is_some() || self.ttl.is_fresh(node.checked) => {
+                Some(Ok(Self::attr_of(ino, node)))
+            }
+            Ok(_) => None,
+            Err(e) => Some(Err(e)),
+        }
+    }
+
+    /// [`Self::open_target`] when it needs no request to the store.
+    pub fn open_target_cached(&self, ino: u64) -> Option<Result<OpenTarget, NamespaceError>> {
+        Some(
+            self.getattr_cached(ino)?
+                .and_then(|attr| self.target_of(ino, attr)),
+        )
+    }
+
     /// What to read when `ino` is opened: revalidated per the TTL (close-to-open consistency).
     pub async fn open_target(&self, ino: u64) -> Result<OpenTarget, NamespaceError> {
         let attr = self.getattr(ino).await?;
+        self.target_of(ino, attr)
+    }
+
+    fn target_of(&self, ino: u64, attr: Attr) -> Result<OpenTarget, NamespaceError> {
         match attr.kind {
             Kind::Dir => Err(NamespaceError::IsADirectory),
             Kind::File { size, etag } => Ok(OpenTarget {

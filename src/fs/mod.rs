@@ -10,6 +10,16 @@
 //! across opens (`FOPEN_KEEP_CACHE`) only while the object's ETag is the one last opened, so a
 //! replaced object's stale pages are dropped at the next open. Directory handles hold a snapshot
 //! of the listing taken at `opendir`, so offsets stay stable while a reader pages through it.
+//!
+//! Fast paths: a lookup, getattr or open whose answer is already in memory (metadata younger
+//! than the TTL; for an open, a passthrough backing file kept from an earlier open of the same
+//! version, see [`backings`]) is answered on the FUSE thread itself, without a tokio task. A
+//! warm epoch of small files is then one FUSE round trip per lookup and per open, and the
+//! reads never reach the daemon. `flush` answers ENOSYS once, so the kernel stops sending it
+//! (a read-only file system has nothing to flush) and `close` costs no round trip.
+
+mod backings;
+mod preopen;
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -25,12 +35,24 @@ use fuser::{
 };
 use parking_lot::Mutex;
 
+use crate::cache::PinGuard;
 use crate::fetch::{FetchError, Fetcher, ObjectVersion};
 use crate::metrics::fuse_ops::{FuseOp, FuseOps};
-use crate::namespace::{Attr, DirEntry, Kind, Namespace, NamespaceError};
+use crate::namespace::{Attr, DirEntry, Kind, Namespace, NamespaceError, OpenTarget};
 use crate::prefetch::Prefetcher;
 use crate::reader::{FileReader, ReadAheadConfig};
 use crate::store::StoreError;
+use backings::KeptBackings;
+pub use preopen::FuseDevice;
+use preopen::KernelBacking;
+
+/// Passthrough backing files kept after close, at most this many inodes ([`backings`]).
+const KEPT_BACKINGS_MAX: usize = 65_536;
+/// ... and at most this fraction (1/N) of the disk cache's budget in pinned object bytes.
+const KEPT_BACKINGS_BUDGET_DIVISOR: u64 = 8;
+
+/// Completed objects waiting to have a backing id opened ahead, at most.
+const PREOPEN_QUEUE: usize = 4096;
 
 /// The extended attribute that shows a file's ETag.
 pub const ETAG_XATTR: &str = "user.riffle.etag";
@@ -54,6 +76,10 @@ pub struct FsConfig {
 pub struct FsStatus {
     pub opens: AtomicU64,
     pub passthrough_opens: AtomicU64,
+    /// Passthrough opens answered on the FUSE thread from a kept backing id.
+    pub fast_opens: AtomicU64,
+    /// Backing ids opened ahead, as objects completed in the cache.
+    pub opened_ahead: AtomicU64,
     /// Why passthrough is not in use, or "enabled".
     pub passthrough_mode: Mutex<String>,
 }
@@ -70,10 +96,11 @@ pub struct RiffleFs {
     ops: Arc<FuseOps>,
     status: Arc<FsStatus>,
     passthrough: Arc<std::sync::atomic::AtomicBool>,
+    /// The session's `/dev/fuse`, for opening backing ids ahead ([`preopen`]).
+    device: FuseDevice,
 }
 
 /// Open file and directory handles, shared with the tasks that answer open/opendir.
-#[derive(Default)]
 struct Handles {
     files: Mutex<HashMap<u64, Arc<FileReader>>>,
     dirs: Mutex<HashMap<u64, Arc<Vec<DirEntry>>>>,
@@ -85,9 +112,23 @@ struct Handles {
     backing_by_ino: Mutex<HashMap<u64, Weak<BackingId>>>,
     /// Open handles per inode served by the daemon (not passthrough).
     cached_opens: Mutex<HashMap<u64, u32>>,
+    /// Backing files kept for reopening, each with a pin on its cache entry.
+    kept: KeptBackings<Arc<KernelBacking>, PinGuard>,
 }
 
 impl Handles {
+    fn new(kept_bytes: u64) -> Self {
+        Handles {
+            files: Mutex::default(),
+            dirs: Mutex::default(),
+            page_cache_etag: Mutex::default(),
+            backing_by_fh: Mutex::default(),
+            backing_by_ino: Mutex::default(),
+            cached_opens: Mutex::default(),
+            kept: KeptBackings::new(KEPT_BACKINGS_MAX, kept_bytes),
+        }
+    }
+
     fn release(&self, fh: u64, ino: u64) {
         self.files.lock().remove(&fh);
         if self.backing_by_fh.lock().remove(&fh).is_none() {
@@ -144,7 +185,11 @@ impl RiffleFs {
         config: FsConfig,
         status: Arc<FsStatus>,
     ) -> Self {
+        let kept_bytes = fetcher
+            .disk()
+            .map_or(0, |d| d.cache().limit() / KEPT_BACKINGS_BUDGET_DIVISOR);
         RiffleFs {
+            handles: Arc::new(Handles::new(kept_bytes)),
             prefetch,
             ops,
             status,
@@ -153,7 +198,7 @@ impl RiffleFs {
             fetcher,
             runtime,
             config,
-            handles: Arc::default(),
+            device: FuseDevice::default(),
             next_fh: AtomicU64::new(1),
         }
     }
@@ -194,6 +239,63 @@ impl RiffleFs {
         self.next_fh.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// Where the mount puts a duplicate of the session's `/dev/fuse` descriptor once the
+    /// session exists; with it, backing ids are opened ahead of the opens that use them.
+    pub fn fuse_device(&self) -> FuseDevice {
+        self.device.clone()
+    }
+
+    fn opener(&self) -> Opener {
+        Opener {
+            fetcher: self.fetcher.clone(),
+            handles: self.handles.clone(),
+            status: self.status.clone(),
+            prefetch: self.prefetch.clone(),
+            passthrough: self.passthrough.clone(),
+            read_ahead: self.config.read_ahead,
+        }
+    }
+
+    /// Answers an open on the FUSE thread when it needs nothing but memory: metadata younger
+    /// than the TTL and a backing file kept for that version. Otherwise gives the reply back.
+    fn open_kept_backing(&self, ino: u64, fh: u64, reply: ReplyOpen) -> Option<ReplyOpen> {
+        if !self.passthrough.load(Ordering::Relaxed) {
+            return Some(reply);
+        }
+        let Some(Ok(target)) = self.ns.open_target_cached(ino) else {
+            return Some(reply);
+        };
+        if self.handles.cached_opens.lock().contains_key(&ino) {
+            return Some(reply);
+        }
+        let Some(kept) = self.handles.kept.get(&target.key, &target.etag) else {
+            return Some(reply);
+        };
+        let backing = kept.for_reply(&reply);
+        self.status.fast_opens.fetch_add(1, Ordering::Relaxed);
+        // The prefetcher may start tasks.
+        let _runtime = self.runtime.enter();
+        let opener = self.opener();
+        opener.start(ino, fh, &target);
+        opener.reply_passthrough(ino, fh, &backing, reply);
+        None
+    }
+
+    /// Starts opening backing ids ahead for objects as they complete in the cache.
+    fn start_preopen(&self) {
+        let Some(disk) = self.fetcher.disk() else {
+            return;
+        };
+        let completions = disk.completions(PREOPEN_QUEUE);
+        self.runtime.spawn(preopen::run(
+            completions,
+            self.fetcher.clone(),
+            self.handles.clone(),
+            self.device.clone(),
+            self.status.clone(),
+        ));
+    }
+
     fn dot_attr(&self, ino: u64) -> FileAttr {
         let attr = self.ns.cached_attr(ino).unwrap_or(Attr {
             ino,
@@ -228,6 +330,7 @@ impl Filesystem for RiffleFs {
             format!("unsupported (stack depth {e})")
         } else {
             self.passthrough.store(true, Ordering::Relaxed);
+            self.start_preopen();
             "enabled".to_string()
         };
         tracing::info!(passthrough = %mode, "FUSE passthrough");
@@ -245,6 +348,18 @@ impl Filesystem for RiffleFs {
             reply.error(Errno::ENOENT);
             return;
         };
+        if let Some(answer) = self.ns.lookup_cached(parent.0, &name) {
+            let _timer = timer;
+            match answer {
+                Ok(attr) => reply.entry(
+                    &self.ttl(),
+                    &Self::file_attr(&self.config, &attr),
+                    Generation(0),
+                ),
+                Err(e) => reply.error(ns_errno(&e)),
+            }
+            return;
+        }
         let ns = self.ns.clone();
         let config = self.config.clone();
         let ttl = self.ttl();
@@ -259,6 +374,14 @@ impl Filesystem for RiffleFs {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let timer = self.ops.start(FuseOp::Getattr);
+        if let Some(answer) = self.ns.getattr_cached(ino.0) {
+            let _timer = timer;
+            match answer {
+                Ok(attr) => reply.attr(&self.ttl(), &Self::file_attr(&self.config, &attr)),
+                Err(e) => reply.error(ns_errno(&e)),
+            }
+            return;
+        }
         let ns = self.ns.clone();
         let config = self.config.clone();
         let ttl = self.ttl();
@@ -278,40 +401,23 @@ impl Filesystem for RiffleFs {
             return;
         }
         let fh = self.new_fh();
+        let reply = match self.open_kept_backing(ino.0, fh, reply) {
+            Some(reply) => reply,
+            None => return,
+        };
         let ns = self.ns.clone();
-        let fetcher = self.fetcher.clone();
-        let read_ahead = self.config.read_ahead;
-        let handles = self.handles.clone();
-        let status = self.status.clone();
-        let passthrough = self.passthrough.clone();
-        let prefetch = self.prefetch.clone();
+        let opener = self.opener();
         self.runtime.spawn(async move {
             let _timer = timer;
             let target = match ns.open_target(ino.0).await {
                 Ok(t) => t,
                 Err(e) => return reply.error(ns_errno(&e)),
             };
-            status.opens.fetch_add(1, Ordering::Relaxed);
-            let object = Arc::new(ObjectVersion {
-                key: Arc::from(target.key.as_str()),
-                etag: target.etag.clone(),
-                size: target.size,
-            });
-            prefetch.on_open(ino.0, &object);
-            let pin = fetcher.disk().map(|d| d.pin(&object));
-            let reader = FileReader::new(object.clone(), fetcher.clone(), read_ahead, pin);
-            handles.files.lock().insert(fh, Arc::new(reader));
-            if passthrough.load(Ordering::Relaxed) {
-                if let Some(backing) =
-                    passthrough_backing(&handles, &fetcher, &passthrough, ino.0, &object, &reply)
-                        .await
-                {
-                    handles
-                        .backing_by_fh
-                        .lock()
-                        .insert(fh, (ino.0, backing.clone()));
-                    status.passthrough_opens.fetch_add(1, Ordering::Relaxed);
-                    return reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &backing);
+            let object = opener.start(ino.0, fh, &target);
+            let handles = &opener.handles;
+            if opener.passthrough.load(Ordering::Relaxed) {
+                if let Some(backing) = opener.passthrough_backing(ino.0, &object, &reply).await {
+                    return opener.reply_passthrough(ino.0, fh, &backing, reply);
                 }
             }
             *handles.cached_opens.lock().entry(ino.0).or_default() += 1;
@@ -342,6 +448,7 @@ impl Filesystem for RiffleFs {
             return;
         };
         let ns = self.ns.clone();
+        let handles = self.handles.clone();
         self.runtime.spawn(async move {
             let _timer = timer;
             match reader.read(offset, size).await {
@@ -352,6 +459,7 @@ impl Filesystem for RiffleFs {
                         FetchError::Changed => {
                             tracing::warn!(%key, "object changed while open; failing the read (reopen to see the new version)");
                             ns.invalidate(ino.0);
+                            handles.kept.forget(key);
                         }
                         other => tracing::warn!(%key, offset, size, error = %other, "read failed"),
                     }
@@ -385,7 +493,8 @@ impl Filesystem for RiffleFs {
         reply: ReplyEmpty,
     ) {
         let _timer = self.ops.start(FuseOp::Flush);
-        reply.ok();
+        // ENOSYS: the kernel stops sending FLUSH for this mount, so close() costs no round trip.
+        reply.error(Errno::ENOSYS);
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _ds: bool, reply: ReplyEmpty) {
@@ -687,39 +796,94 @@ fn walk_listing(
     }
 }
 
-/// A backing file for passthrough of `ino`: the one already in use for the inode, or the
-/// object's complete and verified cache file. `None` (served by the daemon) when the file is
-/// not cached and verified yet, or when daemon-served handles of the inode are open (the kernel
-/// does not mix the two on one inode).
-async fn passthrough_backing(
-    handles: &Handles,
-    fetcher: &Fetcher,
-    enabled: &std::sync::atomic::AtomicBool,
-    ino: u64,
-    object: &ObjectVersion,
-    reply: &ReplyOpen,
-) -> Option<Arc<BackingId>> {
-    if let Some(live) = handles.live_backing(ino) {
-        return Some(live);
+/// What an open needs, cloned into its task (or used on the FUSE thread by the fast path).
+#[derive(Clone)]
+struct Opener {
+    fetcher: Arc<Fetcher>,
+    handles: Arc<Handles>,
+    status: Arc<FsStatus>,
+    prefetch: Arc<Prefetcher>,
+    passthrough: Arc<std::sync::atomic::AtomicBool>,
+    read_ahead: ReadAheadConfig,
+}
+
+impl Opener {
+    /// Starts handle `fh` of `ino` at `target`: counts the open, tells the prefetcher, and
+    /// keeps a reader for it (pinning the object's cache entry). Returns the object version.
+    fn start(&self, ino: u64, fh: u64, target: &OpenTarget) -> Arc<ObjectVersion> {
+        self.status.opens.fetch_add(1, Ordering::Relaxed);
+        let object = Arc::new(ObjectVersion {
+            key: Arc::from(target.key.as_str()),
+            etag: target.etag.clone(),
+            size: target.size,
+        });
+        self.prefetch.on_open(ino, &object);
+        let pin = self.fetcher.disk().map(|d| d.pin(&object));
+        let reader = FileReader::new(object.clone(), self.fetcher.clone(), self.read_ahead, pin);
+        self.handles.files.lock().insert(fh, Arc::new(reader));
+        object
     }
-    if handles.cached_opens.lock().contains_key(&ino) {
-        return None;
+
+    /// Answers the open of `fh` with passthrough to `backing`.
+    fn reply_passthrough(&self, ino: u64, fh: u64, backing: &Arc<BackingId>, reply: ReplyOpen) {
+        self.handles
+            .backing_by_fh
+            .lock()
+            .insert(fh, (ino, backing.clone()));
+        self.status
+            .passthrough_opens
+            .fetch_add(1, Ordering::Relaxed);
+        reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), backing);
     }
-    let file = fetcher.disk()?.passthrough_file(object).await?;
-    match reply.open_backing(&file) {
-        Ok(id) => {
-            let id = Arc::new(id);
-            handles
-                .backing_by_ino
-                .lock()
-                .insert(ino, Arc::downgrade(&id));
-            Some(id)
+
+    /// A backing file for passthrough of `ino`: the one in use or kept for the inode at this
+    /// version, or the object's complete and verified cache file (then kept for later opens).
+    /// `None` (served by the daemon) when the file is not cached and verified yet, or when
+    /// daemon-served handles of the inode are open (the kernel does not mix the two on one
+    /// inode).
+    async fn passthrough_backing(
+        &self,
+        ino: u64,
+        object: &ObjectVersion,
+        reply: &ReplyOpen,
+    ) -> Option<Arc<BackingId>> {
+        let handles = &self.handles;
+        if handles.cached_opens.lock().contains_key(&ino) {
+            return None;
         }
-        Err(e) => {
-            if enabled.swap(false, Ordering::Relaxed) {
-                tracing::warn!(error = %e, "FUSE passthrough refused by the kernel (needs CAP_SYS_ADMIN); serving reads through the daemon");
+        if let Some(kept) = handles.kept.get(&object.key, &object.etag) {
+            return Some(kept.for_reply(reply));
+        }
+        if let Some(live) = handles.live_backing(ino) {
+            return Some(live);
+        }
+        let disk = self.fetcher.disk()?;
+        let file = disk.passthrough_file(object).await?;
+        match reply.open_backing(&file) {
+            Ok(id) => {
+                let id = Arc::new(id);
+                handles
+                    .backing_by_ino
+                    .lock()
+                    .insert(ino, Arc::downgrade(&id));
+                if let Some(hold) = disk.hold(object) {
+                    let kept = Arc::new(KernelBacking::wrapped(id.clone()));
+                    handles.kept.keep(
+                        object.key.clone(),
+                        object.etag.clone(),
+                        object.size,
+                        kept,
+                        hold,
+                    );
+                }
+                Some(id)
             }
-            None
+            Err(e) => {
+                if self.passthrough.swap(false, Ordering::Relaxed) {
+                    tracing::warn!(error = %e, "FUSE passthrough refused by the kernel (needs CAP_SYS_ADMIN); serving reads through the daemon");
+                }
+                None
+            }
         }
     }
 }
@@ -795,7 +959,7 @@ mod tests {
 
     #[test]
     fn page_cache_is_kept_only_for_the_same_version() {
-        let handles = Handles::default();
+        let handles = Handles::new(0);
         let v1: Arc<str> = Arc::from("etag-1");
         let v2: Arc<str> = Arc::from("etag-2");
         assert!(
