@@ -69,11 +69,21 @@ fn cached_data_costs_no_gets_across_epochs_and_a_sigkill() {
     let n = objects.len() as u64;
     wait_for_stats(&mount, "every object cached", |s| complete_objects(s) == n);
 
-    // Epoch 2, page cache dropped: not one GET reaches the store.
+    // Each object got a passthrough backing file as it completed (opened ahead) ...
+    let fast_before = |s: &serde_json::Value| s["fuse"]["fast_opens"].as_u64().unwrap_or(0);
+    wait_for_stats(&mount, "backing files opened ahead", |s| {
+        s["fuse"]["backings_opened_ahead"].as_u64().unwrap_or(0) == n
+    });
+    let before = fast_before(&stats(&mount));
+
+    // Epoch 2, page cache dropped: not one GET reaches the store, and every open is answered
+    // from memory with the backing file kept for it (the kernel reads the cache file).
     drop_page_cache();
     proxy.reset_stats();
     read_all(&mount, &objects);
     assert_eq!(gets(&proxy), 0, "second epoch");
+    let s = stats(&mount);
+    assert_eq!(fast_before(&s) - before, n, "fast opens in epoch 2: {s}");
 
     // SIGKILL the daemon, clean the dead mount, mount again on the same cache: still none.
     unsafe { libc::kill(mount.pid(), libc::SIGKILL) };

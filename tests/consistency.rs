@@ -43,3 +43,45 @@ fn an_object_replaced_mid_read_fails_the_read_then_reopens_clean() {
     let all = std::fs::read(&path).unwrap();
     assert!(all == v2, "the file must be exactly the new version");
 }
+
+#[test]
+fn a_replaced_object_is_never_served_from_its_old_cache_file() {
+    let endpoint = need_rgw!();
+    let bucket = unique_bucket("change-cached");
+    let v1 = pattern(3 << 20, 11);
+    let v2 = pattern(3 << 20, 12);
+    let s3 = client(&endpoint);
+    let rt = runtime();
+    rt.block_on(async {
+        create_bucket(&s3, &bucket).await;
+        put(&s3, &bucket, "obj.bin", v1.clone()).await;
+    });
+    let cache_dir = tempfile::tempdir().unwrap();
+    // TTL 0: every open revalidates the ETag.
+    let mount = Mount::new(
+        &endpoint,
+        &format!("s3://{bucket}"),
+        &[
+            "--metadata-ttl",
+            "0",
+            "--cache-dir",
+            cache_dir.path().to_str().unwrap(),
+        ],
+    );
+    let path = mount.join("obj.bin");
+    assert!(std::fs::read(&path).unwrap() == v1);
+    // v1 is complete in the cache and its backing file kept for passthrough.
+    wait_for_stats(&mount, "v1 cached, backing kept", |s| {
+        s["cache"]["complete_objects"] == 1 && s["fuse"]["backings_opened_ahead"] == 1
+    });
+    assert!(std::fs::read(&path).unwrap() == v1);
+    assert_eq!(stats(&mount)["fuse"]["fast_opens"], 0, "TTL 0: no open without a HEAD");
+    rt.block_on(put(&s3, &bucket, "obj.bin", v2.clone()));
+    drop_page_cache();
+    let all = std::fs::read(&path).unwrap();
+    assert!(all == v2, "the file must be exactly the new version");
+    // The new version gets its own cache file; v1's is never handed out again.
+    wait_for_stats(&mount, "v2 cached", |s| s["fuse"]["backings_opened_ahead"] == 2);
+    drop_page_cache();
+    assert!(std::fs::read(&path).unwrap() == v2);
+}
