@@ -254,6 +254,13 @@ impl Fetcher {
         if blocks.is_empty() {
             return Ok(());
         }
+        // Already whole on disk: nothing to fetch, and copying it into memory would only
+        // compete with the reader for the disk (a passthrough reader never asks the daemon).
+        if let Some(disk) = &self.disk {
+            if disk.cache.is_complete(&disk.identity(obj)) {
+                return Ok(());
+            }
+        }
         for slot in self.claim(obj, blocks, Mode::Background(priority)) {
             if let Slot::Wait(w) = slot {
                 w.await?;

@@ -270,6 +270,9 @@ impl Prefetcher {
                 etag,
                 size,
             });
+            if self.fetcher.is_cached(&obj) {
+                continue;
+            }
             self.stats.dir_order_fetched.fetch_add(1, Ordering::Relaxed);
             if let Some(key) = self.entry_key(&obj) {
                 let mut ahead = self.ahead.lock();
