@@ -14,6 +14,10 @@
 //! block's CRC matched (done in the background at the first open after a restart; that open
 //! and any before the check finishes are served by the daemon). Corruption that appears after
 //! that point is only caught on the daemon path (`--no-passthrough`).
+//!
+//! Objects this daemon completes are announced on a bounded channel ([`DiskTier::completions`]),
+//! which the FUSE layer uses to register their cache files with the kernel ahead of the next
+//! open.
 
 use std::collections::HashSet;
 use std::sync::Arc;
