@@ -75,13 +75,19 @@ fn a_replaced_object_is_never_served_from_its_old_cache_file() {
         s["cache"]["complete_objects"] == 1 && s["fuse"]["backings_opened_ahead"] == 1
     });
     assert!(std::fs::read(&path).unwrap() == v1);
-    assert_eq!(stats(&mount)["fuse"]["fast_opens"], 0, "TTL 0: no open without a HEAD");
+    assert_eq!(
+        stats(&mount)["fuse"]["fast_opens"],
+        0,
+        "TTL 0: no open without a HEAD"
+    );
     rt.block_on(put(&s3, &bucket, "obj.bin", v2.clone()));
     drop_page_cache();
     let all = std::fs::read(&path).unwrap();
     assert!(all == v2, "the file must be exactly the new version");
     // The new version gets its own cache file; v1's is never handed out again.
-    wait_for_stats(&mount, "v2 cached", |s| s["fuse"]["backings_opened_ahead"] == 2);
+    wait_for_stats(&mount, "v2 cached", |s| {
+        s["fuse"]["backings_opened_ahead"] == 2
+    });
     drop_page_cache();
     assert!(std::fs::read(&path).unwrap() == v2);
 }
