@@ -49,10 +49,26 @@ peak_rss_kb() {
     awk '/^VmHWM:/ {print $2}' "/proc/$1/status"
 }
 
+# Whether $1 is in the mount table; unlike `mountpoint -q`, also true for a
+# dead FUSE mount (its daemon gone), whose stat fails with ENOTCONN.
+in_mount_table() {
+    awk -v m="$1" '$2 == m {found = 1} END {exit !found}' /proc/mounts
+}
+
+# Creates mountpoint $1, first clearing a mount left there (a dead one from an
+# interrupted earlier run would make the next mount fail).
+fresh_mountpoint() {
+    if in_mount_table "$1"; then
+        warn "$1 was still mounted (left by an earlier run?); unmounting it"
+        unmount_fuse "$1"
+    fi
+    mkdir -p "$1"
+}
+
 # Unmounts $1 if mounted (lazily as a last resort); waits for process $2.
 unmount_fuse() {
     local mnt=$1 pid=${2:-} i
-    if mountpoint -q "$mnt" 2>/dev/null; then
+    if in_mount_table "$mnt"; then
         fusermount3 -u "$mnt" 2>/dev/null || fusermount -u "$mnt" 2>/dev/null \
             || umount "$mnt" 2>/dev/null || umount -l "$mnt" 2>/dev/null || true
     fi

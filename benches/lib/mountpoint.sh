@@ -74,7 +74,7 @@ mount_mountpoint() {
 
 unmount_mountpoint() {
     local mnt=$1 pid=${DAEMON_PID:-} _
-    if mountpoint -q "$mnt" 2>/dev/null; then
+    if in_mount_table "$mnt"; then
         fusermount3 -u "$mnt" 2>/dev/null || fusermount -u "$mnt" 2>/dev/null \
             || umount "$mnt" 2>/dev/null || umount -l "$mnt" 2>/dev/null || true
     fi

@@ -112,7 +112,7 @@ CONF
 
 unmount_system() {
     local system=$1 mnt=$2 tag=${3:-}
-    if is_riffle "$system" && mountpoint -q "$mnt" 2>/dev/null; then
+    if is_riffle "$system" && in_mount_table "$mnt"; then
         "$BIN/riffle" unmount "$mnt" >/dev/null 2>&1 || true
     fi
     if [ "$system" = mountpoint ] && declare -F unmount_mountpoint >/dev/null; then
@@ -129,8 +129,7 @@ unmount_system() {
 unmount_all() {
     local m
     for m in "$WORK"/mnt/*; do
-        [ -d "$m" ] || continue
-        if mountpoint -q "$m" 2>/dev/null; then
+        if in_mount_table "$m"; then
             "$BIN/riffle" unmount "$m" >/dev/null 2>&1 || true
             unmount_fuse "$m"
         fi

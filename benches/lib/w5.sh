@@ -34,7 +34,7 @@ run_w5() {
     # misses: 32M, riffle's minimum, keeps 16 MB of blocks in memory.
     RIFFLE_MEMORY=32M
     COL=proxy
-    mkdir -p "$mnt"
+    fresh_mountpoint "$mnt"
     for policy in "${W5_POLICIES[@]}"; do
         sys=riffle-$policy
         RIFFLE_EXTRA_ARGS=(--cache-size "$cache_size" --eviction "$policy")

@@ -185,7 +185,7 @@ check_mounted() {
 # A FUSE system: mount, two epochs of every table, peak RSS, unmount.
 run_fuse() {
     local sys=$1 col=$2 endpoint=$3 mnt="$WORK/mnt/$1" tag="$WL-$2" t e rss note
-    mkdir -p "$mnt"
+    fresh_mountpoint "$mnt"
     say "  $sys ($col)"
     NOT_RUN=''
     DAEMON_PID=''
