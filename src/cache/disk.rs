@@ -173,8 +173,6 @@ struct Entry {
     /// Bytes of `bytes` reserved by writes in progress.
     reserved: u64,
     pins: u32,
-    /// Holds ([`DiskCache::hold`]): like pins for this process's eviction, nothing more.
-    holds: u16,
     writes: u32,
     evicting: bool,
     open: Option<Arc<OpenEntry>>,
@@ -214,6 +212,8 @@ struct State {
     evicting: usize,
 }
 
+type EvictedListener = Box<dyn Fn(&[EntryKey]) + Send + Sync>;
+
 /// The persistent block cache (see the `cache` module documentation).
 pub struct DiskCache {
     root: PathBuf,
@@ -225,6 +225,7 @@ pub struct DiskCache {
     ring: Ring,
     state: Mutex<State>,
     evicted: tokio::sync::Notify,
+    evicted_listener: Mutex<Option<EvictedListener>>,
     counters: Counters,
     scan_done: Mutex<bool>,
     scan_cv: Condvar,
@@ -319,23 +320,17 @@ impl Drop for RangeLock<'_> {
 }
 
 /// Keeps an object's entry from being evicted, here and (once its files are open) in every
-/// process sharing the directory ([`DiskCache::pin`]); or, from [`DiskCache::hold`], only
-/// from this process's eviction. Dropping it unpins.
+/// process sharing the directory. Dropping it unpins.
 #[derive(Debug)]
 pub struct PinGuard {
     cache: Weak<DiskCache>,
     key: EntryKey,
-    hold: bool,
 }
 
 impl Drop for PinGuard {
     fn drop(&mut self) {
         if let Some(cache) = self.cache.upgrade() {
-            if self.hold {
-                cache.unhold(self.key);
-            } else {
-                cache.unpin(self.key);
-            }
+            cache.unpin(self.key);
         }
     }
 }
@@ -412,6 +407,7 @@ impl DiskCache {
                 evicting: 0,
             }),
             evicted: tokio::sync::Notify::new(),
+            evicted_listener: Mutex::new(None),
             counters: Counters::default(),
             scan_done: Mutex::new(false),
             scan_cv: Condvar::new(),
@@ -654,7 +650,6 @@ impl DiskCache {
                     && entries
                         .get(&k)
                         .is_some_and(|e| e.pins == 0 && e.writes == 0 && e.open.is_some())
-                // (An entry that is only held may close its files.)
             }) else {
                 break;
             };
@@ -1016,11 +1011,7 @@ impl DiskCache {
                     let Some(v) = st.policy.victim(&mut |k| {
                         k != key
                             && entries.get(&k).is_some_and(|e| {
-                                e.pins == 0
-                                    && e.holds == 0
-                                    && e.writes == 0
-                                    && !e.evicting
-                                    && e.bytes > 0
+                                e.pins == 0 && e.writes == 0 && !e.evicting && e.bytes > 0
                             })
                     }) else {
                         break;
@@ -1076,6 +1067,7 @@ impl DiskCache {
         });
         let mut failures = Vec::new();
         let mut removed = 0;
+        let mut gone = Vec::new();
         {
             let mut guard = self.state.lock();
             let st = &mut *guard;
@@ -1084,6 +1076,7 @@ impl DiskCache {
                 match outcome {
                     Ok(Evicted::Removed) | Ok(Evicted::Gone) => {
                         removed += 1;
+                        gone.push(key);
                         let mut still_pinned = false;
                         if let Some(e) = st.entries.remove(&key) {
                             st.used = st.used.saturating_sub(e.bytes);
@@ -1135,8 +1128,19 @@ impl DiskCache {
         for err in failures {
             self.report(&io_err("evicting a cache entry", err));
         }
+        if !gone.is_empty() {
+            if let Some(listener) = &*self.evicted_listener.lock() {
+                listener(&gone);
+            }
+        }
         self.evicted.notify_waiters();
         removed
+    }
+
+    /// Calls `listener` with the keys of the entries this process evicts, after their files
+    /// are removed (for whoever still holds one of those files open and should let go).
+    pub fn on_evicted(&self, listener: impl Fn(&[EntryKey]) + Send + Sync + 'static) {
+        *self.evicted_listener.lock() = Some(Box::new(listener));
     }
 
     /// Whether block `index` of `id` is known here to be present (no I/O: blocks written by
@@ -1224,34 +1228,6 @@ impl DiskCache {
         PinGuard {
             cache: Arc::downgrade(self),
             key,
-            hold: false,
-        }
-    }
-
-    /// Keeps the complete entry of `id` from this process's eviction until the guard is
-    /// dropped, without keeping its files open or locking them (unlike [`Self::pin`]): for a
-    /// file the kernel holds open (a passthrough backing file kept after close), so the disk
-    /// budget never counts as free the bytes of a file the kernel still reads. `None` when the
-    /// entry is not complete, is being evicted, or is held too many times.
-    pub fn hold(self: &Arc<Self>, id: &ObjectIdentity) -> Option<PinGuard> {
-        let key = id.entry_key();
-        let mut st = self.state.lock();
-        let e = st.entries.get_mut(&key)?;
-        if !e.complete || e.evicting {
-            return None;
-        }
-        e.holds = e.holds.checked_add(1)?;
-        Some(PinGuard {
-            cache: Arc::downgrade(self),
-            key,
-            hold: true,
-        })
-    }
-
-    fn unhold(&self, key: EntryKey) {
-        let mut st = self.state.lock();
-        if let Some(e) = st.entries.get_mut(&key) {
-            e.holds = e.holds.saturating_sub(1);
         }
     }
 
@@ -1264,7 +1240,7 @@ impl DiskCache {
                 if let Some(o) = e.pin_use.take() {
                     o.release_use();
                 }
-                forget = e.bytes == 0 && e.open.is_none() && e.writes == 0 && e.holds == 0;
+                forget = e.bytes == 0 && e.open.is_none() && e.writes == 0;
             }
         }
         if forget {

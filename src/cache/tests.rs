@@ -338,10 +338,15 @@ async fn lru_evicts_the_least_recently_used_unpinned_object() {
     for id in &ids[..3] {
         write_all_blocks(&cache, id).await;
     }
+    // Whoever holds cache files open is told which entries were evicted.
+    let told = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let sink = told.clone();
+    cache.on_evicted(move |keys| sink.lock().extend_from_slice(keys));
     // Use o0 again: o1 is now the least recently used.
     assert!(cache.read_block(&ids[0], 0).await.expect("read").is_some());
     write_all_blocks(&cache, &ids[3]).await;
     assert!(cache.read_block(&ids[1], 0).await.expect("read").is_none());
+    assert_eq!(*told.lock(), vec![ids[1].entry_key()]);
     assert!(cache.read_block(&ids[0], 0).await.expect("read").is_some());
     // Pin o2, then use o3 and o0: o2 is the coldest but pinned, so o3 goes.
     let pin = cache.pin(&ids[2]);

@@ -83,10 +83,9 @@ impl DiskTier {
         self.cache.pin(&self.identity(obj))
     }
 
-    /// Keeps the complete cache entry of `obj` from eviction without holding its files open
-    /// ([`DiskCache::hold`]).
-    pub fn hold(&self, obj: &ObjectVersion) -> Option<PinGuard> {
-        self.cache.hold(&self.identity(obj))
+    /// The key of `obj`'s cache entry.
+    pub fn entry_key(&self, obj: &ObjectVersion) -> EntryKey {
+        self.identity(obj).entry_key()
     }
 
     /// Notes that this daemon wrote a block of `id`; announces the object if that completed it.

@@ -6,69 +6,61 @@
 //! thread behind a tokio hop. A training epoch opens every file once, so without this table
 //! each epoch pays that for every file, and for small files (W1) it costs more than the read.
 //!
-//! The table keeps, per object key (one inode each), the backing id of its last passthrough
-//! open, or one opened ahead by `preopen` when the object became complete in the cache,
-//! together with the object version (ETag) it belongs to and a hold on its cache entry. While
-//! kept:
+//! The table keeps, per cache entry (one object version, so one inode), the backing id of its
+//! last passthrough open, or one opened ahead by `preopen` when the object became complete in
+//! the cache, together with the ETag it belongs to. While kept:
 //! - an open of the same object at the same ETag reuses the backing id; the FUSE thread
 //!   answers it without a tokio task (see `RiffleFs::open`);
 //! - an open at another ETag (the object changed) drops the kept one: a changed object never
 //!   reuses the old version's bytes;
-//! - the hold keeps the cache entry (and so the file the kernel reads) from eviction, so the
-//!   disk budget is never exceeded by files that are deleted but still held by the kernel.
+//! - the cache may still evict the entry (a kept file is not pinned, so the eviction policy
+//!   is not constrained); the cache then tells the FUSE layer, which drops the kept backing
+//!   here, so the kernel lets go of the deleted file and its blocks are freed.
 //!
-//! Bounds: at most `max_entries` objects, and at most `max_bytes` of held object bytes (a
-//! fraction of the cache budget, so pinned idle files never crowd out the eviction policy);
-//! beyond either, the least recently opened are dropped first. Each kept entry costs the kernel
-//! one `struct file` (a few hundred bytes) and this table about 150 bytes.
+//! Bound: at most `max_entries` entries, the least recently opened dropped first. Each costs
+//! the kernel one `struct file` (a few hundred bytes) and this table about 100 bytes.
 
 use std::collections::{BTreeMap, HashMap};
+use std::hash::Hash;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-/// See the module documentation. `B` is the backing id handle, `P` the pin guard (generic so
-/// the policy is testable without a kernel).
-pub struct KeptBackings<B, P> {
-    inner: Mutex<Inner<B, P>>,
+/// See the module documentation. `K` is the cache entry key, `B` the backing id handle
+/// (generic so the policy is testable without a kernel).
+pub struct KeptBackings<K, B> {
+    inner: Mutex<Inner<K, B>>,
     max_entries: usize,
-    max_bytes: u64,
 }
 
-struct Kept<B, P> {
-    key: Arc<str>,
+struct Kept<B> {
     etag: Arc<str>,
     backing: B,
-    bytes: u64,
     stamp: u64,
-    _pin: P,
 }
 
-struct Inner<B, P> {
-    by_key: HashMap<Arc<str>, Kept<B, P>>,
-    /// Recency: stamp of the last use → object key.
-    order: BTreeMap<u64, Arc<str>>,
+struct Inner<K, B> {
+    by_key: HashMap<K, Kept<B>>,
+    /// Recency: stamp of the last use → key.
+    order: BTreeMap<u64, K>,
     next_stamp: u64,
-    bytes: u64,
 }
 
-impl<B: Clone, P> KeptBackings<B, P> {
-    pub fn new(max_entries: usize, max_bytes: u64) -> Self {
+impl<K: Hash + Eq + Clone, B: Clone> KeptBackings<K, B> {
+    pub fn new(max_entries: usize) -> Self {
         KeptBackings {
             inner: Mutex::new(Inner {
                 by_key: HashMap::new(),
                 order: BTreeMap::new(),
                 next_stamp: 0,
-                bytes: 0,
             }),
             max_entries,
-            max_bytes,
         }
     }
 
-    /// The backing kept for object `key` if it belongs to version `etag` (and marks it recently
-    /// used); a kept backing of another version is dropped.
-    pub fn get(&self, key: &str, etag: &str) -> Option<B> {
+    /// The backing kept for `key` if it belongs to version `etag` (and marks it recently used);
+    /// a kept backing of another version is dropped.
+    pub fn get(&self, key: &K, etag: &str) -> Option<B> {
         let mut inner = self.inner.lock();
         let inner = &mut *inner;
         let kept = inner.by_key.get_mut(key)?;
@@ -79,12 +71,12 @@ impl<B: Clone, P> KeptBackings<B, P> {
         inner.order.remove(&kept.stamp);
         kept.stamp = inner.next_stamp;
         inner.next_stamp += 1;
-        inner.order.insert(kept.stamp, kept.key.clone());
+        inner.order.insert(kept.stamp, key.clone());
         Some(kept.backing.clone())
     }
 
-    /// Whether a backing of version `etag` of `key` is kept (without marking it used).
-    pub fn contains(&self, key: &str, etag: &str) -> bool {
+    /// Whether a backing of version `etag` is kept for `key` (without marking it used).
+    pub fn contains(&self, key: &K, etag: &str) -> bool {
         self.inner
             .lock()
             .by_key
@@ -92,11 +84,10 @@ impl<B: Clone, P> KeptBackings<B, P> {
             .is_some_and(|k| &*k.etag == etag)
     }
 
-    /// Keeps `backing` (of object `key` at version `etag`, `bytes` long) with its hold,
-    /// replacing what was kept for `key`, then drops the least recently used beyond the bounds.
-    /// An object larger than the byte bound is not kept.
-    pub fn keep(&self, key: Arc<str>, etag: Arc<str>, bytes: u64, backing: B, pin: P) {
-        if self.max_entries == 0 || bytes > self.max_bytes {
+    /// Keeps `backing` (of `key` at version `etag`), replacing what was kept for `key`, then
+    /// drops the least recently used beyond the bound.
+    pub fn keep(&self, key: K, etag: Arc<str>, backing: B) {
+        if self.max_entries == 0 {
             return;
         }
         let mut inner = self.inner.lock();
@@ -104,44 +95,38 @@ impl<B: Clone, P> KeptBackings<B, P> {
         let stamp = inner.next_stamp;
         inner.next_stamp += 1;
         inner.order.insert(stamp, key.clone());
-        inner.bytes += bytes;
         inner.by_key.insert(
-            key.clone(),
+            key,
             Kept {
-                key,
                 etag,
                 backing,
-                bytes,
                 stamp,
-                _pin: pin,
             },
         );
-        while inner.by_key.len() > self.max_entries || inner.bytes > self.max_bytes {
+        while inner.by_key.len() > self.max_entries {
             let Some((_, oldest)) = inner.order.pop_first() else {
                 break;
             };
-            inner.remove(&oldest);
+            inner.by_key.remove(&oldest);
         }
     }
 
-    /// Drops what is kept for object `key`.
-    pub fn forget(&self, key: &str) {
+    /// Drops what is kept for `key`.
+    pub fn forget(&self, key: &K) {
         self.inner.lock().remove(key);
     }
 
-    /// Inodes and object bytes kept.
+    /// Entries kept.
     #[cfg(test)]
-    pub fn usage(&self) -> (usize, u64) {
-        let inner = self.inner.lock();
-        (inner.by_key.len(), inner.bytes)
+    pub fn len(&self) -> usize {
+        self.inner.lock().by_key.len()
     }
 }
 
-impl<B, P> Inner<B, P> {
-    fn remove(&mut self, key: &str) {
+impl<K: Hash + Eq, B> Inner<K, B> {
+    fn remove(&mut self, key: &K) {
         if let Some(kept) = self.by_key.remove(key) {
             self.order.remove(&kept.stamp);
-            self.bytes -= kept.bytes;
         }
     }
 }
@@ -151,82 +136,68 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    fn k(n: u64) -> Arc<str> {
-        Arc::from(format!("dir/{n}.jpg"))
-    }
-
-    /// A pin that counts how many are alive.
-    struct Pin(Arc<AtomicUsize>);
-    impl Pin {
-        fn new(live: &Arc<AtomicUsize>) -> Pin {
+    /// A backing handle that counts how many are alive.
+    struct Probe(Arc<AtomicUsize>, u32);
+    impl Probe {
+        fn new(live: &Arc<AtomicUsize>, id: u32) -> Arc<Probe> {
             live.fetch_add(1, Ordering::SeqCst);
-            Pin(live.clone())
+            Arc::new(Probe(live.clone(), id))
         }
     }
-    impl Drop for Pin {
+    impl Drop for Probe {
         fn drop(&mut self) {
             self.0.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
-    #[test]
-    fn reuses_only_the_same_version() {
-        let live = Arc::new(AtomicUsize::new(0));
-        let kept = KeptBackings::new(10, 1 << 30);
-        kept.keep(k(7), "e1".into(), 100, 70u32, Pin::new(&live));
-        assert_eq!(kept.get(&k(7), "e1"), Some(70));
-        assert_eq!(kept.get(&k(8), "e1"), None);
-        // The object changed: the old version's backing is dropped, with its pin.
-        assert_eq!(kept.get(&k(7), "e2"), None);
-        assert_eq!(live.load(Ordering::SeqCst), 0);
-        assert_eq!(kept.get(&k(7), "e1"), None);
-        assert_eq!(kept.usage(), (0, 0));
+    fn id(b: Option<Arc<Probe>>) -> Option<u32> {
+        b.map(|p| p.1)
     }
 
     #[test]
-    fn keeps_within_the_entry_bound_dropping_the_least_recent() {
+    fn reuses_only_the_same_version() {
         let live = Arc::new(AtomicUsize::new(0));
-        let kept = KeptBackings::new(3, 1 << 30);
-        for ino in 1..=3 {
-            kept.keep(k(ino), "e".into(), 10, ino as u32, Pin::new(&live));
+        let kept = KeptBackings::new(10);
+        kept.keep(7u64, "e1".into(), Probe::new(&live, 70));
+        assert_eq!(id(kept.get(&7, "e1")), Some(70));
+        assert!(kept.contains(&7, "e1") && !kept.contains(&7, "e2"));
+        assert_eq!(id(kept.get(&8, "e1")), None);
+        // The object changed: the old version's backing is dropped.
+        assert_eq!(id(kept.get(&7, "e2")), None);
+        assert_eq!(live.load(Ordering::SeqCst), 0);
+        assert_eq!(id(kept.get(&7, "e1")), None);
+        assert_eq!(kept.len(), 0);
+    }
+
+    #[test]
+    fn keeps_within_the_bound_dropping_the_least_recent() {
+        let live = Arc::new(AtomicUsize::new(0));
+        let kept = KeptBackings::new(3);
+        for k in 1..=3u64 {
+            kept.keep(k, "e".into(), Probe::new(&live, k as u32));
         }
-        assert!(kept.get(&k(1), "e").is_some()); // 2 is now the least recent
-        kept.keep(k(4), "e".into(), 10, 4, Pin::new(&live));
-        assert_eq!(kept.get(&k(2), "e"), None);
-        for ino in [1, 3, 4] {
-            assert!(kept.get(&k(ino), "e").is_some(), "inode {ino}");
+        assert!(kept.get(&1, "e").is_some()); // 2 is now the least recent
+        kept.keep(4, "e".into(), Probe::new(&live, 4));
+        assert_eq!(id(kept.get(&2, "e")), None);
+        for k in [1, 3, 4] {
+            assert_eq!(id(kept.get(&k, "e")), Some(k as u32));
         }
-        assert_eq!(kept.usage(), (3, 30));
+        assert_eq!(kept.len(), 3);
         assert_eq!(live.load(Ordering::SeqCst), 3);
     }
 
     #[test]
-    fn keeps_within_the_byte_bound() {
+    fn replacing_forgetting_and_dropping_release_backings() {
         let live = Arc::new(AtomicUsize::new(0));
-        let kept = KeptBackings::new(100, 1000);
-        kept.keep(k(1), "e".into(), 400, 1u32, Pin::new(&live));
-        kept.keep(k(2), "e".into(), 400, 2, Pin::new(&live));
-        kept.keep(k(3), "e".into(), 400, 3, Pin::new(&live));
-        assert_eq!(kept.usage(), (2, 800));
-        assert_eq!(kept.get(&k(1), "e"), None);
-        // Larger than the whole bound: never kept, nothing else dropped for it.
-        kept.keep(k(4), "e".into(), 1001, 4, Pin::new(&live));
-        assert_eq!(kept.usage(), (2, 800));
-        assert_eq!(live.load(Ordering::SeqCst), 2);
-    }
-
-    #[test]
-    fn replacing_forgetting_and_dropping_release_pins() {
-        let live = Arc::new(AtomicUsize::new(0));
-        let kept = KeptBackings::new(10, 1 << 30);
-        kept.keep(k(1), "e".into(), 10, 1u32, Pin::new(&live));
-        kept.keep(k(1), "f".into(), 20, 11, Pin::new(&live));
-        assert_eq!(kept.usage(), (1, 20));
+        let kept = KeptBackings::new(10);
+        kept.keep(1u64, "e".into(), Probe::new(&live, 1));
+        kept.keep(1, "f".into(), Probe::new(&live, 11));
+        assert_eq!(kept.len(), 1);
         assert_eq!(live.load(Ordering::SeqCst), 1);
-        assert_eq!(kept.get(&k(1), "f"), Some(11));
-        kept.keep(k(2), "e".into(), 10, 2, Pin::new(&live));
-        kept.forget(&k(1));
-        assert_eq!(kept.usage(), (1, 10));
+        assert_eq!(id(kept.get(&1, "f")), Some(11));
+        kept.keep(2, "e".into(), Probe::new(&live, 2));
+        kept.forget(&1);
+        assert_eq!(kept.len(), 1);
         assert_eq!(live.load(Ordering::SeqCst), 1);
         drop(kept);
         assert_eq!(live.load(Ordering::SeqCst), 0);
@@ -235,9 +206,9 @@ mod tests {
     #[test]
     fn zero_entries_keeps_nothing() {
         let live = Arc::new(AtomicUsize::new(0));
-        let kept = KeptBackings::new(0, 1 << 30);
-        kept.keep(k(1), "e".into(), 10, 1u32, Pin::new(&live));
-        assert_eq!(kept.get(&k(1), "e"), None);
+        let kept = KeptBackings::new(0);
+        kept.keep(1u64, "e".into(), Probe::new(&live, 1));
+        assert_eq!(id(kept.get(&1, "e")), None);
         assert_eq!(live.load(Ordering::SeqCst), 0);
     }
 }

@@ -35,7 +35,7 @@ use fuser::{
 };
 use parking_lot::Mutex;
 
-use crate::cache::PinGuard;
+use crate::cache::EntryKey;
 use crate::fetch::{FetchError, Fetcher, ObjectVersion};
 use crate::metrics::fuse_ops::{FuseOp, FuseOps};
 use crate::namespace::{Attr, DirEntry, Kind, Namespace, NamespaceError, OpenTarget};
@@ -46,10 +46,8 @@ use backings::KeptBackings;
 pub use preopen::FuseDevice;
 use preopen::KernelBacking;
 
-/// Passthrough backing files kept after close, at most this many inodes ([`backings`]).
+/// Passthrough backing files kept after close, at most this many ([`backings`]).
 const KEPT_BACKINGS_MAX: usize = 65_536;
-/// ... and at most this fraction (1/N) of the disk cache's budget in pinned object bytes.
-const KEPT_BACKINGS_BUDGET_DIVISOR: u64 = 8;
 
 /// Completed objects waiting to have a backing id opened ahead, at most.
 const PREOPEN_QUEUE: usize = 4096;
@@ -112,12 +110,12 @@ struct Handles {
     backing_by_ino: Mutex<HashMap<u64, Weak<BackingId>>>,
     /// Open handles per inode served by the daemon (not passthrough).
     cached_opens: Mutex<HashMap<u64, u32>>,
-    /// Backing files kept for reopening, each with a pin on its cache entry.
-    kept: KeptBackings<Arc<KernelBacking>, PinGuard>,
+    /// Backing files kept for reopening, per cache entry.
+    kept: KeptBackings<EntryKey, Arc<KernelBacking>>,
 }
 
 impl Handles {
-    fn new(kept_bytes: u64) -> Self {
+    fn new() -> Self {
         Handles {
             files: Mutex::default(),
             dirs: Mutex::default(),
@@ -125,7 +123,7 @@ impl Handles {
             backing_by_fh: Mutex::default(),
             backing_by_ino: Mutex::default(),
             cached_opens: Mutex::default(),
-            kept: KeptBackings::new(KEPT_BACKINGS_MAX, kept_bytes),
+            kept: KeptBackings::new(KEPT_BACKINGS_MAX),
         }
     }
 
@@ -185,11 +183,20 @@ impl RiffleFs {
         config: FsConfig,
         status: Arc<FsStatus>,
     ) -> Self {
-        let kept_bytes = fetcher
-            .disk()
-            .map_or(0, |d| d.cache().limit() / KEPT_BACKINGS_BUDGET_DIVISOR);
+        let handles = Arc::new(Handles::new());
+        if let Some(disk) = fetcher.disk() {
+            // An evicted file must not live on in the kernel through a kept backing file.
+            let handles = Arc::downgrade(&handles);
+            disk.cache().on_evicted(move |keys| {
+                if let Some(handles) = handles.upgrade() {
+                    for key in keys {
+                        handles.kept.forget(key);
+                    }
+                }
+            });
+        }
         RiffleFs {
-            handles: Arc::new(Handles::new(kept_bytes)),
+            handles,
             prefetch,
             ops,
             status,
@@ -268,7 +275,15 @@ impl RiffleFs {
         if self.handles.cached_opens.lock().contains_key(&ino) {
             return Some(reply);
         }
-        let Some(kept) = self.handles.kept.get(&target.key, &target.etag) else {
+        let Some(disk) = self.fetcher.disk() else {
+            return Some(reply);
+        };
+        let object = object_of(&target);
+        let Some(kept) = self
+            .handles
+            .kept
+            .get(&disk.entry_key(&object), &target.etag)
+        else {
             return Some(reply);
         };
         let backing = kept.for_reply(&reply);
@@ -276,7 +291,7 @@ impl RiffleFs {
         // The prefetcher may start tasks.
         let _runtime = self.runtime.enter();
         let opener = self.opener();
-        opener.start(ino, fh, &target);
+        opener.start(ino, fh, object);
         opener.reply_passthrough(ino, fh, &backing, reply);
         None
     }
@@ -413,7 +428,8 @@ impl Filesystem for RiffleFs {
                 Ok(t) => t,
                 Err(e) => return reply.error(ns_errno(&e)),
             };
-            let object = opener.start(ino.0, fh, &target);
+            let object = object_of(&target);
+            opener.start(ino.0, fh, object.clone());
             let handles = &opener.handles;
             if opener.passthrough.load(Ordering::Relaxed) {
                 if let Some(backing) = opener.passthrough_backing(ino.0, &object, &reply).await {
@@ -449,6 +465,7 @@ impl Filesystem for RiffleFs {
         };
         let ns = self.ns.clone();
         let handles = self.handles.clone();
+        let fetcher = self.fetcher.clone();
         self.runtime.spawn(async move {
             let _timer = timer;
             match reader.read(offset, size).await {
@@ -459,7 +476,9 @@ impl Filesystem for RiffleFs {
                         FetchError::Changed => {
                             tracing::warn!(%key, "object changed while open; failing the read (reopen to see the new version)");
                             ns.invalidate(ino.0);
-                            handles.kept.forget(key);
+                            if let Some(disk) = fetcher.disk() {
+                                handles.kept.forget(&disk.entry_key(reader.object()));
+                            }
                         }
                         other => tracing::warn!(%key, offset, size, error = %other, "read failed"),
                     }
@@ -808,20 +827,14 @@ struct Opener {
 }
 
 impl Opener {
-    /// Starts handle `fh` of `ino` at `target`: counts the open, tells the prefetcher, and
-    /// keeps a reader for it (pinning the object's cache entry). Returns the object version.
-    fn start(&self, ino: u64, fh: u64, target: &OpenTarget) -> Arc<ObjectVersion> {
+    /// Starts handle `fh` of `ino` at `object`: counts the open, tells the prefetcher, and
+    /// keeps a reader for it (pinning the object's cache entry).
+    fn start(&self, ino: u64, fh: u64, object: Arc<ObjectVersion>) {
         self.status.opens.fetch_add(1, Ordering::Relaxed);
-        let object = Arc::new(ObjectVersion {
-            key: Arc::from(target.key.as_str()),
-            etag: target.etag.clone(),
-            size: target.size,
-        });
         self.prefetch.on_open(ino, &object);
         let pin = self.fetcher.disk().map(|d| d.pin(&object));
-        let reader = FileReader::new(object.clone(), self.fetcher.clone(), self.read_ahead, pin);
+        let reader = FileReader::new(object, self.fetcher.clone(), self.read_ahead, pin);
         self.handles.files.lock().insert(fh, Arc::new(reader));
-        object
     }
 
     /// Answers the open of `fh` with passthrough to `backing`.
@@ -851,13 +864,14 @@ impl Opener {
         if handles.cached_opens.lock().contains_key(&ino) {
             return None;
         }
-        if let Some(kept) = handles.kept.get(&object.key, &object.etag) {
+        let disk = self.fetcher.disk()?;
+        let entry = disk.entry_key(object);
+        if let Some(kept) = handles.kept.get(&entry, &object.etag) {
             return Some(kept.for_reply(reply));
         }
         if let Some(live) = handles.live_backing(ino) {
             return Some(live);
         }
-        let disk = self.fetcher.disk()?;
         let file = disk.passthrough_file(object).await?;
         match reply.open_backing(&file) {
             Ok(id) => {
@@ -866,16 +880,8 @@ impl Opener {
                     .backing_by_ino
                     .lock()
                     .insert(ino, Arc::downgrade(&id));
-                if let Some(hold) = disk.hold(object) {
-                    let kept = Arc::new(KernelBacking::wrapped(id.clone()));
-                    handles.kept.keep(
-                        object.key.clone(),
-                        object.etag.clone(),
-                        object.size,
-                        kept,
-                        hold,
-                    );
-                }
+                let kept = Arc::new(KernelBacking::wrapped(id.clone()));
+                handles.kept.keep(entry, object.etag.clone(), kept);
                 Some(id)
             }
             Err(e) => {
@@ -886,6 +892,15 @@ impl Opener {
             }
         }
     }
+}
+
+/// The object version an open reads.
+fn object_of(target: &OpenTarget) -> Arc<ObjectVersion> {
+    Arc::new(ObjectVersion {
+        key: Arc::from(target.key.as_str()),
+        etag: target.etag.clone(),
+        size: target.size,
+    })
 }
 
 /// Answers a getxattr/listxattr: the size when asked for it, ERANGE when the buffer is small.
@@ -959,7 +974,7 @@ mod tests {
 
     #[test]
     fn page_cache_is_kept_only_for_the_same_version() {
-        let handles = Handles::new(0);
+        let handles = Handles::new();
         let v1: Arc<str> = Arc::from("etag-1");
         let v2: Arc<str> = Arc::from("etag-2");
         assert!(

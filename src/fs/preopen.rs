@@ -90,7 +90,8 @@ pub async fn run(
     };
     let device = device.wait().await.clone();
     while let Some(obj) = completions.recv().await {
-        if handles.kept.contains(&obj.key, &obj.etag) {
+        let entry = disk.entry_key(&obj);
+        if handles.kept.contains(&entry, &obj.etag) {
             continue;
         }
         let Some(file) = disk.passthrough_file(&obj).await else {
@@ -109,12 +110,8 @@ pub async fn run(
                 id,
             }),
         });
-        if let Some(hold) = disk.hold(&obj) {
-            status.opened_ahead.fetch_add(1, Ordering::Relaxed);
-            handles
-                .kept
-                .keep(obj.key.clone(), obj.etag.clone(), obj.size, backing, hold);
-        }
+        status.opened_ahead.fetch_add(1, Ordering::Relaxed);
+        handles.kept.keep(entry, obj.etag.clone(), backing);
     }
 }
 
