@@ -72,7 +72,7 @@ fn a_replaced_object_is_never_served_from_its_old_cache_file() {
     assert!(std::fs::read(&path).unwrap() == v1);
     // v1 is complete in the cache and its backing file kept for passthrough.
     wait_for_stats(&mount, "v1 cached, backing kept", |s| {
-        s["cache"]["complete_objects"] == 1 && s["fuse"]["backings_opened_ahead"] == 1
+        s["cache"]["complete_objects"] == 1 && s["fuse"]["kept_backings"] == 1
     });
     assert!(std::fs::read(&path).unwrap() == v1);
     assert_eq!(

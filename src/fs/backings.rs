@@ -22,6 +22,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -31,6 +32,8 @@ use parking_lot::Mutex;
 pub struct KeptBackings<K, B> {
     inner: Mutex<Inner<K, B>>,
     max_entries: usize,
+    /// How many are kept, for the stats.
+    gauge: Arc<AtomicU64>,
 }
 
 struct Kept<B> {
@@ -47,7 +50,9 @@ struct Inner<K, B> {
 }
 
 impl<K: Hash + Eq + Clone, B: Clone> KeptBackings<K, B> {
-    pub fn new(max_entries: usize) -> Self {
+    /// At most `max_entries`; `gauge` always holds how many are kept.
+    pub fn new(max_entries: usize, gauge: Arc<AtomicU64>) -> Self {
+        gauge.store(0, Ordering::Relaxed);
         KeptBackings {
             inner: Mutex::new(Inner {
                 by_key: HashMap::new(),
@@ -55,7 +60,13 @@ impl<K: Hash + Eq + Clone, B: Clone> KeptBackings<K, B> {
                 next_stamp: 0,
             }),
             max_entries,
+            gauge,
         }
+    }
+
+    fn count(&self, inner: &Inner<K, B>) {
+        self.gauge
+            .store(inner.by_key.len() as u64, Ordering::Relaxed);
     }
 
     /// The backing kept for `key` if it belongs to version `etag` (and marks it recently used);
@@ -66,6 +77,7 @@ impl<K: Hash + Eq + Clone, B: Clone> KeptBackings<K, B> {
         let kept = inner.by_key.get_mut(key)?;
         if &*kept.etag != etag {
             inner.remove(key);
+            self.count(inner);
             return None;
         }
         inner.order.remove(&kept.stamp);
@@ -109,17 +121,22 @@ impl<K: Hash + Eq + Clone, B: Clone> KeptBackings<K, B> {
             };
             inner.by_key.remove(&oldest);
         }
+        self.count(&inner);
     }
 
     /// Drops what is kept for `key`.
     pub fn forget(&self, key: &K) {
-        self.inner.lock().remove(key);
+        let mut inner = self.inner.lock();
+        inner.remove(key);
+        self.count(&inner);
     }
 
     /// Entries kept.
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.inner.lock().by_key.len()
+        let n = self.inner.lock().by_key.len();
+        assert_eq!(self.gauge.load(Ordering::Relaxed), n as u64, "gauge");
+        n
     }
 }
 
@@ -134,7 +151,7 @@ impl<K: Hash + Eq, B> Inner<K, B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::AtomicUsize;
 
     /// A backing handle that counts how many are alive.
     struct Probe(Arc<AtomicUsize>, u32);
@@ -157,7 +174,7 @@ mod tests {
     #[test]
     fn reuses_only_the_same_version() {
         let live = Arc::new(AtomicUsize::new(0));
-        let kept = KeptBackings::new(10);
+        let kept = KeptBackings::new(10, Arc::default());
         kept.keep(7u64, "e1".into(), Probe::new(&live, 70));
         assert_eq!(id(kept.get(&7, "e1")), Some(70));
         assert!(kept.contains(&7, "e1") && !kept.contains(&7, "e2"));
@@ -172,7 +189,7 @@ mod tests {
     #[test]
     fn keeps_within_the_bound_dropping_the_least_recent() {
         let live = Arc::new(AtomicUsize::new(0));
-        let kept = KeptBackings::new(3);
+        let kept = KeptBackings::new(3, Arc::default());
         for k in 1..=3u64 {
             kept.keep(k, "e".into(), Probe::new(&live, k as u32));
         }
@@ -189,7 +206,7 @@ mod tests {
     #[test]
     fn replacing_forgetting_and_dropping_release_backings() {
         let live = Arc::new(AtomicUsize::new(0));
-        let kept = KeptBackings::new(10);
+        let kept = KeptBackings::new(10, Arc::default());
         kept.keep(1u64, "e".into(), Probe::new(&live, 1));
         kept.keep(1, "f".into(), Probe::new(&live, 11));
         assert_eq!(kept.len(), 1);
@@ -206,7 +223,7 @@ mod tests {
     #[test]
     fn zero_entries_keeps_nothing() {
         let live = Arc::new(AtomicUsize::new(0));
-        let kept = KeptBackings::new(0);
+        let kept = KeptBackings::new(0, Arc::default());
         kept.keep(1u64, "e".into(), Probe::new(&live, 1));
         assert_eq!(id(kept.get(&1, "e")), None);
         assert_eq!(live.load(Ordering::SeqCst), 0);

@@ -78,6 +78,8 @@ pub struct FsStatus {
     pub fast_opens: AtomicU64,
     /// Backing ids opened ahead, as objects completed in the cache.
     pub opened_ahead: AtomicU64,
+    /// Backing files kept for reopening, now.
+    pub kept_backings: Arc<AtomicU64>,
     /// Why passthrough is not in use, or "enabled".
     pub passthrough_mode: Mutex<String>,
 }
@@ -115,7 +117,7 @@ struct Handles {
 }
 
 impl Handles {
-    fn new() -> Self {
+    fn new(kept_gauge: Arc<AtomicU64>) -> Self {
         Handles {
             files: Mutex::default(),
             dirs: Mutex::default(),
@@ -123,7 +125,7 @@ impl Handles {
             backing_by_fh: Mutex::default(),
             backing_by_ino: Mutex::default(),
             cached_opens: Mutex::default(),
-            kept: KeptBackings::new(KEPT_BACKINGS_MAX),
+            kept: KeptBackings::new(KEPT_BACKINGS_MAX, kept_gauge),
         }
     }
 
@@ -183,7 +185,7 @@ impl RiffleFs {
         config: FsConfig,
         status: Arc<FsStatus>,
     ) -> Self {
-        let handles = Arc::new(Handles::new());
+        let handles = Arc::new(Handles::new(status.kept_backings.clone()));
         if let Some(disk) = fetcher.disk() {
             // An evicted file must not live on in the kernel through a kept backing file.
             let handles = Arc::downgrade(&handles);
@@ -974,7 +976,7 @@ mod tests {
 
     #[test]
     fn page_cache_is_kept_only_for_the_same_version() {
-        let handles = Handles::new();
+        let handles = Handles::new(Arc::default());
         let v1: Arc<str> = Arc::from("etag-1");
         let v2: Arc<str> = Arc::from("etag-2");
         assert!(

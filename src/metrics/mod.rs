@@ -105,6 +105,7 @@ impl StatsSource for MountMetrics {
                 "passthrough_opens": load(&self.fs.passthrough_opens),
                 "fast_opens": load(&self.fs.fast_opens),
                 "backings_opened_ahead": load(&self.fs.opened_ahead),
+                "kept_backings": load(&self.fs.kept_backings),
                 "passthrough": self.fs.passthrough_mode.lock().clone(),
             },
             "cache": cache,

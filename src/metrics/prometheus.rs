@@ -102,6 +102,7 @@ pub const STATS: &[StatSpec] = &[
     spec("fuse.opens", "riffle_fuse_opens", Counter, None, "Files opened."),
     spec("fuse.passthrough_opens", "riffle_fuse_passthrough_opens", Counter, None, "Files opened in FUSE passthrough mode (served by the kernel from the cache)."),
     spec("fuse.fast_opens", "riffle_fuse_fast_opens", Counter, None, "Passthrough opens answered from memory with a kept backing file."),
+    spec("fuse.kept_backings", "riffle_fuse_kept_backings", Gauge, None, "Backing files kept for reopening cached files from memory."),
     spec("fuse.backings_opened_ahead", "riffle_fuse_backings_opened_ahead", Counter, None, "Backing files registered with the kernel as objects completed in the cache, before any open."),
     spec("fuse.passthrough", "riffle_fuse_passthrough_enabled", Kind::Equals("enabled"), None, "1 if FUSE passthrough is in use, else 0 (see riffle stats for the reason)."),
     spec("cache.objects", "riffle_cache_objects", Gauge, None, "Objects with bytes in the disk cache."),
