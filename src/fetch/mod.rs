@@ -256,10 +256,8 @@ impl Fetcher {
         }
         // Already whole on disk: nothing to fetch, and copying it into memory would only
         // compete with the reader for the disk (a passthrough reader never asks the daemon).
-        if let Some(disk) = &self.disk {
-            if disk.cache.is_complete(&disk.identity(obj)) {
-                return Ok(());
-            }
+        if self.whole_on_disk(obj) {
+            return Ok(());
         }
         for slot in self.claim(obj, blocks, Mode::Background(priority)) {
             if let Slot::Wait(w) = slot {
@@ -271,12 +269,15 @@ impl Fetcher {
 
     /// Whether every block of `obj` is in the memory or the NVMe cache (no I/O).
     pub fn is_cached(&self, obj: &Arc<ObjectVersion>) -> bool {
-        if let Some(disk) = &self.disk {
-            if disk.cache.is_complete(&disk.identity(obj)) {
-                return true;
-            }
-        }
-        (0..self.block_count(obj)).all(|i| self.cache.get(&(obj.clone(), i)).is_some())
+        self.whole_on_disk(obj)
+            || (0..self.block_count(obj)).all(|i| self.cache.get(&(obj.clone(), i)).is_some())
+    }
+
+    /// Whether every block of `obj` is known to be in the NVMe cache (no I/O).
+    fn whole_on_disk(&self, obj: &ObjectVersion) -> bool {
+        self.disk
+            .as_ref()
+            .is_some_and(|d| d.cache.is_complete(&d.identity(obj)))
     }
 
     /// Starts fetching the missing blocks of `blocks` if the budgets allow it right now.

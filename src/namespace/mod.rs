@@ -168,6 +168,11 @@ enum Found {
     Nothing,
 }
 
+/// Whether `name` can name an entry of a directory (lookups of anything else are ENOENT).
+fn is_child_name(name: &str) -> bool {
+    invalid_reason(name).is_none() && !name.contains('/')
+}
+
 impl Namespace {
     /// `root_prefix` is "" or ends with '/'.
     pub fn new(store: Arc<dyn ObjectStore>, root_prefix: &str, ttl: MetadataTtl) -> Arc<Self> {
@@ -303,7 +308,7 @@ impl Namespace {
     /// The answer to a lookup of `name` in `parent` if it needs no request to the store (the
     /// parent's listing, the child's attributes or a negative entry is younger than the TTL).
     pub fn lookup_cached(&self, parent: u64, name: &str) -> Option<Result<Attr, NamespaceError>> {
-        if invalid_reason(name).is_some() || name.contains('/') {
+        if !is_child_name(name) {
             return Some(Err(NamespaceError::NotFound));
         }
         self.fresh_lookup(&self.tree.read(), parent, name)
@@ -344,7 +349,7 @@ impl Namespace {
 
     /// Looks `name` up in directory `parent`.
     pub async fn lookup(self: &Arc<Self>, parent: u64, name: &str) -> Result<Attr, NamespaceError> {
-        if invalid_reason(name).is_some() || name.contains('/') {
+        if !is_child_name(name) {
             return Err(NamespaceError::NotFound);
         }
         let mut list_in_background = false;
