@@ -10,14 +10,14 @@
 # (skipping objects already uploaded), starts riffle-proxy in front of RGW
 # (30 ms first byte, 100 MB/s per connection) and, for each workload, reads
 # the dataset through every system with the same reader (riffle-bench
-# read-fs), epoch 1 (cold) and epoch 2 (warm; W5: three epochs per eviction
-# policy), the page cache dropped before each epoch, GETs counted at the
-# proxy and riffle's counters saved around each epoch. Prints the tables,
-# merges them into benches/results/{quick,full}.json and writes
-# benches/README.md and the plots in benches/plots/. Exits non-zero if any
-# system returned wrong bytes, and with --quick also if a riffle variant
-# failed to run or hit I/O errors. Every mount is unmounted on exit, failure
-# included.
+# read-fs), epoch 1 (cold) and epoch 2 (warm; W2 adds epoch 3, a re-read;
+# W5: three epochs per eviction policy), the page cache dropped before each
+# epoch, GETs counted at the proxy and riffle's counters saved around each
+# epoch. Prints the tables, merges them into benches/results/{quick,full}.json
+# and writes benches/README.md and the plots in benches/plots/. Exits
+# non-zero if any system returned wrong bytes, and with --quick also if a
+# riffle variant failed to run or hit I/O errors. Every mount is unmounted on
+# exit, failure included.
 #
 # CI smoke test (after the debug build of the tests; ~5 min):
 #   benches/run.sh --quick --debug --no-plots

@@ -142,13 +142,16 @@ fn record_and_report_write_tables_and_check_wrong_bytes() {
         std::fs::write(&p, o.to_string()).expect("write");
         p
     };
-    let (l1, l2, r1, r2) = (
+    let (l1, l2, l3, r1, r2) = (
         pass("l1", 0.1, 0),
         pass("l2", 0.1, 0),
+        pass("l3", 0.05, 0),
         pass("r1", 1.0, 0),
         pass("r2", 0.5, 3),
     );
-    for (system, cold, warm) in [("local", &l1, &l2), ("riffle", &r1, &r2)] {
+    // riffle's epoch 3 left no result: recorded as absent.
+    let r3 = dir.path().join("r3-missing");
+    for (system, cold, warm, epoch3) in [("local", &l1, &l2, &l3), ("riffle", &r1, &r2, &r3)] {
         let out = run(&[
             "record",
             "row",
@@ -162,6 +165,8 @@ fn record_and_report_write_tables_and_check_wrong_bytes() {
             text(cold),
             "--warm",
             text(warm),
+            "--epoch3",
+            text(epoch3),
             "--rss-kb",
             "1024",
         ]);
@@ -231,10 +236,15 @@ fn record_and_report_write_tables_and_check_wrong_bytes() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         stdout.contains(
-            "| riffle (disk cache, passthrough) | 16.0 MB/s (1.0 s) | **WRONG BYTES** (3 reads)"
+            "| riffle (disk cache, passthrough) | 16.0 MB/s (1.0 s) | **WRONG BYTES** (3 reads) | — |"
         ),
         "{stdout}"
     );
+    assert!(
+        stdout.contains("| local disk | 160 MB/s (0.1 s) | 160 MB/s (0.1 s) | 320 MB/s (0.1 s) |"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("| epoch 3 ÷ local |"), "{stdout}");
     let md = std::fs::read_to_string(&readme).expect("readme");
     assert!(md.contains("## Quick run"));
     assert!(md.contains("not run: s3fs is not installed"));

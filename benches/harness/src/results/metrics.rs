@@ -13,11 +13,12 @@ use crate::outcome::Outcome;
 /// riffle itself, local disk and the raw S3 client reference).
 pub const PEERS: [&str; 4] = ["copy-first", "s3fs", "rclone", "mountpoint"];
 
-/// Cold (epoch 1) or warm (epoch 2).
+/// Cold (epoch 1), warm (epoch 2) or the re-read (epoch 3, W2 only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Epoch {
     Cold,
     Warm,
+    Reread,
 }
 
 /// What the headline number of a table is.
@@ -55,6 +56,7 @@ fn pass(row: &Row, epoch: Epoch) -> Option<&Outcome> {
     match epoch {
         Epoch::Cold => row.cold.as_ref(),
         Epoch::Warm => row.warm.as_ref(),
+        Epoch::Reread => row.epoch3.as_ref(),
     }
 }
 
@@ -251,6 +253,7 @@ mod tests {
             status: "ok".into(),
             cold: Some(outcome(1000, 1_000_000, cold)),
             warm: Some(outcome(1000, 1_000_000, warm)),
+            epoch3: None,
             copy: None,
             rss_kb: None,
             note: None,

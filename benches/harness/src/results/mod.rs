@@ -38,6 +38,11 @@ pub struct Row {
     pub cold: Option<Outcome>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm: Option<Outcome>,
+    /// Epoch 3, a re-read (W2): every system reads data it has read before,
+    /// where riffle's epoch 2 is the first read of the cache files its
+    /// epoch 1 wrote. Absent in results recorded before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch3: Option<Outcome>,
     /// copy-first: the download before the (local) epochs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub copy: Option<Outcome>,
@@ -130,7 +135,7 @@ impl Row {
 
     /// Reads that returned wrong bytes, over all passes of the row.
     pub fn mismatches(&self) -> u64 {
-        let two: u64 = [&self.cold, &self.warm, &self.copy]
+        let two: u64 = [&self.cold, &self.warm, &self.epoch3, &self.copy]
             .iter()
             .filter_map(|o| o.as_ref())
             .map(|o| o.mismatches)
@@ -184,5 +189,33 @@ pub fn workload_of(table: &str) -> &str {
     match table {
         "w3-mmap" => "w3",
         t => t,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_without_epoch3_still_load_and_epoch3_round_trips() {
+        let old = r#"{"table":"w2","system":"riffle","column":"proxy","status":"ok"}"#;
+        let row: Row = serde_json::from_str(old).expect("old row");
+        assert_eq!(row.epoch3, None);
+        assert!(!serde_json::to_string(&row)
+            .expect("json")
+            .contains("epoch3"));
+
+        let with = Row {
+            epoch3: Some(Outcome {
+                bytes: 7,
+                mismatches: 2,
+                ..Outcome::default()
+            }),
+            ..row
+        };
+        let json = serde_json::to_string(&with).expect("json");
+        let back: Row = serde_json::from_str(&json).expect("new row");
+        assert_eq!(back, with);
+        assert_eq!(back.mismatches(), 2, "epoch 3's wrong bytes count");
     }
 }

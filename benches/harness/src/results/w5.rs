@@ -235,6 +235,7 @@ mod tests {
             status: "ok".into(),
             cold: None,
             warm: None,
+            epoch3: None,
             copy: None,
             rss_kb: Some(10_240),
             note: None,

@@ -73,6 +73,10 @@ pub struct RowArgs {
     /// JSON result of epoch 2 (sidecars as for --cold)
     #[arg(long)]
     warm: Option<PathBuf>,
+    /// JSON result of epoch 3, a re-read (W2); a missing file is recorded
+    /// as absent
+    #[arg(long)]
+    epoch3: Option<PathBuf>,
     /// JSON result of every epoch in order, for workloads of more than two
     /// epochs (W5; repeatable; sidecars as for --cold)
     #[arg(long)]
@@ -126,6 +130,7 @@ pub fn run(cmd: Command) -> anyhow::Result<()> {
                 status: a.status,
                 cold: outcome(a.cold.as_deref())?,
                 warm: outcome(a.warm.as_deref())?,
+                epoch3: outcome(a.epoch3.as_deref())?,
                 copy: outcome(a.copy.as_deref())?,
                 rss_kb: a.rss_kb,
                 note: a.note.filter(|n| !n.is_empty()),

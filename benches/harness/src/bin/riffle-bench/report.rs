@@ -42,7 +42,10 @@ fn required_failure(r: &Row) -> Option<String> {
     if !r.ok() {
         return Some(r.status.clone());
     }
-    let mut passes: Vec<&Outcome> = [&r.cold, &r.warm, &r.copy].into_iter().flatten().collect();
+    let mut passes: Vec<&Outcome> = [&r.cold, &r.warm, &r.epoch3, &r.copy]
+        .into_iter()
+        .flatten()
+        .collect();
     passes.extend(r.passes.iter().map(|p| &p.outcome));
     if passes.is_empty() {
         return Some("no result".into());
