@@ -91,3 +91,67 @@ fn a_replaced_object_is_never_served_from_its_old_cache_file() {
     drop_page_cache();
     assert!(std::fs::read(&path).unwrap() == v2);
 }
+
+/// The kernel ties a passthrough backing file to the inode, so while version 1 is open that
+/// way, an open of version 2 cannot share the inode: the name moves to a new inode and the
+/// new open reads version 2, whole, while the old handle keeps reading version 1, whole.
+#[test]
+fn a_replaced_object_opened_beside_an_open_old_version_reads_the_new_version() {
+    use std::io::{Read, Seek, SeekFrom};
+    use std::os::unix::fs::MetadataExt;
+    let endpoint = need_rgw!();
+    let bucket = unique_bucket("change-open");
+    let v1 = pattern(3 << 20, 21);
+    let v2 = pattern(2 << 20, 22);
+    let s3 = client(&endpoint);
+    let rt = runtime();
+    rt.block_on(async {
+        create_bucket(&s3, &bucket).await;
+        put(&s3, &bucket, "obj.bin", v1.clone()).await;
+    });
+    let cache_dir = tempfile::tempdir().unwrap();
+    let mount = Mount::new(
+        &endpoint,
+        &format!("s3://{bucket}"),
+        &[
+            "--metadata-ttl",
+            "0",
+            "--cache-dir",
+            cache_dir.path().to_str().unwrap(),
+        ],
+    );
+    let path = mount.join("obj.bin");
+    assert!(std::fs::read(&path).unwrap() == v1);
+    wait_for_stats(&mount, "v1 cached, backing kept", |s| {
+        s["cache"]["complete_objects"] == 1 && s["fuse"]["kept_backings"] == 1
+    });
+    let passthrough_before = stats(&mount)["fuse"]["passthrough_opens"].clone();
+    let mut old = std::fs::File::open(&path).unwrap();
+    assert_ne!(
+        stats(&mount)["fuse"]["passthrough_opens"],
+        passthrough_before,
+        "the old version is open through passthrough"
+    );
+    let mut head = vec![0u8; 1 << 20];
+    old.read_exact(&mut head).unwrap();
+    assert!(head[..] == v1[..1 << 20]);
+
+    rt.block_on(put(&s3, &bucket, "obj.bin", v2.clone()));
+    drop_page_cache();
+    let new = std::fs::read(&path).expect("opening the new version while the old one is open");
+    assert!(new == v2, "the new open reads exactly the new version");
+    assert_ne!(
+        std::fs::metadata(&path).unwrap().ino(),
+        old.metadata().unwrap().ino(),
+        "the name moved to a new inode"
+    );
+
+    // The old handle still reads the old version, whole and unmixed.
+    old.seek(SeekFrom::Start(0)).unwrap();
+    let mut rest = Vec::new();
+    old.read_to_end(&mut rest).unwrap();
+    assert!(rest == v1, "the old handle reads exactly the old version");
+    drop(old);
+    drop_page_cache();
+    assert!(std::fs::read(&path).unwrap() == v2);
+}

@@ -109,11 +109,19 @@ struct Handles {
     /// Passthrough: the backing file of each open handle, and per inode the one in use (the
     /// kernel wants one backing file per inode, and no mixing with cached opens).
     backing_by_fh: Mutex<HashMap<u64, (u64, Arc<BackingId>)>>,
-    backing_by_ino: Mutex<HashMap<u64, Weak<BackingId>>>,
+    backing_by_ino: Mutex<HashMap<u64, InodeBacking>>,
     /// Open handles per inode served by the daemon (not passthrough).
     cached_opens: Mutex<HashMap<u64, u32>>,
     /// Backing files kept for reopening, per cache entry.
     kept: KeptBackings<EntryKey, Arc<KernelBacking>>,
+}
+
+/// The passthrough handles open on one inode: how many, the object version they read and
+/// their backing file.
+struct InodeBacking {
+    opens: u32,
+    etag: Arc<str>,
+    backing: Weak<BackingId>,
 }
 
 impl Handles {
@@ -131,7 +139,15 @@ impl Handles {
 
     fn release(&self, fh: u64, ino: u64) {
         self.files.lock().remove(&fh);
-        if self.backing_by_fh.lock().remove(&fh).is_none() {
+        if self.backing_by_fh.lock().remove(&fh).is_some() {
+            let mut inodes = self.backing_by_ino.lock();
+            if let Some(b) = inodes.get_mut(&ino) {
+                b.opens -= 1;
+                if b.opens == 0 {
+                    inodes.remove(&ino);
+                }
+            }
+        } else {
             let mut opens = self.cached_opens.lock();
             if let Some(n) = opens.get_mut(&ino) {
                 *n -= 1;
@@ -142,9 +158,37 @@ impl Handles {
         }
     }
 
-    /// The backing file already in use for `ino`, if any.
-    fn live_backing(&self, ino: u64) -> Option<Arc<BackingId>> {
-        self.backing_by_ino.lock().get(&ino).and_then(Weak::upgrade)
+    /// Records passthrough handle `fh` of `ino`, reading version `etag` through `backing`.
+    fn passthrough_opened(&self, ino: u64, fh: u64, etag: &Arc<str>, backing: &Arc<BackingId>) {
+        self.backing_by_fh.lock().insert(fh, (ino, backing.clone()));
+        self.backing_by_ino
+            .lock()
+            .entry(ino)
+            .or_insert_with(|| InodeBacking {
+                opens: 0,
+                etag: etag.clone(),
+                backing: Arc::downgrade(backing),
+            })
+            .opens += 1;
+    }
+
+    /// The backing file in use for `ino` by open handles of version `etag`, if any.
+    fn live_backing(&self, ino: u64, etag: &str) -> Option<Arc<BackingId>> {
+        self.backing_by_ino
+            .lock()
+            .get(&ino)
+            .filter(|b| &*b.etag == etag)
+            .and_then(|b| b.backing.upgrade())
+    }
+
+    /// Whether passthrough handles of `ino` are open at another version than `etag`: the
+    /// kernel then refuses any other open of the inode (one backing file per inode, and no
+    /// daemon-served opens beside it).
+    fn open_at_other_version(&self, ino: u64, etag: &str) -> bool {
+        self.backing_by_ino
+            .lock()
+            .get(&ino)
+            .is_some_and(|b| &*b.etag != etag)
     }
 
     /// Records that `ino` is opened at version `etag`; true if the kernel's cached pages (if
@@ -274,7 +318,9 @@ impl RiffleFs {
         let Some(Ok(target)) = self.ns.open_target_cached(ino) else {
             return Some(reply);
         };
-        if self.handles.cached_opens.lock().contains_key(&ino) {
+        if self.handles.cached_opens.lock().contains_key(&ino)
+            || self.handles.open_at_other_version(ino, &target.etag)
+        {
             return Some(reply);
         }
         let Some(disk) = self.fetcher.disk() else {
@@ -294,7 +340,7 @@ impl RiffleFs {
         let _runtime = self.runtime.enter();
         let opener = self.opener();
         opener.start(ino, fh, object);
-        opener.reply_passthrough(ino, fh, &backing, reply);
+        opener.reply_passthrough(ino, fh, &target.etag, &backing, reply);
         None
     }
 
@@ -431,11 +477,19 @@ impl Filesystem for RiffleFs {
                 Err(e) => return reply.error(ns_errno(&e)),
             };
             let object = object_of(&target);
-            opener.start(ino.0, fh, object.clone());
             let handles = &opener.handles;
+            if handles.open_at_other_version(ino.0, &object.etag) {
+                // The old version is open with its cache file as the inode's backing file, and
+                // the kernel ties that to the inode: the new version gets a new inode. ESTALE
+                // makes the kernel look the path up again (once), which finds it.
+                let moved_to = ns.supersede(ino.0);
+                tracing::info!(key = %object.key, ino = ino.0, ?moved_to, "object changed while its old version is open; the name now has a new inode");
+                return reply.error(Errno::ESTALE);
+            }
+            opener.start(ino.0, fh, object.clone());
             if opener.passthrough.load(Ordering::Relaxed) {
                 if let Some(backing) = opener.passthrough_backing(ino.0, &object, &reply).await {
-                    return opener.reply_passthrough(ino.0, fh, &backing, reply);
+                    return opener.reply_passthrough(ino.0, fh, &object.etag, &backing, reply);
                 }
             }
             *handles.cached_opens.lock().entry(ino.0).or_default() += 1;
@@ -839,12 +893,16 @@ impl Opener {
         self.handles.files.lock().insert(fh, Arc::new(reader));
     }
 
-    /// Answers the open of `fh` with passthrough to `backing`.
-    fn reply_passthrough(&self, ino: u64, fh: u64, backing: &Arc<BackingId>, reply: ReplyOpen) {
-        self.handles
-            .backing_by_fh
-            .lock()
-            .insert(fh, (ino, backing.clone()));
+    /// Answers the open of `fh` with passthrough to `backing` (a cache file of version `etag`).
+    fn reply_passthrough(
+        &self,
+        ino: u64,
+        fh: u64,
+        etag: &Arc<str>,
+        backing: &Arc<BackingId>,
+        reply: ReplyOpen,
+    ) {
+        self.handles.passthrough_opened(ino, fh, etag, backing);
         self.status
             .passthrough_opens
             .fetch_add(1, Ordering::Relaxed);
@@ -871,17 +929,13 @@ impl Opener {
         if let Some(kept) = handles.kept.get(&entry, &object.etag) {
             return Some(kept.for_reply(reply));
         }
-        if let Some(live) = handles.live_backing(ino) {
+        if let Some(live) = handles.live_backing(ino, &object.etag) {
             return Some(live);
         }
         let file = disk.passthrough_file(object).await?;
         match reply.open_backing(&file) {
             Ok(id) => {
                 let id = Arc::new(id);
-                handles
-                    .backing_by_ino
-                    .lock()
-                    .insert(ino, Arc::downgrade(&id));
                 let kept = Arc::new(KernelBacking::wrapped(id.clone()));
                 handles.kept.keep(entry, object.etag.clone(), kept);
                 Some(id)

@@ -3,7 +3,8 @@
 //! The bucket (below the mount's prefix) is shown as a tree: common prefixes are directories,
 //! objects are files. Every node gets an inode number the first time it is seen; the number is
 //! never reused or changed within a mount while the node keeps its kind, so `(parent, name)`
-//! maps to the same inode across re-listings. Nodes live in a `Vec` indexed by inode number
+//! maps to the same inode across re-listings (one exception: [`Namespace::supersede`] gives a
+//! changed object a new inode while its old version is still open through passthrough). Nodes live in a `Vec` indexed by inode number
 //! (inodes are never freed: a dataset's tree is bounded, and this keeps the per-object cost
 //! near 250 bytes).
 //!
@@ -543,6 +544,39 @@ impl Namespace {
                 etag,
             }),
         }
+    }
+
+    /// Gives the name of file `ino` a new inode with its current attributes, and leaves `ino`
+    /// to the handles still open on it; returns the new inode (or the one the name already
+    /// moved to). For an object that changed while its old version is open in a way the kernel
+    /// ties to the inode (a passthrough backing file): the next lookup of the name finds the
+    /// new inode, as after a file was replaced by a rename. The parent's listing is dropped so
+    /// no directory read hands out the old inode for the name again.
+    pub fn supersede(&self, ino: u64) -> Option<u64> {
+        let mut tree = self.tree.write();
+        let node = Self::node(&tree, ino).ok()?;
+        if node.dir.is_some() || ino == ROOT_INO {
+            return None;
+        }
+        let (parent, name) = (node.parent, node.name.clone());
+        let successor = Node {
+            parent,
+            name: name.clone(),
+            kind: node.kind.clone(),
+            mtime: node.mtime,
+            checked: node.checked,
+            dir: None,
+        };
+        let new_ino = tree.nodes.len() as u64 + 1;
+        let dir = Self::dir_mut(&mut tree, parent).ok()?;
+        match dir.children.get(&name) {
+            Some(&current) if current == ino => {}
+            other => return other.copied(),
+        }
+        dir.children.insert(name, new_ino);
+        dir.listing = None;
+        tree.nodes.push(successor);
+        Some(new_ino)
     }
 
     /// Forces the next access to `ino` to ask the store (after it changed under a reader).

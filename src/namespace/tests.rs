@@ -217,3 +217,35 @@ async fn resolves_paths_and_finds_listing_positions() {
     let (parent, listing, i) = ns.listing_position(d.ino).unwrap();
     assert_eq!((parent, listing.len(), i), (b.ino, 2, 1));
 }
+
+#[tokio::test]
+async fn a_superseded_file_name_moves_to_a_new_inode_and_stays_there() {
+    let (store, ns) = ns_with(&["d/a.bin", "d/b.bin"], 100, MetadataTtl::Indefinite);
+    let dir = ns.lookup(ROOT_INO, "d").await.unwrap().ino;
+    let listed = ns.readdir(dir).await.unwrap();
+    let old = ns.lookup(dir, "a.bin").await.unwrap().ino;
+    let new = ns.supersede(old).expect("a file can be superseded");
+    assert_ne!(new, old);
+    assert_eq!(ns.lookup(dir, "a.bin").await.unwrap().ino, new);
+    assert_eq!(ns.relative_path(new), "d/a.bin");
+    assert_eq!(
+        ns.open_target(new).await.unwrap(),
+        ns.open_target(old).await.unwrap(),
+        "the new inode starts with the attributes last known"
+    );
+    // Superseding the old inode again does not move the name a second time.
+    assert_eq!(ns.supersede(old), Some(new));
+    // The next listing hands out the new inode for the name, and the others keep theirs.
+    let relisted = ns.readdir(dir).await.unwrap();
+    let ino_of =
+        |entries: &[DirEntry], name: &str| entries.iter().find(|e| &*e.name == name).map(|e| e.ino);
+    assert_eq!(ino_of(&relisted, "a.bin"), Some(new));
+    assert_eq!(ino_of(&relisted, "b.bin"), ino_of(&listed, "b.bin"));
+    assert!(
+        store.count(Op::List) >= 2,
+        "the listing was dropped and made again"
+    );
+    // Directories and the root keep their inodes.
+    assert_eq!(ns.supersede(dir), None);
+    assert_eq!(ns.supersede(ROOT_INO), None);
+}
