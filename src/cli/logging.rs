@@ -2,6 +2,9 @@
 //!
 //! rifflefs logs at the chosen level; the AWS SDK, hyper and fuser are held at `warn` whatever
 //! the level, because their debug output can include request headers (signatures, tokens).
+//! fuser's session is held at `error`: its only warning is the unmount it retries when the
+//! session ends, which fails with EINVAL after every normal `riffle unmount` (the kernel has
+//! already unmounted) and would otherwise be logged on every clean exit.
 
 use std::fs::OpenOptions;
 use std::path::Path;
@@ -11,7 +14,7 @@ use tracing_subscriber::EnvFilter;
 
 pub fn init(level: &str, file: Option<&Path>) -> anyhow::Result<()> {
     let filter = EnvFilter::try_new(format!(
-        "warn,rifflefs={level},riffle={level},aws_config=warn,aws_smithy_runtime=warn,aws_sdk_s3=warn,hyper=warn,fuser=warn"
+        "warn,rifflefs={level},riffle={level},aws_config=warn,aws_smithy_runtime=warn,aws_sdk_s3=warn,hyper=warn,fuser=warn,fuser::session=error"
     ))
     .context("invalid log level")?;
     let builder = tracing_subscriber::fmt()
