@@ -393,3 +393,92 @@ async fn until_cached(f: &Fetcher, obj: &Arc<ObjectVersion>, blocks: std::ops::R
     }
     panic!("prefetched blocks never arrived in the cache");
 }
+
+/// W5 below the FUSE layer: a shuffled dataset twice the cache size, read three times by 8
+/// concurrent readers through the fetcher and a real disk cache. The epoch policy keeps a
+/// stable half of the dataset across epochs (hit ratio ≈ 0.5, the ceiling under a fresh
+/// shuffle); LRU keeps what the next epoch evicts before reading it.
+mod larger_than_cache {
+    use super::*;
+    use crate::cache::simulate::SplitMix64;
+    use crate::cache::{make_policy, CacheConfig, DiskCache, EvictionKind, SizeLimit};
+    use parking_lot::Mutex;
+
+    /// Hit ratios (1 − GETs ÷ objects) of three shuffled epochs.
+    async fn hit_ratios(kind: EvictionKind) -> Vec<f64> {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(MemoryStore::new());
+        let mut rng = SplitMix64::new(7);
+        let n = 600;
+        let mut objects = Vec::new();
+        let mut total = 0;
+        for i in 0..n {
+            let len = 50_000 + rng.below(120_000) as usize;
+            total += len as u64;
+            let key = format!("d/{i:05}");
+            let etag = store.put(&key, data(len, i as u8));
+            objects.push(Arc::new(ObjectVersion {
+                key: Arc::from(key.as_str()),
+                etag: Arc::from(etag.as_str()),
+                size: len as u64,
+            }));
+        }
+        let mut cc = CacheConfig::new(dir.path(), SizeLimit::Bytes(total / 2));
+        cc.min_free_fraction = 0.0;
+        let cache = DiskCache::open_with_policy(cc, make_policy(kind, None)).unwrap();
+        let tier = Arc::new(DiskTier::new(cache, "http://test", "bucket"));
+        let config = FetchConfig {
+            block_size: 1 << 20,
+            max_part_blocks: 8,
+            max_inflight: 64,
+            inflight_memory: 256 << 20,
+            block_cache_bytes: 16 << 20,
+        };
+        let handle = tokio::runtime::Handle::current();
+        let f = Fetcher::new(store.clone(), config, handle, Some(tier.clone()));
+        let objects = Arc::new(objects);
+        let mut ratios = Vec::new();
+        for _epoch in 0..3 {
+            let mut order: Vec<usize> = (0..n).collect();
+            rng.shuffle(&mut order);
+            let queue = Arc::new(Mutex::new(order));
+            let before = store.count(Op::Get);
+            let readers: Vec<_> = (0..8)
+                .map(|_| {
+                    let (queue, objects, f, tier) =
+                        (queue.clone(), objects.clone(), f.clone(), tier.clone());
+                    tokio::spawn(async move {
+                        loop {
+                            let next = queue.lock().pop();
+                            let Some(i) = next else { break };
+                            let o = &objects[i];
+                            let _open = tier.pin(o);
+                            let got = f.read(o, 0..o.size).await.unwrap();
+                            assert_eq!(got.len() as u64, o.size);
+                        }
+                    })
+                })
+                .collect();
+            for r in readers {
+                r.await.unwrap();
+            }
+            assert!(
+                tier.flush(Duration::from_secs(30)).await,
+                "cache writes settle"
+            );
+            let gets = store.count(Op::Get) - before;
+            ratios.push(1.0 - gets as f64 / n as f64);
+        }
+        ratios
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_epoch_policy_keeps_half_of_a_shuffled_dataset_and_lru_does_not() {
+        let epoch = hit_ratios(EvictionKind::Epoch).await;
+        let lru = hit_ratios(EvictionKind::Lru).await;
+        for e in 1..3 {
+            assert!(epoch[e] >= 0.4, "epoch policy, epoch {}: {epoch:?}", e + 1);
+            assert!(lru[e] < epoch[e] - 0.15, "lru {lru:?} vs epoch {epoch:?}");
+        }
+    }
+}
