@@ -207,7 +207,16 @@ impl OpenEntry {
             tracing::debug!(entry = %key, garbage = replay.garbage, "skipped invalid bytes in a cache journal");
         }
         let data_path = key.data_path(root, header.nonce);
-        let (data, created) = open_data(&data_path)?;
+        let opened = open_data(&data_path);
+        if idx.metadata()?.nlink() == 0 {
+            // Evicted (by this process or another) between opening the journal and opening
+            // the data file: the entry is gone, and a data file created here would be an orphan.
+            if let Ok((_, true)) = opened {
+                remove_if_exists(&data_path)?;
+            }
+            return Ok(None);
+        }
+        let (data, created) = opened?;
         let entry =
             OpenEntry::assemble(key, id, &header, idx, data, &data_path, direct_io, blocks)?;
         if created && entry.blocks.lock().present() > 0 {
