@@ -276,6 +276,20 @@ impl Namespace {
         Ok(attr)
     }
 
+    /// [`Self::resolve`] when every component's answer is in memory and within the TTL;
+    /// `None` when any would need the store.
+    pub fn resolve_cached(&self, path: &str) -> Option<Attr> {
+        let tree = self.tree.read();
+        let mut attr = Self::attr_of(ROOT_INO, Self::node(&tree, ROOT_INO).ok()?);
+        for part in path.split('/').filter(|p| !p.is_empty()) {
+            if !is_child_name(part) {
+                return None;
+            }
+            attr = self.fresh_lookup(&tree, attr.ino, part)?.ok()?;
+        }
+        Some(attr)
+    }
+
     /// The path of `ino` relative to the mount root.
     pub fn relative_path(&self, ino: u64) -> String {
         let tree = self.tree.read();

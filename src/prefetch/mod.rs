@@ -175,17 +175,33 @@ impl Prefetcher {
     }
 
     /// Replaces the plan (`None` clears it).
+    ///
+    /// The cache entries of the plan's files whose metadata is already known are worked out
+    /// here, before the plan is published, so the eviction oracle knows the whole plan from
+    /// the start: files cached in an earlier epoch and needed late in this one must not look
+    /// "not needed" (and go first) until the scheduler reaches them. Files whose metadata is
+    /// not known yet get their entry when the scheduler resolves them. The generation moves
+    /// only after the new plan is in place, so the policy re-asks about its entries against
+    /// the new plan.
     pub fn set_plan(&self, plan: Option<Plan>) {
-        let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         let lag = (self.config.concurrency * 2).max(16);
-        let old = std::mem::replace(
-            &mut *self.plan.lock(),
-            plan.map(|p| PlanSlot {
+        let slot = plan.map(|p| {
+            let entries = self.known_entries(&p);
+            PlanSlot {
                 tracker: PlanTracker::new(p, lag),
-                generation,
-                entries: HashMap::new(),
-            }),
-        );
+                generation: 0,
+                entries,
+            }
+        });
+        let old = {
+            let mut current = self.plan.lock();
+            let old = std::mem::replace(&mut *current, slot);
+            let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
+            if let Some(slot) = current.as_mut() {
+                slot.generation = generation;
+            }
+            old
+        };
         if let Some(old) = old {
             // Fetched for the old plan and never opened: prefetch that went to waste.
             self.stats
@@ -195,25 +211,57 @@ impl Prefetcher {
         self.wake.notify_one();
     }
 
+    /// The cache entry and plan index (first use) of every plan file whose metadata the
+    /// namespace holds and trusts now; no request to the store.
+    fn known_entries(&self, plan: &Plan) -> HashMap<EntryKey, usize> {
+        let mut entries = HashMap::new();
+        if self.fetcher.disk().is_none() {
+            return entries;
+        }
+        for i in 0..plan.len() {
+            let Some(attr) = self.ns.resolve_cached(plan.path(i)) else {
+                continue;
+            };
+            let Kind::File { size, etag } = attr.kind else {
+                continue;
+            };
+            let obj = ObjectVersion {
+                key: Arc::from(self.ns.key_of(attr.ino).as_str()),
+                etag,
+                size,
+            };
+            if let Some(key) = self.entry_key(&obj) {
+                entries.entry(key).or_insert(i);
+            }
+        }
+        entries
+    }
+
     fn entry_key(&self, obj: &ObjectVersion) -> Option<EntryKey> {
         self.fetcher.disk().map(|d| d.identity(obj).entry_key())
     }
 
     /// When the plan (or directory-order read-ahead) needs the cache entry `key` next: the
     /// plan index of its next use, `None` if nothing ahead needs it.
+    ///
+    /// Called by the cache with its state lock held. The plan and `ahead` locks are only ever
+    /// held for short bookkeeping that never calls into the cache, so waiting for them here
+    /// cannot deadlock; an answer must not depend on whether another thread happens to hold
+    /// them (a "not needed" given under contention would send a needed file to the front of
+    /// the eviction order).
     fn next_use(&self, key: EntryKey) -> Option<u64> {
-        if let Some(slot) = self.plan.try_lock()?.as_ref() {
+        if let Some(slot) = self.plan.lock().as_ref() {
             let position = slot.tracker.position();
             if let Some(&i) = slot.entries.get(&key) {
                 let needed = i >= position && slot.tracker.state(i) != plan::ItemState::Opened;
                 return needed.then_some(i as u64);
             }
-            if self.ahead.try_lock()?.contains(&key) {
+            if self.ahead.lock().contains(&key) {
                 return Some(position as u64);
             }
             return None;
         }
-        self.ahead.try_lock()?.contains(&key).then_some(0)
+        self.ahead.lock().contains(&key).then_some(0)
     }
 
     /// Tells the prefetcher that `ino` (the object `obj`) was opened.

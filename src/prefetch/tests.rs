@@ -332,3 +332,42 @@ async fn the_oracle_tells_eviction_when_plan_items_are_needed() {
     assert!(oracle.generation() > before);
     assert_eq!(oracle.next_use(key_of(&order[5]).await), None);
 }
+
+/// A new plan's files already known to the namespace (listed, cached in an earlier epoch) are
+/// "needed" for eviction from the moment the plan is set, however far ahead of the scheduler:
+/// otherwise the policy would evict the files cached for later in the epoch first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_plan_marks_known_files_needed_before_the_scheduler_reaches_them() {
+    use crate::cache::{CacheConfig, DiskCache, SizeLimit};
+    let dir = tempfile::tempdir().unwrap();
+    let mut cc = CacheConfig::new(dir.path(), SizeLimit::Bytes(64 << 20));
+    cc.block_size = 4096;
+    cc.min_free_fraction = 0.0;
+    let tier = Arc::new(crate::fetch::DiskTier::new(
+        DiskCache::open(cc).unwrap(),
+        "http://t",
+        "b",
+    ));
+    let order = keys(40, "d");
+    // One item in flight and one ahead: the scheduler cannot have reached the end.
+    let s = setup_with(&order, 64, config(1, 1 << 30, 1), Some(tier.clone()));
+    s.ns.readdir(s.ns.resolve("d").await.unwrap().ino)
+        .await
+        .unwrap();
+    let oracle = Oracle::default();
+    oracle.bind(&s.prefetch);
+    let before = oracle.generation();
+    s.prefetch.set_plan(Some(plan_of(&order)));
+    assert!(oracle.generation() > before, "the policy is told to re-ask");
+    let last = s.ns.resolve(&order[39]).await.unwrap();
+    let t = s.ns.open_target(last.ino).await.unwrap();
+    let key = tier
+        .identity(&ObjectVersion {
+            key: Arc::from(t.key.as_str()),
+            etag: t.etag,
+            size: t.size,
+        })
+        .entry_key();
+    assert!(load(&s.prefetch.stats().plan_fetched) < 39);
+    assert_eq!(oracle.next_use(key), Some(39));
+}
