@@ -47,33 +47,17 @@ fn an_object_replaced_mid_read_fails_the_read_then_reopens_clean() {
 #[test]
 fn a_replaced_object_is_never_served_from_its_old_cache_file() {
     let endpoint = need_rgw!();
-    let bucket = unique_bucket("change-cached");
     let v1 = pattern(3 << 20, 11);
     let v2 = pattern(3 << 20, 12);
-    let s3 = client(&endpoint);
-    let rt = runtime();
-    rt.block_on(async {
-        create_bucket(&s3, &bucket).await;
-        put(&s3, &bucket, "obj.bin", v1.clone()).await;
-    });
-    let cache_dir = tempfile::tempdir().unwrap();
-    // TTL 0: every open revalidates the ETag.
-    let mount = Mount::new(
-        &endpoint,
-        &format!("s3://{bucket}"),
-        &[
-            "--metadata-ttl",
-            "0",
-            "--cache-dir",
-            cache_dir.path().to_str().unwrap(),
-        ],
-    );
-    let path = mount.join("obj.bin");
-    assert!(std::fs::read(&path).unwrap() == v1);
-    // v1 is complete in the cache and its backing file kept for passthrough.
-    wait_for_stats(&mount, "v1 cached, backing kept", |s| {
-        s["cache"]["complete_objects"] == 1 && s["fuse"]["kept_backings"] == 1
-    });
+    // (Bindings drop in reverse: the mount goes before its cache directory.)
+    let CachedObject {
+        _cache_dir,
+        rt,
+        s3,
+        bucket,
+        mount,
+        path,
+    } = cached_object(&endpoint, "change-cached", &v1);
     assert!(std::fs::read(&path).unwrap() == v1);
     assert_eq!(
         stats(&mount)["fuse"]["fast_opens"],
@@ -100,31 +84,17 @@ fn a_replaced_object_opened_beside_an_open_old_version_reads_the_new_version() {
     use std::io::{Read, Seek, SeekFrom};
     use std::os::unix::fs::MetadataExt;
     let endpoint = need_rgw!();
-    let bucket = unique_bucket("change-open");
     let v1 = pattern(3 << 20, 21);
     let v2 = pattern(2 << 20, 22);
-    let s3 = client(&endpoint);
-    let rt = runtime();
-    rt.block_on(async {
-        create_bucket(&s3, &bucket).await;
-        put(&s3, &bucket, "obj.bin", v1.clone()).await;
-    });
-    let cache_dir = tempfile::tempdir().unwrap();
-    let mount = Mount::new(
-        &endpoint,
-        &format!("s3://{bucket}"),
-        &[
-            "--metadata-ttl",
-            "0",
-            "--cache-dir",
-            cache_dir.path().to_str().unwrap(),
-        ],
-    );
-    let path = mount.join("obj.bin");
-    assert!(std::fs::read(&path).unwrap() == v1);
-    wait_for_stats(&mount, "v1 cached, backing kept", |s| {
-        s["cache"]["complete_objects"] == 1 && s["fuse"]["kept_backings"] == 1
-    });
+    // (Bindings drop in reverse: the mount goes before its cache directory.)
+    let CachedObject {
+        _cache_dir,
+        rt,
+        s3,
+        bucket,
+        mount,
+        path,
+    } = cached_object(&endpoint, "change-open", &v1);
     let passthrough_before = stats(&mount)["fuse"]["passthrough_opens"].clone();
     let mut old = std::fs::File::open(&path).unwrap();
     assert_ne!(
@@ -154,4 +124,50 @@ fn a_replaced_object_opened_beside_an_open_old_version_reads_the_new_version() {
     drop(old);
     drop_page_cache();
     assert!(std::fs::read(&path).unwrap() == v2);
+}
+
+/// `obj.bin` (= `v1`) in a fresh bucket, mounted with a disk cache and TTL 0 (every open
+/// revalidates the ETag), read once whole: v1 is complete in the cache and its backing file
+/// kept for passthrough.
+struct CachedObject {
+    s3: aws_sdk_s3::Client,
+    rt: tokio::runtime::Runtime,
+    bucket: String,
+    mount: Mount,
+    path: std::path::PathBuf,
+    _cache_dir: tempfile::TempDir,
+}
+
+fn cached_object(endpoint: &str, tag: &str, v1: &[u8]) -> CachedObject {
+    let bucket = unique_bucket(tag);
+    let s3 = client(endpoint);
+    let rt = runtime();
+    rt.block_on(async {
+        create_bucket(&s3, &bucket).await;
+        put(&s3, &bucket, "obj.bin", v1.to_vec()).await;
+    });
+    let cache_dir = tempfile::tempdir().unwrap();
+    let mount = Mount::new(
+        endpoint,
+        &format!("s3://{bucket}"),
+        &[
+            "--metadata-ttl",
+            "0",
+            "--cache-dir",
+            cache_dir.path().to_str().unwrap(),
+        ],
+    );
+    let path = mount.join("obj.bin");
+    assert!(std::fs::read(&path).unwrap() == v1);
+    wait_for_stats(&mount, "v1 cached, backing kept", |s| {
+        s["cache"]["complete_objects"] == 1 && s["fuse"]["kept_backings"] == 1
+    });
+    CachedObject {
+        s3,
+        rt,
+        bucket,
+        mount,
+        path,
+        _cache_dir: cache_dir,
+    }
 }

@@ -4,9 +4,9 @@
 //! objects are files. Every node gets an inode number the first time it is seen; the number is
 //! never reused or changed within a mount while the node keeps its kind, so `(parent, name)`
 //! maps to the same inode across re-listings (one exception: [`Namespace::supersede`] gives a
-//! changed object a new inode while its old version is still open through passthrough). Nodes live in a `Vec` indexed by inode number
-//! (inodes are never freed: a dataset's tree is bounded, and this keeps the per-object cost
-//! near 250 bytes).
+//! changed object a new inode while its old version is still open through passthrough).
+//! Nodes live in a `Vec` indexed by inode number (inodes are never freed: a dataset's tree is
+//! bounded, and this keeps the per-object cost near 250 bytes).
 //!
 //! Freshness follows `--metadata-ttl`: a directory listing, a file's attributes and a negative
 //! lookup are trusted for the TTL (forever with `indefinite`), then asked again. A lookup is
@@ -569,8 +569,8 @@ impl Namespace {
     pub fn supersede(&self, ino: u64) -> Option<u64> {
         let mut tree = self.tree.write();
         let node = Self::node(&tree, ino).ok()?;
-        if node.dir.is_some() || ino == ROOT_INO {
-            return None;
+        if node.dir.is_some() {
+            return None; // directories (the root among them) keep their inodes
         }
         let (parent, name) = (node.parent, node.name.clone());
         let successor = Node {

@@ -42,7 +42,7 @@ use tokio::sync::Notify;
 
 use crate::cache::{EntryKey, PlanOracle};
 use crate::fetch::{Fetcher, ObjectVersion, Priority};
-use crate::namespace::{Kind, Namespace, NamespaceError};
+use crate::namespace::{Attr, Kind, Namespace, NamespaceError};
 use dirorder::DirOrder;
 use plan::{Plan, PlanTracker, Window};
 use warm::WarmJob;
@@ -219,16 +219,12 @@ impl Prefetcher {
             return entries;
         }
         for i in 0..plan.len() {
-            let Some(attr) = self.ns.resolve_cached(plan.path(i)) else {
+            let Some(obj) = self
+                .ns
+                .resolve_cached(plan.path(i))
+                .and_then(|attr| file_version(&self.ns, attr))
+            else {
                 continue;
-            };
-            let Kind::File { size, etag } = attr.kind else {
-                continue;
-            };
-            let obj = ObjectVersion {
-                key: Arc::from(self.ns.key_of(attr.ino).as_str()),
-                etag,
-                size,
             };
             if let Some(key) = self.entry_key(&obj) {
                 entries.entry(key).or_insert(i);
@@ -307,17 +303,14 @@ impl Prefetcher {
             if entry.is_dir {
                 continue;
             }
-            let Ok(attr) = self.ns.cached_attr(entry.ino) else {
+            let Some(obj) = self
+                .ns
+                .cached_attr(entry.ino)
+                .ok()
+                .and_then(|attr| file_version(&self.ns, attr))
+            else {
                 continue;
             };
-            let Kind::File { size, etag } = attr.kind else {
-                continue;
-            };
-            let obj = Arc::new(ObjectVersion {
-                key: Arc::from(self.ns.key_of(entry.ino).as_str()),
-                etag,
-                size,
-            });
             if self.fetcher.is_cached(&obj) {
                 continue;
             }
@@ -386,13 +379,8 @@ impl Prefetcher {
             Err(())
         } else {
             match self.ns.resolve(path).await {
-                Ok(attr) => match attr.kind {
-                    Kind::File { size, etag } => {
-                        let obj = Arc::new(ObjectVersion {
-                            key: Arc::from(self.ns.key_of(attr.ino).as_str()),
-                            etag,
-                            size,
-                        });
+                Ok(attr) => match file_version(&self.ns, attr) {
+                    Some(obj) => {
                         if let Some(key) = self.entry_key(&obj) {
                             if let Some(slot) = self.plan.lock().as_mut() {
                                 if slot.generation == generation {
@@ -415,7 +403,7 @@ impl Prefetcher {
                             }
                         }
                     }
-                    Kind::Dir => Ok(None),
+                    None => Ok(None), // a directory
                 },
                 Err(NamespaceError::NotFound) => {
                     self.stats.plan_missing.fetch_add(1, Ordering::Relaxed);
@@ -498,6 +486,18 @@ impl Prefetcher {
             "dir_order_fetched_files": load(&s.dir_order_fetched),
         })
     }
+}
+
+/// The object version a file node stands for; `None` for a directory.
+fn file_version(ns: &Namespace, attr: Attr) -> Option<Arc<ObjectVersion>> {
+    let Kind::File { size, etag } = attr.kind else {
+        return None;
+    };
+    Some(Arc::new(ObjectVersion {
+        key: Arc::from(ns.key_of(attr.ino).as_str()),
+        etag,
+        size,
+    }))
 }
 
 #[cfg(test)]

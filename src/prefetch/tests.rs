@@ -98,6 +98,31 @@ async fn open(s: &Setup, path: &str) {
     s.prefetch.on_open(attr.ino, &obj);
 }
 
+/// A disk cache tier in `dir` with the tests' 4 KiB blocks.
+fn disk_tier(dir: &std::path::Path) -> Arc<crate::fetch::DiskTier> {
+    use crate::cache::{CacheConfig, DiskCache, SizeLimit};
+    let mut cc = CacheConfig::new(dir, SizeLimit::Bytes(64 << 20));
+    cc.block_size = 4096;
+    cc.min_free_fraction = 0.0;
+    Arc::new(crate::fetch::DiskTier::new(
+        DiskCache::open(cc).unwrap(),
+        "http://t",
+        "b",
+    ))
+}
+
+/// The cache entry of the file at `path`, as the current metadata names it.
+async fn entry_key_of(s: &Setup, tier: &crate::fetch::DiskTier, path: &str) -> EntryKey {
+    let attr = s.ns.resolve(path).await.unwrap();
+    let t = s.ns.open_target(attr.ino).await.unwrap();
+    let obj = ObjectVersion {
+        key: Arc::from(t.key.as_str()),
+        etag: t.etag,
+        size: t.size,
+    };
+    tier.identity(&obj).entry_key()
+}
+
 fn gets_of(s: &Setup) -> Vec<String> {
     s.store.get_log()
 }
@@ -285,13 +310,8 @@ async fn warm_fetches_a_subtree_and_reports_progress() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_oracle_tells_eviction_when_plan_items_are_needed() {
-    use crate::cache::{CacheConfig, DiskCache, SizeLimit};
     let dir = tempfile::tempdir().unwrap();
-    let mut cc = CacheConfig::new(dir.path(), SizeLimit::Bytes(64 << 20));
-    cc.block_size = 4096;
-    cc.min_free_fraction = 0.0;
-    let cache = DiskCache::open(cc).unwrap();
-    let tier = Arc::new(crate::fetch::DiskTier::new(cache, "http://t", "b"));
+    let tier = disk_tier(dir.path());
     let order = keys(6, "d");
     let s = setup_with(&order, 64, config(8, 1 << 30, 100), Some(tier.clone()));
     let oracle = Oracle::default();
@@ -302,35 +322,29 @@ async fn the_oracle_tells_eviction_when_plan_items_are_needed() {
         load(&s.prefetch.stats().plan_fetched) == 6
     })
     .await;
-    let key_of = |path: &str| {
-        let ns = s.ns.clone();
-        let path = path.to_string();
-        let tier = tier.clone();
-        async move {
-            let attr = ns.resolve(&path).await.unwrap();
-            let t = ns.open_target(attr.ino).await.unwrap();
-            let obj = ObjectVersion {
-                key: Arc::from(t.key.as_str()),
-                etag: t.etag,
-                size: t.size,
-            };
-            tier.identity(&obj).entry_key()
-        }
-    };
-    assert_eq!(oracle.next_use(key_of(&order[3]).await), Some(3));
+    assert_eq!(
+        oracle.next_use(entry_key_of(&s, &tier, &order[3]).await),
+        Some(3)
+    );
     for p in &order[..4] {
         open(&s, p).await;
     }
     assert_eq!(
-        oracle.next_use(key_of(&order[3]).await),
+        oracle.next_use(entry_key_of(&s, &tier, &order[3]).await),
         None,
         "opened: not needed again"
     );
-    assert_eq!(oracle.next_use(key_of(&order[5]).await), Some(5));
+    assert_eq!(
+        oracle.next_use(entry_key_of(&s, &tier, &order[5]).await),
+        Some(5)
+    );
     let before = oracle.generation();
     s.prefetch.set_plan(None);
     assert!(oracle.generation() > before);
-    assert_eq!(oracle.next_use(key_of(&order[5]).await), None);
+    assert_eq!(
+        oracle.next_use(entry_key_of(&s, &tier, &order[5]).await),
+        None
+    );
 }
 
 /// A new plan's files already known to the namespace (listed, cached in an earlier epoch) are
@@ -338,16 +352,8 @@ async fn the_oracle_tells_eviction_when_plan_items_are_needed() {
 /// otherwise the policy would evict the files cached for later in the epoch first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_plan_marks_known_files_needed_before_the_scheduler_reaches_them() {
-    use crate::cache::{CacheConfig, DiskCache, SizeLimit};
     let dir = tempfile::tempdir().unwrap();
-    let mut cc = CacheConfig::new(dir.path(), SizeLimit::Bytes(64 << 20));
-    cc.block_size = 4096;
-    cc.min_free_fraction = 0.0;
-    let tier = Arc::new(crate::fetch::DiskTier::new(
-        DiskCache::open(cc).unwrap(),
-        "http://t",
-        "b",
-    ));
+    let tier = disk_tier(dir.path());
     let order = keys(40, "d");
     // One item in flight and one ahead: the scheduler cannot have reached the end.
     let s = setup_with(&order, 64, config(1, 1 << 30, 1), Some(tier.clone()));
@@ -359,15 +365,7 @@ async fn a_new_plan_marks_known_files_needed_before_the_scheduler_reaches_them()
     let before = oracle.generation();
     s.prefetch.set_plan(Some(plan_of(&order)));
     assert!(oracle.generation() > before, "the policy is told to re-ask");
-    let last = s.ns.resolve(&order[39]).await.unwrap();
-    let t = s.ns.open_target(last.ino).await.unwrap();
-    let key = tier
-        .identity(&ObjectVersion {
-            key: Arc::from(t.key.as_str()),
-            etag: t.etag,
-            size: t.size,
-        })
-        .entry_key();
+    let key = entry_key_of(&s, &tier, &order[39]).await;
     assert!(load(&s.prefetch.stats().plan_fetched) < 39);
     assert_eq!(oracle.next_use(key), Some(39));
 }
