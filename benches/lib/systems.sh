@@ -4,8 +4,9 @@
 #
 # mount_system SYSTEM BUCKET MNT ENDPOINT TAG sets DAEMON_PID and returns 0
 # once the mount is live, or sets NOT_RUN (a reason) and returns 1.
-# unmount_system SYSTEM MNT unmounts, waits for the daemon to exit and
-# removes the system's cache directory.
+# unmount_system SYSTEM MNT [TAG] unmounts, waits for the daemon to exit and
+# removes the system's cache directory (or, for many-file workloads, leaves
+# it for the end of the workload: see keep_caches).
 #
 # The riffle variants (each a fresh mount with a fresh cache directory under
 # $WORK/cache, on local disk):
@@ -121,8 +122,23 @@ unmount_system() {
         unmount_fuse "$mnt" "${DAEMON_PID:-}"
     fi
     DAEMON_PID=
-    [ -n "$tag" ] && rm -rf "$(cache_dir_of "$system" "$tag")"
+    [ -n "$tag" ] && ! keep_caches && rm -rf "$(cache_dir_of "$system" "$tag")"
     return 0
+}
+
+# Whether a finished system's cache directory stays until its workload ends
+# (run_workload and run_w5 remove $WORK/cache then) instead of going at once.
+# On ext4 without a journal (this VM's root file system), every inode created
+# in the next few minutes scans past the inodes just deleted, so removing one
+# system's tens of thousands of cache files would slow down the file
+# creation of the next system's cold epoch (measured: the daemon's CPU per
+# cold epoch doubled). Set for many-file workloads (KEEP_CACHES=1), and only
+# while the disk stays a quarter free.
+keep_caches() {
+    [ -n "${KEEP_CACHES:-}" ] || return 1
+    local total avail
+    read -r total avail < <(df -P -k "$WORK" | awk 'NR == 2 {print $2, $4}')
+    [ -n "$avail" ] && [ $((avail * 4)) -gt "$total" ]
 }
 
 # Unmounts everything under $WORK/mnt (the exit trap).

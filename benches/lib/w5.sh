@@ -12,6 +12,7 @@ W5_POLICIES=(lru epoch plan)
 run_w5() {
     WL=w5
     TABLES=w1
+    KEEP_CACHES=1
     BUCKET="riffle-bench-$MODE-w1"
     MANIFEST="$WORK/manifests/$MODE-w1.manifest"
     local started=$SECONDS date commit summary files bytes cache_size policy sys e
@@ -62,6 +63,8 @@ run_w5() {
             "${passes[@]}" ${rss:+--rss-kb "$rss"}
     done
     RIFFLE_EXTRA_ARGS=()
+    rm -rf "$WORK/cache"
+    mkdir -p "$WORK/cache"
     notes+=(--note "every policy gets a fresh mount and an empty cache directory; each epoch reads the same $files files ($(awk -v b="$bytes" 'BEGIN {printf "%.0f", b / 1e6}') MB$([ ${#LIMIT[@]} -gt 0 ] && echo ": whole directories of the 20,000, the same subset as W1's, to keep W5 within a few minutes"; true)) in a new seeded shuffle, 8 readers as in W1; --cache-size $cache_size (half those bytes; each cached file also costs its 4 KiB rounding and journal, so a little under half the files fit), --max-memory 32M (riffle's minimum: 16 MB of memory cache, under 5% of the data)")
     notes+=(--note "hit ratio = 1 − GETs counted at the proxy ÷ files read in the epoch (a file is one GET when it is not cached), so prefetched files count as misses too, however early they were fetched; 0.5 is the ceiling with half the data cached under a fresh shuffle")
     notes+=(--note "\`--eviction plan\` runs with \`riffle plan\` before each epoch, so it also prefetches in plan order (its files/s show prefetch, its hit ratio only the cache); \`lru\` and \`epoch\` read without a plan")

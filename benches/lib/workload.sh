@@ -250,6 +250,7 @@ run_workload() {
         return 0
     fi
     TABLES=$(tables_of "$WL")
+    case $WL in w1 | w4) KEEP_CACHES=1 ;; *) KEEP_CACHES= ;; esac
     BUCKET="riffle-bench-$MODE-$WL"
     MANIFEST="$WORK/manifests/$MODE-$WL.manifest"
     local started=$SECONDS date commit col endpoint sys notes=()

@@ -241,26 +241,7 @@ impl OpenEntry {
         fs::create_dir_all(&dir)?;
         let nonce: u64 = rand::random();
         let header = Header::new(id, block_size, nonce);
-        let tmp = dir.join(format!(
-            "{}.idx.tmp.{}.{nonce:016x}",
-            key.hex(),
-            std::process::id()
-        ));
-        let result = (|| {
-            let mut f = OpenOptions::new()
-                .read(true)
-                .append(true)
-                .create_new(true)
-                .custom_flags(libc::O_CLOEXEC)
-                .open(&tmp)?;
-            f.write_all(&header.encode())?;
-            match fs::hard_link(&tmp, key.index_path(root)) {
-                Ok(()) => Ok(Some(f)),
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(None),
-                Err(e) => Err(e),
-            }
-        })();
-        let _ = fs::remove_file(&tmp);
+        let result = sys::create_published(&dir, &key.index_path(root), &header.encode());
         let Some(idx) = result? else {
             return Ok(None);
         };

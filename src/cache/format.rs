@@ -2,14 +2,17 @@
 //!
 //! ## The cache directory
 //! ```text
-//! DIR/riffle-cache.format   "rifflefs-cache\nformat 1\nblock_size 1048576\n" (created once, atomically)
+//! DIR/riffle-cache.format   "rifflefs-cache\nformat 2\nblock_size 1048576\n" (created once, atomically)
 //! DIR/CACHEDIR.TAG          so backup tools skip the cache
 //! DIR/lock                  flock: shared by every open cache, exclusive by `clear`
-//! DIR/objects/ab/cd/<key>.idx               the entry's index journal
-//! DIR/objects/ab/cd/<key>-<nonce>.data      the entry's data: the object's bytes at their offsets
+//! DIR/objects/ab/<key>.idx               the entry's index journal
+//! DIR/objects/ab/<key>-<nonce>.data      the entry's data: the object's bytes at their offsets
 //! ```
-//! A directory written by another format version, or with another block size, is refused with a
-//! clear error (`riffle cache clear` starts it afresh) rather than half understood.
+//! A directory with another block size, or written by a newer format version, is refused with a
+//! clear error (`riffle cache clear` starts it afresh) rather than half understood. One written
+//! by an older version (format 1 fanned out over `objects/ab/cd/`) is cleared and started
+//! afresh by the first mount that finds no other process using it; while another process holds
+//! it, it is refused like a newer one.
 //!
 //! ## The index journal (`.idx`)
 //! An append-only file: a header, then fixed 16-byte records.
@@ -46,8 +49,10 @@ use std::io;
 
 use super::identity::ObjectIdentity;
 
-/// The index format version written by this code.
-pub const FORMAT_VERSION: u32 = 1;
+/// The directory format version written by this code (the format file; 2: one fan-out level).
+pub const FORMAT_VERSION: u32 = 2;
+/// The version of the index journal's header and records.
+pub const INDEX_VERSION: u32 = 1;
 /// Name of the directory format file.
 pub const FORMAT_FILE: &str = "riffle-cache.format";
 pub const LOCK_FILE: &str = "lock";
@@ -98,7 +103,7 @@ pub struct Header {
 impl Header {
     pub fn new(id: &ObjectIdentity, block_size: u64, nonce: u64) -> Self {
         let mut h = Header {
-            version: FORMAT_VERSION,
+            version: INDEX_VERSION,
             header_len: 0,
             block_size,
             size: id.size,
@@ -114,7 +119,7 @@ impl Header {
 
     /// Whether this header describes `id` with `block_size`.
     pub fn matches(&self, id: &ObjectIdentity, block_size: u64) -> bool {
-        self.version == FORMAT_VERSION
+        self.version == INDEX_VERSION
             && self.block_size == block_size
             && self.size == id.size
             && *self.endpoint == *id.endpoint
@@ -170,7 +175,7 @@ impl Header {
             u64::from_le_bytes(a)
         };
         let version = u32_at(8);
-        if version != FORMAT_VERSION {
+        if version != INDEX_VERSION {
             return Err(FormatError::Version(version));
         }
         let header_len = u32_at(12) as usize;
@@ -230,7 +235,7 @@ pub fn block_len(size: u64, block_size: u64, index: u64) -> u64 {
 pub enum FormatError {
     #[error("not a rifflefs cache index")]
     NotAnIndex,
-    #[error("index format version {0} (this build reads version {FORMAT_VERSION})")]
+    #[error("index format version {0} (this build reads version {INDEX_VERSION})")]
     Version(u32),
     #[error("the index header is corrupt")]
     Corrupt,
@@ -404,7 +409,10 @@ mod tests {
 
     #[test]
     fn format_file_round_trips() {
-        assert_eq!(parse_format_file(&format_file_text(4096)), Some((1, 4096)));
+        assert_eq!(
+            parse_format_file(&format_file_text(4096)),
+            Some((FORMAT_VERSION, 4096))
+        );
         assert_eq!(parse_format_file("nonsense"), None);
     }
 

@@ -8,9 +8,13 @@
 //! is also stored in the entry's index header and compared on every load, so a collision could
 //! only make an entry unusable, never serve another object's bytes.
 //!
-//! Files fan out over two levels of 256 directories named after the first two bytes of the key
-//! (`objects/3f/a0/3fa0…c1.idx`), so no directory grows past a few thousand names even with
-//! 10^8 entries; the directories are created on demand.
+//! Files fan out over 256 directories named after the first byte of the key
+//! (`objects/3f/3fa0…c1.idx`), created on demand. One level, not two: a second level of 65,536
+//! directories would cost a directory inode and a `mkdir` for almost every one of the first
+//! tens of thousands of entries, a third of the inodes and a good share of the CPU of filling
+//! a young cache, while one level still keeps directories to about 80,000 names at 10^7
+//! entries, which hashed directory indexes (ext4 `dir_index`, XFS, btrfs) look up in a few
+//! block reads.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -106,11 +110,9 @@ impl EntryKey {
         Some(EntryKey(key))
     }
 
-    /// `objects/ab/cd` for a key starting with bytes `ab cd`.
+    /// `objects/ab` for a key starting with byte `ab`.
     pub fn dir(&self, root: &Path) -> PathBuf {
-        root.join(OBJECTS_DIR)
-            .join(format!("{:02x}", self.0[0]))
-            .join(format!("{:02x}", self.0[1]))
+        root.join(OBJECTS_DIR).join(format!("{:02x}", self.0[0]))
     }
 
     /// The index (journal) file of this entry.

@@ -4,7 +4,7 @@
 //! # Layout and identity
 //! One entry per object *version*, keyed by (endpoint, bucket, key, ETag, size) hashed to a
 //! 128-bit [`EntryKey`] ([`identity`]). An entry is two files under
-//! `DIR/objects/ab/cd/`: a sparse **data file** holding the object's bytes at their own
+//! `DIR/objects/ab/`: a sparse **data file** holding the object's bytes at their own
 //! offsets (so a complete one is byte-for-byte the object and can back FUSE passthrough), and
 //! an append-only **journal** (`.idx`) with a header (format version, block size, object
 //! size, the full identity, a nonce naming the data file) and one 16-byte record per block
@@ -285,13 +285,48 @@ fn prepare_dir(root: &Path, block_size: u64) -> Result<File, CacheError> {
     if !locked {
         return Err(CacheError::InUse(root.to_path_buf()));
     }
-    check_format(root, block_size)?;
+    match check_format(root, block_size) {
+        Err(CacheError::Format { found, .. }) if (1..format::FORMAT_VERSION).contains(&found) => {
+            upgrade_older_format(root, &lock, found)?;
+            check_format(root, block_size)?;
+        }
+        other => other?,
+    }
     let tag = root.join(format::CACHEDIR_TAG);
     if !tag.exists() {
         let _ = fs::write(&tag, format::CACHEDIR_TAG_TEXT);
     }
     fs::create_dir_all(root.join(identity::OBJECTS_DIR)).map_err(|e| io("creating", e))?;
     Ok(lock)
+}
+
+/// Clears a directory written by an older format version, when no other process uses it (our
+/// shared lock converts to an exclusive one), and takes the shared lock back. An older riffle
+/// still using the directory keeps it: the open fails with the format error.
+fn upgrade_older_format(root: &Path, lock: &File, found: u32) -> Result<(), CacheError> {
+    let io = |context: &str, e: io::Error| CacheError::Io {
+        context: format!("{context} {}", root.display()),
+        source: e,
+    };
+    if !sys::try_flock(lock, sys::Lock::Exclusive).map_err(|e| io("locking", e))? {
+        return Err(CacheError::Format {
+            dir: root.to_path_buf(),
+            found,
+            expected: format::FORMAT_VERSION,
+        });
+    }
+    let cleared = ops::clear_locked(root);
+    sys::try_flock(lock, sys::Lock::Shared).map_err(|e| io("locking", e))?;
+    let report = cleared?;
+    tracing::info!(
+        dir = %root.display(),
+        from = found,
+        to = format::FORMAT_VERSION,
+        files = report.files,
+        bytes = report.bytes,
+        "cache directory had an older format; cleared it and started afresh"
+    );
+    Ok(())
 }
 
 /// Creates the format file (atomically, first creator wins) or checks it.

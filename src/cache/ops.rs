@@ -113,6 +113,18 @@ pub fn clear_dir(dir: &Path) -> Result<ClearReport, CacheError> {
     if !sys::try_flock(&lock, Lock::Exclusive).map_err(|e| io("locking", e))? {
         return Err(CacheError::InUse(dir.to_path_buf()));
     }
+    let report = clear_locked(dir)?;
+    tracing::info!(dir = %dir.display(), files = report.files, bytes = report.bytes, "cache cleared");
+    drop(lock);
+    Ok(report)
+}
+
+/// Removes every entry and the format file; the caller holds the directory lock exclusively.
+pub(super) fn clear_locked(dir: &Path) -> Result<ClearReport, CacheError> {
+    let io = |context: &str, e: io::Error| CacheError::Io {
+        context: format!("{context} {}", dir.display()),
+        source: e,
+    };
     let objects = dir.join(OBJECTS_DIR);
     if objects.exists() {
         let aside = dir.join(format!(
@@ -138,8 +150,6 @@ pub fn clear_dir(dir: &Path) -> Result<ClearReport, CacheError> {
         }
         _ => {}
     }
-    tracing::info!(dir = %dir.display(), files = report.files, bytes = report.bytes, "cache cleared");
-    drop(lock);
     Ok(report)
 }
 

@@ -127,12 +127,10 @@ pub fn walk(
         batch.sort_by_key(|f| std::cmp::Reverse(f.last_used));
         sink(std::mem::take(batch))
     };
-    for l1 in subdirs(&root.join(OBJECTS_DIR))? {
-        for l2 in subdirs(&l1)? {
-            batch.extend(walk_leaf(root, &l2, clean, &mut sum)?);
-            if batch.len() >= BATCH && !flush(&mut batch) {
-                return Ok(sum);
-            }
+    for fan_out in subdirs(&root.join(OBJECTS_DIR))? {
+        batch.extend(walk_leaf(root, &fan_out, clean, &mut sum)?);
+        if batch.len() >= BATCH && !flush(&mut batch) {
+            return Ok(sum);
         }
     }
     if !batch.is_empty() {

@@ -1,7 +1,8 @@
 //! Thin safe wrappers over the few system calls the cache needs beyond `std`: whole-file
 //! `flock` (entry use and directory locks), open-file-description byte-range locks (one block
 //! being written), `statvfs` (the free-space guard), `SEEK_HOLE` (a complete file has no holes)
-//! and `O_DIRECT` opens.
+//! `O_DIRECT` opens, and files that appear under their name only once their first bytes are
+//! written (`O_TMPFILE` + `linkat`).
 //!
 //! `flock` locks belong to an open file description, so two `File`s opened separately conflict
 //! even inside one process, and a lock dies with its descriptor: a process killed with SIGKILL
@@ -110,6 +111,101 @@ pub fn open_direct(path: &Path) -> io::Result<Option<File>> {
     }
 }
 
+/// Creates the file `path` holding `contents`, read-write and in append mode, such that no
+/// other process ever sees it under its name with fewer bytes: the file is written before it
+/// is linked. `Ok(None)` when `path` already exists (another creator won).
+///
+/// An unnamed `O_TMPFILE` in `dir` is written and then linked through `/proc/self/fd`: one
+/// inode, never deleted. Where the filesystem (or a missing `/proc`) does not allow that, a
+/// uniquely named temporary file is written, hard-linked to `path` and unlinked. (The first
+/// way also spares ext4 the inode-table scans that many just-deleted inodes cause.)
+pub fn create_published(dir: &Path, path: &Path, contents: &[u8]) -> io::Result<Option<File>> {
+    use std::io::Write;
+    let unnamed = OpenOptions::new()
+        .read(true)
+        .append(true)
+        .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
+        .open(dir);
+    match unnamed {
+        Ok(mut f) => {
+            f.write_all(contents)?;
+            let proc_path = format!("/proc/self/fd/{}", f.as_raw_fd());
+            match link_following(Path::new(&proc_path), path) {
+                Ok(()) => return Ok(Some(f)),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(None),
+                // No /proc, or linking refused: fall back to a named temporary file.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::EPERM)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EOPNOTSUPP) | Some(libc::EISDIR) | Some(libc::EINVAL)
+            ) => {}
+        Err(e) => return Err(e),
+    }
+    create_via_named_temporary(dir, path, contents)
+}
+
+/// `linkat(AT_FDCWD, from, AT_FDCWD, to, AT_SYMLINK_FOLLOW)`.
+fn link_following(from: &Path, to: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
+    };
+    let (from, to) = (c(from)?, c(to)?);
+    // SAFETY: both are valid NUL-terminated paths; linkat does not keep them.
+    let r = unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The fallback of [`create_published`]: write `<name>.tmp.<pid>.<random>`, link, unlink.
+fn create_via_named_temporary(
+    dir: &Path,
+    path: &Path,
+    contents: &[u8],
+) -> io::Result<Option<File>> {
+    use std::io::Write;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(
+        "{name}.tmp.{}.{:016x}",
+        std::process::id(),
+        rand::random::<u64>()
+    ));
+    let result = (|| {
+        let mut f = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create_new(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&tmp)?;
+        f.write_all(contents)?;
+        match std::fs::hard_link(&tmp, path) {
+            Ok(()) => Ok(Some(f)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(None),
+            Err(e) => Err(e),
+        }
+    })();
+    let _ = std::fs::remove_file(&tmp);
+    result
+}
+
 /// Whether an I/O error means "no space left" (or quota exhausted).
 pub fn is_no_space(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
@@ -129,6 +225,40 @@ pub fn touch(file: &File) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn published_files_appear_whole_and_only_once() {
+        use std::io::{Read, Write};
+        let dir = tempfile::tempdir().expect("tempdir");
+        for (name, create) in [
+            (
+                "unnamed",
+                create_published as fn(&Path, &Path, &[u8]) -> io::Result<Option<File>>,
+            ),
+            ("named", create_via_named_temporary),
+        ] {
+            let path = dir.path().join(name);
+            let mut f = create(dir.path(), &path, b"header")
+                .expect("create")
+                .expect("first");
+            f.write_all(b"+record").expect("append");
+            assert!(create(dir.path(), &path, b"other")
+                .expect("create")
+                .is_none());
+            let mut text = String::new();
+            File::open(&path)
+                .expect("open")
+                .read_to_string(&mut text)
+                .expect("read");
+            assert_eq!(text, "header+record", "{name}");
+        }
+        let mut names: Vec<String> = std::fs::read_dir(dir.path())
+            .expect("list")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["named", "unnamed"], "no temporary file is left");
+    }
 
     #[test]
     fn flock_conflicts_between_descriptors() {

@@ -707,6 +707,60 @@ async fn operator_stats_and_clear() {
     assert!(clear_dir(&root.join("nonexistent")).is_ok());
 }
 
+/// A directory of format 1 (two fan-out levels) left by an older riffle: cleared and started
+/// afresh when nobody else uses it; refused with the format error while someone does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_format_directory_is_cleared_when_unused_and_refused_while_in_use() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path();
+    let old_format = format!("rifflefs-cache\nformat 1\nblock_size {BS}\n");
+    let old_entry = root.join("objects/ab/cd/abcd0000000000000000000000000000.idx");
+    fs::create_dir_all(old_entry.parent().expect("parent")).expect("mkdir");
+    fs::write(&old_entry, b"an old journal").expect("write");
+    fs::write(root.join(format::FORMAT_FILE), &old_format).expect("write");
+
+    // An older riffle still has it open (its shared lock): refused, nothing removed.
+    let holder = File::open(root.join(format::LOCK_FILE))
+        .or_else(|_| File::create(root.join(format::LOCK_FILE)))
+        .expect("lock file");
+    assert!(sys::try_flock(&holder, sys::Lock::Shared).expect("flock"));
+    let err = DiskCache::open(config(root, 64 << 20)).expect_err("in use by an older riffle");
+    assert!(
+        matches!(
+            err,
+            CacheError::Format {
+                found: 1,
+                expected: format::FORMAT_VERSION,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(old_entry.exists());
+    drop(holder);
+
+    // Unused: cleared, and the new cache works.
+    let cache = DiskCache::open(config(root, 64 << 20)).expect("upgraded");
+    assert!(!old_entry.exists() && !root.join("objects/ab").exists());
+    let text = fs::read_to_string(root.join(format::FORMAT_FILE)).expect("format file");
+    assert_eq!(
+        format::parse_format_file(&text),
+        Some((format::FORMAT_VERSION, BS))
+    );
+    let a = obj("a", BS + 10);
+    write_all_blocks(&cache, &a).await;
+    assert!(cache
+        .status(&a)
+        .await
+        .expect("status")
+        .is_some_and(|s| s.complete));
+    let key = a.entry_key();
+    assert_eq!(
+        key.index_path(root).parent(),
+        Some(root.join("objects").join(&key.hex()[..2]).as_path())
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orphans_from_an_interrupted_eviction_are_removed() {
     let dir = tempfile::tempdir().expect("tempdir");
