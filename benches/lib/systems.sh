@@ -131,9 +131,11 @@ unmount_system() {
 # On ext4 without a journal (this VM's root file system), every inode created
 # in the next few minutes scans past the inodes just deleted, so removing one
 # system's tens of thousands of cache files would slow down the file
-# creation of the next system's cold epoch (measured: the daemon's CPU per
-# cold epoch doubled). Set for many-file workloads (KEEP_CACHES=1), and only
-# while the disk stays a quarter free.
+# creation of the next system's cold epoch (perf, riffle's cold epoch right
+# after such a removal: a third of the daemon's samples were ext4 skipping
+# recently deleted inodes, recently_deleted/find_inode_bit). Set for
+# many-file workloads (KEEP_CACHES=1), and only while the disk stays a
+# quarter free.
 keep_caches() {
     [ -n "${KEEP_CACHES:-}" ] || return 1
     local total avail
