@@ -960,7 +960,7 @@ impl DiskCache {
                 e.blocks = present;
                 e.complete = complete;
             }
-            st.policy.touch(key);
+            st.policy.filled(key);
         }
         reservation.commit();
         self.counters.writes.fetch_add(1, Ordering::Relaxed);
@@ -1208,10 +1208,37 @@ impl DiskCache {
         .map_err(|e| io_err("opening a complete cache file", e))
     }
 
+    /// The data file of `id`'s complete entry when its files are open in this process: a
+    /// duplicate of the descriptor the cache already holds, so no metadata task is needed.
+    /// `None` when the entry is not open here or not complete (use [`Self::open_complete`]).
+    /// Only for entries the caller knows to be whole and good (written or verified by this
+    /// process): unlike `open_complete` it does not look for holes.
+    pub fn complete_data_file(&self, id: &ObjectIdentity) -> Option<File> {
+        let entry = self.cached_open(id.entry_key())?;
+        if !entry.blocks.lock().is_complete() {
+            return None;
+        }
+        let file = entry.data.try_clone().ok()?;
+        // The descriptor's file size, not a path lookup: the entry's own file.
+        (file.metadata().ok()?.len() == id.size).then_some(file)
+    }
+
     /// Pins the entry of `id` (creating the in-memory record if it has none yet) until the
     /// guard is dropped: never evicted by this process, nor, while its files are open here, by
     /// any other (see the locking protocol).
     pub fn pin(self: &Arc<Self>, id: &ObjectIdentity) -> PinGuard {
+        self.pin_with(id, true)
+    }
+
+    /// A pin for the blocks of `id` a GET just brought, held until they are written: keeps
+    /// the entry's record (and with it the eviction policy's memory of the read that fetched
+    /// them) from being dropped when the reader's own pin ends before the disk catches up.
+    /// Unlike [`Self::pin`] it is not a use of the entry: the policy is not told.
+    pub fn pin_for_fill(self: &Arc<Self>, id: &ObjectIdentity) -> PinGuard {
+        self.pin_with(id, false)
+    }
+
+    fn pin_with(self: &Arc<Self>, id: &ObjectIdentity, is_use: bool) -> PinGuard {
         let key = id.entry_key();
         let mut guard = self.state.lock();
         let st = &mut *guard;
@@ -1224,7 +1251,9 @@ impl DiskCache {
                 }
             }
         }
-        st.policy.touch(key);
+        if is_use {
+            st.policy.touch(key);
+        }
         PinGuard {
             cache: Arc::downgrade(self),
             key,

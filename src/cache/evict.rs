@@ -44,6 +44,13 @@ pub trait EvictionPolicy: Send {
     fn insert(&mut self, info: &EntryInfo<'_>);
     /// The entry was read or written.
     fn touch(&mut self, key: EntryKey);
+    /// A block of the entry was written into the cache: the end of a fetch started by a read
+    /// (or a read-ahead) that was already reported (`insert` or `touch`), possibly much later
+    /// when the disk lags behind the store. Policies that count accesses must not count it as
+    /// another; by default it is a touch.
+    fn filled(&mut self, key: EntryKey) {
+        self.touch(key);
+    }
     /// The entry was removed (evicted here or elsewhere, or cleared).
     fn remove(&mut self, key: EntryKey);
     /// The entry now holds `bytes` (size-aware policies care; LRU does not).

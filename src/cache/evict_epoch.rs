@@ -670,6 +670,31 @@ impl EvictionPolicy for EpochPolicy {
         }
     }
 
+    /// The write completes an access already counted (the open, or the read that missed),
+    /// however many accesses later it lands: the entry moves to the front of its class like a
+    /// continued access, and neither the access count nor the boundary detector sees it. Were
+    /// it counted, a disk lagging more than `entries` accesses behind the reads would turn
+    /// every late write into a "repeat" and end an epoch in the middle of one (measured: hit
+    /// ratio 0.26 instead of 0.5 on the shuffled half-cache workload when writes lag). An
+    /// entry not accessed in this epoch yet (filled by read-ahead before any open) counts as
+    /// accessed now.
+    fn filled(&mut self, key: EntryKey) {
+        let Some(&i) = self.index.get(&key) else {
+            return;
+        };
+        if self.offered.contains(&key) {
+            return;
+        }
+        if self.nodes[i as usize].ep != self.epoch {
+            self.access(i);
+            return;
+        }
+        let c = self.class_of(i);
+        self.nodes[i as usize].last = self.clock;
+        self.unlink(i, c);
+        self.push_head(i, c);
+    }
+
     fn remove(&mut self, key: EntryKey) {
         self.offered.retain(|&k| k != key);
         if let Some(i) = self.index.remove(&key) {
@@ -765,6 +790,36 @@ mod tests {
     /// Spaces accesses out so that none continues the previous one.
     fn filler(p: &mut EpochPolicy, from: u32) {
         others(p, from, CONTINUE_WINDOW as u32);
+    }
+
+    /// Writes that land long after the reads that fetched them (a disk lagging behind the
+    /// store) are not accesses: they end no epoch and count nothing, while the same calls as
+    /// `touch` (reads) do end it.
+    #[test]
+    fn late_fills_do_not_look_like_the_next_epoch() {
+        let run = |as_fill: bool| {
+            let mut p = EpochPolicy::new();
+            for n in 0..200 {
+                ins(&mut p, n);
+            }
+            filler(&mut p, 10_000);
+            others(&mut p, 20_000, 300);
+            for n in 0..100 {
+                if as_fill {
+                    p.filled(k(n));
+                } else {
+                    p.touch(k(n));
+                }
+            }
+            // Read (filled) before and not since: still this epoch's, or the last one's.
+            p.class(k(150))
+        };
+        assert_eq!(run(true), Some(EpochClass::Done), "one epoch so far");
+        assert_eq!(
+            run(false),
+            Some(EpochClass::Pending),
+            "as reads, the same calls start the next epoch"
+        );
     }
 
     #[test]

@@ -707,6 +707,36 @@ async fn operator_stats_and_clear() {
     assert!(clear_dir(&root.join("nonexistent")).is_ok());
 }
 
+/// The passthrough file of an entry open here is the cache's own descriptor, duplicated, and
+/// only once every block is present; an entry not open here is left to `open_complete`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_complete_data_file_of_an_open_entry_needs_no_metadata_task() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cache = open(dir.path(), 64 << 20);
+    let a = obj("a", 2 * BS + 100);
+    cache
+        .write_block(&a, 0, content(&a, 0))
+        .await
+        .expect("write");
+    assert!(cache.complete_data_file(&a).is_none(), "one block of three");
+    write_all_blocks(&cache, &a).await;
+    let mut bytes = Vec::new();
+    cache
+        .complete_data_file(&a)
+        .expect("complete and open")
+        .read_to_end(&mut bytes)
+        .expect("read");
+    assert!(bytes == whole(&a), "the object's bytes");
+    drop(cache);
+    let reopened = open(dir.path(), 64 << 20);
+    assert!(
+        reopened.complete_data_file(&a).is_none(),
+        "not open in this process yet"
+    );
+    assert!(reopened.open_complete(&a).await.expect("open").is_some());
+}
+
 /// A directory of format 1 (two fan-out levels) left by an older riffle: cleared and started
 /// afresh when nobody else uses it; refused with the format error while someone does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

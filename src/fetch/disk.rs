@@ -117,6 +117,9 @@ impl DiskTier {
         let id = self.identity(obj);
         let key = id.entry_key();
         if self.verified.lock().contains(&key) {
+            if let Some(file) = self.cache.complete_data_file(&id) {
+                return Some(file);
+            }
             return self.cache.open_complete(&id).await.ok().flatten();
         }
         let complete = match self.cache.status(&id).await {

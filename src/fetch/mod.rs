@@ -470,13 +470,15 @@ impl Fetcher {
         let Some(disk) = &self.disk else {
             return;
         };
+        let id = disk.identity(obj);
+        let hold = disk.cache.pin_for_fill(&id);
         let Ok(permit) = disk.write_permits.clone().acquire_owned().await else {
             return;
         };
         let disk = disk.clone();
-        let id = disk.identity(obj);
         tokio::spawn(async move {
             let _permit = permit;
+            let _hold = hold;
             if disk.cache.write_block(&id, index, data).await.is_ok() {
                 disk.wrote(&id);
             }
