@@ -253,6 +253,14 @@ pub enum CacheError {
 }
 
 impl CacheError {
+    /// An I/O error about the cache directory itself, reported as "`context` `dir`".
+    pub(crate) fn dir_io(context: &str, dir: &Path, source: io::Error) -> CacheError {
+        CacheError::Io {
+            context: format!("{context} {}", dir.display()),
+            source,
+        }
+    }
+
     /// Whether the cache disk itself failed (full or erroring): worth one warning.
     pub fn is_disk_failure(&self) -> bool {
         matches!(self, CacheError::NoSpace { .. } | CacheError::Io { .. })
@@ -261,10 +269,7 @@ impl CacheError {
 
 /// Creates the directory layout, checks the format file and takes the shared directory lock.
 fn prepare_dir(root: &Path, block_size: u64) -> Result<File, CacheError> {
-    let io = |context: &str, e: io::Error| CacheError::Io {
-        context: format!("{context} {}", root.display()),
-        source: e,
-    };
+    let io = |context: &str, e| CacheError::dir_io(context, root, e);
     fs::create_dir_all(root).map_err(|e| io("creating", e))?;
     let lock = OpenOptions::new()
         .read(true)
@@ -304,10 +309,7 @@ fn prepare_dir(root: &Path, block_size: u64) -> Result<File, CacheError> {
 /// shared lock converts to an exclusive one), and takes the shared lock back. An older riffle
 /// still using the directory keeps it: the open fails with the format error.
 fn upgrade_older_format(root: &Path, lock: &File, found: u32) -> Result<(), CacheError> {
-    let io = |context: &str, e: io::Error| CacheError::Io {
-        context: format!("{context} {}", root.display()),
-        source: e,
-    };
+    let io = |context: &str, e| CacheError::dir_io(context, root, e);
     if !sys::try_flock(lock, sys::Lock::Exclusive).map_err(|e| io("locking", e))? {
         return Err(CacheError::Format {
             dir: root.to_path_buf(),

@@ -49,10 +49,7 @@ pub struct DirStats {
 
 /// Walks the cache directory and summarises it (read-only; see the module documentation).
 pub fn stats_dir(dir: &Path) -> Result<DirStats, CacheError> {
-    let io = |context: &str, e: io::Error| CacheError::Io {
-        context: format!("{context} {}", dir.display()),
-        source: e,
-    };
+    let io = |context: &str, e| CacheError::dir_io(context, dir, e);
     let format = match fs::read_to_string(dir.join(FORMAT_FILE)) {
         Ok(t) => format::parse_format_file(&t),
         Err(e) if e.kind() == io::ErrorKind::NotFound => None,
@@ -96,10 +93,7 @@ pub struct ClearReport {
 /// Removes every entry, refusing while a mount uses the directory (see the module
 /// documentation). A directory that does not exist is already clear.
 pub fn clear_dir(dir: &Path) -> Result<ClearReport, CacheError> {
-    let io = |context: &str, e: io::Error| CacheError::Io {
-        context: format!("{context} {}", dir.display()),
-        source: e,
-    };
+    let io = |context: &str, e| CacheError::dir_io(context, dir, e);
     if !dir.exists() {
         return Ok(ClearReport::default());
     }
@@ -121,10 +115,7 @@ pub fn clear_dir(dir: &Path) -> Result<ClearReport, CacheError> {
 
 /// Removes every entry and the format file; the caller holds the directory lock exclusively.
 pub(super) fn clear_locked(dir: &Path) -> Result<ClearReport, CacheError> {
-    let io = |context: &str, e: io::Error| CacheError::Io {
-        context: format!("{context} {}", dir.display()),
-        source: e,
-    };
+    let io = |context: &str, e| CacheError::dir_io(context, dir, e);
     let objects = dir.join(OBJECTS_DIR);
     if objects.exists() {
         let aside = dir.join(format!(
