@@ -49,31 +49,24 @@ fn a_replaced_object_is_never_served_from_its_old_cache_file() {
     let endpoint = need_rgw!();
     let v1 = pattern(3 << 20, 11);
     let v2 = pattern(3 << 20, 12);
-    // (Bindings drop in reverse: the mount goes before its cache directory.)
-    let CachedObject {
-        _cache_dir,
-        rt,
-        s3,
-        bucket,
-        mount,
-        path,
-    } = cached_object(&endpoint, "change-cached", &v1);
-    assert!(std::fs::read(&path).unwrap() == v1);
+    let cached = cached_object(&endpoint, "change-cached", &v1);
+    let (mount, path) = (&cached.mount, &cached.path);
+    assert!(std::fs::read(path).unwrap() == v1);
     assert_eq!(
-        stats(&mount)["fuse"]["fast_opens"],
+        stats(mount)["fuse"]["fast_opens"],
         0,
         "TTL 0: no open without a HEAD"
     );
-    rt.block_on(put(&s3, &bucket, "obj.bin", v2.clone()));
+    cached.replace(&v2);
     drop_page_cache();
-    let all = std::fs::read(&path).unwrap();
+    let all = std::fs::read(path).unwrap();
     assert!(all == v2, "the file must be exactly the new version");
     // The new version gets its own cache file; v1's is never handed out again.
-    wait_for_stats(&mount, "v2 cached", |s| {
+    wait_for_stats(mount, "v2 cached", |s| {
         s["fuse"]["backings_opened_ahead"] == 2
     });
     drop_page_cache();
-    assert!(std::fs::read(&path).unwrap() == v2);
+    assert!(std::fs::read(path).unwrap() == v2);
 }
 
 /// The kernel ties a passthrough backing file to the inode, so while version 1 is open that
@@ -86,19 +79,12 @@ fn a_replaced_object_opened_beside_an_open_old_version_reads_the_new_version() {
     let endpoint = need_rgw!();
     let v1 = pattern(3 << 20, 21);
     let v2 = pattern(2 << 20, 22);
-    // (Bindings drop in reverse: the mount goes before its cache directory.)
-    let CachedObject {
-        _cache_dir,
-        rt,
-        s3,
-        bucket,
-        mount,
-        path,
-    } = cached_object(&endpoint, "change-open", &v1);
-    let passthrough_before = stats(&mount)["fuse"]["passthrough_opens"].clone();
-    let mut old = std::fs::File::open(&path).unwrap();
+    let cached = cached_object(&endpoint, "change-open", &v1);
+    let (mount, path) = (&cached.mount, &cached.path);
+    let passthrough_before = stats(mount)["fuse"]["passthrough_opens"].clone();
+    let mut old = std::fs::File::open(path).unwrap();
     assert_ne!(
-        stats(&mount)["fuse"]["passthrough_opens"],
+        stats(mount)["fuse"]["passthrough_opens"],
         passthrough_before,
         "the old version is open through passthrough"
     );
@@ -106,12 +92,12 @@ fn a_replaced_object_opened_beside_an_open_old_version_reads_the_new_version() {
     old.read_exact(&mut head).unwrap();
     assert!(head[..] == v1[..1 << 20]);
 
-    rt.block_on(put(&s3, &bucket, "obj.bin", v2.clone()));
+    cached.replace(&v2);
     drop_page_cache();
-    let new = std::fs::read(&path).expect("opening the new version while the old one is open");
+    let new = std::fs::read(path).expect("opening the new version while the old one is open");
     assert!(new == v2, "the new open reads exactly the new version");
     assert_ne!(
-        std::fs::metadata(&path).unwrap().ino(),
+        std::fs::metadata(path).unwrap().ino(),
         old.metadata().unwrap().ino(),
         "the name moved to a new inode"
     );
@@ -123,12 +109,13 @@ fn a_replaced_object_opened_beside_an_open_old_version_reads_the_new_version() {
     assert!(rest == v1, "the old handle reads exactly the old version");
     drop(old);
     drop_page_cache();
-    assert!(std::fs::read(&path).unwrap() == v2);
+    assert!(std::fs::read(path).unwrap() == v2);
 }
 
 /// `obj.bin` (= `v1`) in a fresh bucket, mounted with a disk cache and TTL 0 (every open
 /// revalidates the ETag), read once whole: v1 is complete in the cache and its backing file
 /// kept for passthrough.
+/// Fields drop in order: the mount goes before its cache directory.
 struct CachedObject {
     s3: aws_sdk_s3::Client,
     rt: tokio::runtime::Runtime,
@@ -136,6 +123,14 @@ struct CachedObject {
     mount: Mount,
     path: std::path::PathBuf,
     _cache_dir: tempfile::TempDir,
+}
+
+impl CachedObject {
+    /// Replaces `obj.bin` in the store (a new ETag) behind the mount's back.
+    fn replace(&self, bytes: &[u8]) {
+        self.rt
+            .block_on(put(&self.s3, &self.bucket, "obj.bin", bytes.to_vec()));
+    }
 }
 
 fn cached_object(endpoint: &str, tag: &str, v1: &[u8]) -> CachedObject {
