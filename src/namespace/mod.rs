@@ -23,16 +23,17 @@
 //! No lock is held across an `await`: remote calls are made first, their answers merged in
 //! under a short write lock.
 
+mod listings;
 pub mod names;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::RwLock;
 
 use crate::store::{ListPage, ObjectMeta, ObjectStore, StoreError};
+use listings::{Claim, Lead, Listings};
 use names::{invalid_reason, SkipLog};
 
 /// The root directory's inode number (FUSE's).
@@ -142,8 +143,6 @@ struct DirState {
     listing: Option<(Arc<Vec<DirEntry>>, Instant)>,
     /// Names known not to exist, and since when.
     missing: HashMap<Arc<str>, Instant>,
-    /// A background listing of this directory is under way.
-    refreshing: AtomicBool,
 }
 
 #[derive(Debug)]
@@ -160,6 +159,7 @@ pub struct Namespace {
     tree: RwLock<Tree>,
     skipped: SkipLog,
     mount_time: SystemTime,
+    listings: Listings,
 }
 
 /// The outcome of asking the store about one name.
@@ -193,6 +193,7 @@ impl Namespace {
             tree: RwLock::new(Tree { nodes: vec![root] }),
             skipped: SkipLog::default(),
             mount_time: now,
+            listings: Listings::default(),
         })
     }
 
@@ -367,31 +368,47 @@ impl Namespace {
         if !is_child_name(name) {
             return Err(NamespaceError::NotFound);
         }
-        let mut list_in_background = false;
-        let prefix = {
+        // (With a zero TTL a listing would be stale at once: neither start nor wait for one.)
+        let lists = self.ttl != MetadataTtl::For(Duration::ZERO);
+        let (prefix, follower) = {
             let tree = self.tree.read();
             if let Some(answer) = self.fresh_lookup(&tree, parent, name) {
                 return answer;
             }
-            let dir = Self::node(&tree, parent)?
+            let node = Self::node(&tree, parent)?;
+            let listed_before = node
                 .dir
                 .as_ref()
-                .ok_or(NamespaceError::NotADirectory)?;
-            // (With a zero TTL a listing would be stale at once: no point.)
-            if self.ttl != MetadataTtl::For(Duration::ZERO)
-                && !dir.refreshing.swap(true, Ordering::AcqRel)
-            {
-                list_in_background = true;
-            }
-            self.dir_prefix(&tree, parent)
-        };
-        if list_in_background {
-            let this = self.clone();
-            tokio::spawn(async move {
-                if let Err(e) = this.readdir(parent).await {
-                    tracing::debug!(error = %e, "background listing failed");
+                .ok_or(NamespaceError::NotADirectory)?
+                .listing
+                .as_ref()
+                .map(|(_, at)| *at);
+            let prefix = self.dir_prefix(&tree, parent);
+            let follower = match lists.then(|| self.listings.claim(parent)) {
+                Some(Claim::Lead(lead)) => {
+                    let this = self.clone();
+                    let dir_prefix = prefix.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = this.list_dir(parent, &dir_prefix, lead).await {
+                            tracing::debug!(error = %e, "background listing failed");
+                        }
+                    });
+                    None
                 }
-            });
+                Some(Claim::Follow(f)) => Some((f, listed_before)),
+                None => None,
+            };
+            (prefix, follower)
+        };
+        if let Some((follower, listed_before)) = follower {
+            if follower.first_page().await {
+                let tree = self.tree.read();
+                if self.listed_since(&tree, parent, listed_before) {
+                    if let Some(answer) = self.fresh_lookup(&tree, parent, name) {
+                        return answer;
+                    }
+                }
+            }
         }
         let found = self.probe(&prefix, name).await?;
         let mut tree = self.tree.write();
@@ -613,27 +630,92 @@ impl Namespace {
 
     /// The entries of directory `ino`, listed again when the last listing is older than the TTL.
     pub async fn readdir(&self, ino: u64) -> Result<Arc<Vec<DirEntry>>, NamespaceError> {
-        let prefix = {
-            let tree = self.tree.read();
-            let node = Self::node(&tree, ino)?;
-            let dir = node.dir.as_ref().ok_or(NamespaceError::NotADirectory)?;
-            if let Some((entries, listed)) = &dir.listing {
-                if self.ttl.is_fresh(*listed) {
-                    return Ok(entries.clone());
+        let mut followed = false;
+        loop {
+            let (prefix, listed_before) = {
+                let tree = self.tree.read();
+                let node = Self::node(&tree, ino)?;
+                let dir = node.dir.as_ref().ok_or(NamespaceError::NotADirectory)?;
+                if let Some((entries, listed)) = &dir.listing {
+                    if self.ttl.is_fresh(*listed) {
+                        return Ok(entries.clone());
+                    }
+                }
+                (
+                    self.dir_prefix(&tree, ino),
+                    dir.listing.as_ref().map(|(_, at)| *at),
+                )
+            };
+            match self.listings.claim(ino) {
+                Claim::Lead(lead) => return self.list_dir(ino, &prefix, lead).await,
+                // Followed once already and the directory is still not listed: another
+                // listing started meanwhile (or the one followed failed); list without
+                // waiting again.
+                Claim::Follow(_) if followed => return self.list_dir_unled(ino, &prefix).await,
+                Claim::Follow(follower) => {
+                    follower.finished().await;
+                    followed = true;
+                    let tree = self.tree.read();
+                    // A listing made while this call waited answers it, whatever the TTL.
+                    if self.listed_since(&tree, ino, listed_before) {
+                        if let Some((entries, _)) = Self::node(&tree, ino)?
+                            .dir
+                            .as_ref()
+                            .and_then(|d| d.listing.as_ref())
+                        {
+                            return Ok(entries.clone());
+                        }
+                    }
                 }
             }
-            self.dir_prefix(&tree, ino)
-        };
-        let started = Instant::now();
-        let pages = self.list_all(&prefix).await;
-        let result = pages.map(|pages| self.apply_listing(ino, &prefix, pages, started));
-        if let Some(dir) = self.tree.read().nodes[(ino - 1) as usize].dir.as_deref() {
-            dir.refreshing.store(false, Ordering::Release);
         }
+    }
+
+    /// Whether directory `ino` was listed after `before` (the instant of the listing it had
+    /// then, if any).
+    fn listed_since(&self, tree: &Tree, ino: u64, before: Option<Instant>) -> bool {
+        let now = Self::node(tree, ino)
+            .ok()
+            .and_then(|n| n.dir.as_ref())
+            .and_then(|d| d.listing.as_ref())
+            .map(|(_, at)| *at);
+        match (now, before) {
+            (Some(now), Some(before)) => now > before,
+            (Some(_), None) => true,
+            (None, _) => false,
+        }
+    }
+
+    /// Lists directory `ino` (its key prefix `prefix`) as the lead of its listing.
+    async fn list_dir(
+        &self,
+        ino: u64,
+        prefix: &str,
+        lead: Lead,
+    ) -> Result<Arc<Vec<DirEntry>>, NamespaceError> {
+        let started = Instant::now();
+        let pages = self.list_all(prefix, Some(&lead)).await;
+        let result = pages.map(|pages| self.apply_listing(ino, prefix, pages, started));
+        drop(lead);
         result
     }
 
-    async fn list_all(&self, prefix: &str) -> Result<Vec<ListPage>, NamespaceError> {
+    /// Lists directory `ino` outside the one-listing-at-a-time rule.
+    async fn list_dir_unled(
+        &self,
+        ino: u64,
+        prefix: &str,
+    ) -> Result<Arc<Vec<DirEntry>>, NamespaceError> {
+        let started = Instant::now();
+        let pages = self.list_all(prefix, None).await?;
+        Ok(self.apply_listing(ino, prefix, pages, started))
+    }
+
+    async fn list_all(
+        &self,
+        prefix: &str,
+        lead: Option<&Lead>,
+    ) -> Result<Vec<ListPage>, NamespaceError> {
         let mut pages = Vec::new();
         let mut token: Option<String> = None;
         loop {
@@ -642,6 +724,9 @@ impl Namespace {
             pages.push(page);
             if token.is_none() {
                 return Ok(pages);
+            }
+            if let Some(lead) = lead {
+                lead.more_pages();
             }
         }
     }

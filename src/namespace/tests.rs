@@ -86,16 +86,22 @@ async fn lookups_use_head_and_list_and_cache_negatives() {
         }
     );
     assert!(ns.lookup(x.ino, "dir").await.unwrap().is_dir());
-    let before = store.count(Op::Head);
+    // (The first "nope" is answered by a probe or by the listing of x the first lookup in x
+    // started, whichever comes first; the second asks nobody.)
+    assert_eq!(
+        ns.lookup(x.ino, "nope").await,
+        Err(NamespaceError::NotFound)
+    );
+    let (heads, lists) = (store.count(Op::Head), store.count(Op::List));
     assert_eq!(
         ns.lookup(x.ino, "nope").await,
         Err(NamespaceError::NotFound)
     );
     assert_eq!(
-        ns.lookup(x.ino, "nope").await,
-        Err(NamespaceError::NotFound)
+        (store.count(Op::Head), store.count(Op::List)),
+        (heads, lists),
+        "negative lookup cached"
     );
-    assert_eq!(store.count(Op::Head), before + 1, "negative lookup cached");
     // Inode numbers are stable: a listing keeps what lookups handed out.
     let listed = ns.readdir(x.ino).await.unwrap();
     assert_eq!(
@@ -248,4 +254,78 @@ async fn a_superseded_file_name_moves_to_a_new_inode_and_stays_there() {
     // Directories and the root keep their inodes.
     assert_eq!(ns.supersede(dir), None);
     assert_eq!(ns.supersede(ROOT_INO), None);
+}
+
+/// Paths of `n` files in directory `dir`.
+fn files_in(dir: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{dir}/f{i:03}")).collect()
+}
+
+/// Resolves every path at once (as the plan scheduler and a sampler's workers do) and checks
+/// that each is the file it names.
+async fn resolve_all_at_once(ns: &Arc<Namespace>, paths: &[String]) {
+    let tasks: Vec<_> = paths
+        .iter()
+        .map(|p| {
+            let (ns, p) = (ns.clone(), p.clone());
+            tokio::spawn(async move { ns.resolve(&p).await })
+        })
+        .collect();
+    for (task, path) in tasks.into_iter().zip(paths) {
+        let attr = task
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert!(matches!(attr.kind, Kind::File { .. }), "{path}");
+        assert_eq!(ns.relative_path(attr.ino), *path);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrent_lookups_in_an_unlisted_directory_share_its_listing() {
+    let paths = files_in("d", 40);
+    let keys: Vec<&str> = paths.iter().map(String::as_str).collect();
+    let (store, ns) = ns_with(&keys, 1000, MetadataTtl::Indefinite);
+    store.set_latency(Duration::from_millis(30));
+    resolve_all_at_once(&ns, &paths).await;
+    // The first lookup of each level probes (a HEAD and a one-key LIST) while the level's
+    // listing runs; the other 39 wait for the listing. Before, each of the 40 probed both
+    // levels: 80 HEADs and 80 LISTs.
+    assert_eq!(store.count(Op::Head), 2, "one probe of d, one of a file");
+    assert_eq!(store.count(Op::List), 4, "two probes, two listings");
+}
+
+#[tokio::test(start_paused = true)]
+async fn lookups_do_not_wait_for_a_listing_of_many_pages() {
+    let paths = files_in("big", 25);
+    let keys: Vec<&str> = paths.iter().map(String::as_str).collect();
+    let (store, ns) = ns_with(&keys, 4, MetadataTtl::Indefinite);
+    store.set_latency(Duration::from_millis(30));
+    let dir = ns.lookup(ROOT_INO, "big").await.unwrap().ino;
+    let (listing, ()) = futures::join!(ns.readdir(dir), resolve_all_at_once(&ns, &paths[..10]));
+    assert_eq!(listing.unwrap().len(), 25, "readdir waits for every page");
+    // Seven pages take 210 ms; the lookups were released after the first page and probed.
+    assert!(
+        store.count(Op::Head) >= 10,
+        "{} HEADs: every lookup probed",
+        store.count(Op::Head)
+    );
+    let relisted = ns.readdir(dir).await.unwrap();
+    assert_eq!(relisted.len(), 25, "one listing, shared, then fresh");
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrent_readdirs_share_one_listing() {
+    let paths = files_in("d", 30);
+    let keys: Vec<&str> = paths.iter().map(String::as_str).collect();
+    let (store, ns) = ns_with(&keys, 7, MetadataTtl::For(Duration::ZERO));
+    store.set_latency(Duration::from_millis(30));
+    let dir = ns.lookup(ROOT_INO, "d").await.unwrap().ino;
+    store.reset_counts();
+    let all = futures::future::join_all((0..6).map(|_| ns.readdir(dir))).await;
+    for listing in all {
+        assert_eq!(listing.unwrap().len(), 30);
+    }
+    // Even with a zero TTL, callers that waited for a listing take it: five pages, once.
+    assert_eq!(store.count(Op::List), 5);
 }
