@@ -359,12 +359,17 @@ fn io_err(context: &str, e: io::Error) -> CacheError {
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, CacheError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| CacheError::Io {
-            context: "cache metadata task".into(),
-            source: io::Error::other(e.to_string()),
-        })
+    tokio::task::spawn_blocking(f).await.map_err(|e| {
+        if e.is_cancelled() {
+            // The runtime is shutting down (unmount): not a failure of the cache disk.
+            CacheError::ShuttingDown
+        } else {
+            CacheError::Io {
+                context: "cache metadata task".into(),
+                source: io::Error::other(e.to_string()),
+            }
+        }
+    })
 }
 
 impl DiskCache {

@@ -247,6 +247,9 @@ pub enum CacheError {
     InUse(PathBuf),
     #[error("invalid cache request: {0}")]
     Invalid(String),
+    /// A cache task was cancelled because the daemon is shutting down.
+    #[error("the daemon is shutting down")]
+    ShuttingDown,
     /// Only produced by the unit tests' fault injection.
     #[error("simulated crash before {0:?}")]
     SimulatedCrash(WriteStep),
