@@ -18,7 +18,9 @@
 //! 3. `WriteData` — write the bytes at the block's offset;
 //! 4. `SyncData` — `fdatasync` the data file (merged with concurrent ones: group commit);
 //! 5. `AppendRecord` — append the block's `present` record with its CRC32C to the journal;
-//! 6. `Publish` — mark the block present in memory.
+//! 6. `Publish` — mark the block present in memory. (Before that, the writer moves its replay
+//!    mark past its own record when that is the only record past it, so it does not read its
+//!    own records back: `OpenEntry::skip_own_record`.)
 //!
 //! A crash before step 5 completes leaves bytes that no record describes: invisible, and
 //! overwritten by the next write of that block. A torn record is skipped by replay. The
@@ -110,6 +112,8 @@ struct Counters {
     full: AtomicU64,
     no_space_errors: AtomicU64,
     io_errors: AtomicU64,
+    /// Journal tails read back on a blocking thread.
+    journal_replays: AtomicU64,
 }
 
 /// A snapshot of a live cache's state and counters (`riffle stats`).
@@ -698,6 +702,9 @@ impl DiskCache {
         if !entry.journal_grew() {
             return Ok(());
         }
+        self.counters
+            .journal_replays
+            .fetch_add(1, Ordering::Relaxed);
         let e2 = entry.clone();
         let appeared = blocking(move || e2.refresh_blocking())
             .await?
@@ -951,6 +958,7 @@ impl DiskCache {
         if half {
             return Err(CacheError::SimulatedCrash(WriteStep::AppendRecord));
         }
+        entry.skip_own_record(index as u32);
 
         self.step(WriteStep::Publish)?;
         let (present, complete) = {
@@ -1153,6 +1161,12 @@ impl DiskCache {
     pub fn has_block(&self, id: &ObjectIdentity, index: u64) -> bool {
         self.cached_open(id.entry_key())
             .is_some_and(|o| o.blocks.lock().crc(index).is_some())
+    }
+
+    /// Journal tails this handle has read back on a blocking thread.
+    #[cfg(test)]
+    pub(crate) fn journal_replays(&self) -> u64 {
+        self.counters.journal_replays.load(Ordering::Relaxed)
     }
 
     /// Whether every block of `id` is known here to be present (no I/O; see

@@ -302,6 +302,31 @@ impl OpenEntry {
         }
     }
 
+    /// Called after this process appended the `present` record of block `index`, before
+    /// applying it in memory: when that record is the only one past the replay mark, moves
+    /// the mark past it, so the next refresh does not read this process's own record back on
+    /// a blocking thread (a 256-block object did that for every block it wrote). The record is
+    /// applied by the writer itself (`Publish`).
+    ///
+    /// Why the record past the mark is ours: the block is not present yet, so no replay has
+    /// passed our record (a replay applies every record it reads), and the mark only moves
+    /// otherwise past a record of ours; so our record lies past the mark, and when exactly
+    /// one record's length does, it is ours. A replay that read the tail meanwhile finds the
+    /// mark moved and discards what it read (see `refresh_blocking`), and any record appended
+    /// after ours stays past the mark.
+    pub fn skip_own_record(&self, index: u32) {
+        let mut b = self.blocks.lock();
+        if b.crc(index as u64).is_some() {
+            return;
+        }
+        let Ok(len) = self.idx.metadata().map(|m| m.len()) else {
+            return;
+        };
+        if len == b.replayed_to + format::RECORD_LEN as u64 {
+            b.replayed_to = len;
+        }
+    }
+
     /// Replays journal records appended since the last replay (blocking). Returns the
     /// blocks that became present, except those this process is writing (already charged).
     pub fn refresh_blocking(&self) -> io::Result<Vec<u32>> {
