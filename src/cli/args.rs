@@ -138,7 +138,7 @@ pub struct MountArgs {
     pub metadata_ttl: MetadataTtl,
 
     /// Concurrent GET requests at most, for the whole mount
-    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub max_inflight: u32,
 
     /// Memory for data buffers at most (in-flight GETs and the in-memory block cache), e.g. 512M, 2G

@@ -9,8 +9,10 @@
 //!    `concurrency` plan items being fetched, in plan order, from the reader's position on,
 //!    while the bytes fetched ahead and not yet opened stay within the byte budget (a share of
 //!    the cache, so prefetch never evicts what it fetched before it is read). By Little's law
-//!    the items in flight needed are rate × latency (e.g. 2,000 files/s × 30 ms = 60); the
-//!    concurrency is three quarters of `--max-inflight`, leaving the rest to demand reads.
+//!    the items in flight needed are rate × latency (e.g. 2,000 files/s × 30 ms = 60, and
+//!    a store under load answers in two or three times that, which is why the default
+//!    `--max-inflight` is 256); the concurrency is three quarters of `--max-inflight`,
+//!    leaving the rest to demand reads.
 //!    Each open moves the reader's position; replacing the plan mid-epoch starts over from
 //!    the new plan (fetches of the old one finish or are dropped; nothing is mixed).
 //! 2. **Directory order** ([`dirorder`]): without a plan, a reader that opens a directory's
