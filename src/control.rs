@@ -139,9 +139,19 @@ pub fn serve(mountpoint: &Path, source: Arc<dyn ControlHandler>) -> anyhow::Resu
         .with_context(|| format!("cannot listen on {}", path.display()))?;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
     tokio::spawn(async move {
+        let mut warned = false;
         loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of descriptors (EMFILE) fails again at once until some are freed:
+                    // pause instead of spinning, and say it once.
+                    if !std::mem::replace(&mut warned, true) {
+                        tracing::warn!(error = %e, "the control socket cannot accept a connection; retrying");
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
             };
             let source = source.clone();
             tokio::spawn(async move {
@@ -181,6 +191,9 @@ async fn answer(stream: UnixStream, source: Arc<dyn ControlHandler>) -> anyhow::
     Ok(())
 }
 
+/// How long a client waits for the daemon's reply.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Longest request line accepted (a plan is sent inline).
 const MAX_REQUEST: u64 = 256 << 20;
 
@@ -207,13 +220,25 @@ pub fn request_with(
             path.display()
         )
     })?;
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    stream.set_read_timeout(Some(REPLY_TIMEOUT))?;
     match argument {
         Some(a) => writeln!(stream, "{command} {a}")?,
         None => writeln!(stream, "{command}")?,
     }
     let mut line = String::new();
-    std::io::BufReader::new(stream).read_line(&mut line)?;
+    if let Err(e) = std::io::BufReader::new(stream).read_line(&mut line) {
+        if matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ) {
+            anyhow::bail!(
+                "the riffle mount at {} did not answer within {} s (see its log)",
+                mountpoint.display(),
+                REPLY_TIMEOUT.as_secs()
+            );
+        }
+        return Err(e).context("reading the daemon's reply");
+    }
     let value: serde_json::Value =
         serde_json::from_str(&line).context("the daemon sent an unreadable reply")?;
     if let Some(err) = value.get("error").and_then(|e| e.as_str()) {

@@ -269,3 +269,55 @@ fn two_mounts_share_one_cache_directory() {
     let s = stats(&c);
     assert!(s["blocks"]["disk_hits"].as_u64().unwrap() >= n, "{s}");
 }
+
+/// The daemon fits into the open-file limit it is given. 256 GETs in flight and 1,024 open
+/// cache entries need about 3,700 descriptors; the usual soft limit is 1,024, and there the
+/// cache used to fail with EMFILE ("Too many open files") and `riffle stats` could not
+/// connect. With soft = hard = 256 (no raising possible), it shrinks its open cache entries
+/// and GET slots, says so, and still caches every file with no error.
+#[test]
+fn a_small_open_file_limit_shrinks_what_is_kept_open_instead_of_failing() {
+    let endpoint = need_rgw!();
+    let bucket = unique_bucket("fdlimit");
+    let objects: Vec<(String, Vec<u8>)> = (0..600)
+        .map(|i| {
+            (
+                format!("d{}/f{i:04}", i % 6),
+                pattern(3_000 + i * 7, i as u64),
+            )
+        })
+        .collect();
+    runtime().block_on(async {
+        let s3 = client(&endpoint);
+        create_bucket(&s3, &bucket).await;
+        put_many(&s3, &bucket, objects.clone(), 16).await;
+    });
+    let cache_dir = tempfile::tempdir().unwrap();
+    let opts = [
+        "--cache-dir",
+        cache_dir.path().to_str().unwrap(),
+        "--metadata-ttl",
+        "indefinite",
+    ];
+    let mount =
+        Mount::new_with_open_file_limit(&endpoint, &format!("s3://{bucket}/"), &opts, Some(256));
+    // Many readers at once, so many entries and GETs are open together.
+    std::thread::scope(|s| {
+        for part in objects.chunks(objects.len() / 16) {
+            let mount = &mount;
+            s.spawn(move || read_all(mount, part));
+        }
+    });
+    let n = objects.len() as u64;
+    wait_for_stats(&mount, "every object cached", |s| complete_objects(s) == n);
+    let s = stats(&mount);
+    assert_eq!(s["cache"]["io_errors"], 0, "{s}");
+    assert_eq!(s["store"]["errors"], 0, "{s}");
+    assert!(
+        mount
+            .log_text()
+            .contains("the open-file limit leaves room for fewer GETs in flight"),
+        "{}",
+        mount.log_text()
+    );
+}

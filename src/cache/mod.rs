@@ -180,7 +180,7 @@ impl CacheConfig {
             min_free_fraction: 0.05,
             direct_io: true,
             ring_threads: 1,
-            max_open_objects: 1024,
+            max_open_objects: 1024, // (the daemon may lower it to fit its open-file limit)
         }
     }
 

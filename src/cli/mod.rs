@@ -7,6 +7,7 @@
 
 pub mod args;
 mod daemon;
+mod fd_limit;
 mod fstab;
 mod logging;
 mod mount;

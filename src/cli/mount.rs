@@ -15,6 +15,7 @@ use fuser::{MountOption, SessionACL};
 
 use super::args::MountArgs;
 use super::daemon::{self, Readiness};
+use super::fd_limit::{self, Budget};
 use super::size::SizeSpec;
 use super::{logging, one_line};
 use crate::cache::{make_policy, CacheConfig, DiskCache, SizeLimit};
@@ -88,8 +89,23 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
     let retrying = Arc::new(RetryingStore::new(raw, RetryPolicy::default()));
     let store: Arc<dyn ObjectStore> = retrying.clone();
     let ns = Namespace::new(store.clone(), &args.source.prefix, args.metadata_ttl);
+    let fds = fd_limit::raise_to_hard_limit().unwrap_or(1024);
+    let budget = Budget::fit(fds, args.max_inflight as usize, args.cache_dir.is_some());
+    if budget.max_inflight < args.max_inflight as usize {
+        tracing::warn!(
+            open_file_limit = fds,
+            max_inflight = budget.max_inflight,
+            "the open-file limit leaves room for fewer GETs in flight than --max-inflight; raise it (ulimit -n, or LimitNOFILE= in a systemd unit)"
+        );
+    } else if args.cache_dir.is_some() && budget.open_entries < fd_limit::DEFAULT_OPEN_ENTRIES {
+        tracing::info!(
+            open_file_limit = fds,
+            open_cache_entries = budget.open_entries,
+            "the open-file limit keeps fewer cache entries open (idle ones are reopened on use)"
+        );
+    }
     let fetch_config = FetchConfig {
-        max_inflight: args.max_inflight as usize,
+        max_inflight: budget.max_inflight,
         inflight_memory: args.max_memory / 2,
         block_cache_bytes: args.max_memory / 2,
         block_size: args.block_size,
@@ -105,6 +121,7 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
             };
             let mut cc = CacheConfig::new(dir, limit);
             cc.block_size = fetch_config.block_size;
+            cc.max_open_objects = budget.open_entries;
             let policy = make_policy(args.eviction, Some(oracle.clone()));
             let cache = DiskCache::open_with_policy(cc, policy)
                 .with_context(|| format!("cannot use cache directory {}", dir.display()))?;
@@ -118,7 +135,7 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
     };
     let flush_on_exit = disk.clone();
     let fetcher = Fetcher::new(store, fetch_config, runtime.handle().clone(), disk);
-    let prefetch = Prefetcher::new(ns.clone(), fetcher.clone(), prefetch_config(args, &fetcher));
+    let prefetch = Prefetcher::new(ns.clone(), fetcher.clone(), prefetch_config(&fetcher));
     oracle.bind(&prefetch);
     if let Some(path) = &args.prefetch_plan {
         let text = std::fs::read_to_string(path)
@@ -261,8 +278,8 @@ async fn wait_for_stop_signal() {
 
 /// Prefetch sizing: three quarters of the GET slots, and a byte window that is a share of the
 /// cache so that what is fetched ahead is still there when the reader arrives.
-fn prefetch_config(args: &MountArgs, fetcher: &Fetcher) -> PrefetchConfig {
-    let concurrency = ((args.max_inflight as usize) * 3 / 4).max(1);
+fn prefetch_config(fetcher: &Fetcher) -> PrefetchConfig {
+    let concurrency = (fetcher.config().max_inflight * 3 / 4).max(1);
     let (byte_budget, max_file_bytes) = match fetcher.disk() {
         Some(disk) => ((disk.cache().limit() / 4).min(16 << 30), 256 << 20),
         None => (fetcher.config().block_cache_bytes / 2, 8 << 20),

@@ -187,14 +187,40 @@ pub struct Mount {
 impl Mount {
     /// Mounts `source` with the test endpoint plus `extra` options; panics with the reason on failure.
     pub fn new(endpoint: &str, source: &str, extra: &[&str]) -> Mount {
+        Self::new_with_open_file_limit(endpoint, source, extra, None)
+    }
+
+    /// [`Mount::new`], with the daemon's open-file limit (soft and hard) set to `nofile`.
+    pub fn new_with_open_file_limit(
+        endpoint: &str,
+        source: &str,
+        extra: &[&str],
+        nofile: Option<u64>,
+    ) -> Mount {
+        use std::os::unix::process::CommandExt;
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("mnt");
         std::fs::create_dir(&path).expect("mkdir");
         let log = dir.path().join("riffle.log");
         let pid_file = dir.path().join("riffle.pid");
+        let mut cmd = Command::new(RIFFLE);
+        if let Some(n) = nofile {
+            // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let lim = libc::rlimit {
+                        rlim_cur: n,
+                        rlim_max: n,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         let out = run_with_timeout(
-            Command::new(RIFFLE)
-                .arg("mount")
+            cmd.arg("mount")
                 .arg(source)
                 .arg(&path)
                 .args(["--endpoint-url", endpoint, "--force-path-style"])
