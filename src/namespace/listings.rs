@@ -114,46 +114,44 @@ impl Follower {
 mod tests {
     use super::*;
 
+    fn lead(listings: &Listings, dir: u64) -> Lead {
+        match listings.claim(dir) {
+            Claim::Lead(lead) => lead,
+            Claim::Follow(_) => panic!("{dir} is already being listed"),
+        }
+    }
+
+    fn follow(listings: &Listings, dir: u64) -> Follower {
+        match listings.claim(dir) {
+            Claim::Follow(follower) => follower,
+            Claim::Lead(_) => panic!("nobody lists {dir}"),
+        }
+    }
+
     #[tokio::test]
     async fn one_lead_per_directory_and_followers_released_by_its_progress() {
         let listings = Listings::default();
-        let Claim::Lead(lead) = listings.claim(7) else {
-            panic!("nobody lists 7 yet");
-        };
-        let Claim::Follow(waiting_for_one_page) = listings.claim(7) else {
-            panic!("7 is being listed");
-        };
-        let Claim::Follow(waiting_for_all) = listings.claim(7) else {
-            panic!("7 is being listed");
-        };
-        assert!(
-            matches!(listings.claim(8), Claim::Lead(_)),
-            "another directory"
-        );
+        let seven = lead(&listings, 7);
+        let waiting_for_one_page = follow(&listings, 7);
+        let waiting_for_all = follow(&listings, 7);
+        let _eight = lead(&listings, 8);
 
         let first = tokio::spawn(waiting_for_one_page.first_page());
         let all = tokio::spawn(waiting_for_all.finished());
-        lead.more_pages();
+        seven.more_pages();
         assert!(!first.await.unwrap(), "released after one page, unfinished");
         assert!(!all.is_finished(), "a readdir waits for every page");
-        drop(lead);
+        drop(seven);
         all.await.unwrap();
-        assert!(
-            matches!(listings.claim(7), Claim::Lead(_)),
-            "the entry goes with its lead"
-        );
+        let _again = lead(&listings, 7); // the entry went with its lead
     }
 
     #[tokio::test]
     async fn a_dropped_lead_counts_as_finished() {
         let listings = Listings::default();
-        let Claim::Lead(lead) = listings.claim(1) else {
-            panic!("first claim leads");
-        };
-        let Claim::Follow(follower) = listings.claim(1) else {
-            panic!("under way");
-        };
-        drop(lead);
+        let one = lead(&listings, 1);
+        let follower = follow(&listings, 1);
+        drop(one);
         assert!(follower.first_page().await);
     }
 }

@@ -256,9 +256,19 @@ async fn a_superseded_file_name_moves_to_a_new_inode_and_stays_there() {
     assert_eq!(ns.supersede(ROOT_INO), None);
 }
 
-/// Paths of `n` files in directory `dir`.
-fn files_in(dir: &str, n: usize) -> Vec<String> {
-    (0..n).map(|i| format!("{dir}/f{i:03}")).collect()
+/// A namespace over `n` files in directory `dir` (listed `page` keys at a time) of a store
+/// that answers in 30 ms (paused test time), and the files' paths.
+fn slow_store_with_files(
+    dir: &str,
+    n: usize,
+    page: usize,
+    ttl: MetadataTtl,
+) -> (Arc<MemoryStore>, Arc<Namespace>, Vec<String>) {
+    let paths: Vec<String> = (0..n).map(|i| format!("{dir}/f{i:03}")).collect();
+    let keys: Vec<&str> = paths.iter().map(String::as_str).collect();
+    let (store, ns) = ns_with(&keys, page, ttl);
+    store.set_latency(Duration::from_millis(30));
+    (store, ns, paths)
 }
 
 /// Resolves every path at once (as the plan scheduler and a sampler's workers do) and checks
@@ -283,10 +293,7 @@ async fn resolve_all_at_once(ns: &Arc<Namespace>, paths: &[String]) {
 
 #[tokio::test(start_paused = true)]
 async fn concurrent_lookups_in_an_unlisted_directory_share_its_listing() {
-    let paths = files_in("d", 40);
-    let keys: Vec<&str> = paths.iter().map(String::as_str).collect();
-    let (store, ns) = ns_with(&keys, 1000, MetadataTtl::Indefinite);
-    store.set_latency(Duration::from_millis(30));
+    let (store, ns, paths) = slow_store_with_files("d", 40, 1000, MetadataTtl::Indefinite);
     resolve_all_at_once(&ns, &paths).await;
     // The first lookup of each level probes (a HEAD and a one-key LIST) while the level's
     // listing runs; the other 39 wait for the listing. Before, each of the 40 probed both
@@ -297,10 +304,7 @@ async fn concurrent_lookups_in_an_unlisted_directory_share_its_listing() {
 
 #[tokio::test(start_paused = true)]
 async fn lookups_do_not_wait_for_a_listing_of_many_pages() {
-    let paths = files_in("big", 25);
-    let keys: Vec<&str> = paths.iter().map(String::as_str).collect();
-    let (store, ns) = ns_with(&keys, 4, MetadataTtl::Indefinite);
-    store.set_latency(Duration::from_millis(30));
+    let (store, ns, paths) = slow_store_with_files("big", 25, 4, MetadataTtl::Indefinite);
     let dir = ns.lookup(ROOT_INO, "big").await.unwrap().ino;
     let (listing, ()) = futures::join!(ns.readdir(dir), resolve_all_at_once(&ns, &paths[..10]));
     assert_eq!(listing.unwrap().len(), 25, "readdir waits for every page");
@@ -316,10 +320,7 @@ async fn lookups_do_not_wait_for_a_listing_of_many_pages() {
 
 #[tokio::test(start_paused = true)]
 async fn concurrent_readdirs_share_one_listing() {
-    let paths = files_in("d", 30);
-    let keys: Vec<&str> = paths.iter().map(String::as_str).collect();
-    let (store, ns) = ns_with(&keys, 7, MetadataTtl::For(Duration::ZERO));
-    store.set_latency(Duration::from_millis(30));
+    let (store, ns, _) = slow_store_with_files("d", 30, 7, MetadataTtl::For(Duration::ZERO));
     let dir = ns.lookup(ROOT_INO, "d").await.unwrap().ino;
     store.reset_counts();
     let all = futures::future::join_all((0..6).map(|_| ns.readdir(dir))).await;
