@@ -367,13 +367,39 @@ impl Prefetcher {
                 None => None,
             };
             if let Some((generation, items)) = batch {
+                let mut cached = Vec::new();
                 for (i, path) in items {
+                    // Already whole in a cache (a later epoch): nothing to fetch, and no task
+                    // to spawn. (Checked without the plan lock: the cache's eviction policy
+                    // takes the plan lock while holding its own.)
+                    if self.known_and_cached(&path) {
+                        cached.push(i);
+                        continue;
+                    }
                     let this = self.clone();
                     tokio::spawn(async move { this.fetch_plan_item(generation, i, &path).await });
+                }
+                if !cached.is_empty() {
+                    if let Some(slot) = self.plan.lock().as_mut() {
+                        if slot.generation == generation {
+                            for i in cached {
+                                slot.tracker.fetched(i, Ok(Some(0)));
+                            }
+                        }
+                    }
+                    continue; // the window has room again
                 }
             }
             notified.await;
         }
+    }
+
+    /// Whether `path`'s metadata is known and trusted and its object is whole in a cache.
+    fn known_and_cached(&self, path: &str) -> bool {
+        self.ns
+            .resolve_cached(path)
+            .and_then(|attr| file_version(&self.ns, attr))
+            .is_some_and(|obj| self.fetcher.is_cached(&obj))
     }
 
     async fn fetch_plan_item(&self, generation: u64, i: usize, path: &str) {

@@ -369,3 +369,42 @@ async fn a_new_plan_marks_known_files_needed_before_the_scheduler_reaches_them()
     assert!(load(&s.prefetch.stats().plan_fetched) < 39);
     assert_eq!(oracle.next_use(key), Some(39));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_over_cached_files_spawns_no_fetch_and_still_tracks_the_reader() {
+    let order = keys(30, "d");
+    let s = setup(&order, 64, config(4, 1 << 30, 100));
+    s.prefetch.set_plan(Some(plan_of(&order)));
+    until("the first plan fetched", || {
+        load(&s.prefetch.stats().plan_fetched) == 30
+    })
+    .await;
+    for path in &order {
+        open(&s, path).await;
+    }
+    assert_eq!(load(&s.prefetch.stats().plan_opens_ready), 30);
+    let gets = s.store.count(Op::Get);
+    // The next epoch's plan: every file is cached, so the scheduler marks each item ready
+    // itself (no task, no fetch counted, no GET), and the reader finds every file cached.
+    let mut next = order.clone();
+    next.reverse();
+    s.prefetch.set_plan(Some(plan_of(&next)));
+    until("the scheduler ran through the plan", || {
+        s.prefetch
+            .plan
+            .lock()
+            .as_ref()
+            .is_some_and(|slot| (0..30).all(|i| slot.tracker.state(i) == plan::ItemState::Ready(0)))
+    })
+    .await;
+    for path in &next {
+        open(&s, path).await;
+    }
+    assert_eq!(
+        load(&s.prefetch.stats().plan_fetched),
+        30,
+        "nothing fetched again"
+    );
+    assert_eq!(load(&s.prefetch.stats().plan_opens_ready), 60);
+    assert_eq!(s.store.count(Op::Get), gets);
+}
