@@ -18,7 +18,8 @@
 //! A lookup that misses in a directory with no fresh listing also starts one listing of that
 //! directory in the background: readers that open files by path without listing first
 //! (a sampler with a file list) then pay one LIST per directory instead of a HEAD and a LIST
-//! per file.
+//! per file. Lookups in that directory while its listing runs wait for it when it fits in one
+//! page, and concurrent `readdir`s share it ([`listings`]).
 //!
 //! No lock is held across an `await`: remote calls are made first, their answers merged in
 //! under a short write lock.
