@@ -19,7 +19,7 @@
 //! directory in the background: readers that open files by path without listing first
 //! (a sampler with a file list) then pay one LIST per directory instead of a HEAD and a LIST
 //! per file. Lookups in that directory while its listing runs wait for it when it fits in one
-//! page, and concurrent `readdir`s share it ([`listings`]).
+//! page, and concurrent `readdir`s share it (module `listings`).
 //!
 //! No lock is held across an `await`: remote calls are made first, their answers merged in
 //! under a short write lock.
