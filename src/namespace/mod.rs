@@ -390,7 +390,7 @@ impl Namespace {
                     let this = self.clone();
                     let dir_prefix = prefix.clone();
                     tokio::spawn(async move {
-                        if let Err(e) = this.list_dir(parent, &dir_prefix, lead).await {
+                        if let Err(e) = this.list_dir(parent, &dir_prefix, Some(lead)).await {
                             tracing::debug!(error = %e, "background listing failed");
                         }
                     });
@@ -404,7 +404,7 @@ impl Namespace {
         if let Some((follower, listed_before)) = follower {
             if follower.first_page().await {
                 let tree = self.tree.read();
-                if self.listed_since(&tree, parent, listed_before) {
+                if self.listing_since(&tree, parent, listed_before).is_some() {
                     if let Some(answer) = self.fresh_lookup(&tree, parent, name) {
                         return answer;
                     }
@@ -648,68 +648,52 @@ impl Namespace {
                 )
             };
             match self.listings.claim(ino) {
-                Claim::Lead(lead) => return self.list_dir(ino, &prefix, lead).await,
+                Claim::Lead(lead) => return self.list_dir(ino, &prefix, Some(lead)).await,
                 // Followed once already and the directory is still not listed: another
                 // listing started meanwhile (or the one followed failed); list without
                 // waiting again.
-                Claim::Follow(_) if followed => return self.list_dir_unled(ino, &prefix).await,
+                Claim::Follow(_) if followed => return self.list_dir(ino, &prefix, None).await,
                 Claim::Follow(follower) => {
                     follower.finished().await;
                     followed = true;
-                    let tree = self.tree.read();
                     // A listing made while this call waited answers it, whatever the TTL.
-                    if self.listed_since(&tree, ino, listed_before) {
-                        if let Some((entries, _)) = Self::node(&tree, ino)?
-                            .dir
-                            .as_ref()
-                            .and_then(|d| d.listing.as_ref())
-                        {
-                            return Ok(entries.clone());
-                        }
+                    if let Some(entries) = self.listing_since(&self.tree.read(), ino, listed_before)
+                    {
+                        return Ok(entries);
                     }
                 }
             }
         }
     }
 
-    /// Whether directory `ino` was listed after `before` (the instant of the listing it had
-    /// then, if any).
-    fn listed_since(&self, tree: &Tree, ino: u64, before: Option<Instant>) -> bool {
-        let now = Self::node(tree, ino)
-            .ok()
-            .and_then(|n| n.dir.as_ref())
-            .and_then(|d| d.listing.as_ref())
-            .map(|(_, at)| *at);
-        match (now, before) {
-            (Some(now), Some(before)) => now > before,
-            (Some(_), None) => true,
-            (None, _) => false,
-        }
+    /// The listing of directory `ino` if it was made after `before` (the instant of the
+    /// listing it had then, if any).
+    fn listing_since(
+        &self,
+        tree: &Tree,
+        ino: u64,
+        before: Option<Instant>,
+    ) -> Option<Arc<Vec<DirEntry>>> {
+        let (entries, at) = Self::node(tree, ino).ok()?.dir.as_ref()?.listing.as_ref()?;
+        before
+            .is_none_or(|before| *at > before)
+            .then(|| entries.clone())
     }
 
-    /// Lists directory `ino` (its key prefix `prefix`) as the lead of its listing.
+    /// Lists directory `ino` (its key prefix `prefix`): as the `lead` of its listing, whose
+    /// followers are released once the result is in the tree, or (`None`) outside the
+    /// one-listing-at-a-time rule.
     async fn list_dir(
         &self,
         ino: u64,
         prefix: &str,
-        lead: Lead,
+        lead: Option<Lead>,
     ) -> Result<Arc<Vec<DirEntry>>, NamespaceError> {
         let started = Instant::now();
-        let pages = self.list_all(prefix, Some(&lead)).await;
+        let pages = self.list_all(prefix, lead.as_ref()).await;
         let result = pages.map(|pages| self.apply_listing(ino, prefix, pages, started));
         drop(lead);
         result
-    }
-
-    /// Lists directory `ino` outside the one-listing-at-a-time rule.
-    async fn list_dir_unled(
-        &self,
-        ino: u64,
-        prefix: &str,
-    ) -> Result<Arc<Vec<DirEntry>>, NamespaceError> {
-        let started = Instant::now();
-        let pages = self.list_all(prefix, None).await?;
-        Ok(self.apply_listing(ino, prefix, pages, started))
     }
 
     async fn list_all(
