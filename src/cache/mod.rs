@@ -136,6 +136,10 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// Entries whose files stay open at most, by default (the daemon lowers it to fit its
+/// open-file limit: `cli::fd_limit`).
+pub const DEFAULT_MAX_OPEN_OBJECTS: usize = 1024;
+
 pub use disk::{CacheStats, DiskCache, IndexMemory, ObjectStatus, PinGuard, WriteStep};
 pub use evict::{EntryInfo, EvictionPolicy, LruPolicy};
 pub use evict_epoch::EpochPolicy;
@@ -180,7 +184,7 @@ impl CacheConfig {
             min_free_fraction: 0.05,
             direct_io: true,
             ring_threads: 1,
-            max_open_objects: 1024, // (the daemon may lower it to fit its open-file limit)
+            max_open_objects: DEFAULT_MAX_OPEN_OBJECTS,
         }
     }
 

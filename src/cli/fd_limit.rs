@@ -2,7 +2,7 @@
 //!
 //! The daemon holds a socket per GET in flight (and idle ones kept for reuse, at most as many
 //! again), three descriptors per open cache entry (journal, data file, and its `O_DIRECT`
-//! twin; up to [`DEFAULT_OPEN_ENTRIES`] entries stay open), and a few dozen others (the FUSE
+//! twin; up to [`DEFAULT_MAX_OPEN_OBJECTS`] entries stay open), and a few dozen others (the FUSE
 //! device, the control socket and its clients, the io_uring, logs). The usual soft limit of
 //! 1,024 descriptors is far below that: the cache then failed with `EMFILE` ("Too many open
 //! files") and fell back to the store, and `riffle stats` could not even connect.
@@ -14,8 +14,8 @@
 
 use std::io;
 
-/// Open cache entries kept by default (`CacheConfig::max_open_objects`).
-pub const DEFAULT_OPEN_ENTRIES: usize = 1024;
+use crate::cache::DEFAULT_MAX_OPEN_OBJECTS;
+
 /// Open cache entries at least (readers pin the entries they read).
 pub const MIN_OPEN_ENTRIES: usize = 16;
 /// Descriptors per open cache entry.
@@ -33,12 +33,16 @@ pub struct Budget {
 }
 
 impl Budget {
-    /// Fits `wanted_inflight` slots and up to [`DEFAULT_OPEN_ENTRIES`] entries (none without a
+    /// Fits `wanted_inflight` slots and up to [`DEFAULT_MAX_OPEN_OBJECTS`] entries (none without a
     /// disk cache) into `limit` descriptors, shrinking entries first, then slots.
     pub fn fit(limit: u64, wanted_inflight: usize, disk_cache: bool) -> Budget {
         let usable = (limit.min(usize::MAX as u64) as usize).saturating_sub(RESERVED);
         let min_entries = if disk_cache { MIN_OPEN_ENTRIES } else { 0 };
-        let max_entries = if disk_cache { DEFAULT_OPEN_ENTRIES } else { 0 };
+        let max_entries = if disk_cache {
+            DEFAULT_MAX_OPEN_OBJECTS
+        } else {
+            0
+        };
         let for_slots = usable.saturating_sub(min_entries * PER_ENTRY);
         let max_inflight = wanted_inflight.min(for_slots / PER_SLOT).max(1);
         let for_entries = usable.saturating_sub(max_inflight * PER_SLOT) / PER_ENTRY;
@@ -83,7 +87,7 @@ mod tests {
             Budget::fit(1 << 20, 256, true),
             Budget {
                 max_inflight: 256,
-                open_entries: DEFAULT_OPEN_ENTRIES
+                open_entries: DEFAULT_MAX_OPEN_OBJECTS
             }
         );
         assert_eq!(Budget::fit(u64::MAX, 4096, false).max_inflight, 4096);

@@ -18,7 +18,7 @@ use super::daemon::{self, Readiness};
 use super::fd_limit::{self, Budget};
 use super::size::SizeSpec;
 use super::{logging, one_line};
-use crate::cache::{make_policy, CacheConfig, DiskCache, SizeLimit};
+use crate::cache::{make_policy, CacheConfig, DiskCache, SizeLimit, DEFAULT_MAX_OPEN_OBJECTS};
 use crate::control;
 use crate::control::MountControl;
 use crate::fetch::{DiskTier, FetchConfig, Fetcher};
@@ -97,7 +97,7 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
             max_inflight = budget.max_inflight,
             "the open-file limit leaves room for fewer GETs in flight than --max-inflight; raise it (ulimit -n, or LimitNOFILE= in a systemd unit)"
         );
-    } else if args.cache_dir.is_some() && budget.open_entries < fd_limit::DEFAULT_OPEN_ENTRIES {
+    } else if args.cache_dir.is_some() && budget.open_entries < DEFAULT_MAX_OPEN_OBJECTS {
         tracing::info!(
             open_file_limit = fds,
             open_cache_entries = budget.open_entries,
