@@ -69,6 +69,16 @@ async fn write_all_blocks(cache: &DiskCache, id: &ObjectIdentity) {
     }
 }
 
+/// Every block of `id` read back through the cache (each must hit), concatenated.
+async fn read_all_blocks(cache: &DiskCache, id: &ObjectIdentity) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for i in 0..id.size.div_ceil(BS) {
+        let block = cache.read_block(id, i).await.expect("read");
+        bytes.extend_from_slice(&block.unwrap_or_else(|| panic!("block {i} missing")));
+    }
+    bytes
+}
+
 fn data_path(root: &Path, id: &ObjectIdentity) -> PathBuf {
     let key = id.entry_key();
     let journal = fs::read(key.index_path(root)).expect("journal");
@@ -1076,12 +1086,10 @@ async fn a_writer_does_not_replay_its_own_records() {
     let status = cache.status(&a).await.expect("status").expect("entry");
     assert!(status.complete, "the other handle's block was replayed");
     assert_eq!(cache.journal_replays(), 1);
-    let mut bytes = Vec::new();
-    for i in 0..6 {
-        let block = cache.read_block(&a, i).await.expect("read").expect("hit");
-        bytes.extend_from_slice(&block);
-    }
-    assert!(bytes == whole(&a), "the object's bytes");
+    assert!(
+        read_all_blocks(&cache, &a).await == whole(&a),
+        "the object's bytes"
+    );
 }
 
 /// Two handles (two processes) writing the blocks of one object at the same time, each
@@ -1110,12 +1118,10 @@ async fn interleaved_writers_each_learn_every_block() {
         for cache in [one.await.expect("task"), two.await.expect("task")] {
             let status = cache.status(&a).await.expect("status").expect("entry");
             assert!(status.complete, "round {round}: {status:?}");
-            let mut bytes = Vec::new();
-            for i in 0..64 {
-                bytes
-                    .extend_from_slice(&cache.read_block(&a, i).await.expect("read").expect("hit"));
-            }
-            assert!(bytes == whole(&a), "round {round}: the object's bytes");
+            assert!(
+                read_all_blocks(&cache, &a).await == whole(&a),
+                "round {round}: the object's bytes"
+            );
         }
     }
 }
