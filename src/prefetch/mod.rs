@@ -221,11 +221,7 @@ impl Prefetcher {
             return entries;
         }
         for i in 0..plan.len() {
-            let Some(obj) = self
-                .ns
-                .resolve_cached(plan.path(i))
-                .and_then(|attr| file_version(&self.ns, attr))
-            else {
+            let Some(obj) = self.known_version(plan.path(i)) else {
                 continue;
             };
             if let Some(key) = self.entry_key(&obj) {
@@ -394,11 +390,15 @@ impl Prefetcher {
         }
     }
 
+    /// The object version at `path` if the namespace holds and trusts its metadata now (no
+    /// request to the store); `None` for a directory or an unknown path.
+    fn known_version(&self, path: &str) -> Option<Arc<ObjectVersion>> {
+        file_version(&self.ns, self.ns.resolve_cached(path)?)
+    }
+
     /// Whether `path`'s metadata is known and trusted and its object is whole in a cache.
     fn known_and_cached(&self, path: &str) -> bool {
-        self.ns
-            .resolve_cached(path)
-            .and_then(|attr| file_version(&self.ns, attr))
+        self.known_version(path)
             .is_some_and(|obj| self.fetcher.is_cached(&obj))
     }
 
