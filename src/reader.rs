@@ -12,15 +12,17 @@
 //! Read-ahead is remembered as a high-water mark so each block is requested once per handle,
 //! not once per read. Without the NVMe cache, the window is capped at a quarter of the memory
 //! cache, so what is read ahead is still there when the reader gets to it.
+//!
+//! The reader only decides what to read ahead ([`FileReader::begin_read`]); the FUSE layer then
+//! serves the bytes through the fetcher.
 
 use std::ops::Range;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use parking_lot::Mutex;
 
 use crate::cache::PinGuard;
-use crate::fetch::{FetchError, Fetcher, ObjectVersion};
+use crate::fetch::{Fetcher, ObjectVersion};
 
 /// Read-ahead tuning.
 #[derive(Debug, Clone, Copy)]
@@ -147,12 +149,15 @@ impl FileReader {
         &self.object
     }
 
-    /// Up to `len` bytes at `offset` (fewer at the end of the object).
-    pub async fn read(&self, offset: u64, len: u32) -> Result<Bytes, FetchError> {
+    /// The first half of a read of up to `len` bytes at `offset`: shows it to the read-ahead
+    /// detector (starting read-ahead when it is sequential) and returns the byte range to
+    /// serve, clamped to the object (empty at or past its end). The caller then serves the
+    /// range with [`Fetcher::read_quick`] or [`Fetcher::read`].
+    pub fn begin_read(&self, offset: u64, len: u32) -> Range<u64> {
         let size = self.object.size;
         let end = offset.saturating_add(len as u64).min(size);
         if offset >= end {
-            return Ok(Bytes::new());
+            return end..end;
         }
         let ahead = self.read_ahead.lock().observe(offset..end, size);
         if !ahead.is_empty() {
@@ -160,7 +165,7 @@ impl FileReader {
             self.fetcher
                 .prefetch(&self.object, ahead.start / bs..ahead.end.div_ceil(bs));
         }
-        self.fetcher.read(&self.object, offset..end).await
+        offset..end
     }
 }
 

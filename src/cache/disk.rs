@@ -789,6 +789,52 @@ impl DiskCache {
         Ok(Some(data))
     }
 
+    /// Reads block `index` of `id` without a task, when that needs no metadata I/O: the entry
+    /// is open here and the block's CRC is known. The read goes to the I/O thread, and `done`
+    /// runs there with the bytes once their CRC matched, or with `None` when the read failed
+    /// or the bytes did not match (the caller then takes the task path, [`Self::read_block`],
+    /// which reads again and drops or reports what is wrong). Gives `done` back, uncalled,
+    /// when the block cannot be read this way. `done` runs on the I/O thread: it must be short.
+    pub fn read_block_on_ring<F>(
+        self: &Arc<Self>,
+        id: &ObjectIdentity,
+        index: u64,
+        done: F,
+    ) -> Result<(), F>
+    where
+        F: FnOnce(Option<Bytes>) + Send + 'static,
+    {
+        let Ok(len) = self.block_len(id, index) else {
+            return Err(done);
+        };
+        let key = id.entry_key();
+        let Some(entry) = self.cached_open(key) else {
+            return Err(done);
+        };
+        let Some(crc) = entry.blocks.lock().crc(index) else {
+            return Err(done);
+        };
+        let file = match &entry.direct {
+            Some(d) if len % ALIGN as u64 == 0 => d,
+            _ => &entry.data,
+        };
+        let this = self.clone();
+        self.ring.read_then(
+            file,
+            index * self.block_size,
+            len as usize,
+            move |read| match read {
+                Ok(data) if data.len() as u64 == len && crc32c::crc32c(&data) == crc => {
+                    this.counters.hits.fetch_add(1, Ordering::Relaxed);
+                    this.state.lock().policy.touch(key);
+                    done(Some(data));
+                }
+                _ => done(None),
+            },
+        );
+        Ok(())
+    }
+
     /// Drops a block whose bytes did not match their CRC: in memory, then in the journal.
     async fn drop_block(&self, entry: &Arc<OpenEntry>, index: u64, crc: u32) {
         self.counters.crc_failures.fetch_add(1, Ordering::Relaxed);

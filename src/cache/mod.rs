@@ -137,8 +137,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// Entries whose files stay open at most, by default (the daemon lowers it to fit its
-/// open-file limit: `cli::fd_limit`).
-pub const DEFAULT_MAX_OPEN_OBJECTS: usize = 1024;
+/// open-file limit: `cli::fd_limit`). An open entry serves its blocks with no metadata I/O,
+/// straight from the I/O thread ([`DiskCache::read_block_on_ring`]); a closed one costs three
+/// opens and a journal read on a blocking thread first. 16,384 entries hold about 49,000
+/// descriptors and 7 MB, and keep a dataset of that many files warm without passthrough.
+pub const DEFAULT_MAX_OPEN_OBJECTS: usize = 16_384;
 
 pub use disk::{CacheStats, DiskCache, IndexMemory, ObjectStatus, PinGuard, WriteStep};
 pub use evict::{EntryInfo, EvictionPolicy, LruPolicy};

@@ -2,7 +2,10 @@
 //!
 //! Callers (async tasks) send a request (read, write or fdatasync of a file at an offset) over
 //! a channel and await a oneshot reply; they never touch the file themselves, so no tokio
-//! worker blocks on the disk. The ring thread loops:
+//! worker blocks on the disk. A read may instead carry a callback that the ring thread runs
+//! with the result ([`Ring::read_then`]): a cache hit then goes from the FUSE thread to the
+//! ring thread and straight back to the kernel, with no task to wake in between. The ring
+//! thread loops:
 //!
 //! 1. take every request waiting in the channel and turn as many as fit into submission queue
 //!    entries (up to [`MAX_INFLIGHT`] operations in flight);
@@ -147,7 +150,22 @@ enum Done {
     Synced,
 }
 
-type Reply = oneshot::Sender<io::Result<Done>>;
+/// Where the result of an operation goes: a waiting task, or a callback run on the ring thread.
+enum Reply {
+    Task(oneshot::Sender<io::Result<Done>>),
+    Call(Box<dyn FnOnce(io::Result<Done>) + Send>),
+}
+
+impl Reply {
+    fn send(self, out: io::Result<Done>) {
+        match self {
+            Reply::Task(tx) => {
+                let _ = tx.send(out);
+            }
+            Reply::Call(f) => f(out),
+        }
+    }
+}
 
 struct Request {
     op: Op,
@@ -223,19 +241,28 @@ impl Ring {
         self.submitted.load(Ordering::Relaxed)
     }
 
-    async fn call(&self, op: Op) -> io::Result<Done> {
+    /// Queues `op` on its file's ring; gives the request back if that ring has stopped.
+    fn send(&self, op: Op, reply: Reply) -> Result<(), Request> {
         let fd = match &op {
             Op::Read { file, .. } | Op::Write { file, .. } | Op::Fsync { file } => file.as_raw_fd(),
         };
         let lane = &self.lanes[fd as usize % self.lanes.len()];
-        let (reply, rx) = oneshot::channel();
-        let closed = || io::Error::other("the cache I/O thread has stopped");
-        let tx = lane.tx.as_ref().ok_or_else(closed)?;
-        tx.send(Request { op, reply }).map_err(|_| closed())?;
+        let request = Request { op, reply };
+        let Some(tx) = lane.tx.as_ref() else {
+            return Err(request);
+        };
+        tx.send(request).map_err(|e| e.0)?;
         self.submitted.fetch_add(1, Ordering::Relaxed);
         if lane.wake.sleeping.swap(false, Ordering::SeqCst) {
             lane.wake.ring_bell();
         }
+        Ok(())
+    }
+
+    async fn call(&self, op: Op) -> io::Result<Done> {
+        let closed = || io::Error::other("the cache I/O thread has stopped");
+        let (reply, rx) = oneshot::channel();
+        self.send(op, Reply::Task(reply)).map_err(|_| closed())?;
         rx.await.map_err(|_| closed())?
     }
 
@@ -251,6 +278,35 @@ impl Ring {
         {
             Done::Read(b) => Ok(b),
             _ => Err(io::Error::other("unexpected reply")),
+        }
+    }
+
+    /// Reads exactly `len` bytes at `offset` like [`Ring::read`], but instead of a task waiting,
+    /// `done` runs on the ring thread with the result, so the bytes reach their user with no
+    /// further thread hand-off. `done` must be short and must not block: it holds up every
+    /// other operation of its ring. If the ring has stopped, `done` runs here with an error.
+    pub fn read_then(
+        &self,
+        file: &Arc<File>,
+        offset: u64,
+        len: usize,
+        done: impl FnOnce(io::Result<Bytes>) + Send + 'static,
+    ) {
+        let op = Op::Read {
+            file: file.clone(),
+            offset,
+            len,
+        };
+        let reply = Reply::Call(Box::new(move |out| {
+            done(out.and_then(|d| match d {
+                Done::Read(b) => Ok(b),
+                _ => Err(io::Error::other("unexpected reply")),
+            }))
+        }));
+        if let Err(request) = self.send(op, reply) {
+            request
+                .reply
+                .send(Err(io::Error::other("the cache I/O thread has stopped")));
         }
     }
 
@@ -279,9 +335,14 @@ impl Drop for Ring {
             lane.tx = None;
             lane.wake.ring_bell();
         }
+        let me = std::thread::current().id();
         for lane in &mut self.lanes {
             if let Some(t) = lane.thread.take() {
-                let _ = t.join();
+                // The last owner may let go inside a callback on a ring thread
+                // ([`Ring::read_then`]): that thread finishes its work and exits on its own.
+                if t.thread().id() != me {
+                    let _ = t.join();
+                }
             }
         }
     }
@@ -629,7 +690,7 @@ impl RingThread {
                         )),
                         None => Ok(Done::Read(Bytes::from_owner(buf))),
                     };
-                    let _ = reply.send(out);
+                    reply.send(out);
                 }
                 self.release_slot(slot);
             }
@@ -651,7 +712,7 @@ impl RingThread {
                         None if res == 0 => Err(io::Error::from(io::ErrorKind::WriteZero)),
                         None => Ok(Done::Written),
                     };
-                    let _ = reply.send(out);
+                    reply.send(out);
                 }
                 self.release_slot(slot);
             }
@@ -666,7 +727,7 @@ impl RingThread {
                         r if r < 0 => Err(io::Error::from_raw_os_error(-r)),
                         _ => Ok(Done::Synced),
                     };
-                    let _ = reply.send(out);
+                    reply.send(out);
                 }
                 if g.queued.is_empty() {
                     // Keep `file` alive until here: the descriptor number must not be reused
@@ -724,6 +785,31 @@ mod tests {
             Err(io::ErrorKind::UnexpectedEof)
         );
         assert!(ring.submitted() >= 64 * 3);
+    }
+
+    #[test]
+    fn read_then_answers_on_the_ring_thread_even_when_the_ring_is_dropped_there() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = file(dir.path());
+        std::os::unix::fs::FileExt::write_all_at(&*f, b"hello, ring", 0).expect("write");
+        let ring = Arc::new(Ring::new(1).expect("io_uring"));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (go, wait_go) = std::sync::mpsc::channel::<()>();
+        let held = ring.clone();
+        ring.read_then(&f, 7, 4, move |got| {
+            let thread = std::thread::current().name().map(str::to_string);
+            let _ = wait_go.recv();
+            // The last owner lets go here, on the ring thread: Drop must not join itself.
+            drop(held);
+            let _ = tx.send((got.map(|b| b.to_vec()), thread));
+        });
+        drop(ring);
+        go.send(()).expect("callback waiting");
+        let (got, thread) = rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("answered");
+        assert_eq!(got.expect("read"), b"ring");
+        assert_eq!(thread.as_deref(), Some("riffle-uring-0"));
     }
 
     #[test]

@@ -334,6 +334,93 @@ mod with_disk {
         );
     }
 
+    /// `read_quick`'s answer, and the name of the thread that gave it.
+    async fn quick(
+        f: &Arc<Fetcher>,
+        obj: &Arc<ObjectVersion>,
+        range: std::ops::Range<u64>,
+    ) -> (Option<Bytes>, Option<String>) {
+        let (tx, rx) = oneshot::channel();
+        f.read_quick(obj, range, move |got| {
+            let thread = std::thread::current().name().map(str::to_string);
+            let _ = tx.send((got, thread));
+        });
+        rx.await.expect("read_quick calls done exactly once")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn quick_reads_come_from_the_io_thread_and_only_when_nothing_must_wait() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(MemoryStore::new());
+        let body = data(3 * DBS as usize + 100, 13);
+        let obj = version(&store, "k", &body);
+        let f = disk_fetcher(&store, dir.path());
+        // Nothing cached yet: declined, and nothing fetched.
+        assert_eq!(quick(&f, &obj, 0..DBS).await.0, None);
+        assert_eq!(store.count(Op::Get), 0);
+        f.read(&obj, 0..body.len() as u64).await.unwrap();
+        wait_complete(&f, &obj).await;
+        let gets = store.count(Op::Get);
+        let hits = f.stats().disk_hits.load(Ordering::Relaxed);
+        // One whole block, part of one, and the short last block: from the NVMe cache (this
+        // fetcher keeps no blocks in memory), answered on the cache's I/O thread.
+        for range in [DBS..2 * DBS, DBS + 10..DBS + 20, 3 * DBS..3 * DBS + 100] {
+            let (got, thread) = quick(&f, &obj, range.clone()).await;
+            let want = &body[range.start as usize..range.end as usize];
+            assert_eq!(got.as_deref(), Some(want), "{range:?}");
+            assert!(
+                thread
+                    .as_deref()
+                    .is_some_and(|t| t.starts_with("riffle-uring")),
+                "{thread:?}"
+            );
+        }
+        assert_eq!(f.stats().disk_hits.load(Ordering::Relaxed), hits + 3);
+        // A read across two blocks that are not in memory takes the task path.
+        assert_eq!(quick(&f, &obj, DBS - 1..DBS + 1).await.0, None);
+        assert_eq!(store.count(Op::Get), gets, "no request to the store");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_quick_read_of_a_corrupted_block_returns_nothing_and_the_task_path_refetches() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(MemoryStore::new());
+        let body = data(2 * DBS as usize, 14);
+        let obj = version(&store, "k", &body);
+        let f = disk_fetcher(&store, dir.path());
+        f.read(&obj, 0..body.len() as u64).await.unwrap();
+        wait_complete(&f, &obj).await;
+        let data_file = walk_files(dir.path())
+            .into_iter()
+            .find(|p| p.extension().is_some_and(|e| e == "data"))
+            .unwrap();
+        let raw = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&data_file)
+            .unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&raw, b"\xff\x00", DBS + 7).unwrap();
+        raw.sync_all().unwrap();
+        let gets = store.count(Op::Get);
+        assert_eq!(
+            quick(&f, &obj, DBS..2 * DBS).await.0,
+            None,
+            "never wrong bytes"
+        );
+        let got = f.read(&obj, DBS..2 * DBS).await.unwrap();
+        assert_eq!(&got[..], &body[DBS as usize..]);
+        assert_eq!(
+            store.count(Op::Get),
+            gets + 1,
+            "the bad block is fetched again"
+        );
+        assert_eq!(f.disk().unwrap().cache().stats().crc_failures, 1);
+        // The untouched block is still served quickly.
+        assert_eq!(
+            quick(&f, &obj, 0..DBS).await.0.as_deref(),
+            Some(&body[..DBS as usize])
+        );
+    }
+
     fn walk_files(root: &std::path::Path) -> Vec<std::path::PathBuf> {
         let mut out = Vec::new();
         let mut stack = vec![root.to_path_buf()];

@@ -12,11 +12,16 @@
 //! of the listing taken at `opendir`, so offsets stay stable while a reader pages through it.
 //!
 //! Fast paths: a lookup, getattr or open whose answer is already in memory (metadata younger
-//! than the TTL; for an open, a passthrough backing file kept from an earlier open of the same
-//! version, see [`backings`]) is answered on the FUSE thread itself, without a tokio task. A
-//! warm epoch of small files is then one FUSE round trip per lookup and per open, and the
-//! reads never reach the daemon. `flush` answers ENOSYS once, so the kernel stops sending it
-//! (a read-only file system has nothing to flush) and `close` costs no round trip.
+//! than the TTL; for an open with passthrough, a backing file kept from an earlier open of the
+//! same version, see [`backings`]) is answered on the FUSE thread itself, without a tokio task.
+//! A warm epoch of small files is then one FUSE round trip per lookup and per open, and the
+//! reads never reach the daemon. Without passthrough (kernels before 6.9), an open whose
+//! metadata is in memory and a read of bytes in the memory cache are answered on the FUSE
+//! thread too, and a read of a block in an open NVMe cache entry on the cache's I/O thread as
+//! soon as the block is read and verified ([`Fetcher::read_quick`]); only reads that must wait
+//! for the store or for metadata I/O take a task. `flush` answers ENOSYS once, so the kernel
+//! stops sending it (a read-only file system has nothing to flush) and `close` costs no round
+//! trip.
 
 mod backings;
 mod preopen;
@@ -191,6 +196,18 @@ impl Handles {
             .is_some_and(|b| &*b.etag != etag)
     }
 
+    /// Answers the open of `fh` (of `ino` at version `etag`) as served by the daemon, keeping
+    /// the kernel's cached pages when they belong to this same version.
+    fn reply_served_by_daemon(&self, ino: u64, fh: u64, etag: &Arc<str>, reply: ReplyOpen) {
+        *self.cached_opens.lock().entry(ino).or_default() += 1;
+        let flags = if self.remember_etag(ino, etag) {
+            FopenFlags::FOPEN_KEEP_CACHE
+        } else {
+            FopenFlags::empty()
+        };
+        reply.opened(FileHandle(fh), flags);
+    }
+
     /// Records that `ino` is opened at version `etag`; true if the kernel's cached pages (if
     /// any) belong to that same version and may be kept.
     fn remember_etag(&self, ino: u64, etag: &Arc<str>) -> bool {
@@ -344,6 +361,27 @@ impl RiffleFs {
         None
     }
 
+    /// Answers an open on the FUSE thread when passthrough is off and the metadata is younger
+    /// than the TTL: the daemon serves the reads, and nothing needs to wait. Otherwise gives
+    /// the reply back.
+    fn open_served_by_daemon_now(&self, ino: u64, fh: u64, reply: ReplyOpen) -> Option<ReplyOpen> {
+        if self.passthrough.load(Ordering::Relaxed) {
+            return Some(reply);
+        }
+        let Some(Ok(target)) = self.ns.open_target_cached(ino) else {
+            return Some(reply);
+        };
+        if self.handles.open_at_other_version(ino, &target.etag) {
+            return Some(reply);
+        }
+        // The prefetcher may start tasks.
+        let _runtime = self.runtime.enter();
+        self.opener().start(ino, fh, object_of(&target));
+        self.handles
+            .reply_served_by_daemon(ino, fh, &target.etag, reply);
+        None
+    }
+
     /// Starts opening backing ids ahead for objects as they complete in the cache.
     fn start_preopen(&self) {
         let Some(disk) = self.fetcher.disk() else {
@@ -464,9 +502,11 @@ impl Filesystem for RiffleFs {
             return;
         }
         let fh = self.new_fh();
-        let reply = match self.open_kept_backing(ino.0, fh, reply) {
-            Some(reply) => reply,
-            None => return,
+        let Some(reply) = self.open_kept_backing(ino.0, fh, reply) else {
+            return;
+        };
+        let Some(reply) = self.open_served_by_daemon_now(ino.0, fh, reply) else {
+            return;
         };
         let ns = self.ns.clone();
         let opener = self.opener();
@@ -492,14 +532,7 @@ impl Filesystem for RiffleFs {
                     return opener.reply_passthrough(ino.0, fh, &object.etag, &backing, reply);
                 }
             }
-            *handles.cached_opens.lock().entry(ino.0).or_default() += 1;
-            let keep_cache = handles.remember_etag(ino.0, &target.etag);
-            let flags = if keep_cache {
-                FopenFlags::FOPEN_KEEP_CACHE
-            } else {
-                FopenFlags::empty()
-            };
-            reply.opened(FileHandle(fh), flags);
+            handles.reply_served_by_daemon(ino.0, fh, &target.etag, reply);
         });
     }
 
@@ -519,28 +552,42 @@ impl Filesystem for RiffleFs {
             reply.error(Errno::EBADF);
             return;
         };
+        let range = reader.begin_read(offset, size);
+        let object = reader.object().clone();
         let ns = self.ns.clone();
         let handles = self.handles.clone();
         let fetcher = self.fetcher.clone();
-        self.runtime.spawn(async move {
-            let _timer = timer;
-            match reader.read(offset, size).await {
-                Ok(data) => reply.data(&data),
-                Err(e) => {
-                    let key = &reader.object().key;
-                    match &e {
-                        FetchError::Changed => {
-                            tracing::warn!(%key, "object changed while open; failing the read (reopen to see the new version)");
-                            ns.invalidate(ino.0);
-                            if let Some(disk) = fetcher.disk() {
-                                handles.kept.forget(&disk.entry_key(reader.object()));
+        let runtime = self.runtime.clone();
+        // Bytes already cached are answered without a task (`Fetcher::read_quick`); the rest,
+        // and anything that went wrong there, go through one.
+        self.fetcher.read_quick(&object, range.clone(), move |quick| {
+            if let Some(data) = quick {
+                let _timer = timer;
+                return reply.data(&data);
+            }
+            runtime.spawn(async move {
+                let _timer = timer;
+                let object = reader.object();
+                match fetcher.read(object, range).await {
+                    Ok(data) => reply.data(&data),
+                    Err(e) => {
+                        let key = &object.key;
+                        match &e {
+                            FetchError::Changed => {
+                                tracing::warn!(%key, "object changed while open; failing the read (reopen to see the new version)");
+                                ns.invalidate(ino.0);
+                                if let Some(disk) = fetcher.disk() {
+                                    handles.kept.forget(&disk.entry_key(object));
+                                }
+                            }
+                            other => {
+                                tracing::warn!(%key, offset, size, error = %other, "read failed")
                             }
                         }
-                        other => tracing::warn!(%key, offset, size, error = %other, "read failed"),
+                        reply.error(Errno::EIO);
                     }
-                    reply.error(Errno::EIO);
                 }
-            }
+            });
         });
     }
 
