@@ -160,10 +160,12 @@ impl FileReader {
             return end..end;
         }
         let ahead = self.read_ahead.lock().observe(offset..end, size);
-        if !ahead.is_empty() {
-            let bs = self.fetcher.config().block_size;
-            self.fetcher
-                .prefetch(&self.object, ahead.start / bs..ahead.end.div_ceil(bs));
+        // A block the read-ahead starts inside of is this read's last block (which the read
+        // itself fetches) or was requested with the previous window: start at the next one.
+        let bs = self.fetcher.config().block_size;
+        let blocks = ahead.start.div_ceil(bs)..ahead.end.div_ceil(bs);
+        if !blocks.is_empty() {
+            self.fetcher.prefetch(&self.object, blocks);
         }
         offset..end
     }
@@ -232,6 +234,73 @@ mod tests {
         for pair in requests.windows(2) {
             assert_eq!(pair[0].end, pair[1].start);
         }
+    }
+
+    /// Read-ahead never asks again for the block the read itself is fetching: a read served
+    /// without a task ([`Fetcher::read_quick`]) does not join in-flight fetches, so a
+    /// read-ahead of that block would read it a second time.
+    #[tokio::test]
+    async fn read_ahead_starts_after_the_blocks_of_the_read() {
+        use crate::store::memory::MemoryStore;
+        use std::sync::atomic::Ordering;
+        let store = Arc::new(MemoryStore::new());
+        let bs = MIB;
+        let mut objects = Vec::new();
+        for (key, size) in [("one-block", bs / 2), ("three-blocks", 3 * bs)] {
+            let etag = store.put(key, vec![7; size as usize]);
+            objects.push(Arc::new(ObjectVersion {
+                key: Arc::from(key),
+                etag: Arc::from(etag.as_str()),
+                size,
+            }));
+        }
+        let fetcher = Fetcher::new(
+            store,
+            crate::fetch::FetchConfig::default(),
+            tokio::runtime::Handle::current(),
+            None,
+        );
+        let requests = || fetcher.stats().prefetch_requests.load(Ordering::Relaxed);
+        // The first 128 KiB of a half-block file: the rest of it is in the block being read.
+        let small = FileReader::new(
+            objects[0].clone(),
+            fetcher.clone(),
+            ReadAheadConfig::default(),
+            None,
+        );
+        assert_eq!(small.begin_read(0, 128 << 10), 0..128 << 10);
+        assert_eq!(requests(), 0);
+        // The first 128 KiB of a three-block file: blocks 1 and 2 are read ahead, not 0.
+        let big = FileReader::new(
+            objects[1].clone(),
+            fetcher.clone(),
+            ReadAheadConfig::default(),
+            None,
+        );
+        big.begin_read(0, 128 << 10);
+        assert_eq!(requests(), 1);
+        assert!(fetcher
+            .block_cache()
+            .get(&(objects[1].clone(), 0))
+            .is_none());
+        for _ in 0..1000 {
+            if fetcher
+                .block_cache()
+                .get(&(objects[1].clone(), 1))
+                .is_some()
+            {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        assert!(fetcher
+            .block_cache()
+            .get(&(objects[1].clone(), 1))
+            .is_some());
+        assert!(fetcher
+            .block_cache()
+            .get(&(objects[1].clone(), 0))
+            .is_none());
     }
 
     #[test]
