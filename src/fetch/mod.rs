@@ -280,6 +280,11 @@ impl Fetcher {
         let index = blocks.start;
         let this = self.clone();
         let key = (obj.clone(), index);
+        if self.inflight.lock().contains_key(&key) {
+            // Being fetched or read from disk already (read-ahead): wait for that instead
+            // of reading the block a second time.
+            return done(None);
+        }
         let slice = (range.start - index * bs) as usize..(end - index * bs) as usize;
         let on_disk = disk
             .cache
