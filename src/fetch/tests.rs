@@ -308,16 +308,9 @@ mod with_disk {
         let store = Arc::new(MemoryStore::new());
         let body = data(4 * DBS as usize, 12);
         let obj = version(&store, "k", &body);
-        {
-            let f = disk_fetcher(&store, dir.path());
-            f.read(&obj, 0..body.len() as u64).await.unwrap();
-            wait_complete(&f, &obj).await;
-        }
+        cache_whole(&disk_fetcher(&store, dir.path()), &obj).await;
         // Flip bytes in the middle of block 2 of the data file.
-        let data_file = walk_files(dir.path())
-            .into_iter()
-            .find(|p| p.extension().is_some_and(|e| e == "data"))
-            .unwrap();
+        let data_file = the_data_file(dir.path());
         let mut raw = std::fs::read(&data_file).unwrap();
         raw[2 * DBS as usize + 10] ^= 0xff;
         std::fs::write(&data_file, raw).unwrap();
@@ -358,8 +351,7 @@ mod with_disk {
         // Nothing cached yet: declined, and nothing fetched.
         assert_eq!(quick(&f, &obj, 0..DBS).await.0, None);
         assert_eq!(store.count(Op::Get), 0);
-        f.read(&obj, 0..body.len() as u64).await.unwrap();
-        wait_complete(&f, &obj).await;
+        cache_whole(&f, &obj).await;
         let gets = store.count(Op::Get);
         let hits = f.stats().disk_hits.load(Ordering::Relaxed);
         // One whole block, part of one, and the short last block: from the NVMe cache (this
@@ -388,15 +380,10 @@ mod with_disk {
         let body = data(2 * DBS as usize, 14);
         let obj = version(&store, "k", &body);
         let f = disk_fetcher(&store, dir.path());
-        f.read(&obj, 0..body.len() as u64).await.unwrap();
-        wait_complete(&f, &obj).await;
-        let data_file = walk_files(dir.path())
-            .into_iter()
-            .find(|p| p.extension().is_some_and(|e| e == "data"))
-            .unwrap();
+        cache_whole(&f, &obj).await;
         let raw = std::fs::OpenOptions::new()
             .write(true)
-            .open(&data_file)
+            .open(the_data_file(dir.path()))
             .unwrap();
         std::os::unix::fs::FileExt::write_all_at(&raw, b"\xff\x00", DBS + 7).unwrap();
         raw.sync_all().unwrap();
@@ -419,6 +406,20 @@ mod with_disk {
             quick(&f, &obj, 0..DBS).await.0.as_deref(),
             Some(&body[..DBS as usize])
         );
+    }
+
+    /// Reads all of `obj` through `f` and waits until its cache entry is complete.
+    async fn cache_whole(f: &Arc<Fetcher>, obj: &Arc<ObjectVersion>) {
+        f.read(obj, 0..obj.size).await.unwrap();
+        wait_complete(f, obj).await;
+    }
+
+    /// The data file of the only object cached in `dir`.
+    fn the_data_file(dir: &std::path::Path) -> std::path::PathBuf {
+        walk_files(dir)
+            .into_iter()
+            .find(|p| p.extension().is_some_and(|e| e == "data"))
+            .unwrap()
     }
 
     fn walk_files(root: &std::path::Path) -> Vec<std::path::PathBuf> {
