@@ -88,8 +88,9 @@ fn rss(row: &Row) -> String {
 /// Why a table with epoch 3 shows it, under the table.
 const EPOCH3_NOTE: &str = "riffle's warm epoch (2) is the first read of the cache files \
      it wrote during epoch 1, while local disk's epoch 2 re-reads the files it read in epoch 1, \
-     and on this VM's disk a first read of freshly written data is slower than a re-read. \
-     Epoch 3 re-reads for every system alike (copy-first's epochs are local disk's), so \
+     and on this VM's virtual disk a first read of data written with O_DIRECT (as riffle \
+     writes whole cache blocks) is up to 2-3x slower than a re-read, while buffered writes \
+     (the copy's) are not. Epoch 3 re-reads for every system alike (copy-first's epochs are local disk's), so \
      \"epoch 3 ÷ local\" compares a re-read with a re-read; \"warm (epoch 2)\" stays the \
      headline warm figure.";
 
