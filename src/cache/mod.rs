@@ -37,6 +37,8 @@
 //! cache and the daemon does not hold a second copy of what the kernel's FUSE page cache
 //! already holds; the short last block and filesystems without `O_DIRECT` (older tmpfs) use
 //! buffered I/O on a second descriptor ([`CacheConfig::direct_io`] turns `O_DIRECT` off).
+//! Measured on W2 (16 × 256 MiB shards, 4 readers): buffered block writes made the cold epoch
+//! twice as long (12–15 s against 6.9–7.5 s), with or without the per-block `fdatasync`.
 //! Metadata work (opening, creating and linking files, replaying journals, unlinking evicted
 //! entries) runs on tokio's blocking pool. The only system calls made on the caller's thread
 //! are ones that never wait for the disk: non-blocking lock operations (`flock`/`fcntl` with
