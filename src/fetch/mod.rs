@@ -17,6 +17,12 @@
 //! asks again), so prefetching never queues ahead of a demand read. Completed blocks go into a
 //! byte-weighted in-memory cache (moka) of bounded size; the NVMe cache replaces it as the
 //! place blocks land.
+//!
+//! A demand read whose bytes are cached can skip the table and the tasks altogether
+//! ([`Fetcher::read_quick`]): it is answered at once from memory, or from one block of an open
+//! NVMe cache entry by the cache's I/O thread. It does so only when nothing has to wait and
+//! the block is not in flight; everything else (and any failed or mismatched disk read) goes
+//! through [`Fetcher::read`].
 
 mod blocks;
 mod disk;
