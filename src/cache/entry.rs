@@ -238,10 +238,18 @@ impl OpenEntry {
         direct_io: bool,
     ) -> io::Result<Option<OpenEntry>> {
         let dir = key.dir(root);
-        fs::create_dir_all(&dir)?;
         let nonce: u64 = rand::random();
         let header = Header::new(id, block_size, nonce);
-        let result = sys::create_published(&dir, &key.index_path(root), &header.encode());
+        let (index_path, encoded) = (key.index_path(root), header.encode());
+        // The fan-out directory exists for all but the first entries of its prefix: try first,
+        // create it only when missing (two system calls fewer per new entry).
+        let result = match sys::create_published(&dir, &index_path, &encoded) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                fs::create_dir_all(&dir)?;
+                sys::create_published(&dir, &index_path, &encoded)
+            }
+            other => other,
+        };
         let Some(idx) = result? else {
             return Ok(None);
         };
