@@ -184,6 +184,11 @@ struct Entry {
     pin_use: Option<Arc<OpenEntry>>,
 }
 
+/// Whether a block read back is whole (`len` bytes) and matches its CRC32C.
+fn intact(data: &[u8], len: u64, crc: u32) -> bool {
+    data.len() as u64 == len && crc32c::crc32c(data) == crc
+}
+
 /// The record of `key`, created (and made known to the eviction policy) if there is none.
 /// Takes the two fields rather than the whole state so callers keep using the others.
 fn known_entry<'a>(
@@ -772,16 +777,13 @@ impl DiskCache {
             return Ok(None);
         };
         let offset = index * self.block_size;
-        let file = match &entry.direct {
-            Some(d) if len % ALIGN as u64 == 0 => d,
-            _ => &entry.data,
-        };
+        let file = entry.file_for_reading(len);
         let data = match self.ring.read(file, offset, len as usize).await {
             Ok(d) => d,
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Bytes::new(),
             Err(e) => return Err(io_err("reading a cached block", e)),
         };
-        if data.len() as u64 != len || crc32c::crc32c(&data) != crc {
+        if !intact(&data, len, crc) {
             self.drop_block(&entry, index, crc).await;
             return Ok(None);
         }
@@ -814,17 +816,13 @@ impl DiskCache {
         let Some(crc) = entry.blocks.lock().crc(index) else {
             return Err(done);
         };
-        let file = match &entry.direct {
-            Some(d) if len % ALIGN as u64 == 0 => d,
-            _ => &entry.data,
-        };
         let this = self.clone();
         self.ring.read_then(
-            file,
+            entry.file_for_reading(len),
             index * self.block_size,
             len as usize,
             move |read| match read {
-                Ok(data) if data.len() as u64 == len && crc32c::crc32c(&data) == crc => {
+                Ok(data) if intact(&data, len, crc) => {
                     this.counters.hits.fetch_add(1, Ordering::Relaxed);
                     this.state.lock().policy.touch(key);
                     done(Some(data));

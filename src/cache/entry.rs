@@ -30,6 +30,7 @@ use parking_lot::Mutex;
 
 use super::format::{self, FormatError, Header, RecordKind};
 use super::identity::{EntryKey, ObjectIdentity};
+use super::ring::ALIGN;
 use super::sys::{self, Lock};
 
 const PRESENT: u64 = 1 << 32;
@@ -169,6 +170,15 @@ fn now_secs() -> u64 {
 }
 
 impl OpenEntry {
+    /// The descriptor a block of `len` bytes is read through: the `O_DIRECT` one when there
+    /// is one and the length is aligned (offsets always are), the buffered one otherwise.
+    pub fn file_for_reading(&self, len: u64) -> &Arc<File> {
+        match &self.direct {
+            Some(d) if len % ALIGN as u64 == 0 => d,
+            _ => &self.data,
+        }
+    }
+
     /// Opens and replays the journal of `id`, and opens (creating if needed) its data file.
     /// `Ok(None)` when there is no journal.
     pub fn open_existing(

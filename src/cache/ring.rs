@@ -150,6 +150,21 @@ enum Done {
     Synced,
 }
 
+impl Done {
+    /// The bytes of a read's reply.
+    fn into_bytes(self) -> io::Result<Bytes> {
+        match self {
+            Done::Read(b) => Ok(b),
+            _ => Err(io::Error::other("unexpected reply")),
+        }
+    }
+}
+
+/// The error of a request whose ring has stopped.
+fn stopped() -> io::Error {
+    io::Error::other("the cache I/O thread has stopped")
+}
+
 /// Where the result of an operation goes: a waiting task, or a callback run on the ring thread.
 enum Reply {
     Task(oneshot::Sender<io::Result<Done>>),
@@ -260,25 +275,20 @@ impl Ring {
     }
 
     async fn call(&self, op: Op) -> io::Result<Done> {
-        let closed = || io::Error::other("the cache I/O thread has stopped");
         let (reply, rx) = oneshot::channel();
-        self.send(op, Reply::Task(reply)).map_err(|_| closed())?;
-        rx.await.map_err(|_| closed())?
+        self.send(op, Reply::Task(reply)).map_err(|_| stopped())?;
+        rx.await.map_err(|_| stopped())?
     }
 
     /// Reads exactly `len` bytes at `offset` (an error if the file ends first).
     pub async fn read(&self, file: &Arc<File>, offset: u64, len: usize) -> io::Result<Bytes> {
-        match self
-            .call(Op::Read {
-                file: file.clone(),
-                offset,
-                len,
-            })
-            .await?
-        {
-            Done::Read(b) => Ok(b),
-            _ => Err(io::Error::other("unexpected reply")),
-        }
+        self.call(Op::Read {
+            file: file.clone(),
+            offset,
+            len,
+        })
+        .await?
+        .into_bytes()
     }
 
     /// Reads exactly `len` bytes at `offset` like [`Ring::read`], but instead of a task waiting,
@@ -297,16 +307,11 @@ impl Ring {
             offset,
             len,
         };
-        let reply = Reply::Call(Box::new(move |out| {
-            done(out.and_then(|d| match d {
-                Done::Read(b) => Ok(b),
-                _ => Err(io::Error::other("unexpected reply")),
-            }))
+        let reply = Reply::Call(Box::new(move |out: io::Result<Done>| {
+            done(out.and_then(Done::into_bytes))
         }));
         if let Err(request) = self.send(op, reply) {
-            request
-                .reply
-                .send(Err(io::Error::other("the cache I/O thread has stopped")));
+            request.reply.send(Err(stopped()));
         }
     }
 
