@@ -327,23 +327,31 @@ impl RiffleFs {
     }
 
     /// Answers an open on the FUSE thread when it needs nothing but memory: metadata younger
-    /// than the TTL and a backing file kept for that version. Otherwise gives the reply back.
-    fn open_kept_backing(&self, ino: u64, fh: u64, reply: ReplyOpen) -> Option<ReplyOpen> {
-        if !self.passthrough.load(Ordering::Relaxed) {
-            return Some(reply);
-        }
+    /// than the TTL and no handle open at another version, and then, with passthrough, a
+    /// backing file kept for that version; without it, nothing more (the daemon serves the
+    /// reads). Otherwise gives the reply back, for the task path.
+    fn open_now(&self, ino: u64, fh: u64, reply: ReplyOpen) -> Option<ReplyOpen> {
         let Some(Ok(target)) = self.ns.open_target_cached(ino) else {
             return Some(reply);
         };
-        if self.handles.cached_opens.lock().contains_key(&ino)
-            || self.handles.open_at_other_version(ino, &target.etag)
-        {
+        if self.handles.open_at_other_version(ino, &target.etag) {
+            return Some(reply);
+        }
+        let object = object_of(&target);
+        if !self.passthrough.load(Ordering::Relaxed) {
+            // The prefetcher may start tasks.
+            let _runtime = self.runtime.enter();
+            self.opener().start(ino, fh, object);
+            self.handles
+                .reply_served_by_daemon(ino, fh, &target.etag, reply);
+            return None;
+        }
+        if self.handles.cached_opens.lock().contains_key(&ino) {
             return Some(reply);
         }
         let Some(disk) = self.fetcher.disk() else {
             return Some(reply);
         };
-        let object = object_of(&target);
         let Some(kept) = self
             .handles
             .kept
@@ -353,32 +361,10 @@ impl RiffleFs {
         };
         let backing = kept.for_reply(&reply);
         self.status.fast_opens.fetch_add(1, Ordering::Relaxed);
-        // The prefetcher may start tasks.
         let _runtime = self.runtime.enter();
         let opener = self.opener();
         opener.start(ino, fh, object);
         opener.reply_passthrough(ino, fh, &target.etag, &backing, reply);
-        None
-    }
-
-    /// Answers an open on the FUSE thread when passthrough is off and the metadata is younger
-    /// than the TTL: the daemon serves the reads, and nothing needs to wait. Otherwise gives
-    /// the reply back.
-    fn open_served_by_daemon_now(&self, ino: u64, fh: u64, reply: ReplyOpen) -> Option<ReplyOpen> {
-        if self.passthrough.load(Ordering::Relaxed) {
-            return Some(reply);
-        }
-        let Some(Ok(target)) = self.ns.open_target_cached(ino) else {
-            return Some(reply);
-        };
-        if self.handles.open_at_other_version(ino, &target.etag) {
-            return Some(reply);
-        }
-        // The prefetcher may start tasks.
-        let _runtime = self.runtime.enter();
-        self.opener().start(ino, fh, object_of(&target));
-        self.handles
-            .reply_served_by_daemon(ino, fh, &target.etag, reply);
         None
     }
 
@@ -502,10 +488,7 @@ impl Filesystem for RiffleFs {
             return;
         }
         let fh = self.new_fh();
-        let Some(reply) = self.open_kept_backing(ino.0, fh, reply) else {
-            return;
-        };
-        let Some(reply) = self.open_served_by_daemon_now(ino.0, fh, reply) else {
+        let Some(reply) = self.open_now(ino.0, fh, reply) else {
             return;
         };
         let ns = self.ns.clone();
