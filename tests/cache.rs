@@ -270,10 +270,10 @@ fn two_mounts_share_one_cache_directory() {
     assert!(s["blocks"]["disk_hits"].as_u64().unwrap() >= n, "{s}");
 }
 
-/// The daemon fits into the open-file limit it is given. 256 GETs in flight and 1,024 open
-/// cache entries need about 3,700 descriptors; the usual soft limit is 1,024, and there the
-/// cache used to fail with EMFILE ("Too many open files") and `riffle stats` could not
-/// connect. With soft = hard = 256 (no raising possible), it shrinks its open cache entries
+/// The daemon fits into the open-file limit it is given. 256 GETs in flight and 16,384 open
+/// cache entries need about 50,000 descriptors; the usual soft limit is 1,024, and below what
+/// it needed the cache used to fail with EMFILE ("Too many open files") and `riffle stats`
+/// could not connect. With soft = hard = 256 (no raising possible), it shrinks its open cache entries
 /// and GET slots, says so, and still caches every file with no error.
 #[test]
 fn a_small_open_file_limit_shrinks_what_is_kept_open_instead_of_failing() {
