@@ -217,12 +217,9 @@ impl Fetcher {
         obj: &Arc<ObjectVersion>,
         range: Range<u64>,
     ) -> BlockResult {
-        let end = range.end.min(obj.size);
-        if range.start >= end {
+        let Some((range, blocks)) = self.clamp(obj, range) else {
             return Ok(Bytes::new());
-        }
-        let bs = self.config.block_size;
-        let blocks = range.start / bs..end.div_ceil(bs);
+        };
         let slots = self.claim(obj, blocks.clone(), Mode::Demand);
         let mut parts = Vec::with_capacity(slots.len());
         for slot in slots {
@@ -231,7 +228,18 @@ impl Fetcher {
                 Slot::Wait(w) => w.await?,
             });
         }
-        Ok(self.assemble(range.start..end, blocks.start, &parts))
+        Ok(self.assemble(range, blocks.start, &parts))
+    }
+
+    /// `range` clamped to the object's size, and the blocks that cover it; `None` when nothing
+    /// of it is inside the object.
+    fn clamp(&self, obj: &ObjectVersion, range: Range<u64>) -> Option<(Range<u64>, Range<u64>)> {
+        let end = range.end.min(obj.size);
+        if range.start >= end {
+            return None;
+        }
+        let bs = self.config.block_size;
+        Some((range.start..end, range.start / bs..end.div_ceil(bs)))
     }
 
     /// Bytes `range` cut from `parts`, the consecutive blocks from `first_block` that cover it.
@@ -265,12 +273,10 @@ impl Fetcher {
     where
         F: FnOnce(Option<Bytes>) + Send + 'static,
     {
-        let end = range.end.min(obj.size);
-        if range.start >= end {
+        let Some((range, blocks)) = self.clamp(obj, range) else {
             return done(Some(Bytes::new()));
-        }
+        };
         let bs = self.config.block_size;
-        let blocks = range.start / bs..end.div_ceil(bs);
         let parts: Option<Vec<Bytes>> = blocks
             .clone()
             .map(|i| self.cache.get(&(obj.clone(), i)))
@@ -278,7 +284,7 @@ impl Fetcher {
         if let Some(parts) = parts {
             let n = parts.len() as u64;
             self.stats.block_hits.fetch_add(n, Ordering::Relaxed);
-            return done(Some(self.assemble(range.start..end, blocks.start, &parts)));
+            return done(Some(self.assemble(range, blocks.start, &parts)));
         }
         let (Some(disk), 1) = (&self.disk, blocks.end - blocks.start) else {
             return done(None);
@@ -291,7 +297,7 @@ impl Fetcher {
             // of reading the block a second time.
             return done(None);
         }
-        let slice = (range.start - index * bs) as usize..(end - index * bs) as usize;
+        let slice = (range.start - index * bs) as usize..(range.end - index * bs) as usize;
         let on_disk = disk
             .cache
             .read_block_on_ring(&disk.identity(obj), index, move |data| {
