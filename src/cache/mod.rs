@@ -20,39 +20,42 @@
 //! exactly what passthrough needs. The cost is one small file per object next to the data.
 //!
 //! # Crash safety
-//! A block is recorded present only after its bytes were written *and* `fdatasync`ed, by
-//! appending its record afterwards ([`disk`] lists the six steps of a write). Loading an entry
-//! replays its journal, so whatever a crash interrupted is simply absent; a torn or garbage
+//! A block is recorded present only after its bytes were written, by appending its record
+//! afterwards ([`disk`] lists the five steps of a write). Loading an entry replays its
+//! journal, so whatever a crashed process left unfinished is simply absent; a torn or garbage
 //! record is skipped (records carry their own CRC and replay resynchronises byte by byte).
 //! Every block read is checked against its recorded CRC32C: a mismatch (a flipped bit, a file
-//! changed behind the cache's back) drops the block, counts it, and reports a miss, so the
-//! caller fetches it again. Bytes that fail their check are never returned. The unit tests
-//! stop a write before each step, and halfway through each write, then reopen the directory.
+//! changed behind the cache's back, data lost in a machine crash while its record survived:
+//! nothing is `fdatasync`ed) drops the block, counts it, and reports a miss, so the caller
+//! fetches it again. Bytes that fail their check are never returned. The unit tests stop a
+//! write before each step, and halfway through each write, then reopen the directory; another
+//! keeps records whose data was lost.
 //!
 //! # I/O
-//! All data I/O (block reads and writes, `fdatasync`, journal appends) goes through
-//! [`ring::Ring`]: dedicated threads each driving an io_uring, fed over a channel, submitting
-//! in batches and resolving oneshot futures, with `fdatasync` group commit. Whole blocks
+//! All data I/O (block reads and writes, journal appends) goes through [`ring::Ring`]:
+//! dedicated threads each driving an io_uring, fed over a channel, submitting in batches and
+//! resolving oneshot futures. Whole blocks
 //! (aligned offsets and lengths) use `O_DIRECT`, so filling the cache does not evict the page
 //! cache and the daemon does not hold a second copy of what the kernel's FUSE page cache
 //! already holds; the short last block and filesystems without `O_DIRECT` (older tmpfs) use
 //! buffered I/O on a second descriptor ([`CacheConfig::direct_io`] turns `O_DIRECT` off).
 //! Measured on W2 (16 × 256 MiB shards, 4 readers): buffered block writes made the cold epoch
-//! twice as long (12–15 s against 6.9–7.5 s), with or without the per-block `fdatasync`.
+//! twice as long (12–15 s against 6.9–7.5 s), with or without a per-block `fdatasync`.
 //! Metadata work (opening, creating and linking files, replaying journals, unlinking evicted
 //! entries) runs on tokio's blocking pool. The only system calls made on the caller's thread
 //! are ones that never wait for the disk: non-blocking lock operations (`flock`/`fcntl` with
 //! `LOCK_NB`/`F_OFD_SETLK`) and `fstat` on open descriptors, and one `statvfs` per block
 //! write (the free-space guard).
 //!
-//! Measured on the development VM's virtio disk (release build, 512 MiB in 1 MiB blocks,
-//! four runs on a loaded 2-core machine, so ranges; `cargo test --release -p rifflefs --lib
-//! cache::tests::throughput -- --ignored --nocapture`): durable cache writes (O_DIRECT +
-//! `fdatasync` + journal append) 250–740 MiB/s with one in flight and 830–1700 MiB/s with 16,
-//! against 200–900 MiB/s for plain `pwrite` + `fdatasync` per block; cache reads (with the
-//! CRC check, 38 µs per MiB) 700–890 MiB/s with one in flight and 1160–1470 MiB/s with 16,
-//! the ring alone 660–1020 MiB/s, and plain `O_DIRECT` `pread` 1000–2100 MiB/s. On this disk
-//! the device dominates and the ring costs nothing measurable; re-measure on real NVMe.
+//! Measured on the development VM's virtio disk (release build, 512 MiB in 1 MiB blocks, on
+//! a loaded 2-core machine, so ranges; `cargo test --release -p rifflefs --lib
+//! cache::tests::throughput -- --ignored --nocapture`): cache writes (O_DIRECT + journal
+//! append) 470–510 MiB/s with one in flight and 880–1000 MiB/s with 16 (250–740 and 830–1700
+//! MiB/s in four earlier runs, when each block was also `fdatasync`ed), against 220–270 MiB/s
+//! for plain `pwrite` + `fdatasync` per block; cache reads (with the CRC check, 38 µs per MiB)
+//! 510–890 MiB/s with one in flight and 750–1470 MiB/s with 16, the ring alone 650–1020 MiB/s,
+//! and plain `O_DIRECT` `pread` 850–2100 MiB/s. On this disk the device dominates and the ring
+//! costs nothing measurable; re-measure on real NVMe.
 //!
 //! # Budget and eviction
 //! [`CacheConfig::max_bytes`] is bytes or a percentage of the cache filesystem, and every

@@ -1,6 +1,6 @@
 //! All cache data I/O: io_uring rings, each driven by one dedicated thread.
 //!
-//! Callers (async tasks) send a request (read, write or fdatasync of a file at an offset) over
+//! Callers (async tasks) send a request (a read or a write of a file at an offset) over
 //! a channel and await a oneshot reply; they never touch the file themselves, so no tokio
 //! worker blocks on the disk. A read may instead carry a callback that the ring thread runs
 //! with the result ([`Ring::read_then`]): a cache hit then goes from the FUSE thread to the
@@ -18,20 +18,19 @@
 //! thread announced (with a flag, checked after the last look at the channel) that it is about
 //! to sleep, so a busy ring costs no extra system call per request.
 //!
-//! **Group commit.** `fdatasync` requests for one file are merged: while one is running, new
-//! ones queue; when it completes, all queued ones are served by a single new `fdatasync`
-//! (which covers every write that completed before it was issued). Requests for one file
-//! always go to the same ring (chosen by descriptor number), so merging is complete.
+//! There is no `fdatasync`: the cache does not need its data durable, because every block
+//! carries a CRC32C that is checked before it is served (see [`super::disk`]). Requests for
+//! one file always go to the same ring (chosen by descriptor number).
 //!
 //! **Buffers and cancellation.** The ring thread owns every buffer and a clone of the file for
 //! as long as the kernel may touch them; a caller that stops waiting (its future dropped) only
 //! loses the reply. Reads land in 4096-aligned buffers ([`AlignedBuf`]) handed out as `Bytes`
 //! without a copy, so they serve `O_DIRECT` reads too.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -139,15 +138,11 @@ enum Op {
         offset: u64,
         buf: IoBuf,
     },
-    Fsync {
-        file: Arc<File>,
-    },
 }
 
 enum Done {
     Read(Bytes),
     Written,
-    Synced,
 }
 
 impl Done {
@@ -259,7 +254,7 @@ impl Ring {
     /// Queues `op` on its file's ring; gives the request back if that ring has stopped.
     fn send(&self, op: Op, reply: Reply) -> Result<(), Request> {
         let fd = match &op {
-            Op::Read { file, .. } | Op::Write { file, .. } | Op::Fsync { file } => file.as_raw_fd(),
+            Op::Read { file, .. } | Op::Write { file, .. } => file.as_raw_fd(),
         };
         let lane = &self.lanes[fd as usize % self.lanes.len()];
         let request = Request { op, reply };
@@ -325,13 +320,6 @@ impl Ring {
         .await
         .map(|_| ())
     }
-
-    /// `fdatasync` (merged with concurrent ones for the same file).
-    pub async fn sync_data(&self, file: &Arc<File>) -> io::Result<()> {
-        self.call(Op::Fsync { file: file.clone() })
-            .await
-            .map(|_| ())
-    }
 }
 
 impl Drop for Ring {
@@ -369,9 +357,6 @@ enum InFlight {
         done: usize,
         reply: Reply,
     },
-    Fsync {
-        fd: RawFd,
-    },
 }
 
 /// Work waiting for room in the submission queue.
@@ -379,14 +364,6 @@ enum Pending {
     New(Request),
     /// Resubmit the rest of a short transfer in this slot.
     Continue(usize),
-    /// Issue the next merged fdatasync of this descriptor.
-    Sync(RawFd),
-}
-
-struct SyncGroup {
-    file: Arc<File>,
-    running: Vec<Reply>,
-    queued: Vec<Reply>,
 }
 
 struct RingThread {
@@ -399,7 +376,6 @@ struct RingThread {
     free: Vec<usize>,
     inflight: usize,
     backlog: VecDeque<Pending>,
-    groups: HashMap<RawFd, SyncGroup>,
     closed: bool,
 }
 
@@ -415,7 +391,6 @@ impl RingThread {
             free: (0..MAX_INFLIGHT).rev().collect(),
             inflight: 0,
             backlog: VecDeque::new(),
-            groups: HashMap::new(),
             closed: false,
         }
     }
@@ -519,41 +494,6 @@ impl RingThread {
             return Err(p);
         }
         let (slot, entry) = match p {
-            Pending::New(Request {
-                op: Op::Fsync { file },
-                reply,
-            }) => {
-                let fd = file.as_raw_fd();
-                if let Some(g) = self.groups.get_mut(&fd) {
-                    // One is running: this request waits for the next merged sync.
-                    g.queued.push(reply);
-                    return Ok(());
-                }
-                self.groups.insert(
-                    fd,
-                    SyncGroup {
-                        file,
-                        running: Vec::new(),
-                        queued: vec![reply],
-                    },
-                );
-                return self.start(Pending::Sync(fd));
-            }
-            Pending::Sync(fd) => {
-                let Some(slot) = self.take_slot() else {
-                    return Err(Pending::Sync(fd));
-                };
-                let Some(g) = self.groups.get_mut(&fd) else {
-                    self.release_slot(slot);
-                    return Ok(());
-                };
-                g.running = std::mem::take(&mut g.queued);
-                let e = opcode::Fsync::new(types::Fd(fd))
-                    .flags(types::FsyncFlags::DATASYNC)
-                    .build();
-                self.slots[slot] = Some(InFlight::Fsync { fd });
-                (slot, e)
-            }
             Pending::New(Request { op, reply }) => {
                 let Some(slot) = self.take_slot() else {
                     return Err(Pending::New(Request { op, reply }));
@@ -576,14 +516,6 @@ impl RingThread {
                             done: 0,
                             reply,
                         });
-                    }
-                    Op::Fsync { file } => {
-                        // Handled above; route it through the sync group all the same.
-                        self.release_slot(slot);
-                        return self.start(Pending::New(Request {
-                            op: Op::Fsync { file },
-                            reply,
-                        }));
                     }
                 }
                 match self.entry_for(slot) {
@@ -646,7 +578,6 @@ impl RingThread {
                     .build(),
                 )
             }
-            InFlight::Fsync { .. } => None,
         }
     }
 
@@ -721,28 +652,6 @@ impl RingThread {
                 }
                 self.release_slot(slot);
             }
-            Some(InFlight::Fsync { fd }) => {
-                let fd = *fd;
-                self.release_slot(slot);
-                let Some(g) = self.groups.get_mut(&fd) else {
-                    return;
-                };
-                for reply in g.running.drain(..) {
-                    let out = match res {
-                        r if r < 0 => Err(io::Error::from_raw_os_error(-r)),
-                        _ => Ok(Done::Synced),
-                    };
-                    reply.send(out);
-                }
-                if g.queued.is_empty() {
-                    // Keep `file` alive until here: the descriptor number must not be reused
-                    // by another file while its sync group exists.
-                    let _file = g.file.clone();
-                    self.groups.remove(&fd);
-                } else {
-                    self.backlog.push_back(Pending::Sync(fd));
-                }
-            }
         }
     }
 }
@@ -765,7 +674,7 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn reads_writes_and_merged_syncs() {
+    async fn concurrent_reads_and_writes() {
         let dir = tempfile::tempdir().expect("tempdir");
         let f = file(dir.path());
         let ring = Arc::new(Ring::new(2).expect("io_uring"));
@@ -775,7 +684,6 @@ mod tests {
             tasks.push(tokio::spawn(async move {
                 let data = Bytes::from(vec![i as u8; 10_000]);
                 ring.write(&f, i * 10_000, IoBuf::Bytes(data)).await?;
-                ring.sync_data(&f).await?;
                 let back = ring.read(&f, i * 10_000, 10_000).await?;
                 assert!(back.iter().all(|&b| b == i as u8));
                 Ok::<_, io::Error>(())
@@ -789,7 +697,7 @@ mod tests {
             past_end.map(|_| ()).map_err(|e| e.kind()),
             Err(io::ErrorKind::UnexpectedEof)
         );
-        assert!(ring.submitted() >= 64 * 3);
+        assert!(ring.submitted() >= 64 * 2);
     }
 
     #[test]
