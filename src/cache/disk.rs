@@ -66,6 +66,12 @@ use super::{scan, CacheConfig, CacheError, SizeLimit};
 /// refused as [`CacheError::Full`].
 const MAX_STALLS: u32 = 8;
 
+/// Metadata tasks (opening, creating, replaying, removing entries) on tokio's blocking pool at
+/// once, per cache handle. A cold epoch asks for hundreds of entries together; without a limit
+/// each waiting one got a thread of its own (160 threads on 2 cores, all in the file system's
+/// inode allocation at once).
+const METADATA_TASKS: usize = 16;
+
 /// A step of a block write (see the module documentation); the test hook stops before one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WriteStep {
@@ -243,6 +249,7 @@ pub struct DiskCache {
     scan_cv: Condvar,
     warned_no_space: AtomicBool,
     warned_io: AtomicBool,
+    metadata_slots: tokio::sync::Semaphore,
     /// The shared lock on `DIR/lock` (held for the life of this handle).
     _dir_lock: File,
     #[cfg(test)]
@@ -368,7 +375,7 @@ fn io_err(context: &str, e: io::Error) -> CacheError {
     }
 }
 
-async fn blocking<T: Send + 'static>(
+async fn run_blocking<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, CacheError> {
     tokio::task::spawn_blocking(f).await.map_err(|e| {
@@ -430,6 +437,7 @@ impl DiskCache {
             scan_cv: Condvar::new(),
             warned_no_space: AtomicBool::new(false),
             warned_io: AtomicBool::new(false),
+            metadata_slots: tokio::sync::Semaphore::new(METADATA_TASKS),
             _dir_lock: dir_lock,
             #[cfg(test)]
             hook: Mutex::new(None),
@@ -585,7 +593,7 @@ impl DiskCache {
             self.direct_io,
             id.clone(),
         );
-        let loaded = blocking(move || -> Result<Option<OpenEntry>, CacheError> {
+        let loaded = self.blocking(move || -> Result<Option<OpenEntry>, CacheError> {
             for _ in 0..4 {
                 match OpenEntry::open_existing(&root, &idc, key, bs, direct) {
                     Ok(Some(e)) => return Ok(Some(e)),
@@ -706,6 +714,19 @@ impl DiskCache {
     }
 
     /// Replays the journal's new tail on a blocking thread; updates the accounting.
+    /// Runs `f` on tokio's blocking pool once one of the [`METADATA_TASKS`] slots is free.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, CacheError> {
+        let _slot = self
+            .metadata_slots
+            .acquire()
+            .await
+            .map_err(|_| CacheError::ShuttingDown)?;
+        run_blocking(f).await
+    }
+
     async fn refresh(&self, entry: &Arc<OpenEntry>) -> Result<(), CacheError> {
         if !entry.journal_grew() {
             return Ok(());
@@ -714,7 +735,8 @@ impl DiskCache {
             .journal_replays
             .fetch_add(1, Ordering::Relaxed);
         let e2 = entry.clone();
-        let appeared = blocking(move || e2.refresh_blocking())
+        let appeared = self
+            .blocking(move || e2.refresh_blocking())
             .await?
             .map_err(|e| io_err("reading a cache journal", e))?;
         if appeared.is_empty() {
@@ -864,8 +886,8 @@ impl DiskCache {
         }
     }
 
-    /// Stores block `index` of `id` (exactly its length: the last block may be short), durably,
-    /// before returning. `Ok(())` also when the block was already there or another writer had
+    /// Stores block `index` of `id` (exactly its length: the last block may be short) before
+    /// returning (written, not `fdatasync`ed: see the module documentation). `Ok(())` also when the block was already there or another writer had
     /// it. Errors: [`CacheError::Full`] (the budget cannot make room), [`CacheError::Busy`],
     /// or a failure of the cache disk; in every case the caller simply serves the bytes it has.
     pub async fn write_block(
@@ -1107,18 +1129,19 @@ impl DiskCache {
     async fn evict(&self, victims: Vec<EntryKey>) -> usize {
         let root = self.root.clone();
         let keys = victims.clone();
-        let outcomes = blocking(move || {
-            keys.iter()
-                .map(|&k| entry::evict_files(&root, k))
-                .collect::<Vec<_>>()
-        })
-        .await
-        .unwrap_or_else(|e| {
-            victims
-                .iter()
-                .map(|_| Err(io::Error::other(e.to_string())))
-                .collect()
-        });
+        let outcomes = self
+            .blocking(move || {
+                keys.iter()
+                    .map(|&k| entry::evict_files(&root, k))
+                    .collect::<Vec<_>>()
+            })
+            .await
+            .unwrap_or_else(|e| {
+                victims
+                    .iter()
+                    .map(|_| Err(io::Error::other(e.to_string())))
+                    .collect()
+            });
         let mut failures = Vec::new();
         let mut removed = 0;
         let mut gone = Vec::new();
@@ -1222,8 +1245,26 @@ impl DiskCache {
     /// Loads the entry of `id` from disk if needed (catching up with other processes) and
     /// reports its blocks; `None` if it has no entry.
     pub async fn status(&self, id: &ObjectIdentity) -> Result<Option<ObjectStatus>, CacheError> {
+        self.status_of(id, false).await
+    }
+
+    /// Like [`status`](Self::status), but an object with no entry gets an empty one, for a
+    /// caller about to fetch it and write its blocks: looking and creating then take one trip
+    /// to the blocking pool, where the lookup and the first write would take one each.
+    pub async fn status_or_create(
+        &self,
+        id: &ObjectIdentity,
+    ) -> Result<Option<ObjectStatus>, CacheError> {
+        self.status_of(id, true).await
+    }
+
+    async fn status_of(
+        &self,
+        id: &ObjectIdentity,
+        create: bool,
+    ) -> Result<Option<ObjectStatus>, CacheError> {
         let key = id.entry_key();
-        let Some(entry) = self.load(id, key, false).await? else {
+        let Some(entry) = self.load(id, key, create).await? else {
             return Ok(None);
         };
         self.refresh(&entry).await?;
@@ -1251,7 +1292,7 @@ impl DiskCache {
         };
         let path = entry.key.data_path(&self.root, entry.nonce);
         let size = id.size;
-        blocking(move || -> io::Result<Option<File>> {
+        self.blocking(move || -> io::Result<Option<File>> {
             let f = match File::open(&path) {
                 Ok(f) => f,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),

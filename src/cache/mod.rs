@@ -42,7 +42,7 @@
 //! Measured on W2 (16 × 256 MiB shards, 4 readers): buffered block writes made the cold epoch
 //! twice as long (12–15 s against 6.9–7.5 s), with or without a per-block `fdatasync`.
 //! Metadata work (opening, creating and linking files, replaying journals, unlinking evicted
-//! entries) runs on tokio's blocking pool. The only system calls made on the caller's thread
+//! entries) runs on tokio's blocking pool, at most 16 tasks at a time per cache. The only system calls made on the caller's thread
 //! are ones that never wait for the disk: non-blocking lock operations (`flock`/`fcntl` with
 //! `LOCK_NB`/`F_OFD_SETLK`) and `fstat` on open descriptors, and one `statvfs` per block
 //! write (the free-space guard).

@@ -801,6 +801,48 @@ async fn the_complete_data_file_of_an_open_entry_needs_no_metadata_task() {
     assert!(reopened.open_complete(&a).await.expect("open").is_some());
 }
 
+/// `status_or_create` opens an entry that exists and makes one that does not, so that the
+/// block writes after a fetch find it open; `status` only looks and never creates one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_or_create_makes_the_entry_that_the_writes_use() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let journal = |id: &ObjectIdentity| id.entry_key().index_path(dir.path());
+    let cache = open(dir.path(), 64 << 20);
+    let a = obj("a", 2 * BS + 100);
+    assert!(cache.status(&a).await.expect("status").is_none());
+    assert!(!journal(&a).exists(), "looking created an entry");
+    let s = cache
+        .status_or_create(&a)
+        .await
+        .expect("status")
+        .expect("an entry");
+    assert_eq!(
+        (s.blocks_present, s.blocks_total, s.complete),
+        (0, 3, false)
+    );
+    assert!(journal(&a).exists());
+    assert_eq!(cache.stats().open_objects, 1);
+    write_all_blocks(&cache, &a).await;
+    assert_eq!(
+        cache.stats().open_objects,
+        1,
+        "the writes used the entry made above"
+    );
+    let other = open(dir.path(), 64 << 20);
+    let s = other
+        .status_or_create(&a)
+        .await
+        .expect("status")
+        .expect("the entry");
+    assert_eq!((s.blocks_present, s.complete), (3, true));
+    for i in 0..3 {
+        assert_eq!(
+            other.read_block(&a, i).await.expect("read"),
+            Some(content(&a, i))
+        );
+    }
+}
+
 /// A directory of format 1 (two fan-out levels) left by an older riffle: cleared and started
 /// afresh when nobody else uses it; refused with the format error while someone does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

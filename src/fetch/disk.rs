@@ -6,7 +6,8 @@
 //! limited to `WRITE_PERMITS` in flight, and a GET that outruns the disk waits for a permit,
 //! which slows it down through TCP flow control instead of buffering without bound. Blocks that
 //! miss memory are looked up here before any GET (the entry is loaded from disk on first use,
-//! so a restarted daemon finds what an earlier one cached).
+//! so a restarted daemon finds what an earlier one cached). An object with no entry gets an
+//! empty one in the same trip to the blocking pool, so the writes after the GET find it open.
 //!
 //! Passthrough bypasses the daemon, and with it the per-block CRC check, so a cache file is
 //! handed to the kernel only once this daemon knows all its blocks are good: either it wrote

@@ -519,8 +519,9 @@ impl Fetcher {
             return run;
         };
         let id = disk.identity(obj);
-        // Loads the entry (made by this or an earlier daemon); `None`: nothing cached.
-        if !matches!(disk.cache.status(&id).await, Ok(Some(_))) {
+        // Loads the entry (made by this or an earlier daemon), or creates the one the fetched
+        // blocks will be written to; an error: serve from the store alone.
+        if !matches!(disk.cache.status_or_create(&id).await, Ok(Some(_))) {
             return run;
         }
         let (present, mut missing): (Vec<NewBlock>, Vec<NewBlock>) = run
