@@ -713,7 +713,6 @@ impl DiskCache {
         }
     }
 
-    /// Replays the journal's new tail on a blocking thread; updates the accounting.
     /// Runs `f` on tokio's blocking pool once one of the [`METADATA_TASKS`] slots is free.
     async fn blocking<T: Send + 'static>(
         &self,
@@ -727,6 +726,7 @@ impl DiskCache {
         run_blocking(f).await
     }
 
+    /// Replays the journal's new tail on a blocking thread; updates the accounting.
     async fn refresh(&self, entry: &Arc<OpenEntry>) -> Result<(), CacheError> {
         if !entry.journal_grew() {
             return Ok(());
@@ -887,9 +887,10 @@ impl DiskCache {
     }
 
     /// Stores block `index` of `id` (exactly its length: the last block may be short) before
-    /// returning (written, not `fdatasync`ed: see the module documentation). `Ok(())` also when the block was already there or another writer had
-    /// it. Errors: [`CacheError::Full`] (the budget cannot make room), [`CacheError::Busy`],
-    /// or a failure of the cache disk; in every case the caller simply serves the bytes it has.
+    /// returning (written, not `fdatasync`ed: see the module documentation). `Ok(())` also
+    /// when the block was already there or another writer had it. Errors: [`CacheError::Full`]
+    /// (the budget cannot make room), [`CacheError::Busy`], or a failure of the cache disk; in
+    /// every case the caller simply serves the bytes it has.
     pub async fn write_block(
         &self,
         id: &ObjectIdentity,
