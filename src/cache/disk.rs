@@ -631,58 +631,67 @@ impl DiskCache {
     fn install(&self, id: &ObjectIdentity, fresh: OpenEntry) -> Arc<OpenEntry> {
         let key = fresh.key;
         let charged = fresh.charged_bytes();
-        let mut guard = self.state.lock();
-        let st = &mut *guard;
-        let e = known_entry(&mut st.entries, &mut st.policy, key, id);
-        if let Some(o) = &e.open {
-            if !o.is_dead() {
-                return o.clone();
-            }
-            st.open_count -= 1;
-        }
         let fresh = Arc::new(fresh);
-        if charged > e.bytes {
-            st.used += charged - e.bytes;
-            e.bytes = charged;
-            st.policy.resize(key, charged);
-        }
-        {
-            let b = fresh.blocks.lock();
-            e.blocks = b.present();
-            e.complete = b.is_complete();
-        }
-        if e.pin_use.as_ref().is_some_and(|o| o.is_dead()) {
-            if let Some(o) = e.pin_use.take() {
-                o.release_use();
-            }
-        }
-        if e.pins > 0 && e.pin_use.is_none() && fresh.acquire_use().ok() == Some(Use::Acquired) {
-            e.pin_use = Some(fresh.clone());
-        }
-        e.open = Some(fresh.clone());
-        st.open_count += 1;
-        st.open_lru.insert(&EntryInfo {
-            key,
-            identity: None,
-            bytes: 0,
-            last_used: None,
-        });
-        // Close the files of idle entries beyond the cap.
-        while st.open_count > self.max_open {
-            let entries = &st.entries;
-            let Some(victim) = st.open_lru.victim(&mut |k| {
-                k != key
-                    && entries
-                        .get(&k)
-                        .is_some_and(|e| e.pins == 0 && e.writes == 0 && e.open.is_some())
-            }) else {
-                break;
-            };
-            st.open_lru.remove(victim);
-            if let Some(v) = st.entries.get_mut(&victim) {
-                v.open = None;
+        // Files and locks are let go only after the state lock is released (system calls).
+        let mut released = None;
+        let mut closed = Vec::new();
+        let pinned = {
+            let mut guard = self.state.lock();
+            let st = &mut *guard;
+            let e = known_entry(&mut st.entries, &mut st.policy, key, id);
+            if let Some(o) = &e.open {
+                if !o.is_dead() {
+                    return o.clone();
+                }
                 st.open_count -= 1;
             }
+            if charged > e.bytes {
+                st.used += charged - e.bytes;
+                e.bytes = charged;
+                st.policy.resize(key, charged);
+            }
+            {
+                let b = fresh.blocks.lock();
+                e.blocks = b.present();
+                e.complete = b.is_complete();
+            }
+            if e.pin_use.as_ref().is_some_and(|o| o.is_dead()) {
+                released = e.pin_use.take();
+            }
+            let pinned = e.pins > 0 && e.pin_use.is_none();
+            closed.extend(e.open.replace(fresh.clone()));
+            st.open_count += 1;
+            st.open_lru.insert(&EntryInfo {
+                key,
+                identity: None,
+                bytes: 0,
+                last_used: None,
+            });
+            // Close the files of idle entries beyond the cap.
+            while st.open_count > self.max_open {
+                let entries = &st.entries;
+                let Some(victim) = st.open_lru.victim(&mut |k| {
+                    k != key
+                        && entries
+                            .get(&k)
+                            .is_some_and(|e| e.pins == 0 && e.writes == 0 && e.open.is_some())
+                }) else {
+                    break;
+                };
+                st.open_lru.remove(victim);
+                if let Some(v) = st.entries.get_mut(&victim) {
+                    closed.extend(v.open.take());
+                    st.open_count -= 1;
+                }
+            }
+            pinned
+        };
+        if let Some(o) = released {
+            o.release_use();
+        }
+        drop(closed);
+        if pinned {
+            self.hold_for_pins(fresh.clone());
         }
         fresh
     }
@@ -1004,21 +1013,35 @@ impl DiskCache {
             _ if half => (&entry.data, IoBuf::Bytes(data.slice(..data.len() / 2))),
             _ => (&entry.data, IoBuf::Bytes(data)),
         };
-        self.ring
-            .write(file, offset, buf)
-            .await
-            .map_err(|e| io_err("writing a cached block", e))?;
         if half {
+            self.ring
+                .write(file, offset, buf)
+                .await
+                .map_err(|e| io_err("writing a cached block", e))?;
             return Err(CacheError::SimulatedCrash(WriteStep::WriteData));
         }
 
-        let half = self.step(WriteStep::AppendRecord)?;
+        // The record goes to the ring with the block, chained: the ring appends it only once
+        // the block is written, with no round trip back here in between.
         let rec = format::encode_record(index as u32, RecordKind::Present(crc));
+        let half = match self.step(WriteStep::AppendRecord) {
+            Ok(half) => half,
+            Err(crash) => {
+                self.ring
+                    .write(file, offset, buf)
+                    .await
+                    .map_err(|e| io_err("writing a cached block", e))?;
+                return Err(crash);
+            }
+        };
         let rec = if half { &rec[..7] } else { &rec[..] };
         self.ring
-            .write(&entry.idx, 0, IoBuf::Bytes(Bytes::copy_from_slice(rec)))
+            .write_then(
+                (file, offset, buf),
+                (&entry.idx, 0, IoBuf::Bytes(Bytes::copy_from_slice(rec))),
+            )
             .await
-            .map_err(|e| io_err("appending to a cache journal", e))?;
+            .map_err(|e| io_err("writing a cached block and its journal record", e))?;
         if half {
             return Err(CacheError::SimulatedCrash(WriteStep::AppendRecord));
         }
@@ -1146,6 +1169,8 @@ impl DiskCache {
         let mut failures = Vec::new();
         let mut removed = 0;
         let mut gone = Vec::new();
+        // The removed entries' files are closed after the state lock is released.
+        let mut dropped = Vec::new();
         {
             let mut guard = self.state.lock();
             let st = &mut *guard;
@@ -1181,6 +1206,7 @@ impl DiskCache {
                                     },
                                 );
                             }
+                            dropped.push(e);
                         }
                         if !still_pinned {
                             st.policy.remove(key);
@@ -1203,6 +1229,7 @@ impl DiskCache {
                 }
             }
         }
+        drop(dropped);
         for err in failures {
             self.report(&io_err("evicting a cache entry", err));
         }
@@ -1342,19 +1369,19 @@ impl DiskCache {
 
     fn pin_with(self: &Arc<Self>, id: &ObjectIdentity, is_use: bool) -> PinGuard {
         let key = id.entry_key();
-        let mut guard = self.state.lock();
-        let st = &mut *guard;
-        let e = known_entry(&mut st.entries, &mut st.policy, key, id);
-        e.pins += 1;
-        if e.pin_use.is_none() {
-            if let Some(o) = &e.open {
-                if o.acquire_use().ok() == Some(Use::Acquired) {
-                    e.pin_use = Some(o.clone());
-                }
+        let unheld = {
+            let mut guard = self.state.lock();
+            let st = &mut *guard;
+            let e = known_entry(&mut st.entries, &mut st.policy, key, id);
+            e.pins += 1;
+            let unheld = e.pin_use.is_none().then(|| e.open.clone()).flatten();
+            if is_use {
+                st.policy.touch(key);
             }
-        }
-        if is_use {
-            st.policy.touch(key);
+            unheld
+        };
+        if let Some(open) = unheld {
+            self.hold_for_pins(open);
         }
         PinGuard {
             cache: Arc::downgrade(self),
@@ -1362,21 +1389,52 @@ impl DiskCache {
         }
     }
 
-    fn unpin(&self, key: EntryKey) {
-        let mut st = self.state.lock();
-        let mut forget = false;
-        if let Some(e) = st.entries.get_mut(&key) {
-            e.pins = e.pins.saturating_sub(1);
-            if e.pins == 0 {
-                if let Some(o) = e.pin_use.take() {
-                    o.release_use();
+    /// Takes the use of `open` that an entry's pins share, unless another task took one first
+    /// or the pins are gone. The use may lock the entry's journal (a system call), so it is
+    /// taken with the state lock released, and the lock is taken again only to record it.
+    fn hold_for_pins(&self, open: Arc<OpenEntry>) {
+        if open.acquire_use().ok() != Some(Use::Acquired) {
+            return;
+        }
+        let spare = {
+            let mut st = self.state.lock();
+            match st.entries.get_mut(&open.key) {
+                Some(e)
+                    if e.pins > 0
+                        && e.pin_use.is_none()
+                        && e.open.as_ref().is_some_and(|o| Arc::ptr_eq(o, &open)) =>
+                {
+                    e.pin_use = Some(open);
+                    None
                 }
-                forget = e.bytes == 0 && e.open.is_none() && e.writes == 0;
+                _ => Some(open),
+            }
+        };
+        if let Some(open) = spare {
+            open.release_use();
+        }
+    }
+
+    fn unpin(&self, key: EntryKey) {
+        let mut released = None;
+        {
+            let mut st = self.state.lock();
+            let mut forget = false;
+            if let Some(e) = st.entries.get_mut(&key) {
+                e.pins = e.pins.saturating_sub(1);
+                if e.pins == 0 {
+                    released = e.pin_use.take();
+                    forget = e.bytes == 0 && e.open.is_none() && e.writes == 0;
+                }
+            }
+            if forget {
+                st.entries.remove(&key);
+                st.policy.remove(key);
             }
         }
-        if forget {
-            st.entries.remove(&key);
-            st.policy.remove(key);
+        // Outside the state lock: the last use unlocks the journal (a system call).
+        if let Some(o) = released {
+            o.release_use();
         }
     }
 

@@ -137,7 +137,16 @@ enum Op {
         file: Arc<File>,
         offset: u64,
         buf: IoBuf,
+        /// A write to start once this one is complete (never if it fails).
+        then: Option<Box<Chained>>,
     },
+}
+
+/// The second write of a chain ([`Ring::write_then`]).
+struct Chained {
+    file: Arc<File>,
+    offset: u64,
+    buf: IoBuf,
 }
 
 enum Done {
@@ -316,6 +325,31 @@ impl Ring {
             file: file.clone(),
             offset,
             buf,
+            then: None,
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Writes all of `buf` at `offset` of `file`, then, only once that write is complete, all
+    /// of `next_buf` at `next_offset` of `next_file`; the reply comes after both. If the first
+    /// write fails, the second is never started. The ring thread starts the second write itself
+    /// as soon as it reaps the first, which saves the caller a round trip (a block and then its
+    /// journal record).
+    pub async fn write_then(
+        &self,
+        (file, offset, buf): (&Arc<File>, u64, IoBuf),
+        (next_file, next_offset, next_buf): (&Arc<File>, u64, IoBuf),
+    ) -> io::Result<()> {
+        self.call(Op::Write {
+            file: file.clone(),
+            offset,
+            buf,
+            then: Some(Box::new(Chained {
+                file: next_file.clone(),
+                offset: next_offset,
+                buf: next_buf,
+            })),
         })
         .await
         .map(|_| ())
@@ -355,6 +389,7 @@ enum InFlight {
         offset: u64,
         buf: IoBuf,
         done: usize,
+        then: Option<Box<Chained>>,
         reply: Reply,
     },
 }
@@ -508,12 +543,18 @@ impl RingThread {
                             reply,
                         });
                     }
-                    Op::Write { file, offset, buf } => {
+                    Op::Write {
+                        file,
+                        offset,
+                        buf,
+                        then,
+                    } => {
                         self.slots[slot] = Some(InFlight::Write {
                             file,
                             offset,
                             buf,
                             done: 0,
+                            then,
                             reply,
                         });
                     }
@@ -630,7 +671,14 @@ impl RingThread {
                 }
                 self.release_slot(slot);
             }
-            Some(InFlight::Write { buf, done, .. }) => {
+            Some(InFlight::Write {
+                file,
+                offset,
+                buf,
+                done,
+                then,
+                ..
+            }) => {
                 if retry {
                     self.backlog.push_back(Pending::Continue(slot));
                     return;
@@ -638,6 +686,17 @@ impl RingThread {
                 if res > 0 {
                     *done += res as usize;
                     if *done < buf.as_slice().len() {
+                        self.backlog.push_back(Pending::Continue(slot));
+                        return;
+                    }
+                    // Complete: the chained write, if any, takes over the slot and the reply.
+                    if let Some(next) = then.take() {
+                        let Chained {
+                            file: f,
+                            offset: o,
+                            buf: b,
+                        } = *next;
+                        (*file, *offset, *buf, *done) = (f, o, b, 0);
                         self.backlog.push_back(Pending::Continue(slot));
                         return;
                     }
@@ -723,6 +782,49 @@ mod tests {
             .expect("answered");
         assert_eq!(got.expect("read"), b"ring");
         assert_eq!(thread.as_deref(), Some("riffle-uring-0"));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_chained_write_starts_only_after_the_first_and_never_after_a_failure() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data = file(dir.path());
+        let journal = Arc::new(
+            OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(dir.path().join("journal"))
+                .expect("open journal"),
+        );
+        let ring = Ring::new(1).expect("io_uring");
+        for i in 0..32u64 {
+            let block = Bytes::from(vec![i as u8; 20_000]);
+            let record = Bytes::from(vec![b'a' + i as u8; 4]);
+            ring.write_then(
+                (&data, i * 20_000, IoBuf::Bytes(block)),
+                (&journal, 0, IoBuf::Bytes(record)),
+            )
+            .await
+            .expect("chained write");
+            // Both writes are done when the reply comes.
+            let back = std::fs::read(dir.path().join("f")).expect("read data");
+            assert_eq!(back.len() as u64, (i + 1) * 20_000);
+            assert!(back[(i * 20_000) as usize..].iter().all(|&b| b == i as u8));
+            let records = std::fs::read(dir.path().join("journal")).expect("read journal");
+            assert_eq!(records.len() as u64, (i + 1) * 4);
+        }
+
+        // The first write fails (the file is open read-only): the second never happens.
+        let read_only = Arc::new(File::open(dir.path().join("f")).expect("open read-only"));
+        let failed = ring
+            .write_then(
+                (&read_only, 0, IoBuf::Bytes(Bytes::from_static(b"nope"))),
+                (&journal, 0, IoBuf::Bytes(Bytes::from_static(b"XXXX"))),
+            )
+            .await;
+        assert!(failed.is_err());
+        let records = std::fs::read(dir.path().join("journal")).expect("read journal");
+        assert_eq!(records.len(), 32 * 4);
+        assert!(!records.contains(&b'X'));
     }
 
     #[test]
