@@ -284,7 +284,11 @@ impl OpenEntry {
         direct_io: bool,
         blocks: Blocks,
     ) -> io::Result<OpenEntry> {
-        let direct = if direct_io {
+        // Only a block whose length is a multiple of the alignment goes through `O_DIRECT`:
+        // an object smaller than a block (the common small file) needs no second descriptor.
+        let aligned_block =
+            id.size >= header.block_size || (id.size > 0 && id.size % ALIGN as u64 == 0);
+        let direct = if direct_io && aligned_block {
             sys::open_direct(data_path)?.map(Arc::new)
         } else {
             None
