@@ -55,7 +55,9 @@ benches/lib/mountpoint.sh; MOUNTPOINT_CACHE defaults to 1 here).
 USAGE
 }
 
-DEFAULT_SYSTEMS="local,copy-first,s3-client,riffle,riffle-nopt,riffle-plan,riffle-listing,s3fs,rclone,mountpoint"
+# Run order (README "Run order"): riffle-plan right after copy-first, the pair of the
+# cold-epoch goal; the table's row order is fixed elsewhere (results/render.rs).
+DEFAULT_SYSTEMS="local,copy-first,riffle-plan,s3-client,riffle,riffle-nopt,riffle-listing,s3fs,rclone,mountpoint"
 MODE=full
 SYSTEMS=$DEFAULT_SYSTEMS
 DIRECT=

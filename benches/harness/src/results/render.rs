@@ -444,6 +444,15 @@ How to read the tables:
   **s3fs**: with its local file cache (`use_cache`). **rclone**: `rclone mount
   --vfs-cache-mode full`. **Mountpoint**: Mountpoint for S3 through its
   library, with its local disk cache.
+- **Run order**: local disk and copy-first (they share the copy), then
+  riffle + epoch plan right after them, then the S3 client, the other riffle
+  rows and the peers. The planned cold epoch and copy-first are the pair the
+  issue-4 goal compares, so they run back to back: each system leaves 12,000
+  files or more on the same disk and the machine's state drifts during a run.
+  In position six (after the S3 client, riffle and riffle without passthrough)
+  the planned cold W1 epoch took 7.4 s where it took 5.5 s right after
+  copy-first and 6.0 s after one other riffle row, on the same build, minutes
+  apart.
 - **Ratios are the result**: absolute numbers on this shared 2-core machine,
   where RGW, the proxy, the daemon and the reader share the cores, are noise.
   \"÷ local\" and \"÷ best peer\" divide the row's throughput by that of local
