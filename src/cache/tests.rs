@@ -801,6 +801,34 @@ async fn the_complete_data_file_of_an_open_entry_needs_no_metadata_task() {
     assert!(reopened.open_complete(&a).await.expect("open").is_some());
 }
 
+/// `O_DIRECT` serves only blocks whose length is a multiple of 4 KiB, so an entry opens the
+/// second descriptor only when its object has such a block; the common small file has none.
+#[test]
+fn only_objects_with_an_aligned_block_get_an_o_direct_descriptor() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Where the filesystem refuses O_DIRECT, no entry has the descriptor.
+    let probe = dir.path().join("probe");
+    fs::write(&probe, b"").expect("probe file");
+    let supported = sys::open_direct(&probe).expect("probe O_DIRECT").is_some();
+    for (size, has_aligned_block) in [
+        (1, false),
+        (5000, false),
+        (8192, true),
+        (BS, true),
+        (BS + 100, true),
+    ] {
+        let id = obj(&format!("object-{size}"), size);
+        let entry = entry::OpenEntry::create(dir.path(), &id, id.entry_key(), BS, true)
+            .expect("create entry")
+            .expect("a new entry");
+        assert_eq!(
+            entry.direct.is_some(),
+            has_aligned_block && supported,
+            "{size}-byte object"
+        );
+    }
+}
+
 /// `status_or_create` opens an entry that exists and makes one that does not, so that the
 /// block writes after a fetch find it open; `status` only looks and never creates one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
