@@ -38,14 +38,18 @@
 //! (aligned offsets and lengths) use `O_DIRECT`, so filling the cache does not evict the page
 //! cache and the daemon does not hold a second copy of what the kernel's FUSE page cache
 //! already holds; the short last block and filesystems without `O_DIRECT` (older tmpfs) use
-//! buffered I/O on a second descriptor ([`CacheConfig::direct_io`] turns `O_DIRECT` off).
-//! Measured on W2 (16 × 256 MiB shards, 4 readers): buffered block writes made the cold epoch
-//! twice as long (12–15 s against 6.9–7.5 s), with or without a per-block `fdatasync`.
+//! buffered I/O on a second descriptor ([`CacheConfig::direct_io`] turns `O_DIRECT` off). The
+//! `O_DIRECT` descriptor is opened only for objects that have a whole block: a small file
+//! needs one descriptor, not two. Measured on W2 (16 × 256 MiB shards, 4 readers): buffered
+//! block writes made the cold epoch about 1.5–2 times as long (12–15 s against 6.9–7.5 s with
+//! a per-block `fdatasync`; 14–15 s against 9–11 s without). A block's journal record goes
+//! to the ring chained to the block's write ([`ring::Ring::write_then`]): one round trip.
 //! Metadata work (opening, creating and linking files, replaying journals, unlinking evicted
-//! entries) runs on tokio's blocking pool, at most 16 tasks at a time per cache. The only system calls made on the caller's thread
-//! are ones that never wait for the disk: non-blocking lock operations (`flock`/`fcntl` with
-//! `LOCK_NB`/`F_OFD_SETLK`) and `fstat` on open descriptors, and one `statvfs` per block
-//! write (the free-space guard).
+//! entries) runs on tokio's blocking pool, at most 16 tasks at a time per cache. The only
+//! system calls made on the caller's thread are ones that never wait for the disk:
+//! non-blocking lock operations (`flock`/`fcntl` with `LOCK_NB`/`F_OFD_SETLK`) and `fstat` on
+//! open descriptors, and one `statvfs` per block write (the free-space guard); none is made
+//! while the cache's state lock is held.
 //!
 //! Measured on the development VM's virtio disk (release build, 512 MiB in 1 MiB blocks, on
 //! a loaded 2-core machine, so ranges; `cargo test --release -p rifflefs --lib

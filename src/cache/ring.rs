@@ -11,7 +11,9 @@
 //!    entries (up to [`MAX_INFLIGHT`] operations in flight);
 //! 2. submit them all with one `io_uring_enter` that also waits for at least one completion
 //!    (a batch: under load, one system call carries dozens of operations);
-//! 3. reap every completion, resubmit the rest of short transfers, reply to the callers.
+//! 3. reap every completion, resubmit the rest of short transfers, start the second write of
+//!    a chained pair ([`Ring::write_then`]: a block, then its journal record) once the first is
+//!    complete, reply to the callers.
 //!
 //! The thread sleeps only inside `io_uring_enter`. To wake it for new requests, the ring
 //! always has a read of an eventfd outstanding; a sender writes the eventfd only when the
