@@ -13,7 +13,7 @@
 //!
 //! Fast paths: a lookup, getattr or open whose answer is already in memory (metadata younger
 //! than the TTL; for an open with passthrough, a backing file kept from an earlier open of the
-//! same version, see [`backings`]) is answered on the FUSE thread itself, without a tokio task.
+//! same version, see the `backings` module) is answered on the FUSE thread itself, without a tokio task.
 //! A warm epoch of small files is then one FUSE round trip per lookup and per open, and the
 //! reads never reach the daemon. Without passthrough (kernels before 6.9), an open whose
 //! metadata is in memory and a read of bytes in the memory cache are answered on the FUSE
