@@ -1004,27 +1004,25 @@ impl DiskCache {
             return Ok(()); // another process just wrote it; the reservation is released
         }
 
-        let half = self.step(WriteStep::WriteData)?;
+        let half_data = self.step(WriteStep::WriteData)?;
         let crc = crc32c::crc32c(&data);
         let (file, buf) = match &entry.direct {
-            Some(d) if len % ALIGN as u64 == 0 && !half => {
+            Some(d) if len % ALIGN as u64 == 0 && !half_data => {
                 (d, IoBuf::Aligned(AlignedBuf::copy_from(&data)))
             }
-            _ if half => (&entry.data, IoBuf::Bytes(data.slice(..data.len() / 2))),
+            _ if half_data => (&entry.data, IoBuf::Bytes(data.slice(..data.len() / 2))),
             _ => (&entry.data, IoBuf::Bytes(data)),
         };
-        if half {
-            self.ring
-                .write(file, offset, buf)
-                .await
-                .map_err(|e| io_err("writing a cached block", e))?;
-            return Err(CacheError::SimulatedCrash(WriteStep::WriteData));
-        }
 
         // The record goes to the ring with the block, chained: the ring appends it only once
-        // the block is written, with no round trip back here in between.
-        let rec = format::encode_record(index as u32, RecordKind::Present(crc));
-        let half = match self.step(WriteStep::AppendRecord) {
+        // the block is written, with no round trip back here in between. A simulated crash
+        // halfway through the block, or before the record, writes the block alone.
+        let record_step = if half_data {
+            Err(CacheError::SimulatedCrash(WriteStep::WriteData))
+        } else {
+            self.step(WriteStep::AppendRecord)
+        };
+        let half = match record_step {
             Ok(half) => half,
             Err(crash) => {
                 self.ring
@@ -1034,6 +1032,7 @@ impl DiskCache {
                 return Err(crash);
             }
         };
+        let rec = format::encode_record(index as u32, RecordKind::Present(crc));
         let rec = if half { &rec[..7] } else { &rec[..] };
         self.ring
             .write_then(
