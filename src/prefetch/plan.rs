@@ -20,13 +20,19 @@ use std::sync::Arc;
 #[derive(Debug, Clone, Default)]
 pub struct Plan {
     items: Vec<Arc<str>>,
+    /// The first position of each path.
     index: HashMap<Arc<str>, usize>,
+    /// For a path listed more than once: each position → its next position (empty when every
+    /// path is listed once, the usual case).
+    next_same: HashMap<usize, usize>,
 }
 
 impl Plan {
     /// Parses a plan; fails on paths that cannot be in the mount (`..` components).
     pub fn parse(text: &str) -> Result<Plan, String> {
         let mut plan = Plan::default();
+        // The latest position of each path listed more than once, while parsing.
+        let mut last: HashMap<Arc<str>, usize> = HashMap::new();
         for (n, line) in text.lines().enumerate() {
             let line = line.trim();
             if line.is_empty() || line.starts_with('#') {
@@ -37,7 +43,16 @@ impl Plan {
                 return Err(format!("line {}: '{line}' leaves the mount", n + 1));
             }
             let path: Arc<str> = Arc::from(path);
-            plan.index.entry(path.clone()).or_insert(plan.items.len());
+            let here = plan.items.len();
+            match plan.index.get(&path) {
+                None => {
+                    plan.index.insert(path.clone(), here);
+                }
+                Some(&first) => {
+                    let previous = last.insert(path.clone(), here).unwrap_or(first);
+                    plan.next_same.insert(previous, here);
+                }
+            }
             plan.items.push(path);
         }
         Ok(plan)
@@ -58,6 +73,11 @@ impl Plan {
     /// The first position of `path` in the plan.
     pub fn position(&self, path: &str) -> Option<usize> {
         self.index.get(path).copied()
+    }
+
+    /// The next position after `i` of the same path, if it is listed again.
+    pub fn next_position(&self, i: usize) -> Option<usize> {
+        self.next_same.get(&i).copied()
     }
 }
 
@@ -137,13 +157,18 @@ impl PlanTracker {
     pub fn opened(&mut self, path: &str) -> Option<(usize, bool)> {
         let first = self.plan.position(path)?;
         // A path listed twice: the first occurrence not opened yet at or after the position.
-        let i = (first..self.plan.len())
-            .find(|&i| {
-                &*self.plan.items[i] == path
-                    && i + self.lag >= self.position
-                    && self.state[i] != ItemState::Opened
-            })
-            .unwrap_or(first);
+        // Only the path's own occurrences are visited, so an open costs O(1) for a path listed
+        // once, also once the plan is spent (a later epoch reading without a new plan).
+        let mut i = first;
+        let i = loop {
+            if i + self.lag >= self.position && self.state[i] != ItemState::Opened {
+                break i;
+            }
+            match self.plan.next_position(i) {
+                Some(next) => i = next,
+                None => break first,
+            }
+        };
         let was_ready = matches!(self.state[i], ItemState::Ready(_));
         match self.state[i] {
             ItemState::Ready(bytes) => self.ready_bytes -= bytes,
@@ -256,6 +281,77 @@ mod tests {
         let next = t.next_to_fetch(W);
         assert_eq!(next, vec![47, 48, 49, 51]);
         assert_eq!(t.opened("not/in/plan"), None);
+    }
+
+    #[test]
+    fn a_path_listed_again_is_matched_to_its_next_unopened_occurrence() {
+        let mut t = PlanTracker::new(Plan::parse("a\nb\na\nc\na\n").unwrap(), 1);
+        assert_eq!(t.plan().next_position(0), Some(2));
+        assert_eq!(t.plan().next_position(2), Some(4));
+        assert_eq!(t.plan().next_position(4), None);
+        assert_eq!(t.plan().next_position(1), None);
+        assert_eq!(t.opened("a"), Some((0, false)));
+        assert_eq!(t.opened("b"), Some((1, false)));
+        assert_eq!(t.opened("a"), Some((2, false)));
+        assert_eq!(t.opened("a"), Some((4, false)));
+        // Every occurrence opened: the first one is reported, nothing changes.
+        assert_eq!(t.opened("a"), Some((0, false)));
+        // With a lag of 1 the unopened "c" no longer holds the position back.
+        assert_eq!(t.position(), 5);
+    }
+
+    /// The tracker's `opened` as it was before occurrences were chained: a scan of the whole
+    /// rest of the plan. The reference model for the property test below.
+    fn opened_by_scan(t: &mut PlanTracker, path: &str) -> Option<(usize, bool)> {
+        let first = t.plan.position(path)?;
+        let i = (first..t.plan.len())
+            .find(|&i| {
+                &*t.plan.items[i] == path
+                    && i + t.lag >= t.position
+                    && t.state[i] != ItemState::Opened
+            })
+            .unwrap_or(first);
+        let was_ready = matches!(t.state[i], ItemState::Ready(_));
+        match t.state[i] {
+            ItemState::Ready(bytes) => t.ready_bytes -= bytes,
+            ItemState::Fetching => t.fetching -= 1,
+            _ => {}
+        }
+        t.state[i] = ItemState::Opened;
+        t.furthest_opened = Some(t.furthest_opened.map_or(i, |f| f.max(i)));
+        t.advance();
+        Some((i, was_ready))
+    }
+
+    proptest::proptest! {
+        /// Plans with repeated paths, opened in any order (with fetches in between): the
+        /// chained lookup answers exactly as a scan of the plan does.
+        #[test]
+        fn opened_matches_a_scan_of_the_plan(
+            items in proptest::collection::vec(0u8..6, 1..40),
+            opens in proptest::collection::vec((0u8..8, proptest::bool::ANY), 0..80),
+            lag in 1usize..6,
+        ) {
+            let text: String = items.iter().map(|i| format!("p{i}\n")).collect();
+            let plan = Plan::parse(&text).unwrap();
+            let mut chained = PlanTracker::new(plan.clone(), lag);
+            let mut scanned = PlanTracker::new(plan, lag);
+            for (path, fetch_first) in opens {
+                if fetch_first {
+                    let window = Window { concurrency: 2, bytes: 1 << 20, items: 8 };
+                    let a = chained.next_to_fetch(window);
+                    proptest::prop_assert_eq!(&a, &scanned.next_to_fetch(window));
+                    for i in a {
+                        chained.fetched(i, Ok(Some(10)));
+                        scanned.fetched(i, Ok(Some(10)));
+                    }
+                }
+                let path = format!("p{path}");
+                proptest::prop_assert_eq!(chained.opened(&path), opened_by_scan(&mut scanned, &path));
+                proptest::prop_assert_eq!(chained.position(), scanned.position());
+                proptest::prop_assert_eq!(chained.ready_bytes(), scanned.ready_bytes());
+            }
+        }
     }
 
     #[test]
