@@ -19,20 +19,35 @@
 MOUNTPOINT_DIR=${MOUNTPOINT_DIR:-$ROOT/benches/mountpoint}
 MOUNTPOINT_BIN=$MOUNTPOINT_DIR/target/release/riffle-bench-mountpoint
 
+# Sets missing to the Debian packages (or cargo) the build needs and lacks.
+mountpoint_build_deps_missing() {
+    missing=()
+    command -v cargo >/dev/null || missing+=(cargo)
+    command -v cmake >/dev/null || missing+=(cmake)
+    command -v cc >/dev/null || missing+=(gcc)
+    command -v pkg-config >/dev/null || missing+=(pkg-config)
+    pkg-config --exists fuse3 2>/dev/null || pkg-config --exists fuse 2>/dev/null || missing+=("libfuse3-dev")
+    ls /usr/lib/llvm-*/lib/libclang.so* /usr/lib/*/libclang*.so* >/dev/null 2>&1 \
+        || [ -n "${LIBCLANG_PATH:-}" ] || missing+=("libclang-dev")
+}
+
 build_mountpoint() {
-    local log="${LOG_DIR:-/tmp}/build-mountpoint.log" missing=() tool
+    local log="${LOG_DIR:-/tmp}/build-mountpoint.log" missing=()
     # Rebuild only when the binary is missing or older than its sources.
     if [ -x "$MOUNTPOINT_BIN" ] && [ -z "$(find "$MOUNTPOINT_DIR/src" "$MOUNTPOINT_DIR/Cargo.toml" \
             "$MOUNTPOINT_DIR/Cargo.lock" -newer "$MOUNTPOINT_BIN" 2>/dev/null)" ]; then
         echo "$MOUNTPOINT_BIN"
         return 0
     fi
-    for tool in cargo cmake cc pkg-config; do
-        command -v "$tool" >/dev/null || missing+=("$tool")
-    done
-    pkg-config --exists fuse3 2>/dev/null || pkg-config --exists fuse 2>/dev/null || missing+=("libfuse3-dev")
-    ls /usr/lib/llvm-*/lib/libclang.so* /usr/lib/*/libclang*.so* >/dev/null 2>&1 \
-        || [ -n "${LIBCLANG_PATH:-}" ] || missing+=("libclang-dev")
+    mountpoint_build_deps_missing
+    if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+            && ! [[ " ${missing[*]} " == *" cargo "* ]]; then
+        # The C and bindgen toolchain of the AWS CRT and fuser, as the peers are installed.
+        echo "build_mountpoint: installing ${missing[*]} with apt" >&2
+        { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+            --no-install-recommends "${missing[@]}"; } >>"$log" 2>&1 || true
+        mountpoint_build_deps_missing
+    fi
     if [ ${#missing[@]} -gt 0 ]; then
         echo "build_mountpoint: cannot build riffle-bench-mountpoint: missing ${missing[*]}" \
             "(apt-get install cmake gcc pkg-config libfuse3-dev libclang-dev)" >&2
