@@ -15,9 +15,11 @@
 //!    leaving the rest to demand reads.
 //!    Each open moves the reader's position; replacing the plan mid-epoch starts over from
 //!    the new plan (fetches of the old one finish or are dropped; nothing is mixed).
-//! 2. **Directory order** ([`dirorder`]): without a plan, a reader that opens a directory's
-//!    files in listing order gets the next files of the listing fetched ahead, in a window
-//!    that grows while the order holds.
+//!    An open of a file whose plan items were all opened already (a reopen, or the next
+//!    epoch when no new plan was set) is not a plan open: the plan is spent for it.
+//! 2. **Directory order** ([`dirorder`]): for opens outside a plan, a reader that opens a
+//!    directory's files in listing order gets the next files of the listing fetched ahead, in
+//!    a window that grows while the order holds.
 //! 3. **Preload** ([`warm`]): whole subtrees, lowest priority.
 //!
 //! Files are prefetched whole up to `max_file_bytes` (larger ones only their first part; the

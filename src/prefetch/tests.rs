@@ -284,6 +284,35 @@ async fn a_reader_in_listing_order_gets_the_next_files_prefetched() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_a_plan_is_spent_reopening_its_files_in_listing_order_is_followed() {
+    let files = keys(40, "dir");
+    let s = setup(&files, 64, config(8, 1 << 30, 100));
+    let dir = s.ns.resolve("dir").await.unwrap();
+    s.ns.readdir(dir.ino).await.unwrap();
+    s.prefetch.set_plan(Some(plan_of(&files[..4])));
+    for f in &files[..4] {
+        open(&s, f).await;
+    }
+    assert_eq!(load(&s.prefetch.stats().plan_opens), 4);
+    assert_eq!(
+        load(&s.prefetch.stats().dir_order_fetched),
+        0,
+        "plan opens are the plan's"
+    );
+    // The next epoch, without a new plan, in listing order: the spent plan no longer claims
+    // these opens, so directory order is detected and the files after them are fetched.
+    for f in &files[..4] {
+        open(&s, f).await;
+    }
+    assert_eq!(load(&s.prefetch.stats().plan_opens), 4);
+    assert!(load(&s.prefetch.stats().dir_order_fetched) > 0);
+    until("the next files fetched ahead", || {
+        s.store.get_log().iter().any(|k| k == "dir/f010")
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warm_fetches_a_subtree_and_reports_progress() {
     let mut all = keys(20, "w");
     all.extend(keys(5, "skip"));
