@@ -261,12 +261,19 @@ async fn files_missing_from_the_store_are_skipped() {
     assert_eq!(load(&s.prefetch.stats().plan_fetched), 6);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reader_in_listing_order_gets_the_next_files_prefetched() {
+/// Forty files in `dir`, whose listing the namespace has read (as `ls` or a data loader's
+/// directory scan would before the opens).
+async fn listed_dir_of_40() -> (Vec<String>, Setup) {
     let files = keys(40, "dir");
     let s = setup(&files, 64, config(8, 1 << 30, 100));
     let dir = s.ns.resolve("dir").await.unwrap();
     s.ns.readdir(dir.ino).await.unwrap();
+    (files, s)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_in_listing_order_gets_the_next_files_prefetched() {
+    let (files, s) = listed_dir_of_40().await;
     for f in &files[..4] {
         open(&s, f).await;
     }
@@ -285,10 +292,7 @@ async fn a_reader_in_listing_order_gets_the_next_files_prefetched() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn once_a_plan_is_spent_reopening_its_files_in_listing_order_is_followed() {
-    let files = keys(40, "dir");
-    let s = setup(&files, 64, config(8, 1 << 30, 100));
-    let dir = s.ns.resolve("dir").await.unwrap();
-    s.ns.readdir(dir.ino).await.unwrap();
+    let (files, s) = listed_dir_of_40().await;
     s.prefetch.set_plan(Some(plan_of(&files[..4])));
     for f in &files[..4] {
         open(&s, f).await;
