@@ -16,9 +16,9 @@
 //! and any before the check finishes are served by the daemon). Corruption that appears after
 //! that point is only caught on the daemon path (`--no-passthrough`).
 //!
-//! Objects this daemon completes are announced on a bounded channel ([`DiskTier::completions`]),
-//! which the FUSE layer uses to register their cache files with the kernel ahead of the next
-//! open.
+//! Objects this daemon completes or verifies are announced on a bounded channel
+//! ([`DiskTier::completions`]), which the FUSE layer uses to register their cache files with
+//! the kernel ahead of the next open.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -91,20 +91,32 @@ impl DiskTier {
 
     /// Notes that this daemon wrote a block of `id`; announces the object if that completed it.
     pub(super) fn wrote(&self, id: &ObjectIdentity) {
-        if self.cache.is_complete(id) && self.verified.lock().insert(id.entry_key()) {
-            if let Some(tx) = &*self.completed.lock() {
-                // Full: the listener lags; it is only an optimisation, so drop it.
-                let _ = tx.try_send(ObjectVersion {
-                    key: id.key.clone(),
-                    etag: id.etag.clone(),
-                    size: id.size,
-                });
-            }
+        if self.cache.is_complete(id) {
+            self.known_good(id);
         }
     }
 
-    /// From now on, every object this daemon completes in the cache (complete and known good,
-    /// so ready for passthrough) is sent here, as long as the channel has room (`capacity`).
+    /// Records that every block of `id` is known good (written here, or read back whole) and,
+    /// the first time, announces it to the completions listener. Both ways lead here, so an
+    /// object verified by an open's background check while its last block was being written
+    /// is announced too.
+    fn known_good(&self, id: &ObjectIdentity) {
+        if !self.verified.lock().insert(id.entry_key()) {
+            return;
+        }
+        if let Some(tx) = &*self.completed.lock() {
+            // Full: the listener lags; it is only an optimisation, so drop it.
+            let _ = tx.try_send(ObjectVersion {
+                key: id.key.clone(),
+                etag: id.etag.clone(),
+                size: id.size,
+            });
+        }
+    }
+
+    /// From now on, every object this daemon completes or verifies in the cache (complete and
+    /// known good, so ready for passthrough) is sent here, as long as the channel has room
+    /// (`capacity`).
     /// Replaces an earlier listener.
     pub fn completions(&self, capacity: usize) -> mpsc::Receiver<ObjectVersion> {
         let (tx, rx) = mpsc::channel(capacity.max(1));
@@ -133,7 +145,7 @@ impl DiskTier {
                 let good = this.verify(&id).await;
                 this.verifying.lock().remove(&key);
                 if good {
-                    this.verified.lock().insert(key);
+                    this.known_good(&id);
                 }
             });
         }

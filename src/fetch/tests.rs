@@ -327,6 +327,27 @@ mod with_disk {
         );
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cache_file_verified_after_a_restart_is_announced_for_passthrough() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(MemoryStore::new());
+        let body = data(3 * DBS as usize + 7, 13);
+        let obj = version(&store, "k", &body);
+        cache_whole(&disk_fetcher(&store, dir.path()), &obj).await;
+        let f = disk_fetcher(&store, dir.path());
+        let tier = f.disk().unwrap().clone();
+        let mut completions = tier.completions(8);
+        // Complete on disk but not known good to this daemon: no file yet, a check starts.
+        assert!(tier.passthrough_file(&obj).await.is_none());
+        let announced = tokio::time::timeout(Duration::from_secs(30), completions.recv())
+            .await
+            .expect("the verified object was never announced")
+            .unwrap();
+        assert_eq!(announced, *obj);
+        assert!(tier.passthrough_file(&obj).await.is_some());
+        assert!(completions.try_recv().is_err(), "announced once");
+    }
+
     /// `read_quick`'s answer, and the name of the thread that gave it.
     async fn quick(
         f: &Arc<Fetcher>,
