@@ -1,10 +1,19 @@
-# Shared helpers of benches/run.sh: logging, page-cache dropping, reading
+# Shared helpers of benches/run.sh: logging, apt installs, page-cache dropping, reading
 # results, waiting for mounts and reading a daemon's peak RSS.
 # Sourced; expects WORK and LOG_DIR to be set.
 
 say() { printf '%s %s\n' "$(date +%H:%M:%S)" "$*"; }
 warn() { printf '%s WARNING: %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf 'benches/run.sh: error: %s\n' "$*" >&2; exit 1; }
+
+# apt_install LOG PACKAGE...: installs Debian packages without prompts,
+# appending apt's output to LOG; fails when apt-get does.
+apt_install() {
+    local log=$1
+    shift
+    { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+        --no-install-recommends "$@"; } >>"$log" 2>&1
+}
 
 # Drops the page cache (and dentries/inodes) so every epoch starts cold for
 # the kernel; a system's own cache survives. Returns 1 when not allowed.

@@ -44,8 +44,7 @@ build_mountpoint() {
             && ! [[ " ${missing[*]} " == *" cargo "* ]]; then
         # The C and bindgen toolchain of the AWS CRT and fuser, as the peers are installed.
         echo "build_mountpoint: installing ${missing[*]} with apt" >&2
-        { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
-            --no-install-recommends "${missing[@]}"; } >>"$log" 2>&1 || true
+        apt_install "$log" "${missing[@]}" || true
         mountpoint_build_deps_missing
     fi
     if [ ${#missing[@]} -gt 0 ]; then

@@ -49,8 +49,8 @@ ensure_peer_tools() {
     command -v fusermount3 >/dev/null || missing+=(fuse3)
     [ ${#missing[@]} -eq 0 ] && return 0
     say "installing ${missing[*]} with apt"
-    { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"; } \
-        >>"$LOG_DIR/apt.log" 2>&1 || warn "apt-get install ${missing[*]} failed (see $LOG_DIR/apt.log)"
+    apt_install "$LOG_DIR/apt.log" "${missing[@]}" \
+        || warn "apt-get install ${missing[*]} failed (see $LOG_DIR/apt.log)"
 }
 
 # A venv with matplotlib for the plots; without it the report has no plots.
