@@ -50,6 +50,9 @@ RIFFLE_BENCH_SEED [1], RIFFLE_BENCH_W1_MAX_FILES (each W1 epoch reads the same
 seeded N files, whole directories; 0 = all) [quick: all, full: 6000],
 RIFFLE_BENCH_W5_MAX_FILES (the same for W5) [quick: all, full: 6000],
 RIFFLE_BENCH_EPOCH_TIMEOUT (seconds) [quick 180, full 1200],
+RIFFLE_BENCH_GOAL_ROUNDS (rounds of the goal comparisons: W1 copy-first and
+riffle + plan, W2 local disk and riffle; 1 = only the table's rows) [quick 2,
+full 5],
 RIFFLE_BENCH_W3_DURATION [quick 2s, full 30s], MOUNTPOINT_* (see
 benches/lib/mountpoint.sh; MOUNTPOINT_CACHE defaults to 1 here).
 USAGE
@@ -96,6 +99,7 @@ if [ "$MODE" = quick ]; then
     # so warm epochs exercise the disk cache.
     RIFFLE_BASE_MEMORY=64M
     BUILD_MOUNTPOINT=${BUILD_MOUNTPOINT:-0}
+    GOAL_ROUNDS=${RIFFLE_BENCH_GOAL_ROUNDS:-2}
     [ ${#WORKLOADS[@]} -gt 0 ] || WORKLOADS=(w1 w2 w3 w5)
 else
     SCALE=1
@@ -106,9 +110,12 @@ else
     DIRECT=${DIRECT:-s3-client,riffle}
     RIFFLE_BASE_MEMORY=1G
     BUILD_MOUNTPOINT=${BUILD_MOUNTPOINT:-$BUILD}
+    GOAL_ROUNDS=${RIFFLE_BENCH_GOAL_ROUNDS:-5}
     [ ${#WORKLOADS[@]} -gt 0 ] || WORKLOADS=(w1 w2 w5)
 fi
 [ "$DIRECT" = none ] && DIRECT=
+[[ $GOAL_ROUNDS =~ ^[1-9][0-9]*$ ]] || { echo "benches/run.sh: RIFFLE_BENCH_GOAL_ROUNDS must be a whole number ≥ 1" >&2; exit 2; }
+ROUND=1
 SEED=${RIFFLE_BENCH_SEED:-1}
 W1_MAX_FILES=${W1_MAX_FILES-${RIFFLE_BENCH_W1_MAX_FILES:-}}
 W5_MAX_FILES=${W5_MAX_FILES-${RIFFLE_BENCH_W5_MAX_FILES:-}}

@@ -95,7 +95,15 @@ status_of() {
 }
 
 record_row() {
-    "$BIN/riffle-bench" record row --run "$RUN_FILE" "$@"
+    local round=()
+    [ "$ROUND" -gt 1 ] && round=(--round "$ROUND")
+    "$BIN/riffle-bench" record row --run "$RUN_FILE" "${round[@]}" "$@"
+}
+
+# What names the files of an extra round of the goal comparisons apart
+# (results, copies, mount tags): "-rN" in round N > 1, else nothing.
+round_suffix() {
+    if [ "$ROUND" -gt 1 ]; then echo "-r$ROUND"; fi
 }
 
 # Whether this workload's readers run epoch 3, a re-read for every system
@@ -115,28 +123,30 @@ reader_epochs() {
 
 # local disk and copy-first share the copy: copy (timed), then the local epochs.
 run_copy() {
-    local col=$1 endpoint=$2 dest="$WORK/local/$MODE-$WL" t e e3
+    local col=$1 endpoint=$2 r
+    r=$(round_suffix)
+    local dest="$WORK/local/$MODE-$WL$r" t e e3
     say "  copy-first ($col): 64 parallel downloads to $dest"
     rm -rf "$dest"
-    local copy="$RES_DIR/$WL-copy-$col.json" rc=0
+    local copy="$RES_DIR/$WL-copy-$col$r.json" rc=0
     timeout -k 10 "$EPOCH_TIMEOUT" "$BIN/riffle-bench" copy --manifest "$MANIFEST" \
         --endpoint "$endpoint" --dest "$dest" --parallel 64 --json-out "$copy" \
         --seed "$SEED" "${LIMIT[@]}" >/dev/null 2>>"$LOG_DIR/copy.log" || rc=$?
     say "    copy: $(summary "$copy")$([ $rc = 0 ] || echo " (exit $rc)")"
-    if [ ! -s "$WORK/run/local-done-$WL" ]; then
+    if [ ! -s "$WORK/run/local-done-$WL$r" ]; then
         say "  local disk"
         for e in $(reader_epochs); do
             for t in $TABLES; do
-                read_pass local "$dest" "$t" "$e" "$RES_DIR/$t-local-e$e.json"
+                read_pass local "$dest" "$t" "$e" "$RES_DIR/$t-local$r-e$e.json"
             done
         done
-        echo ok > "$WORK/run/local-done-$WL"
+        echo ok > "$WORK/run/local-done-$WL$r"
         if has "$SYSTEMS" local; then
             for t in $TABLES; do
-                e3=(); has_reread && e3=(--epoch3 "$RES_DIR/$t-local-e3.json")
+                e3=(); has_reread && e3=(--epoch3 "$RES_DIR/$t-local$r-e3.json")
                 record_row --table "$t" --system local --column proxy \
-                    --status "$(status_of "$RES_DIR/$t-local-e1.json")" \
-                    --cold "$RES_DIR/$t-local-e1.json" --warm "$RES_DIR/$t-local-e2.json" "${e3[@]}"
+                    --status "$(status_of "$RES_DIR/$t-local$r-e1.json")" \
+                    --cold "$RES_DIR/$t-local$r-e1.json" --warm "$RES_DIR/$t-local$r-e2.json" "${e3[@]}"
             done
         fi
     fi
@@ -145,13 +155,65 @@ run_copy() {
         for t in $TABLES; do
             local st=ok
             [ -s "$copy" ] || st="failed: the copy produced no result (see logs)"
-            [ "$st" = ok ] && st=$(status_of "$RES_DIR/$t-local-e1.json")
-            e3=(); has_reread && e3=(--epoch3 "$RES_DIR/$t-local-e3.json")
+            [ "$st" = ok ] && st=$(status_of "$RES_DIR/$t-local$r-e1.json")
+            e3=(); has_reread && e3=(--epoch3 "$RES_DIR/$t-local$r-e3.json")
             record_row --table "$t" --system copy-first --column "$col" --status "$st" \
-                --copy "$copy" --cold "$RES_DIR/$t-local-e1.json" --warm "$RES_DIR/$t-local-e2.json" \
+                --copy "$copy" --cold "$RES_DIR/$t-local$r-e1.json" --warm "$RES_DIR/$t-local$r-e2.json" \
                 "${e3[@]}"
         done
     fi
+}
+
+# A round of local disk's warm epochs on the copy that run_copy made in round
+# 1 (epoch 2, and the re-read where the workload has one): W2's baseline for
+# the warm goal. No cold epoch: that was the copy's first read.
+run_local_again() {
+    local dest="$WORK/local/$MODE-$WL" r t e e3
+    r=$(round_suffix)
+    say "  local disk: epochs 2$(has_reread && echo " and 3") again"
+    for e in $(reader_epochs); do
+        [ "$e" = 1 ] && continue
+        for t in $TABLES; do
+            read_pass local "$dest" "$t" "$e" "$RES_DIR/$t-local$r-e$e.json"
+        done
+    done
+    for t in $TABLES; do
+        e3=(); has_reread && e3=(--epoch3 "$RES_DIR/$t-local$r-e3.json")
+        record_row --table "$t" --system local --column proxy \
+            --status "$(status_of "$RES_DIR/$t-local$r-e2.json")" \
+            --warm "$RES_DIR/$t-local$r-e2.json" "${e3[@]}"
+    done
+}
+
+# Extra rounds (2..GOAL_ROUNDS) of the comparisons the goals of issues 3 and
+# 4 are set on, each pair run again back to back after every system ran once
+# (round 1, the table's rows): W1 copy-first (a new copy, then local disk's
+# epochs) and riffle + epoch plan (a fresh mount and cache: the cold-epoch
+# goal); W2 local disk's warm epochs and riffle's (a fresh mount and cache:
+# cold, warm and re-read epochs, so its warm epoch is again the first read of
+# cache files just written). The goal lines give the median over the rounds
+# and each round's value (results/goals.rs); the tables show round 1 only.
+run_goal_rounds() {
+    local pair
+    case $WL in
+        w1) pair=(copy-first riffle-plan) ;;
+        w2) pair=(local riffle) ;;
+        *) return 0 ;;
+    esac
+    [ "$GOAL_ROUNDS" -gt 1 ] || return 0
+    if ! { has "$SYSTEMS" "${pair[0]}" || { [ "${pair[0]}" = local ] && has "$SYSTEMS" copy-first; }; } \
+        || ! has "$SYSTEMS" "${pair[1]}"; then
+        return 0
+    fi
+    for ((ROUND = 2; ROUND <= GOAL_ROUNDS; ROUND++)); do
+        say "  goal round $ROUND of $GOAL_ROUNDS: ${pair[*]}"
+        case $WL in
+            w1) run_copy proxy "$PROXY_URL" ;;
+            w2) run_local_again ;;
+        esac
+        run_fuse "${pair[1]}" proxy "$PROXY_URL"
+    done
+    ROUND=1
 }
 
 # The store read straight with 64 requests in flight (W1: whole objects,
@@ -204,7 +266,9 @@ check_mounted() {
 # A FUSE system: mount, the epochs of every table (two; W2 three), peak
 # RSS, unmount.
 run_fuse() {
-    local sys=$1 col=$2 endpoint=$3 mnt="$WORK/mnt/$1" tag="$WL-$2" t e e3 rss note
+    local sys=$1 col=$2 endpoint=$3 mnt="$WORK/mnt/$1" r t e e3 rss note
+    r=$(round_suffix)
+    local tag="$WL-$col$r" res="$sys-$col$r"
     fresh_mountpoint "$mnt"
     say "  $sys ($col)"
     NOT_RUN=''
@@ -220,7 +284,7 @@ run_fuse() {
     say "    mounted in $((SECONDS - t0)) s"
     MOUNT_LOST=
     for e in $(reader_epochs); do
-        for t in $TABLES; do read_pass "$sys" "$mnt" "$t" "$e" "$RES_DIR/$t-$sys-$col-e$e.json" 1; done
+        for t in $TABLES; do read_pass "$sys" "$mnt" "$t" "$e" "$RES_DIR/$t-$res-e$e.json" 1; done
         check_mounted "$mnt" "$e" || break
     done
     rss=$(peak_rss_kb "$DAEMON_PID")
@@ -229,10 +293,10 @@ run_fuse() {
     say "    unmounted in $((SECONDS - t0)) s; daemon peak RSS ${rss:-?} KiB"
     note=$(note_of "$sys")
     for t in $TABLES; do
-        e3=(); has_reread && e3=(--epoch3 "$RES_DIR/$t-$sys-$col-e3.json")
+        e3=(); has_reread && e3=(--epoch3 "$RES_DIR/$t-$res-e3.json")
         record_row --table "$t" --system "$sys" --column "$col" \
-            --status "${MOUNT_LOST:-$(status_of "$RES_DIR/$t-$sys-$col-e1.json")}" \
-            --cold "$RES_DIR/$t-$sys-$col-e1.json" --warm "$RES_DIR/$t-$sys-$col-e2.json" \
+            --status "${MOUNT_LOST:-$(status_of "$RES_DIR/$t-$res-e1.json")}" \
+            --cold "$RES_DIR/$t-$res-e1.json" --warm "$RES_DIR/$t-$res-e2.json" \
             "${e3[@]}" ${rss:+--rss-kb "$rss"} ${note:+--note "$note"}
     done
 }
@@ -287,7 +351,8 @@ run_workload() {
             esac
         done
     done
-    rm -rf "$WORK/local/$MODE-$WL" "$WORK/cache"
+    run_goal_rounds
+    rm -rf "$WORK/local/$MODE-$WL" "$WORK/local/$MODE-$WL"-r* "$WORK/cache"
     mkdir -p "$WORK/cache"
     [ ${#LIMIT[@]} -gt 0 ] && notes+=(--note "time budget: each W1 epoch reads the same $W1_MAX_FILES of the 20,000 files (whole directories, chosen with the seed; a new shuffled order each epoch), for every system alike; copy-first copies that subset; riffle's --max-memory is scaled by the same fraction ($RIFFLE_MEMORY) so its memory cache holds the same share of the data as 1 GiB does of the whole dataset (the disk cache is unlimited)")
     [ "$MODE" = quick ] && notes+=(--note "quick datasets are small: they fit the peers' caches and (within a pass) the page cache, so this is a smoke test of correctness, not a measurement; riffle runs with --max-memory $RIFFLE_BASE_MEMORY so its warm epochs read the disk cache")

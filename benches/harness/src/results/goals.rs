@@ -1,5 +1,13 @@
 //! The goals of issues 3 and 4 checked against one run's rows, as lines
 //! under each table: the measured value, the goal, met or not.
+//!
+//! A goal compares two systems of the same run. When the run repeated a
+//! comparison (extra rounds, [`Row::round`]: `benches/run.sh` runs the pair
+//! again, alternated, after the table's own rows), the goal is computed in
+//! each round from that round's two rows alone, and the line gives the median
+//! over the rounds with every round's value, so one disturbed epoch on this
+//! shared machine neither makes nor breaks a goal. A goal whose systems were
+//! not repeated (the peers) has its one value, from the table's rows.
 
 use super::metrics::{throughput, Epoch, Unit};
 use super::render::system_label;
@@ -14,11 +22,46 @@ fn tp(rows: &[Row], table: &str, system: &str, epoch: Epoch) -> Option<f64> {
     find(rows, table, system).and_then(|r| throughput(r, epoch))
 }
 
+/// The rows of each round: round 1 is the table's rows, then each extra
+/// round's rows, in round order.
+fn by_round(rows: &[Row], extra: &[Row]) -> Vec<Vec<Row>> {
+    let mut numbers: Vec<u32> = extra.iter().filter_map(|r| r.round).collect();
+    numbers.sort_unstable();
+    numbers.dedup();
+    std::iter::once(rows.to_vec())
+        .chain(numbers.into_iter().map(|n| {
+            extra
+                .iter()
+                .filter(|r| r.round == Some(n))
+                .cloned()
+                .collect()
+        }))
+        .collect()
+}
+
+/// `value` of every round where it was measured, in round order.
+fn per_round(rounds: &[Vec<Row>], value: impl Fn(&[Row]) -> Option<f64>) -> Vec<f64> {
+    rounds.iter().filter_map(|r| value(r)).collect()
+}
+
+/// The median of `values` (the mean of the middle two for an even count).
+fn median(values: &[f64]) -> Option<f64> {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
+}
+
 /// `at_least`: the goal is `value >= goal` (else `value <= goal`, or `<`
-/// when `strict`).
+/// when `strict`). `values` holds one value per round that measured it;
+/// the goal is checked on their median.
 struct Goal {
     what: String,
-    value: Option<f64>,
+    values: Vec<f64>,
     goal: f64,
     at_least: bool,
     strict: bool,
@@ -43,25 +86,32 @@ impl Goal {
             }
         };
         let goal = format!("goal {op} {}{}", self.goal, self.unit);
-        match self.value {
-            None => format!("{}: not measured ({}; {goal})", self.what, self.missing),
-            Some(v) => {
-                let met = match (self.at_least, self.strict) {
-                    (true, _) => v >= self.goal,
-                    (false, true) => v < self.goal,
-                    (false, false) => v <= self.goal,
-                };
-                format!(
-                    "{}: **{}** ({goal}): {}",
-                    self.what,
-                    fmt(v),
-                    if met { "met" } else { "**not met**" }
-                )
-            }
-        }
+        let Some(v) = median(&self.values) else {
+            return format!("{}: not measured ({}; {goal})", self.what, self.missing);
+        };
+        let met = match (self.at_least, self.strict) {
+            (true, _) => v >= self.goal,
+            (false, true) => v < self.goal,
+            (false, false) => v <= self.goal,
+        };
+        let rounds = if self.values.len() > 1 {
+            let each: Vec<String> = self.values.iter().map(|&x| fmt(x)).collect();
+            format!(
+                ", median of {} alternated rounds: {}",
+                self.values.len(),
+                each.join(", ")
+            )
+        } else {
+            String::new()
+        };
+        format!(
+            "{}: **{}** ({goal}{rounds}): {}",
+            self.what,
+            fmt(v),
+            if met { "met" } else { "**not met**" }
+        )
     }
 }
-
 fn div(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     match (a, b) {
         (Some(a), Some(b)) if b > 0.0 => Some(a / b),
@@ -93,8 +143,9 @@ fn missing(rows: &[Row], table: &str, systems: &[&str], epoch: Epoch) -> String 
 }
 
 /// `system`'s throughput in `epoch` (warm or the re-read) ÷ local disk's
-/// in the same epoch.
-fn vs_local(rows: &[Row], table: &str, system: &str, epoch: Epoch, goal: f64) -> Goal {
+/// in the same epoch, per round.
+fn vs_local(rounds: &[Vec<Row>], table: &str, system: &str, epoch: Epoch, goal: f64) -> Goal {
+    let rows = &rounds[0];
     let unit = Unit::of_table(table).label();
     let what = match epoch {
         Epoch::Reread => format!("epoch 3 (re-read) {unit} ÷ local disk epoch 3"),
@@ -102,10 +153,9 @@ fn vs_local(rows: &[Row], table: &str, system: &str, epoch: Epoch, goal: f64) ->
     };
     Goal {
         what: format!("{}, {what}", system_label(system)),
-        value: div(
-            tp(rows, table, system, epoch),
-            tp(rows, table, "local", epoch),
-        ),
+        values: per_round(rounds, |r| {
+            div(tp(r, table, system, epoch), tp(r, table, "local", epoch))
+        }),
         goal,
         at_least: true,
         strict: false,
@@ -119,22 +169,28 @@ fn has_reread(rows: &[Row], table: &str) -> bool {
     rows.iter().any(|r| r.table == table && r.epoch3.is_some())
 }
 
-/// The goal lines of one table (empty when it has none).
-pub fn goals(table: &str, rows: &[Row]) -> Vec<String> {
+/// The goal lines of one table (empty when it has none); `extra` holds the
+/// rows of the run's extra rounds (see the module documentation).
+pub fn goals(table: &str, rows: &[Row], extra: &[Row]) -> Vec<String> {
+    let rounds = by_round(rows, extra);
     let mut out = Vec::new();
     match table {
         "w1" => {
             for s in ["riffle", "riffle-nopt"] {
                 if find(rows, table, s).is_some() {
-                    out.push(vs_local(rows, table, s, Epoch::Warm, 0.8));
+                    out.push(vs_local(&rounds, table, s, Epoch::Warm, 0.8));
                 }
             }
             if find(rows, table, "riffle-plan").is_some() {
-                let plan = tp(rows, table, "riffle-plan", Epoch::Cold);
                 for (peer, goal) in [("s3fs", 10.0), ("mountpoint", 5.0)] {
                     out.push(Goal {
                         what: format!("riffle + epoch plan, cold files/s ÷ {}", system_label(peer)),
-                        value: div(plan, tp(rows, table, peer, Epoch::Cold)),
+                        values: per_round(&rounds, |r| {
+                            div(
+                                tp(r, table, "riffle-plan", Epoch::Cold),
+                                tp(r, table, peer, Epoch::Cold),
+                            )
+                        }),
                         goal,
                         at_least: true,
                         strict: false,
@@ -142,17 +198,22 @@ pub fn goals(table: &str, rows: &[Row]) -> Vec<String> {
                         missing: missing(rows, table, &["riffle-plan", peer], Epoch::Cold),
                     });
                 }
-                let plan_row = find(rows, table, "riffle-plan").filter(|r| r.ok());
-                let copy_total = find(rows, table, "copy-first")
-                    .filter(|r| r.ok())
-                    .and_then(|r| Some(r.copy.as_ref()?.elapsed_s + r.cold.as_ref()?.elapsed_s));
+                let plan_cold = |r: &[Row]| {
+                    find(r, table, "riffle-plan")
+                        .filter(|r| r.ok())
+                        .and_then(|r| r.cold.clone())
+                };
+                let copy_total = |r: &[Row]| {
+                    find(r, table, "copy-first")
+                        .filter(|r| r.ok())
+                        .and_then(|r| Some(r.copy.as_ref()?.elapsed_s + r.cold.as_ref()?.elapsed_s))
+                };
                 out.push(Goal {
                     what: "riffle + epoch plan, cold epoch time ÷ copy-first total (copy + local epoch)"
                         .into(),
-                    value: div(
-                        plan_row.and_then(|r| r.cold.as_ref()).map(|o| o.elapsed_s),
-                        copy_total,
-                    ),
+                    values: per_round(&rounds, |r| {
+                        div(plan_cold(r).map(|o| o.elapsed_s), copy_total(r))
+                    }),
                     goal: 1.1,
                     at_least: false,
                     strict: false,
@@ -161,7 +222,7 @@ pub fn goals(table: &str, rows: &[Row]) -> Vec<String> {
                 });
                 out.push(Goal {
                     what: "riffle + epoch plan, first 256 files of the cold epoch".into(),
-                    value: plan_row.and_then(|r| r.cold.as_ref()?.first_256_s),
+                    values: per_round(&rounds, |r| plan_cold(r)?.first_256_s),
                     goal: 1.0,
                     at_least: false,
                     strict: true,
@@ -177,9 +238,9 @@ pub fn goals(table: &str, rows: &[Row]) -> Vec<String> {
             let reread = has_reread(rows, table);
             for s in ["riffle", "riffle-nopt"] {
                 if find(rows, table, s).is_some() {
-                    out.push(vs_local(rows, table, s, Epoch::Warm, 0.95));
+                    out.push(vs_local(&rounds, table, s, Epoch::Warm, 0.95));
                     if reread {
-                        out.push(vs_local(rows, table, s, Epoch::Reread, 0.95));
+                        out.push(vs_local(&rounds, table, s, Epoch::Reread, 0.95));
                     }
                 }
             }
@@ -216,6 +277,7 @@ mod tests {
             cold_detail: None,
             warm_detail: None,
             passes: Vec::new(),
+            round: None,
         }
     }
 
@@ -233,7 +295,7 @@ mod tests {
             row("riffle-plan", 5.0),
             row("s3fs", 60.0),
         ];
-        let g = goals("w1", &rows).join("\n");
+        let g = goals("w1", &rows, &[]).join("\n");
         assert!(
             g.contains("warm files/s ÷ local disk: **0.91×** (goal ≥ 0.8×): met"),
             "{g}"
@@ -253,8 +315,79 @@ mod tests {
         );
         let mut slow = rows.clone();
         slow[3] = row("riffle-plan", 50.0);
-        let g = goals("w1", &slow).join("\n");
+        let g = goals("w1", &slow, &[]).join("\n");
         assert!(g.contains("**10.0×** (goal ≤ 1.1×): **not met**"), "{g}");
+    }
+
+    /// `row`, as round `n` of the run's extra rounds.
+    fn in_round(n: u32, row: Row) -> Row {
+        Row {
+            round: Some(n),
+            ..row
+        }
+    }
+
+    fn copy_first(read_secs: f64, copy_secs: f64) -> Row {
+        let mut copy = row("copy-first", read_secs);
+        copy.copy = Some(Outcome {
+            elapsed_s: copy_secs,
+            ..Outcome::default()
+        });
+        copy
+    }
+
+    #[test]
+    fn repeated_comparisons_are_judged_on_the_median_of_their_rounds() {
+        let rows = vec![
+            row("local", 1.0),
+            copy_first(1.0, 4.0),
+            row("riffle-plan", 6.0),
+            row("s3fs", 66.0),
+        ];
+        let mut failed = in_round(4, row("riffle-plan", 1.0));
+        failed.status = "failed: the mount disappeared".into();
+        let extra = vec![
+            in_round(2, copy_first(1.0, 4.0)),
+            in_round(2, row("riffle-plan", 5.0)),
+            in_round(3, copy_first(1.0, 4.0)),
+            in_round(3, row("riffle-plan", 5.25)),
+            // A round whose riffle row failed has no value; its copy-first
+            // row is not paired with another round's.
+            in_round(4, copy_first(1.0, 4.0)),
+            failed,
+        ];
+        let g = goals("w1", &rows, &extra).join("\n");
+        assert!(
+            g.contains(
+                "copy-first total (copy + local epoch): **1.05×** (goal ≤ 1.1×, median of 3 \
+                 alternated rounds: 1.20×, 1.00×, 1.05×): met"
+            ),
+            "{g}"
+        );
+        assert!(
+            g.contains(
+                "first 256 files of the cold epoch: **0.40 s** (goal < 1 s, median of 3 \
+                 alternated rounds: 0.40 s, 0.40 s, 0.40 s): met"
+            ),
+            "{g}"
+        );
+        // s3fs ran once: its ratio is round 1's alone.
+        assert!(g.contains("÷ s3fs: **11.0×** (goal ≥ 10×): met"), "{g}");
+        // Without the extra rounds, round 1 decides.
+        let g = goals("w1", &rows, &[]).join("\n");
+        assert!(
+            g.contains(
+                "copy-first total (copy + local epoch): **1.20×** (goal ≤ 1.1×): **not met**"
+            ),
+            "{g}"
+        );
+    }
+
+    #[test]
+    fn medians_of_odd_and_even_counts() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
     }
 
     fn w2_row(system: &str, warm_secs: f64, epoch3_secs: Option<f64>) -> Row {
@@ -279,7 +412,7 @@ mod tests {
             w2_row("riffle", 1.25, Some(1.02)),
             w2_row("riffle-nopt", 2.0, None),
         ];
-        let g = goals("w2", &rows);
+        let g = goals("w2", &rows, &[]);
         assert_eq!(g.len(), 4, "{g:#?}");
         assert!(
             g[0].contains("riffle (disk cache, passthrough), warm MB/s ÷ local disk: **0.80×** (goal ≥ 0.95×): **not met**"),
@@ -301,7 +434,32 @@ mod tests {
             .into_iter()
             .map(|r| Row { epoch3: None, ..r })
             .collect();
-        let g = goals("w2", &without);
+        let g = goals("w2", &without, &[]);
         assert_eq!(g.len(), 2, "no re-read lines without epoch 3: {g:#?}");
+    }
+
+    #[test]
+    fn w2_rounds_pair_local_disks_warm_epoch_with_riffles_in_the_same_round() {
+        let rows = vec![
+            w2_row("local", 1.0, Some(1.0)),
+            w2_row("riffle", 1.25, Some(1.0)),
+        ];
+        // A round of local disk re-reads its copy: no cold epoch.
+        let mut local2 = w2_row("local", 2.0, Some(1.0));
+        local2.cold = None;
+        let extra = vec![
+            in_round(2, local2),
+            in_round(2, w2_row("riffle", 2.0, Some(1.0))),
+            in_round(3, w2_row("local", 1.0, Some(1.0))),
+            in_round(3, w2_row("riffle", 1.05, Some(1.0))),
+        ];
+        let g = goals("w2", &rows, &extra);
+        assert!(
+            g[0].contains(
+                "warm MB/s ÷ local disk: **0.95×** (goal ≥ 0.95×, median of 3 alternated \
+                 rounds: 0.80×, 1.00×, 0.95×): met"
+            ),
+            "{g:#?}"
+        );
     }
 }

@@ -260,6 +260,7 @@ mod tests {
             cold_detail: None,
             warm_detail: None,
             passes: Vec::new(),
+            round: None,
         }
     }
 

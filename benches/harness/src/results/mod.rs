@@ -60,6 +60,12 @@ pub struct Row {
     /// Every epoch in order, for workloads of more than two epochs (W5).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub passes: Vec<Pass>,
+    /// An extra round (2, 3, ...) of a goal comparison: the same system run
+    /// again later in the same workload run, alternated with its baseline
+    /// ([`store::WorkloadResult::rounds`], [`goals`]). `None` for the
+    /// table's own row, which is round 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub round: Option<u32>,
 }
 
 /// One epoch of a many-epoch row (W5).

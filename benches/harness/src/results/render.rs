@@ -305,7 +305,7 @@ pub fn workload_section(w: &WorkloadResult, plot: &dyn Fn(&str) -> Option<String
         );
         out.push_str(&table(&t, &w.rows));
         out.push('\n');
-        let goals = super::goals::goals(&t, &w.rows);
+        let goals = super::goals::goals(&t, &w.rows, &w.rounds);
         if !goals.is_empty() {
             let _ = writeln!(out, "Goals (issues 3 and 4), this run:\n");
             for g in goals {
@@ -453,6 +453,16 @@ How to read the tables:
   the planned cold W1 epoch took 7.4 s where it took 5.5 s right after
   copy-first and 6.0 s after one other riffle row, on the same build, minutes
   apart.
+- **Rounds**: the comparisons the goals are set on run again after every
+  system ran once, pair by pair in the same run (`RIFFLE_BENCH_GOAL_ROUNDS`,
+  5 rounds in all in full runs): W1 copy-first (a new copy) then riffle +
+  epoch plan (a fresh mount and cache); W2 local disk's warm epochs then a
+  fresh riffle mount's three epochs, so riffle's warm epoch is again the
+  first read of cache files just written. A round's ratio comes from that
+  round's two results alone; a goal line gives the median over the rounds and
+  every round's value, so one disturbed epoch on this shared machine neither
+  makes nor breaks a goal. The tables show the first round. Goals against a
+  peer that ran once (s3fs, Mountpoint) use the first round.
 - **Ratios are the result**: absolute numbers on this shared 2-core machine,
   where RGW, the proxy, the daemon and the reader share the cores, are noise.
   \"÷ local\" and \"÷ best peer\" divide the row's throughput by that of local
@@ -500,6 +510,7 @@ mod tests {
             cold_detail: None,
             warm_detail: None,
             passes: Vec::new(),
+            round: None,
         }
     }
 

@@ -14,7 +14,12 @@ use super::{workload_of, Meta, Record, Row};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WorkloadResult {
     pub meta: Meta,
+    /// The tables' rows (round 1).
     pub rows: Vec<Row>,
+    /// The extra rounds of the goal comparisons ([`Row::round`] 2, 3, ...),
+    /// used by the goal lines only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rounds: Vec<Row>,
 }
 
 /// All workloads of one mode.
@@ -23,8 +28,9 @@ pub struct ModeResults {
     pub workloads: BTreeMap<String, WorkloadResult>,
 }
 
-/// Reads a run file (JSON lines of [`Record`]s) into workload results.
-/// Rows whose workload has no meta line are an error.
+/// Reads a run file (JSON lines of [`Record`]s) into workload results,
+/// rows of extra rounds apart. Rows whose workload has no meta line are an
+/// error.
 pub fn read_run(path: &Path) -> anyhow::Result<(String, ModeResults)> {
     let text = fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
     let mut metas = Vec::new();
@@ -52,16 +58,21 @@ pub fn read_run(path: &Path) -> anyhow::Result<(String, ModeResults)> {
             WorkloadResult {
                 meta: m,
                 rows: Vec::new(),
+                rounds: Vec::new(),
             },
         );
     }
     for r in rows {
         let w = workload_of(&r.table).to_string();
-        out.workloads
+        let result = out
+            .workloads
             .get_mut(&w)
-            .with_context(|| format!("row for {} without a meta record for {w}", r.table))?
-            .rows
-            .push(r);
+            .with_context(|| format!("row for {} without a meta record for {w}", r.table))?;
+        if r.round.is_some() {
+            result.rounds.push(r);
+        } else {
+            result.rows.push(r);
+        }
     }
     Ok((mode, out))
 }
@@ -92,4 +103,56 @@ pub fn merge(dir: &Path, mode: &str, run: &ModeResults) -> anyhow::Result<ModeRe
     fs::write(&path, serde_json::to_string_pretty(&all)? + "\n")
         .with_context(|| format!("write {}", path.display()))?;
     Ok(all)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::results::Column;
+
+    #[test]
+    fn rows_of_extra_rounds_are_kept_apart_from_the_tables_rows() {
+        let row = |system: &str, round: Option<u32>| {
+            let mut r: Row = serde_json::from_value(serde_json::json!({
+                "table": "w1", "system": system, "column": "proxy", "status": "ok"
+            }))
+            .expect("row");
+            r.round = round;
+            r
+        };
+        let meta: Meta = serde_json::from_value(serde_json::json!({
+            "workload": "w1", "mode": "full", "date": "2026-11-22T00:00:00Z",
+            "commit": "abc", "machine": crate::results::machine::Machine::current(),
+            "scale": 1.0, "objects": 1, "bytes": 1, "remote": "proxy", "elapsed_s": 1.0
+        }))
+        .expect("meta");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let run = dir.path().join("run.jsonl");
+        let lines: Vec<String> = [
+            Record::Meta(Box::new(meta)),
+            Record::Row(Box::new(row("riffle-plan", None))),
+            Record::Row(Box::new(row("riffle-plan", Some(2)))),
+            Record::Row(Box::new(row("copy-first", Some(2)))),
+        ]
+        .iter()
+        .map(|r| serde_json::to_string(r).expect("json"))
+        .collect();
+        fs::write(&run, lines.join("\n")).expect("write run");
+
+        let (mode, results) = read_run(&run).expect("read run");
+        assert_eq!(mode, "full");
+        let w1 = &results.workloads["w1"];
+        assert_eq!(w1.rows.len(), 1);
+        assert_eq!(w1.rows[0].round, None);
+        assert_eq!(w1.rounds.len(), 2);
+        assert!(w1
+            .rounds
+            .iter()
+            .all(|r| r.round == Some(2) && r.column == Column::Proxy));
+
+        // The store keeps them through a merge.
+        let stored = merge(dir.path(), &mode, &results).expect("merge");
+        assert_eq!(stored, load(dir.path(), &mode).expect("load"));
+        assert_eq!(stored.workloads["w1"].rounds.len(), 2);
+    }
 }

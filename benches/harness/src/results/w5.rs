@@ -242,6 +242,7 @@ mod tests {
             cold_detail: None,
             warm_detail: None,
             passes,
+            round: None,
         }
     }
 

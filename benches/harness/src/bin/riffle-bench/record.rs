@@ -89,6 +89,10 @@ pub struct RowArgs {
     rss_kb: Option<u64>,
     #[arg(long)]
     note: Option<String>,
+    /// An extra round (2, 3, ...) of a goal comparison (the goal lines use
+    /// the median over rounds); 1, the default, is the table's own row
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    round: u32,
 }
 
 pub fn run(cmd: Command) -> anyhow::Result<()> {
@@ -137,6 +141,7 @@ pub fn run(cmd: Command) -> anyhow::Result<()> {
                 cold_detail: detail(a.cold.as_deref())?,
                 warm_detail: detail(a.warm.as_deref())?,
                 passes,
+                round: (a.round > 1).then_some(a.round),
             };
             append(&a.run, &Record::Row(Box::new(row)))
         }

@@ -66,7 +66,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                     println!("\n{} ({mode})\n\n{}", t.to_uppercase(), table(&t, &w.rows));
                 }
             }
-            for r in &w.rows {
+            // Extra rounds of the goal comparisons must read right too.
+            for r in w.rows.iter().chain(&w.rounds) {
                 let required = a
                     .require
                     .iter()
