@@ -320,7 +320,7 @@ run_workload() {
     local started=$SECONDS date commit col endpoint sys notes=()
     date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
     commit=$(commit_id)
-    rm -f "$WORK/run/local-done-$WL"
+    rm -f "$WORK/run/local-done-$WL" "$WORK/run/local-done-$WL"-r*
     load_reset
     say "== ${WL^^} ($MODE): dataset s3://$BUCKET"
     if ! gen_dataset "$WL"; then
