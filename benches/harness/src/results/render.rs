@@ -87,10 +87,8 @@ fn rss(row: &Row) -> String {
 
 /// Why a table with epoch 3 shows it, under the table.
 const EPOCH3_NOTE: &str = "riffle's warm epoch (2) is the first read of the cache files \
-     it wrote during epoch 1, while local disk's epoch 2 re-reads the files it read in epoch 1, \
-     and on this VM's virtual disk a first read of data written with O_DIRECT (as riffle \
-     writes whole cache blocks) is up to 2-3x slower than a re-read, while buffered writes \
-     (the copy's) are not. Epoch 3 re-reads for every system alike (copy-first's epochs are local disk's), so \
+     it wrote during epoch 1, while local disk's epoch 2 re-reads the files it read in epoch 1. \
+     Epoch 3 re-reads for every system alike (copy-first's epochs are local disk's), so \
      \"epoch 3 ÷ local\" compares a re-read with a re-read; \"warm (epoch 2)\" stays the \
      headline warm figure.";
 
@@ -427,6 +425,19 @@ How to read the tables:
 - **The page cache is dropped** (`sync; echo 3 > /proc/sys/vm/drop_caches`)
   before every epoch, for every system alike, so \"warm\" means the system's own
   cache (memory or disk), never the kernel's.
+- **Memory is touched before every epoch** (and before copy-first's copy),
+  for every system alike: `riffle-bench prefault` fills as many bytes of
+  fresh memory as the epoch reads and frees them. This VM hands free memory
+  back to its host a few seconds after it is freed (free page reporting), and
+  the first use of such memory then costs a host fault per page (about 2 s
+  per GiB here). Without the touch, an epoch that followed the freeing of as
+  much page cache as it fills (local disk's, right after its previous epoch)
+  read into memory the host still backed, and one that did not got the
+  faults: riffle's warm W2 epoch, after a cold epoch that wrote its cache
+  with `O_DIRECT` and so left no page cache to free, read the cache files in
+  4.0–5.5 s the first time and 2.8–3.2 s after; with 6 GiB touched just
+  before, in 2.9 s both times (the kernel's time went to `_copy_to_iter`).
+  Runs before this blamed the virtual disk for that slow first read.
 - **local disk**: the dataset already on the local disk. **copy-first**: the
   init-container practice, 64 parallel downloads to local disk through the
   proxy, then the local epoch; its cold figure includes the copy.
