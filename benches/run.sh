@@ -50,8 +50,6 @@ RIFFLE_BENCH_SEED [1], RIFFLE_BENCH_W1_MAX_FILES (each W1 epoch reads the same
 seeded N files, whole directories; 0 = all) [quick: all, full: 6000],
 RIFFLE_BENCH_W5_MAX_FILES (the same for W5) [quick: all, full: 6000],
 RIFFLE_BENCH_EPOCH_TIMEOUT (seconds) [quick 180, full 1200],
-RIFFLE_BENCH_PREFAULT (1: touch and free the epoch's bytes of memory before
-every epoch, for every system alike; 0: don't) [1],
 RIFFLE_BENCH_GOAL_ROUNDS (rounds of the goal comparisons: W1 copy-first and
 riffle + plan, W2 local disk and riffle; 1 = only the table's rows) [quick 2,
 full 5],
@@ -118,8 +116,6 @@ fi
 [ "$DIRECT" = none ] && DIRECT=
 [[ $GOAL_ROUNDS =~ ^[1-9][0-9]*$ ]] || { echo "benches/run.sh: RIFFLE_BENCH_GOAL_ROUNDS must be a whole number ≥ 1" >&2; exit 2; }
 ROUND=1
-PREFAULT=${RIFFLE_BENCH_PREFAULT:-1}
-[[ $PREFAULT =~ ^[01]$ ]] || { echo "benches/run.sh: RIFFLE_BENCH_PREFAULT must be 0 or 1" >&2; exit 2; }
 SEED=${RIFFLE_BENCH_SEED:-1}
 W1_MAX_FILES=${W1_MAX_FILES-${RIFFLE_BENCH_W1_MAX_FILES:-}}
 W5_MAX_FILES=${W5_MAX_FILES-${RIFFLE_BENCH_W5_MAX_FILES:-}}

@@ -26,23 +26,6 @@ drop_caches() {
     fi
 }
 
-# prefault_memory: touches and frees $EPOCH_BYTES of memory (riffle-bench
-# prefault), right after the page cache was dropped and before an epoch, for
-# every system alike. On this VM free memory goes back to the host a few
-# seconds after it is freed, and filling the page cache with it costs a host
-# fault per page: without this, an epoch that came right after freeing as much
-# page cache (local disk's) read faster than one that did not (riffle's warm
-# epoch after writing its cache with O_DIRECT). Prints "N MB in S s", or
-# nothing when off (RIFFLE_BENCH_PREFAULT=0) or failed.
-prefault_memory() {
-    [ "$PREFAULT" = 1 ] && [ -n "${EPOCH_BYTES:-}" ] || return 0
-    local out
-    out=$("$BIN/riffle-bench" prefault --bytes "$EPOCH_BYTES" 2>>"$LOG_DIR/prefault.log") \
-        || { warn "riffle-bench prefault failed (see $LOG_DIR/prefault.log)"; return 0; }
-    echo "$out" >>"$LOG_DIR/prefault.log"
-    echo "$out" | awk -F'[:,}]' '{printf "%.0f MB in %s s\n", $2 / 1e6, $4}'
-}
-
 # One line summary of a read-fs/read-s3/copy JSON result.
 summary() {
     local f=$1

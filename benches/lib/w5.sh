@@ -29,7 +29,6 @@ run_w5() {
     summary=$("$BIN/riffle-bench" plan --manifest "$MANIFEST" --seed "$SEED" "${LIMIT[@]}" --summary)
     files=$(echo "$summary" | sed -n 's/.*"files":\([0-9]*\).*/\1/p')
     bytes=$(echo "$summary" | sed -n 's/.*"bytes":\([0-9]*\).*/\1/p')
-    EPOCH_BYTES=$bytes
     cache_size=$((bytes / 2))
     say "   each epoch reads $files files, $bytes bytes; --cache-size $cache_size (50%)"
     # The memory cache (half of --max-memory) must not hide the disk cache's

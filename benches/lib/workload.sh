@@ -50,8 +50,6 @@ read_pass() {
             || { warn "riffle-bench plan failed (see $LOG_DIR/plan.log)"; plan=""; }
     fi
     drop_caches || true
-    local touched
-    touched=$(prefault_memory)
     if [ "$count" = 1 ]; then
         is_riffle "$sys" && riffle_stats "$root" "$base.riffle-before.json"
         [ "$COL" = proxy ] && proxy_stats --reset >/dev/null
@@ -72,7 +70,6 @@ read_pass() {
         fi
         is_riffle "$sys" && riffle_stats "$root" "$base.riffle-after.json"
     fi
-    [ -n "$touched" ] && msg+=" [memory touched first: $touched]"
     note_load
     say "    $table epoch $epoch: $(summary "$out")$msg$([ $rc = 0 ] || echo " (exit $rc)") [load $(cut -d' ' -f1 /proc/loadavg)]"
     return 0
@@ -112,8 +109,8 @@ round_suffix() {
 # Whether this workload's readers run epoch 3, a re-read for every system
 # alike (the W2 table): riffle's epoch 2 is the first read of the cache
 # files its epoch 1 wrote, while local disk's epoch 2 re-reads what its
-# epoch 1 read. Rows record it with --epoch3 (a missing result is recorded
-# as absent).
+# epoch 1 read (benches/README.md, "Memory"). Rows record it with --epoch3
+# (a missing result is recorded as absent).
 has_reread() {
     has "${TABLES// /,}" w2
 }
@@ -130,14 +127,11 @@ run_copy() {
     local dest="$WORK/local/$MODE-$WL$r" t e e3
     say "  copy-first ($col): 64 parallel downloads to $dest"
     rm -rf "$dest"
-    local copy="$RES_DIR/$WL-copy-$col$r.json" rc=0 touched
-    # Like every epoch: the page cache dropped and the memory touched first.
-    drop_caches || true
-    touched=$(prefault_memory)
+    local copy="$RES_DIR/$WL-copy-$col$r.json" rc=0
     timeout -k 10 "$EPOCH_TIMEOUT" "$BIN/riffle-bench" copy --manifest "$MANIFEST" \
         --endpoint "$endpoint" --dest "$dest" --parallel 64 --json-out "$copy" \
         --seed "$SEED" "${LIMIT[@]}" >/dev/null 2>>"$LOG_DIR/copy.log" || rc=$?
-    say "    copy: $(summary "$copy")$([ $rc = 0 ] || echo " (exit $rc)")${touched:+ [memory touched first: $touched]}"
+    say "    copy: $(summary "$copy")$([ $rc = 0 ] || echo " (exit $rc)")"
     if [ ! -s "$WORK/run/local-done-$WL$r" ]; then
         say "  local disk"
         for e in $(reader_epochs); do
@@ -336,8 +330,6 @@ run_workload() {
     RIFFLE_MEMORY=$RIFFLE_BASE_MEMORY
     RIFFLE_EXTRA_ARGS=()
     set_limit
-    EPOCH_BYTES=$("$BIN/riffle-bench" plan --manifest "$MANIFEST" --seed "$SEED" "${LIMIT[@]}" --summary \
-        2>>"$LOG_DIR/plan.log" | sed -n 's/.*"bytes":\([0-9]*\).*/\1/p')
     if [ ${#LIMIT[@]} -gt 0 ]; then
         # Keep riffle's memory-cache-to-data ratio of the whole dataset
         # (1 GiB for all its files) when an epoch reads a subset.

@@ -87,10 +87,10 @@ fn rss(row: &Row) -> String {
 
 /// Why a table with epoch 3 shows it, under the table.
 const EPOCH3_NOTE: &str = "riffle's warm epoch (2) is the first read of the cache files \
-     it wrote during epoch 1, while local disk's epoch 2 re-reads the files it read in epoch 1. \
-     Epoch 3 re-reads for every system alike (copy-first's epochs are local disk's), so \
-     \"epoch 3 ÷ local\" compares a re-read with a re-read; \"warm (epoch 2)\" stays the \
-     headline warm figure.";
+     it wrote during epoch 1, while local disk's epoch 2 re-reads the files it read in epoch 1 \
+     (see \"Memory\" in How to read the tables). Epoch 3 re-reads for every system alike \
+     (copy-first's epochs are local disk's), so \"epoch 3 ÷ local\" compares a re-read with a \
+     re-read; \"warm (epoch 2)\" stays the headline warm figure.";
 
 /// The epochs a table shows: cold and warm, and the re-read when any of
 /// its rows has one.
@@ -425,19 +425,21 @@ How to read the tables:
 - **The page cache is dropped** (`sync; echo 3 > /proc/sys/vm/drop_caches`)
   before every epoch, for every system alike, so \"warm\" means the system's own
   cache (memory or disk), never the kernel's.
-- **Memory is touched before every epoch** (and before copy-first's copy),
-  for every system alike: `riffle-bench prefault` fills as many bytes of
-  fresh memory as the epoch reads and frees them. This VM hands free memory
-  back to its host a few seconds after it is freed (free page reporting), and
-  the first use of such memory then costs a host fault per page (about 2 s
-  per GiB here). Without the touch, an epoch that followed the freeing of as
-  much page cache as it fills (local disk's, right after its previous epoch)
-  read into memory the host still backed, and one that did not got the
-  faults: riffle's warm W2 epoch, after a cold epoch that wrote its cache
-  with `O_DIRECT` and so left no page cache to free, read the cache files in
-  4.0–5.5 s the first time and 2.8–3.2 s after; with 6 GiB touched just
-  before, in 2.9 s both times (the kernel's time went to `_copy_to_iter`).
-  Runs before this blamed the virtual disk for that slow first read.
+- **Memory**: this VM hands free memory back to its host a few seconds after
+  it is freed (free page reporting), and the first use of such memory costs a
+  host fault per page. An epoch that comes right after freeing as much page
+  cache as it fills (local disk's warm epoch, after its cold one) reads into
+  memory the host still backs; riffle's warm W2 epoch comes after a cold
+  epoch that wrote its cache with `O_DIRECT`, which leaves no page cache to
+  free. Reading W2's 16 cache files (4.3 GB, `dd`, 4 at a time, after
+  `drop_caches`) took 4.0–5.5 s the first time and 2.8–3.2 s after, with the
+  same number of disk reads and less time waiting on the disk: the first time
+  the kernel spent 5.3 s of CPU copying pages to the reader (`_copy_to_iter`),
+  the second 1.8 s; with 6 GiB of memory touched and freed just before, the
+  first read took 2.9 s. Runs before this blamed the virtual disk for that
+  first read. Touching the epoch's bytes of memory before every epoch, for
+  every system alike, did not even this out in a full run (every system got
+  slower, under load 6–10), so the benchmark does not do it.
 - **local disk**: the dataset already on the local disk. **copy-first**: the
   init-container practice, 64 parallel downloads to local disk through the
   proxy, then the local epoch; its cold figure includes the copy.

@@ -8,7 +8,6 @@
 mod copy;
 mod gen;
 mod plan;
-mod prefault;
 mod proxy_stats;
 mod read_fs;
 mod read_s3;
@@ -41,8 +40,6 @@ enum Command {
     Copy(copy::Args),
     /// Print the epoch plan of a read-fs epoch (paths in the order it opens them)
     Plan(plan::Args),
-    /// Touch and free fresh memory before an epoch (equal guest memory for every system)
-    Prefault(prefault::Args),
     /// Print (or reset) a riffle-proxy's counters through its control endpoint
     #[command(name = "proxy-stats")]
     ProxyStats(proxy_stats::Args),
@@ -61,7 +58,6 @@ fn main() -> ExitCode {
         Command::ReadFs(a) => read_fs::run(a),
         Command::Copy(a) => copy::run(a),
         Command::Plan(a) => plan::run(a).map(|()| ExitCode::SUCCESS),
-        Command::Prefault(a) => prefault::run(a).map(|()| ExitCode::SUCCESS),
         Command::ProxyStats(a) => proxy_stats::run(a).map(|()| ExitCode::SUCCESS),
         Command::Record(c) => record::run(c).map(|()| ExitCode::SUCCESS),
         Command::Report(a) => report::run(a),
