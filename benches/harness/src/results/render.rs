@@ -467,15 +467,16 @@ How to read the tables:
   copy-first and 6.0 s after one other riffle row, on the same build, minutes
   apart.
 - **Rounds**: the comparisons the goals are set on run again after every
-  system ran once, pair by pair in the same run (`RIFFLE_BENCH_GOAL_ROUNDS`,
-  5 rounds in all in full runs): W1 copy-first (a new copy) then riffle +
-  epoch plan (a fresh mount and cache); W2 local disk's warm epochs then a
-  fresh riffle mount's three epochs, so riffle's warm epoch is again the
-  first read of cache files just written. A round's ratio comes from that
-  round's two results alone; a goal line gives the median over the rounds and
-  every round's value, so one disturbed epoch on this shared machine neither
-  makes nor breaks a goal. The tables show the first round. Goals against a
-  peer that ran once (s3fs, Mountpoint) use the first round.
+  system ran once, one after another in the same run
+  (`RIFFLE_BENCH_GOAL_ROUNDS`, 5 rounds in all in full runs): W1 copy-first
+  (a new copy and local disk's epochs), riffle + epoch plan and riffle (each
+  a fresh mount and cache); W2 local disk's warm epochs, then a fresh riffle
+  mount's three epochs, so riffle's warm epoch is again the first read of
+  cache files just written. A round's ratio comes from that round's results
+  alone; a goal line gives the median over the rounds and every round's
+  value, so one disturbed epoch on this shared machine neither makes nor
+  breaks a goal. The tables show the first round. Goals against a peer that
+  ran once (s3fs, Mountpoint) use the first round.
 - **Ratios are the result**: absolute numbers on this shared 2-core machine,
   where RGW, the proxy, the daemon and the reader share the cores, are noise.
   \"÷ local\" and \"÷ best peer\" divide the row's throughput by that of local
