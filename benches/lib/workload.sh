@@ -134,20 +134,8 @@ run_copy() {
     say "    copy: $(summary "$copy")$([ $rc = 0 ] || echo " (exit $rc)")"
     if [ ! -s "$WORK/run/local-done-$WL$r" ]; then
         say "  local disk"
-        for e in $(reader_epochs); do
-            for t in $TABLES; do
-                read_pass local "$dest" "$t" "$e" "$RES_DIR/$t-local$r-e$e.json"
-            done
-        done
+        local_epochs "$dest" 1 "$(if has "$SYSTEMS" local; then echo 1; else echo 0; fi)"
         echo ok > "$WORK/run/local-done-$WL$r"
-        if has "$SYSTEMS" local; then
-            for t in $TABLES; do
-                e3=(); has_reread && e3=(--epoch3 "$RES_DIR/$t-local$r-e3.json")
-                record_row --table "$t" --system local --column proxy \
-                    --status "$(status_of "$RES_DIR/$t-local$r-e1.json")" \
-                    --cold "$RES_DIR/$t-local$r-e1.json" --warm "$RES_DIR/$t-local$r-e2.json" "${e3[@]}"
-            done
-        fi
     fi
     # copy-first's epochs are local disk's (after the copy), its re-read too.
     if has "$SYSTEMS" copy-first; then
@@ -163,25 +151,34 @@ run_copy() {
     fi
 }
 
-# A round of local disk's warm epochs on the copy that run_copy made in round
-# 1 (epoch 2, and the re-read where the workload has one): W2's baseline for
-# the warm goal. No cold epoch: that was the copy's first read.
-run_local_again() {
-    local dest="$WORK/local/$MODE-$WL" r t e e3
+# local_epochs DEST FROM RECORD: local disk's reader epochs from FROM on, on
+# DEST (this round's results), and with RECORD=1 its row: the cold epoch only
+# when FROM is 1, the status from epoch FROM's result.
+local_epochs() {
+    local dest=$1 from=$2 record=$3 r t e e3 cold
     r=$(round_suffix)
-    say "  local disk: epochs 2$(has_reread && echo " and 3") again"
     for e in $(reader_epochs); do
-        [ "$e" = 1 ] && continue
+        [ "$e" -lt "$from" ] && continue
         for t in $TABLES; do
             read_pass local "$dest" "$t" "$e" "$RES_DIR/$t-local$r-e$e.json"
         done
     done
+    [ "$record" = 1 ] || return 0
     for t in $TABLES; do
         e3=(); has_reread && e3=(--epoch3 "$RES_DIR/$t-local$r-e3.json")
+        cold=(); [ "$from" = 1 ] && cold=(--cold "$RES_DIR/$t-local$r-e1.json")
         record_row --table "$t" --system local --column proxy \
-            --status "$(status_of "$RES_DIR/$t-local$r-e2.json")" \
-            --warm "$RES_DIR/$t-local$r-e2.json" "${e3[@]}"
+            --status "$(status_of "$RES_DIR/$t-local$r-e$from.json")" \
+            "${cold[@]}" --warm "$RES_DIR/$t-local$r-e2.json" "${e3[@]}"
     done
+}
+
+# A round of local disk's warm epochs on the copy that run_copy made in round
+# 1 (epoch 2, and the re-read where the workload has one): W2's baseline for
+# the warm goal. No cold epoch: that was the copy's first read.
+run_local_again() {
+    say "  local disk: epochs 2$(has_reread && echo " and 3") again"
+    local_epochs "$WORK/local/$MODE-$WL" 2 1
 }
 
 # Extra rounds (2..GOAL_ROUNDS) of the comparisons the goals of issues 3 and

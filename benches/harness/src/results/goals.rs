@@ -2,9 +2,9 @@
 //! under each table: the measured value, the goal, met or not.
 //!
 //! A goal compares two systems of the same run. When the run repeated a
-//! comparison (extra rounds, [`Row::round`]: `benches/run.sh` runs the pair
-//! again, alternated, after the table's own rows), the goal is computed in
-//! each round from that round's two rows alone, and the line gives the median
+//! comparison (extra rounds, [`Row::round`]: `benches/run.sh` runs the
+//! compared systems again, one after another, after the table's own rows),
+//! the goal is computed in each round from that round's rows alone, and the line gives the median
 //! over the rounds with every round's value, so one disturbed epoch on this
 //! shared machine neither makes nor breaks a goal. A goal whose systems were
 //! not repeated (the peers) has its one value, from the table's rows.
@@ -112,6 +112,7 @@ impl Goal {
         )
     }
 }
+
 fn div(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     match (a, b) {
         (Some(a), Some(b)) if b > 0.0 => Some(a / b),
