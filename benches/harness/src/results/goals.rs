@@ -120,12 +120,12 @@ fn div(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     }
 }
 
-/// Which of `systems` have no result in `epoch`, and why.
-fn missing(rows: &[Row], table: &str, systems: &[&str], epoch: Epoch) -> String {
-    let gone: Vec<String> = systems
+/// Which of the `wanted` systems have no result in their epoch, and why.
+fn missing(rows: &[Row], table: &str, wanted: &[(&str, Epoch)]) -> String {
+    let gone: Vec<String> = wanted
         .iter()
-        .filter(|s| tp(rows, table, s, epoch).is_none())
-        .map(|s| {
+        .filter(|(s, epoch)| tp(rows, table, s, *epoch).is_none())
+        .map(|(s, _)| {
             let status = find(rows, table, s).map_or("not in this run".to_string(), |r| {
                 if r.ok() {
                     "no result".into()
@@ -161,7 +161,38 @@ fn vs_local(rounds: &[Vec<Row>], table: &str, system: &str, epoch: Epoch, goal: 
         at_least: true,
         strict: false,
         unit: "×",
-        missing: missing(rows, table, &[system, "local"], epoch),
+        missing: missing(rows, table, &[(system, epoch), ("local", epoch)]),
+    }
+}
+
+/// `system`'s warm epoch (its first read of the cache files its cold epoch
+/// wrote) ÷ local disk's epoch 1 (its first read of the copy written just
+/// before it), per round: a first read of freshly written files on both
+/// sides.
+fn first_reads(rounds: &[Vec<Row>], table: &str, system: &str, goal: f64) -> Goal {
+    let rows = &rounds[0];
+    let unit = Unit::of_table(table).label();
+    Goal {
+        what: format!(
+            "{}, warm {unit} (first read of its cache) ÷ local disk epoch 1 (first read of its \
+             copy)",
+            system_label(system)
+        ),
+        values: per_round(rounds, |r| {
+            div(
+                tp(r, table, system, Epoch::Warm),
+                tp(r, table, "local", Epoch::Cold),
+            )
+        }),
+        goal,
+        at_least: true,
+        strict: false,
+        unit: "×",
+        missing: missing(
+            rows,
+            table,
+            &[(system, Epoch::Warm), ("local", Epoch::Cold)],
+        ),
     }
 }
 
@@ -196,7 +227,11 @@ pub fn goals(table: &str, rows: &[Row], extra: &[Row]) -> Vec<String> {
                         at_least: true,
                         strict: false,
                         unit: "×",
-                        missing: missing(rows, table, &["riffle-plan", peer], Epoch::Cold),
+                        missing: missing(
+                            rows,
+                            table,
+                            &[("riffle-plan", Epoch::Cold), (peer, Epoch::Cold)],
+                        ),
                     });
                 }
                 let plan_cold = |r: &[Row]| {
@@ -219,7 +254,11 @@ pub fn goals(table: &str, rows: &[Row], extra: &[Row]) -> Vec<String> {
                     at_least: false,
                     strict: false,
                     unit: "×",
-                    missing: missing(rows, table, &["riffle-plan", "copy-first"], Epoch::Cold),
+                    missing: missing(
+                        rows,
+                        table,
+                        &[("riffle-plan", Epoch::Cold), ("copy-first", Epoch::Cold)],
+                    ),
                 });
                 out.push(Goal {
                     what: "riffle + epoch plan, first 256 files of the cold epoch".into(),
@@ -228,18 +267,21 @@ pub fn goals(table: &str, rows: &[Row], extra: &[Row]) -> Vec<String> {
                     at_least: false,
                     strict: true,
                     unit: " s",
-                    missing: missing(rows, table, &["riffle-plan"], Epoch::Cold),
+                    missing: missing(rows, table, &[("riffle-plan", Epoch::Cold)]),
                 });
             }
         }
         "w2" => {
-            // The goal is set on the warm epoch; the re-read (epoch 3) is
-            // checked against it too, where riffle re-reads its cache as
-            // local disk re-reads its files (see the note under the table).
+            // The goal is set on the warm epoch; it is also checked like for
+            // like (see the note under the table): riffle's warm epoch, its
+            // first read of the cache files it just wrote, against local
+            // disk's first read of the copy it just wrote (epoch 1); and
+            // riffle's re-read against local disk's re-read (epoch 3).
             let reread = has_reread(rows, table);
             for s in ["riffle", "riffle-nopt"] {
                 if find(rows, table, s).is_some() {
                     out.push(vs_local(&rounds, table, s, Epoch::Warm, 0.95));
+                    out.push(first_reads(&rounds, table, s, 0.95));
                     if reread {
                         out.push(vs_local(&rounds, table, s, Epoch::Reread, 0.95));
                     }
@@ -391,7 +433,8 @@ mod tests {
         assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
     }
 
-    fn w2_row(system: &str, warm_secs: f64, epoch3_secs: Option<f64>) -> Row {
+    /// A W2 row: 1 GB read in each epoch, in these times.
+    fn w2_row(system: &str, cold_secs: f64, warm_secs: f64, epoch3_secs: Option<f64>) -> Row {
         let o = |secs: f64| Outcome {
             files: 16,
             bytes: 1_000_000_000,
@@ -400,6 +443,7 @@ mod tests {
         };
         Row {
             table: "w2".into(),
+            cold: Some(o(cold_secs)),
             warm: Some(o(warm_secs)),
             epoch3: epoch3_secs.map(o),
             ..row(system, 2.0)
@@ -407,58 +451,85 @@ mod tests {
     }
 
     #[test]
-    fn w2_checks_the_reread_beside_the_warm_epoch() {
+    fn w2_checks_the_first_reads_and_the_reread_beside_the_warm_epoch() {
         let rows = vec![
-            w2_row("local", 1.0, Some(1.0)),
-            w2_row("riffle", 1.25, Some(1.02)),
-            w2_row("riffle-nopt", 2.0, None),
+            w2_row("local", 2.0, 1.0, Some(1.0)),
+            w2_row("riffle", 3.0, 1.25, Some(1.02)),
+            w2_row("riffle-nopt", 3.0, 2.0, None),
         ];
         let g = goals("w2", &rows, &[]);
-        assert_eq!(g.len(), 4, "{g:#?}");
+        assert_eq!(g.len(), 6, "{g:#?}");
         assert!(
             g[0].contains("riffle (disk cache, passthrough), warm MB/s ÷ local disk: **0.80×** (goal ≥ 0.95×): **not met**"),
             "{g:#?}"
         );
+        // riffle's warm epoch (1.25 s) against local disk's first read of its copy (2 s).
         assert!(
             g[1].contains(
+                "riffle (disk cache, passthrough), warm MB/s (first read of its cache) ÷ local \
+                 disk epoch 1 (first read of its copy): **1.60×** (goal ≥ 0.95×): met"
+            ),
+            "{g:#?}"
+        );
+        assert!(
+            g[2].contains(
                 "riffle (disk cache, passthrough), epoch 3 (re-read) MB/s ÷ local disk epoch 3: \
                  **0.98×** (goal ≥ 0.95×): met"
             ),
             "{g:#?}"
         );
         assert!(
-            g[3].contains("epoch 3 (re-read) MB/s ÷ local disk epoch 3: not measured (riffle (disk cache, no passthrough): no result"),
+            g[4].contains("(first read of its copy): **1.00×** (goal ≥ 0.95×): met"),
+            "{g:#?}"
+        );
+        assert!(
+            g[5].contains("epoch 3 (re-read) MB/s ÷ local disk epoch 3: not measured (riffle (disk cache, no passthrough): no result"),
             "{g:#?}"
         );
 
         let without: Vec<Row> = rows
-            .into_iter()
+            .iter()
+            .cloned()
             .map(|r| Row { epoch3: None, ..r })
             .collect();
         let g = goals("w2", &without, &[]);
-        assert_eq!(g.len(), 2, "no re-read lines without epoch 3: {g:#?}");
+        assert_eq!(g.len(), 4, "no re-read lines without epoch 3: {g:#?}");
+
+        // Local disk without its first read (a run before the copy was timed
+        // with it): the first-read line says which side is missing.
+        let mut no_first = rows;
+        no_first[0].cold = None;
+        let g = goals("w2", &no_first, &[]);
+        assert!(
+            g[1].contains("(first read of its copy): not measured (local disk: no result; goal"),
+            "{g:#?}"
+        );
     }
 
     #[test]
-    fn w2_rounds_pair_local_disks_warm_epoch_with_riffles_in_the_same_round() {
+    fn w2_rounds_pair_local_disks_epochs_with_riffles_in_the_same_round() {
         let rows = vec![
-            w2_row("local", 1.0, Some(1.0)),
-            w2_row("riffle", 1.25, Some(1.0)),
+            w2_row("local", 2.0, 1.0, Some(1.0)),
+            w2_row("riffle", 3.0, 1.25, Some(1.0)),
         ];
-        // A round of local disk re-reads its copy: no cold epoch.
-        let mut local2 = w2_row("local", 2.0, Some(1.0));
-        local2.cold = None;
         let extra = vec![
-            in_round(2, local2),
-            in_round(2, w2_row("riffle", 2.0, Some(1.0))),
-            in_round(3, w2_row("local", 1.0, Some(1.0))),
-            in_round(3, w2_row("riffle", 1.05, Some(1.0))),
+            in_round(2, w2_row("local", 4.0, 2.0, Some(1.0))),
+            in_round(2, w2_row("riffle", 3.0, 2.0, Some(1.0))),
+            in_round(3, w2_row("local", 1.0, 1.0, Some(1.0))),
+            in_round(3, w2_row("riffle", 3.0, 1.05, Some(1.0))),
         ];
         let g = goals("w2", &rows, &extra);
         assert!(
             g[0].contains(
                 "warm MB/s ÷ local disk: **0.95×** (goal ≥ 0.95×, median of 3 alternated \
                  rounds: 0.80×, 1.00×, 0.95×): met"
+            ),
+            "{g:#?}"
+        );
+        assert!(
+            g[1].contains(
+                "(first read of its copy): **1.60×** (goal ≥ 0.95×, median of 3 alternated \
+                 rounds: 1.60×, 2.00×, 0.95×): met"
             ),
             "{g:#?}"
         );
