@@ -2,7 +2,7 @@
 //! the whole dataset to local disk with N parallel requests (large objects
 //! in ranged parts, written in place), then train from local files.
 
-use std::fs::{self, File};
+use std::fs::{self, File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -45,18 +45,20 @@ pub async fn copy_dataset(
     opts: &CopyOptions,
 ) -> anyhow::Result<Outcome> {
     let tally = Arc::new(Tally::start(0));
-    // Create every directory and preallocate every file first.
+    // Create every directory and preallocate every file first; each part
+    // opens its file again to write, so a dataset of more files than the
+    // descriptor limit allows open at once copies too.
     let chosen = selection(manifest, opts);
-    let mut files = Vec::with_capacity(chosen.len());
+    let mut paths = Vec::with_capacity(chosen.len());
     for e in chosen.iter().map(|&i| &manifest.entries[i]) {
         let path = local_path(&opts.dest, &e.key)?;
         if let Some(dir) = path.parent() {
             fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
         }
-        let f = File::create(&path).with_context(|| format!("create {}", path.display()))?;
-        f.set_len(e.size)
-            .with_context(|| format!("size {}", path.display()))?;
-        files.push(Arc::new(f));
+        File::create(&path)
+            .and_then(|f| f.set_len(e.size))
+            .with_context(|| format!("create {}", path.display()))?;
+        paths.push(path);
     }
     let jobs: Vec<(usize, u64, u64)> = chosen
         .iter()
@@ -71,16 +73,21 @@ pub async fn copy_dataset(
         .map(|(slot, off, len)| {
             let e = &manifest.entries[chosen[slot]];
             let key = manifest.s3_key(e);
-            let file = Arc::clone(&files[slot]);
+            let path = &paths[slot];
             let tally = Arc::clone(&tally);
             let whole = off == 0 && len == e.size;
             async move {
                 let range = if whole { None } else { Some((off, len)) };
-                let r = get_streamed(s3, &opts.bucket, &key, range, |at, chunk| {
-                    file.write_all_at(chunk, at)
-                        .with_context(|| format!("write {}", e.key))
-                })
-                .await;
+                let r = match OpenOptions::new().write(true).open(path) {
+                    Ok(file) => {
+                        get_streamed(s3, &opts.bucket, &key, range, |at, chunk| {
+                            file.write_all_at(chunk, at)
+                                .with_context(|| format!("write {}", e.key))
+                        })
+                        .await
+                    }
+                    Err(err) => Err(anyhow::anyhow!("open {}: {err}", path.display())),
+                };
                 match r {
                     Err(err) => tally.error(format!("{err:#}")),
                     Ok(got) if got != len => {
