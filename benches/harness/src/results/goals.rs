@@ -120,6 +120,29 @@ fn div(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     }
 }
 
+/// `a`'s throughput in its epoch ÷ `b`'s in its epoch, per round, with the
+/// goal `≥ goal`.
+fn ratio_goal(
+    rounds: &[Vec<Row>],
+    table: &str,
+    what: String,
+    a: (&str, Epoch),
+    b: (&str, Epoch),
+    goal: f64,
+) -> Goal {
+    Goal {
+        what,
+        values: per_round(rounds, |r| {
+            div(tp(r, table, a.0, a.1), tp(r, table, b.0, b.1))
+        }),
+        goal,
+        at_least: true,
+        strict: false,
+        unit: "×",
+        missing: missing(&rounds[0], table, &[a, b]),
+    }
+}
+
 /// Which of the `wanted` systems have no result in their epoch, and why.
 fn missing(rows: &[Row], table: &str, wanted: &[(&str, Epoch)]) -> String {
     let gone: Vec<String> = wanted
@@ -146,23 +169,19 @@ fn missing(rows: &[Row], table: &str, wanted: &[(&str, Epoch)]) -> String {
 /// `system`'s throughput in `epoch` (warm or the re-read) ÷ local disk's
 /// in the same epoch, per round.
 fn vs_local(rounds: &[Vec<Row>], table: &str, system: &str, epoch: Epoch, goal: f64) -> Goal {
-    let rows = &rounds[0];
     let unit = Unit::of_table(table).label();
     let what = match epoch {
         Epoch::Reread => format!("epoch 3 (re-read) {unit} ÷ local disk epoch 3"),
         _ => format!("warm {unit} ÷ local disk"),
     };
-    Goal {
-        what: format!("{}, {what}", system_label(system)),
-        values: per_round(rounds, |r| {
-            div(tp(r, table, system, epoch), tp(r, table, "local", epoch))
-        }),
+    ratio_goal(
+        rounds,
+        table,
+        format!("{}, {what}", system_label(system)),
+        (system, epoch),
+        ("local", epoch),
         goal,
-        at_least: true,
-        strict: false,
-        unit: "×",
-        missing: missing(rows, table, &[(system, epoch), ("local", epoch)]),
-    }
+    )
 }
 
 /// `system`'s warm epoch (its first read of the cache files its cold epoch
@@ -170,30 +189,19 @@ fn vs_local(rounds: &[Vec<Row>], table: &str, system: &str, epoch: Epoch, goal: 
 /// before it), per round: a first read of freshly written files on both
 /// sides.
 fn first_reads(rounds: &[Vec<Row>], table: &str, system: &str, goal: f64) -> Goal {
-    let rows = &rounds[0];
     let unit = Unit::of_table(table).label();
-    Goal {
-        what: format!(
+    ratio_goal(
+        rounds,
+        table,
+        format!(
             "{}, warm {unit} (first read of its cache) ÷ local disk epoch 1 (first read of its \
              copy)",
             system_label(system)
         ),
-        values: per_round(rounds, |r| {
-            div(
-                tp(r, table, system, Epoch::Warm),
-                tp(r, table, "local", Epoch::Cold),
-            )
-        }),
+        (system, Epoch::Warm),
+        ("local", Epoch::Cold),
         goal,
-        at_least: true,
-        strict: false,
-        unit: "×",
-        missing: missing(
-            rows,
-            table,
-            &[(system, Epoch::Warm), ("local", Epoch::Cold)],
-        ),
-    }
+    )
 }
 
 /// Whether any row of `table` has an epoch 3 (W2 since it was added).
@@ -215,24 +223,14 @@ pub fn goals(table: &str, rows: &[Row], extra: &[Row]) -> Vec<String> {
             }
             if find(rows, table, "riffle-plan").is_some() {
                 for (peer, goal) in [("s3fs", 10.0), ("mountpoint", 5.0)] {
-                    out.push(Goal {
-                        what: format!("riffle + epoch plan, cold files/s ÷ {}", system_label(peer)),
-                        values: per_round(&rounds, |r| {
-                            div(
-                                tp(r, table, "riffle-plan", Epoch::Cold),
-                                tp(r, table, peer, Epoch::Cold),
-                            )
-                        }),
+                    out.push(ratio_goal(
+                        &rounds,
+                        table,
+                        format!("riffle + epoch plan, cold files/s ÷ {}", system_label(peer)),
+                        ("riffle-plan", Epoch::Cold),
+                        (peer, Epoch::Cold),
                         goal,
-                        at_least: true,
-                        strict: false,
-                        unit: "×",
-                        missing: missing(
-                            rows,
-                            table,
-                            &[("riffle-plan", Epoch::Cold), (peer, Epoch::Cold)],
-                        ),
-                    });
+                    ));
                 }
                 let plan_cold = |r: &[Row]| {
                     find(r, table, "riffle-plan")
