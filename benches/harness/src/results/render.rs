@@ -438,10 +438,10 @@ How to read the tables:
   buffered (the copy) as for files written with `O_DIRECT` (riffle's cache),
   and touching 6 GiB of memory just before did not remove it (3.6 and 4.5 s
   against 4.1 and 4.7 s without). It varies from run to run (none to 2×),
-  and local disk's W1 epochs (20,000 small files) do not show it. Earlier runs blamed the virtual disk, then the VM
-  handing freed memory back to its host (riffle's cold epoch was thought to
-  leave no page cache to free; it leaves its 4.2 GB of FUSE page cache, as
-  local disk's epochs leave theirs). So W2's goal lines also compare like
+  and local disk's W1 epochs (small files) do not show it. Earlier runs
+  blamed the virtual disk, then the VM handing freed memory back to its host
+  (riffle's cold epoch was thought to leave no page cache to free; it leaves
+  its 4.2 GB of FUSE page cache, as local disk's epochs leave theirs). So W2's goal lines also compare like
   with like: riffle's warm epoch with local disk's epoch 1 (a first read
   each) and riffle's epoch 3 with local disk's (a re-read each).
 - **local disk**: the dataset already on the local disk. **copy-first**: the
