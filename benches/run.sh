@@ -50,9 +50,9 @@ RIFFLE_BENCH_SEED [1], RIFFLE_BENCH_W1_MAX_FILES (each W1 epoch reads the same
 seeded N files, whole directories; 0 = all) [quick: all, full: 6000],
 RIFFLE_BENCH_W5_MAX_FILES (the same for W5) [quick: all, full: 6000],
 RIFFLE_BENCH_EPOCH_TIMEOUT (seconds) [quick 180, full 1200],
-RIFFLE_BENCH_GOAL_ROUNDS (rounds of the goal comparisons: W1 copy-first,
-riffle + plan and riffle, W2 local disk and riffle; 1 = only the table's rows)
-[quick 2, full 5],
+RIFFLE_BENCH_GOAL_ROUNDS (rounds of the goal comparisons, each with a new
+copy: W1 copy-first, riffle + plan and riffle, W2 local disk and riffle;
+1 = only the table's rows) [quick 2, full 5],
 RIFFLE_BENCH_W3_DURATION [quick 2s, full 30s], MOUNTPOINT_* (see
 benches/lib/mountpoint.sh; MOUNTPOINT_CACHE defaults to 1 here).
 USAGE

@@ -109,8 +109,8 @@ round_suffix() {
 # Whether this workload's readers run epoch 3, a re-read for every system
 # alike (the W2 table): riffle's epoch 2 is the first read of the cache
 # files its epoch 1 wrote, while local disk's epoch 2 re-reads what its
-# epoch 1 read (benches/README.md, "Memory"). Rows record it with --epoch3
-# (a missing result is recorded as absent).
+# epoch 1 read (benches/README.md, "First reads"). Rows record it with
+# --epoch3 (a missing result is recorded as absent).
 has_reread() {
     has "${TABLES// /,}" w2
 }
@@ -134,8 +134,20 @@ run_copy() {
     say "    copy: $(summary "$copy")$([ $rc = 0 ] || echo " (exit $rc)")"
     if [ ! -s "$WORK/run/local-done-$WL$r" ]; then
         say "  local disk"
-        local_epochs "$dest" 1 "$(if has "$SYSTEMS" local; then echo 1; else echo 0; fi)"
+        for e in $(reader_epochs); do
+            for t in $TABLES; do
+                read_pass local "$dest" "$t" "$e" "$RES_DIR/$t-local$r-e$e.json"
+            done
+        done
         echo ok > "$WORK/run/local-done-$WL$r"
+        if has "$SYSTEMS" local; then
+            for t in $TABLES; do
+                e3=(); has_reread && e3=(--epoch3 "$RES_DIR/$t-local$r-e3.json")
+                record_row --table "$t" --system local --column proxy \
+                    --status "$(status_of "$RES_DIR/$t-local$r-e1.json")" \
+                    --cold "$RES_DIR/$t-local$r-e1.json" --warm "$RES_DIR/$t-local$r-e2.json" "${e3[@]}"
+            done
+        fi
     fi
     # copy-first's epochs are local disk's (after the copy), its re-read too.
     if has "$SYSTEMS" copy-first; then
@@ -149,28 +161,6 @@ run_copy() {
                 "${e3[@]}"
         done
     fi
-}
-
-# local_epochs DEST FROM RECORD: local disk's reader epochs from FROM on, on
-# DEST (this round's results), and with RECORD=1 its row: the cold epoch only
-# when FROM is 1, the status from epoch FROM's result.
-local_epochs() {
-    local dest=$1 from=$2 record=$3 r t e e3 cold
-    r=$(round_suffix)
-    for e in $(reader_epochs); do
-        [ "$e" -lt "$from" ] && continue
-        for t in $TABLES; do
-            read_pass local "$dest" "$t" "$e" "$RES_DIR/$t-local$r-e$e.json"
-        done
-    done
-    [ "$record" = 1 ] || return 0
-    for t in $TABLES; do
-        e3=(); has_reread && e3=(--epoch3 "$RES_DIR/$t-local$r-e3.json")
-        cold=(); [ "$from" = 1 ] && cold=(--cold "$RES_DIR/$t-local$r-e1.json")
-        record_row --table "$t" --system local --column proxy \
-            --status "$(status_of "$RES_DIR/$t-local$r-e$from.json")" \
-            "${cold[@]}" --warm "$RES_DIR/$t-local$r-e2.json" "${e3[@]}"
-    done
 }
 
 # Extra rounds (2..GOAL_ROUNDS) of the comparisons the goals of issues 3 and
