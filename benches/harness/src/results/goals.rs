@@ -4,9 +4,9 @@
 //! A goal compares two systems of the same run. When the run repeated a
 //! comparison (extra rounds, [`Row::round`]: `benches/run.sh` runs the
 //! compared systems again, one after another, after the table's own rows),
-//! the goal is computed in each round from that round's rows alone, and the line gives the median
-//! over the rounds with every round's value, so one disturbed epoch on this
-//! shared machine neither makes nor breaks a goal. A goal whose systems were
+//! the goal is computed in each round from that round's rows alone, and the
+//! line gives the median over the rounds with every round's value, so one
+//! disturbed epoch on this shared machine neither makes nor breaks a goal. A goal whose systems were
 //! not repeated (the peers) has its one value, from the table's rows.
 
 use super::metrics::{throughput, Epoch, Unit};
