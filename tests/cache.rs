@@ -75,7 +75,8 @@ fn cached_data_costs_no_gets_across_epochs_and_a_sigkill() {
     wait_for_stats(&mount, "a backing file kept for every object", |s| {
         s["fuse"]["kept_backings"].as_u64().unwrap_or(0) == n
     });
-    let before = fast_before(&stats(&mount));
+    let s_before = stats(&mount);
+    let before = fast_before(&s_before);
 
     // Epoch 2, page cache dropped: not one GET reaches the store, and every open is answered
     // from memory with the backing file kept for it (the kernel reads the cache file).
@@ -85,6 +86,19 @@ fn cached_data_costs_no_gets_across_epochs_and_a_sigkill() {
     assert_eq!(gets(&proxy), 0, "second epoch");
     let s = stats(&mount);
     assert_eq!(fast_before(&s) - before, n, "fast opens in epoch 2: {s}");
+
+    // Each lookup in epoch 2 (the dentries went with the page cache) of a small cached file
+    // started a readahead of its cache file (counted before the lookup's reply); the 24 MiB
+    // shard, above `--lookup-readahead`'s default 1 MiB, did not.
+    let readaheads = |s: &serde_json::Value| s["fuse"]["lookup_readaheads"].as_u64().unwrap_or(0);
+    assert_eq!(readaheads(&s) - readaheads(&s_before), n - 1, "{s}");
+    drop_page_cache();
+    std::fs::metadata(mount.join(&objects[n as usize - 1].0)).unwrap();
+    assert_eq!(readaheads(&stats(&mount)), readaheads(&s), "the shard");
+    std::fs::metadata(mount.join(&objects[1].0)).unwrap();
+    let s = stats(&mount);
+    assert_eq!(readaheads(&s) - readaheads(&s_before), n, "{s}");
+    assert_eq!(s["fuse"]["lookup_readaheads_failed"], 0, "{s}");
 
     // SIGKILL the daemon, clean the dead mount, mount again on the same cache: still none.
     unsafe { libc::kill(mount.pid(), libc::SIGKILL) };

@@ -175,6 +175,14 @@ pub struct IndexMemory {
     pub per_closed_object: u64,
 }
 
+/// A complete entry's data file, open, and where it is (for readahead by path later, when
+/// the descriptor is long closed).
+#[derive(Debug)]
+pub struct DataFile {
+    pub file: File,
+    pub path: PathBuf,
+}
+
 /// One known entry.
 #[derive(Debug, Default)]
 struct Entry {
@@ -1307,7 +1315,7 @@ impl DiskCache {
     /// (`ReplyOpen::opened_passthrough`); `None` unless every block is present. The file is
     /// checked to be the object's size with no holes, so the kernel (which checks no CRC)
     /// can only read bytes this cache wrote. Pin the object for as long as the file is used.
-    pub async fn open_complete(&self, id: &ObjectIdentity) -> Result<Option<File>, CacheError> {
+    pub async fn open_complete(&self, id: &ObjectIdentity) -> Result<Option<DataFile>, CacheError> {
         let Some(status) = self.status(id).await? else {
             return Ok(None);
         };
@@ -1319,7 +1327,7 @@ impl DiskCache {
         };
         let path = entry.key.data_path(&self.root, entry.nonce);
         let size = id.size;
-        self.blocking(move || -> io::Result<Option<File>> {
+        self.blocking(move || -> io::Result<Option<DataFile>> {
             let f = match File::open(&path) {
                 Ok(f) => f,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -1330,7 +1338,7 @@ impl DiskCache {
                 tracing::warn!(path = %path.display(), "a complete cache entry's data file has holes or a wrong size; not using it");
                 return Ok(None);
             }
-            Ok(Some(f))
+            Ok(Some(DataFile { file: f, path }))
         })
         .await?
         .map_err(|e| io_err("opening a complete cache file", e))
@@ -1341,14 +1349,17 @@ impl DiskCache {
     /// `None` when the entry is not open here or not complete (use [`Self::open_complete`]).
     /// Only for entries the caller knows to be whole and good (written or verified by this
     /// process): unlike `open_complete` it does not look for holes.
-    pub fn complete_data_file(&self, id: &ObjectIdentity) -> Option<File> {
+    pub fn complete_data_file(&self, id: &ObjectIdentity) -> Option<DataFile> {
         let entry = self.cached_open(id.entry_key())?;
         if !entry.blocks.lock().is_complete() {
             return None;
         }
         let file = entry.data.try_clone().ok()?;
         // The descriptor's file size, not a path lookup: the entry's own file.
-        (file.metadata().ok()?.len() == id.size).then_some(file)
+        (file.metadata().ok()?.len() == id.size).then(|| DataFile {
+            file,
+            path: entry.key.data_path(&self.root, entry.nonce),
+        })
     }
 
     /// Pins the entry of `id` (creating the in-memory record if it has none yet) until the

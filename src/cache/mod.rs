@@ -108,7 +108,7 @@
 //! let _pin = cache.pin(&id);                       // held by the FileReader: never evicted
 //! cache.read_block(&id, i).await -> Ok(Some(bytes)) | Ok(None) = miss | Err(e) = cache failed
 //! cache.write_block(&id, i, bytes).await           // after a GET; errors are informational
-//! cache.open_complete(&id).await -> Ok(Some(File)) // for ReplyOpen::opened_passthrough
+//! cache.open_complete(&id).await -> Ok(Some(DataFile)) // for ReplyOpen::opened_passthrough
 //! cache.is_complete(&id) / has_block(&id, i)       // in-memory, no I/O
 //! cache.stats()                                    // riffle stats
 //! ops::stats_dir(dir) / ops::clear_dir(dir)        // riffle cache stats|clear (no mount)
@@ -152,7 +152,7 @@ use std::time::Duration;
 /// descriptors and 7 MB, and keep a dataset of that many files warm without passthrough.
 pub const DEFAULT_MAX_OPEN_OBJECTS: usize = 16_384;
 
-pub use disk::{CacheStats, DiskCache, IndexMemory, ObjectStatus, PinGuard, WriteStep};
+pub use disk::{CacheStats, DataFile, DiskCache, IndexMemory, ObjectStatus, PinGuard, WriteStep};
 pub use evict::{EntryInfo, EvictionPolicy, LruPolicy};
 pub use evict_epoch::EpochPolicy;
 pub use evict_plan::{NoPlan, PlanOracle, PlanPolicy};

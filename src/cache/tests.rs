@@ -156,7 +156,8 @@ async fn short_last_block_and_complete_file() {
         .open_complete(&f)
         .await
         .expect("open")
-        .expect("complete");
+        .expect("complete")
+        .file;
     let mut back = vec![0u8; f.size as usize];
     file.read_exact_at(&mut back, 0).expect("read file");
     assert_eq!(back, whole(&f));
@@ -789,6 +790,7 @@ async fn the_complete_data_file_of_an_open_entry_needs_no_metadata_task() {
     cache
         .complete_data_file(&a)
         .expect("complete and open")
+        .file
         .read_to_end(&mut bytes)
         .expect("read");
     assert!(bytes == whole(&a), "the object's bytes");

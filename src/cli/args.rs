@@ -165,6 +165,12 @@ pub struct MountArgs {
     #[arg(long)]
     pub no_passthrough: bool,
 
+    /// With passthrough, a lookup of a file of at most this size whose bytes are all in the
+    /// cache starts reading its cache file from disk, so the read that follows the open finds
+    /// it on its way (small-file epochs); 0 turns it off
+    #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = parse_lookup_readahead)]
+    pub lookup_readahead: u64,
+
     /// Unit of fetching and caching (a power of two, 64K to 16M); a cache directory keeps the
     /// block size it was created with
     #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = parse_block_size)]
@@ -249,6 +255,16 @@ fn parse_memory(s: &str) -> Result<u64, String> {
     Ok(bytes)
 }
 
+fn parse_lookup_readahead(s: &str) -> Result<u64, String> {
+    let bytes = parse_bytes(s)?;
+    if bytes > 64 << 20 {
+        return Err(format!(
+            "'{s}' is too large: at most 64M (larger files have the kernel's own readahead)"
+        ));
+    }
+    Ok(bytes)
+}
+
 fn parse_endpoint(s: &str) -> Result<String, String> {
     let url = url::Url::parse(s).map_err(|e| format!("'{s}' is not a URL: {e}"))?;
     if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
@@ -277,6 +293,10 @@ mod tests {
         assert!(parse_mode("rw").is_err());
         assert!(parse_memory("1M").is_err());
         assert_eq!(parse_memory("64M"), Ok(64 << 20));
+        assert_eq!(parse_lookup_readahead("0"), Ok(0));
+        assert_eq!(parse_lookup_readahead("1M"), Ok(1 << 20));
+        assert!(parse_lookup_readahead("100M").is_err());
+        assert!(parse_lookup_readahead("10%").is_err());
         assert!(parse_endpoint("localhost:7480").is_err());
         assert!(parse_endpoint("ftp://x").is_err());
         assert!(parse_endpoint("http://u:p@host").is_err());

@@ -169,6 +169,7 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
             read_ahead: ReadAheadConfig::default(),
             kernel_read_ahead: 1 << 20,
             passthrough: !args.no_passthrough,
+            lookup_readahead: args.lookup_readahead,
         },
         fs_status,
     );

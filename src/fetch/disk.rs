@@ -27,7 +27,7 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, Semaphore};
 
 use super::ObjectVersion;
-use crate::cache::{DiskCache, EntryKey, ObjectIdentity, PinGuard};
+use crate::cache::{DataFile, DiskCache, EntryKey, ObjectIdentity, PinGuard};
 
 /// Cache writes in flight at most (1 MiB blocks: this many MiB buffered).
 const WRITE_PERMITS: usize = 64;
@@ -126,7 +126,7 @@ impl DiskTier {
 
     /// The cache file of `obj` for passthrough, if it is complete and known good; otherwise
     /// `None`, after starting a background check of a complete file not yet verified.
-    pub async fn passthrough_file(self: &Arc<Self>, obj: &ObjectVersion) -> Option<std::fs::File> {
+    pub async fn passthrough_file(self: &Arc<Self>, obj: &ObjectVersion) -> Option<DataFile> {
         let id = self.identity(obj);
         let key = id.entry_key();
         if self.verified.lock().contains(&key) {

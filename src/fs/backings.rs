@@ -87,6 +87,16 @@ impl<K: Hash + Eq + Clone, B: Clone> KeptBackings<K, B> {
         Some(kept.backing.clone())
     }
 
+    /// The backing kept for `key` if it belongs to version `etag`, without marking it used.
+    pub fn peek(&self, key: &K, etag: &str) -> Option<B> {
+        self.inner
+            .lock()
+            .by_key
+            .get(key)
+            .filter(|k| &*k.etag == etag)
+            .map(|k| k.backing.clone())
+    }
+
     /// Whether a backing of version `etag` is kept for `key` (without marking it used).
     pub fn contains(&self, key: &K, etag: &str) -> bool {
         self.inner

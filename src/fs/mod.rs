@@ -24,6 +24,7 @@
 //! trip.
 
 mod backings;
+mod lookahead;
 mod preopen;
 
 use std::collections::HashMap;
@@ -48,6 +49,8 @@ use crate::prefetch::Prefetcher;
 use crate::reader::{FileReader, ReadAheadConfig};
 use crate::store::StoreError;
 use backings::KeptBackings;
+use lookahead::Lookahead;
+pub use lookahead::LookaheadStats;
 pub use preopen::FuseDevice;
 use preopen::KernelBacking;
 
@@ -72,6 +75,9 @@ pub struct FsConfig {
     pub kernel_read_ahead: u32,
     /// Hand fully cached files to the kernel (FUSE passthrough) when it allows it.
     pub passthrough: bool,
+    /// With passthrough, a lookup of a cached file up to this size starts a readahead of its
+    /// cache file ([`lookahead`]); 0: never.
+    pub lookup_readahead: u64,
 }
 
 /// Counters and modes of the FUSE layer, shared with `riffle stats`.
@@ -87,6 +93,8 @@ pub struct FsStatus {
     pub kept_backings: Arc<AtomicU64>,
     /// Why passthrough is not in use, or "enabled".
     pub passthrough_mode: Mutex<String>,
+    /// Readaheads of small cached files started by lookups ([`lookahead`]).
+    pub lookahead: Arc<LookaheadStats>,
 }
 
 /// See the module documentation.
@@ -103,6 +111,8 @@ pub struct RiffleFs {
     passthrough: Arc<std::sync::atomic::AtomicBool>,
     /// The session's `/dev/fuse`, for opening backing ids ahead ([`preopen`]).
     device: FuseDevice,
+    /// Readahead of small cached files at lookup, with passthrough only ([`lookahead`]).
+    lookahead: Option<Lookahead>,
 }
 
 /// Open file and directory handles, shared with the tasks that answer open/opendir.
@@ -270,6 +280,7 @@ impl RiffleFs {
             config,
             device: FuseDevice::default(),
             next_fh: AtomicU64::new(1),
+            lookahead: None,
         }
     }
 
@@ -368,6 +379,28 @@ impl RiffleFs {
         None
     }
 
+    /// For a lookup that found a small file whose complete cache file is kept for
+    /// passthrough at this version, a readahead of that file, to queue once the lookup is
+    /// answered ([`lookahead`]).
+    fn look_ahead(&self, attr: &Attr) -> Option<(&Lookahead, lookahead::Job)> {
+        let (Some(lookahead), Some(disk)) = (&self.lookahead, self.fetcher.disk()) else {
+            return None;
+        };
+        let Kind::File { size, etag } = &attr.kind else {
+            return None;
+        };
+        if *size == 0 || *size > self.config.lookup_readahead {
+            return None;
+        }
+        let object = ObjectVersion {
+            key: Arc::from(self.ns.key_of(attr.ino)),
+            etag: etag.clone(),
+            size: *size,
+        };
+        let kept = self.handles.kept.peek(&disk.entry_key(&object), etag)?;
+        Some((lookahead, lookahead.job(kept.data_path.clone(), *size)))
+    }
+
     /// Starts opening backing ids ahead for objects as they complete in the cache.
     fn start_preopen(&self) {
         let Some(disk) = self.fetcher.disk() else {
@@ -418,6 +451,14 @@ impl Filesystem for RiffleFs {
         } else {
             self.passthrough.store(true, Ordering::Relaxed);
             self.start_preopen();
+            if self.config.lookup_readahead > 0 {
+                match Lookahead::start(self.status.lookahead.clone()) {
+                    Ok(lookahead) => self.lookahead = Some(lookahead),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "no lookahead thread; lookups start no readahead")
+                    }
+                }
+            }
             "enabled".to_string()
         };
         tracing::info!(passthrough = %mode, "FUSE passthrough");
@@ -438,11 +479,17 @@ impl Filesystem for RiffleFs {
         if let Some(answer) = self.ns.lookup_cached(parent.0, &name) {
             let _timer = timer;
             match answer {
-                Ok(attr) => reply.entry(
-                    &self.ttl(),
-                    &Self::file_attr(&self.config, &attr),
-                    Generation(0),
-                ),
+                Ok(attr) => {
+                    let read_ahead = self.look_ahead(&attr);
+                    reply.entry(
+                        &self.ttl(),
+                        &Self::file_attr(&self.config, &attr),
+                        Generation(0),
+                    );
+                    if let Some((lookahead, job)) = read_ahead {
+                        lookahead.queue(job);
+                    }
+                }
                 Err(e) => reply.error(ns_errno(&e)),
             }
             return;
@@ -962,11 +1009,11 @@ impl Opener {
         if let Some(live) = handles.live_backing(ino, &object.etag) {
             return Some(live);
         }
-        let file = disk.passthrough_file(object).await?;
-        match reply.open_backing(&file) {
+        let data = disk.passthrough_file(object).await?;
+        match reply.open_backing(&data.file) {
             Ok(id) => {
                 let id = Arc::new(id);
-                let kept = Arc::new(KernelBacking::wrapped(id.clone()));
+                let kept = Arc::new(KernelBacking::wrapped(id.clone(), data.path));
                 handles.kept.keep(entry, object.etag.clone(), kept);
                 Some(id)
             }

@@ -15,6 +15,7 @@
 //! are opened ahead, exactly as at open time.
 
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -35,6 +36,8 @@ pub type FuseDevice = Arc<SetOnce<Arc<OwnedFd>>>;
 /// A passthrough backing id: raw (opened ahead, owned here) or handed to fuser.
 pub struct KernelBacking {
     state: Mutex<State>,
+    /// The cache data file behind the id ([`super::lookahead`] reads it ahead by path).
+    pub data_path: Arc<PathBuf>,
 }
 
 enum State {
@@ -43,9 +46,10 @@ enum State {
 }
 
 impl KernelBacking {
-    pub fn wrapped(id: Arc<BackingId>) -> Self {
+    pub fn wrapped(id: Arc<BackingId>, data_path: PathBuf) -> Self {
         KernelBacking {
             state: Mutex::new(State::Wrapped(id)),
+            data_path: Arc::new(data_path),
         }
     }
 
@@ -94,10 +98,10 @@ pub async fn run(
         if handles.kept.contains(&entry, &obj.etag) {
             continue;
         }
-        let Some(file) = disk.passthrough_file(&obj).await else {
+        let Some(data) = disk.passthrough_file(&obj).await else {
             continue;
         };
-        let id = match BackingId::create_raw(&*device, &file) {
+        let id = match BackingId::create_raw(&*device, &data.file) {
             Ok(id) => id,
             Err(e) => {
                 tracing::debug!(error = %e, "could not open a backing id ahead; stopping");
@@ -109,6 +113,7 @@ pub async fn run(
                 device: device.clone(),
                 id,
             }),
+            data_path: Arc::new(data.path),
         });
         status.opened_ahead.fetch_add(1, Ordering::Relaxed);
         handles.kept.keep(entry, obj.etag.clone(), backing);
