@@ -11,18 +11,18 @@
 //! replaced object's stale pages are dropped at the next open. Directory handles hold a snapshot
 //! of the listing taken at `opendir`, so offsets stay stable while a reader pages through it.
 //!
-//! Fast paths: a lookup, getattr or open whose answer is already in memory (metadata younger
-//! than the TTL; for an open with passthrough, a backing file kept from an earlier open of the
-//! same version, see the `backings` module) is answered on the FUSE thread itself, without a tokio task.
-//! A warm epoch of small files is then one FUSE round trip per lookup and per open, and the
-//! reads never reach the daemon; a lookup of a small cached file also starts reading its cache
-//! file from disk, so the read after the open finds it on its way (the `lookahead` module). Without passthrough (kernels before 6.9), an open whose
-//! metadata is in memory and a read of bytes in the memory cache are answered on the FUSE
-//! thread too, and a read of a block in an open NVMe cache entry on the cache's I/O thread as
-//! soon as the block is read and verified ([`Fetcher::read_quick`]); only reads that must wait
-//! for the store or for metadata I/O take a task. `flush` answers ENOSYS once, so the kernel
-//! stops sending it (a read-only file system has nothing to flush) and `close` costs no round
-//! trip.
+//! Fast paths: a lookup, getattr or open whose answer is already in memory (metadata younger than
+//! the TTL; for an open with passthrough, a backing file kept from an earlier open of the same
+//! version, see the `backings` module) is answered on the FUSE thread itself, without a tokio task.
+//! A warm epoch of small files is then one FUSE round trip per lookup and per open, and the reads
+//! never reach the daemon; a lookup of a small cached file also starts reading its cache file from
+//! disk, so the read after the open finds it on its way (the `lookahead` module). Without
+//! passthrough (kernels before 6.9), an open whose metadata is in memory and a read of bytes in the
+//! memory cache are answered on the FUSE thread too, and a read of a block in an open NVMe cache
+//! entry on the cache's I/O thread as soon as the block is read and verified
+//! ([`Fetcher::read_quick`]); only reads that must wait for the store or for metadata I/O take a
+//! task. `flush` answers ENOSYS once, so the kernel stops sending it (a read-only file system has
+//! nothing to flush) and `close` costs no round trip.
 
 mod backings;
 mod lookahead;
