@@ -15,3 +15,6 @@ pub mod namespace;
 pub mod prefetch;
 pub mod reader;
 pub mod store;
+
+#[cfg(test)]
+pub(crate) mod test_support;

@@ -283,20 +283,13 @@ mod tests {
             .block_cache()
             .get(&(objects[1].clone(), 0))
             .is_none());
-        for _ in 0..1000 {
-            if fetcher
+        crate::test_support::eventually("the next file's read-ahead", || {
+            fetcher
                 .block_cache()
                 .get(&(objects[1].clone(), 1))
                 .is_some()
-            {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-        }
-        assert!(fetcher
-            .block_cache()
-            .get(&(objects[1].clone(), 1))
-            .is_some());
+        })
+        .await;
         assert!(fetcher
             .block_cache()
             .get(&(objects[1].clone(), 0))

@@ -260,13 +260,8 @@ mod with_disk {
     async fn wait_complete(f: &Fetcher, obj: &ObjectVersion) {
         let tier = f.disk().unwrap();
         let id = tier.identity(obj);
-        for _ in 0..5000 {
-            if tier.cache().is_complete(&id) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        panic!("the cache never completed");
+        crate::test_support::eventually("the cache to complete", || tier.cache().is_complete(&id))
+            .await;
     }
 
     fn version(store: &MemoryStore, key: &str, body: &[u8]) -> Arc<ObjectVersion> {
@@ -491,16 +486,12 @@ async fn read_ahead_into_a_full_memory_cache_is_kept_for_the_reader() {
 }
 
 async fn until_cached(f: &Fetcher, obj: &Arc<ObjectVersion>, blocks: std::ops::Range<u64>) {
-    for _ in 0..5000 {
-        if blocks
+    crate::test_support::eventually("the prefetched blocks in the cache", || {
+        blocks
             .clone()
             .all(|i| f.block_cache().get(&(obj.clone(), i)).is_some())
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    panic!("prefetched blocks never arrived in the cache");
+    })
+    .await;
 }
 
 /// W5 below the FUSE layer: a shuffled dataset twice the cache size, read three times by 8

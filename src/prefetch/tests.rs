@@ -78,13 +78,7 @@ fn load(c: &AtomicU64) -> u64 {
 }
 
 async fn until(what: &str, cond: impl Fn() -> bool) {
-    for _ in 0..10_000 {
-        if cond() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    panic!("timed out waiting for {what}");
+    crate::test_support::eventually(what, cond).await;
 }
 
 async fn open(s: &Setup, path: &str) {
