@@ -113,21 +113,10 @@ fn read_ahead(job: &Job) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::{Duration, Instant};
+    use crate::test_support::eventually;
 
-    fn wait_for(what: impl Fn() -> bool) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if what() {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        false
-    }
-
-    #[test]
-    fn counts_requests_at_once_and_failures_of_missing_files() {
+    #[tokio::test]
+    async fn counts_requests_at_once_and_failures_of_missing_files() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("a.data");
         std::fs::write(&path, vec![7u8; 100_000]).expect("write");
@@ -138,7 +127,10 @@ mod tests {
         lookahead.queue(job);
         let missing = lookahead.job(Arc::new(dir.path().join("gone.data")), 10);
         lookahead.queue(missing);
-        assert!(wait_for(|| stats.failed.load(Ordering::Relaxed) == 1));
+        eventually("the missing file's readahead to fail", || {
+            stats.failed.load(Ordering::Relaxed) == 1
+        })
+        .await;
         assert_eq!(stats.requested.load(Ordering::Relaxed), 2);
         assert_eq!(stats.dropped.load(Ordering::Relaxed), 0);
     }

@@ -8,6 +8,7 @@ use crate::cache::PlanOracle;
 use crate::fetch::FetchConfig;
 use crate::namespace::MetadataTtl;
 use crate::store::memory::{MemoryStore, Op};
+use crate::test_support::eventually as until;
 
 const FILE: usize = 3000;
 
@@ -75,10 +76,6 @@ fn plan_of(paths: &[String]) -> Plan {
 
 fn load(c: &AtomicU64) -> u64 {
     c.load(Ordering::Relaxed)
-}
-
-async fn until(what: &str, cond: impl Fn() -> bool) {
-    crate::test_support::eventually(what, cond).await;
 }
 
 async fn open(s: &Setup, path: &str) {
