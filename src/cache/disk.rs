@@ -1055,17 +1055,21 @@ impl DiskCache {
         entry.skip_own_record(index as u32);
 
         self.step(WriteStep::Publish)?;
-        let (present, complete) = {
-            let mut b = entry.blocks.lock();
-            b.apply(index as u32, RecordKind::Present(crc));
-            (b.present(), b.is_complete())
-        };
+        entry
+            .blocks
+            .lock()
+            .apply(index as u32, RecordKind::Present(crc));
         {
+            // The block table is read again under the state lock: two writers of one entry
+            // publish in either order, and the one that publishes last must not replace the
+            // other's newer count with its own older one (an entry whose blocks were all
+            // written then stayed "incomplete": no passthrough, no `is_complete`).
             let mut st = self.state.lock();
             let st = &mut *st;
             if let Some(e) = st.entries.get_mut(&key) {
-                e.blocks = present;
-                e.complete = complete;
+                let b = entry.blocks.lock();
+                e.blocks = b.present();
+                e.complete = b.is_complete();
             }
             st.policy.filled(key);
         }

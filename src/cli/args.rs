@@ -186,6 +186,12 @@ pub struct MountArgs {
     #[arg(long)]
     pub preload: bool,
 
+    /// With no plan, recognise a shuffled epoch over a directory tree and fetch its files
+    /// that have not been opened yet in the background (bounded by what the reader has
+    /// opened, and by the cache); `off` fetches only what is read
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off)]
+    pub epoch_prefetch: bool,
+
     /// Serve Prometheus metrics (OpenMetrics) at http://HOST:PORT/metrics
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics_addr: Option<std::net::SocketAddr>,
@@ -232,6 +238,14 @@ fn parse_mode(s: &str) -> Result<u16, String> {
         .ok()
         .filter(|m| *m <= 0o7777)
         .ok_or_else(|| format!("'{s}' is not an octal file mode like 0444"))
+}
+
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "on" | "true" | "yes" | "1" => Ok(true),
+        "off" | "false" | "no" | "0" => Ok(false),
+        _ => Err(format!("'{s}' is not on or off")),
+    }
 }
 
 fn parse_eviction(s: &str) -> Result<EvictionKind, String> {

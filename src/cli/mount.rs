@@ -135,7 +135,11 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
     };
     let flush_on_exit = disk.clone();
     let fetcher = Fetcher::new(store, fetch_config, runtime.handle().clone(), disk);
-    let prefetch = Prefetcher::new(ns.clone(), fetcher.clone(), prefetch_config(&fetcher));
+    let prefetch = Prefetcher::new(
+        ns.clone(),
+        fetcher.clone(),
+        prefetch_config(&fetcher, args.epoch_prefetch),
+    );
     oracle.bind(&prefetch);
     if let Some(path) = &args.prefetch_plan {
         let text = std::fs::read_to_string(path)
@@ -279,7 +283,7 @@ async fn wait_for_stop_signal() {
 
 /// Prefetch sizing: three quarters of the GET slots, and a byte window that is a share of the
 /// cache so that what is fetched ahead is still there when the reader arrives.
-fn prefetch_config(fetcher: &Fetcher) -> PrefetchConfig {
+fn prefetch_config(fetcher: &Fetcher, epoch_prefetch: bool) -> PrefetchConfig {
     let concurrency = (fetcher.config().max_inflight * 3 / 4).max(1);
     let (byte_budget, max_file_bytes) = match fetcher.disk() {
         Some(disk) => ((disk.cache().limit() / 4).min(16 << 30), 256 << 20),
@@ -291,6 +295,7 @@ fn prefetch_config(fetcher: &Fetcher) -> PrefetchConfig {
         max_items_ahead: 100_000,
         max_file_bytes,
         max_dir_window: concurrency * 4,
+        epoch_prefetch,
     }
 }
 

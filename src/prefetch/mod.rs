@@ -33,6 +33,7 @@
 //! `try_lock` only, because the cache asks while holding its own lock.
 
 pub mod dirorder;
+pub mod epoch;
 pub mod plan;
 pub mod warm;
 
@@ -64,6 +65,8 @@ pub struct PrefetchConfig {
     pub max_file_bytes: u64,
     /// Directory-order window, in files.
     pub max_dir_window: usize,
+    /// Fetch the unopened files of a recognised epoch set with no plan ([`epoch`]).
+    pub epoch_prefetch: bool,
 }
 
 /// Counters for `riffle stats`.
@@ -80,6 +83,15 @@ pub struct PrefetchStats {
     /// Bytes fetched for a plan that was replaced before they were opened.
     pub plan_unused_bytes: AtomicU64,
     pub dir_order_fetched: AtomicU64,
+    /// Files (and bytes) fetched ahead by epoch prefetch.
+    pub epoch_fetched: AtomicU64,
+    pub epoch_fetched_bytes: AtomicU64,
+    /// Bytes epoch prefetch fetched and the reader did not open in that epoch.
+    pub epoch_wasted_bytes: AtomicU64,
+    pub epoch_errors: AtomicU64,
+    /// Epoch boundaries seen, and epoch sets enumerated.
+    pub epochs: AtomicU64,
+    pub epoch_sets: AtomicU64,
 }
 
 struct PlanSlot {
@@ -107,6 +119,8 @@ pub struct Prefetcher {
     jobs: Mutex<HashMap<u64, Arc<WarmJob>>>,
     next_job: AtomicU64,
     ahead: Mutex<HashSet<EntryKey>>,
+    epoch: Mutex<epoch::EpochState>,
+    epoch_wake: Notify,
 }
 
 /// The eviction policy's view of the plan (see `cache::PlanOracle`), bound to the
@@ -152,6 +166,8 @@ impl Prefetcher {
             jobs: Mutex::new(HashMap::new()),
             next_job: AtomicU64::new(1),
             ahead: Mutex::new(HashSet::new()),
+            epoch: Mutex::new(epoch::EpochState::default()),
+            epoch_wake: Notify::new(),
         })
     }
 
@@ -163,6 +179,10 @@ impl Prefetcher {
     pub fn start(self: &Arc<Self>) {
         let this = self.clone();
         tokio::spawn(async move { this.schedule().await });
+        if self.config.epoch_prefetch {
+            let this = self.clone();
+            tokio::spawn(async move { this.epoch_schedule().await });
+        }
     }
 
     /// Stops the scheduler and every warm job.
@@ -172,6 +192,7 @@ impl Prefetcher {
             job.cancel();
         }
         self.wake.notify_one();
+        self.epoch_wake.notify_one();
     }
 
     fn is_stopped(&self) -> bool {
@@ -213,6 +234,7 @@ impl Prefetcher {
                 .fetch_add(old.tracker.ready_bytes(), Ordering::Relaxed);
         }
         self.wake.notify_one();
+        self.epoch_wake.notify_one();
     }
 
     /// The cache entry and plan index (first use) of every plan file whose metadata the
@@ -257,7 +279,8 @@ impl Prefetcher {
             }
             return None;
         }
-        self.ahead.lock().contains(&key).then_some(0)
+        let needed = self.ahead.lock().contains(&key) || self.epoch.lock().is_needed(&key);
+        needed.then_some(0)
     }
 
     /// Tells the prefetcher that `ino` (the object `obj`) was opened.
@@ -281,6 +304,7 @@ impl Prefetcher {
                 }
             }
         }
+        self.epoch_on_open(ino, obj);
         if in_plan {
             self.wake.notify_one();
         } else {
@@ -514,6 +538,7 @@ impl Prefetcher {
             "plan_errors": load(&s.plan_errors),
             "plan_unused_bytes": load(&s.plan_unused_bytes),
             "dir_order_fetched_files": load(&s.dir_order_fetched),
+            "epoch": self.epoch_json(),
         })
     }
 }

@@ -63,6 +63,7 @@ fn config(concurrency: usize, byte_budget: u64, ahead: usize) -> PrefetchConfig 
         max_items_ahead: ahead,
         max_file_bytes: 1 << 20,
         max_dir_window: 16,
+        epoch_prefetch: false,
     }
 }
 

@@ -1,0 +1,872 @@
+//! Epoch prefetch: fetching the unread files of a shuffled epoch, with no plan.
+//!
+//! # Why it works without the order
+//! A shuffled epoch is sampling *without replacement*. The order is unknown, but the **set** is
+//! known: every file of the dataset that has not been opened in this epoch will be opened
+//! before the epoch ends, and every file that has been opened will not be needed again until
+//! the next one. So the files of the set that are neither opened nor cached can be fetched in
+//! any order, as many at once as the store's latency needs, and every one of them is a future
+//! hit. A random open finds its file cached with probability "cached and unopened ÷ unopened",
+//! which grows towards 1 as the background fetches overtake the reader: the first epoch
+//! becomes "copy-first in the background, demand reads first", and an epoch over a set larger
+//! than the cache becomes one whose opens are mostly hits while each file is still fetched at
+//! most once.
+//!
+//! # Recognising the set
+//! Opens outside a plan are watched. Their parent directories' lowest common ancestor is the
+//! *candidate root* (for ImageFolder's `root/class/img` the dataset root after two opens from
+//! different classes; for a flat directory that directory). After [`MIN_OPENS_TO_BUILD`]
+//! opens under a candidate, the files under it are enumerated in the background (cached
+//! listings first; directories not listed yet are listed, [`LIST_CONCURRENCY`] at a time) and
+//! become the *epoch set*, in listing order. An open outside the set's root moves the
+//! candidate up and the set is rebuilt at the new root (opened marks are kept by inode).
+//!
+//! # Epochs
+//! Each file keeps the sequence number of its last open. An open of a file already opened in
+//! this epoch is a *repeat* if at least a gap of `clamp(n/16, 4, 64)` other opens came
+//! between the two (`n`: files opened in this epoch or the last, the larger) (a file read twice in a row, or by two processes at once, is not the next
+//! epoch). The next epoch starts when the distinct repeats reach `clamp(n/64, 8, 1024)`;
+//! it is placed retroactively one gap before the first of them, so the files opened since
+//! then count as opened in the new epoch and none of them is fetched again in it (the few
+//! from the end of the old epoch that this takes along may miss later: a miss, never a
+//! second GET; their next opens are not repeats). At a boundary the opened marks reset, the fetch cursor goes back to the start
+//! of the set, and the files fetched ahead and never opened in the ending epoch are counted
+//! as wasted (they stay cached and are needed in the new epoch like any cached file).
+//!
+//! # What users do not pay for it
+//! - **Browsing** (a few files opened by hand, an evaluation reading 1% of the set): the bytes
+//!   fetched ahead and not yet opened stay within an allowance that grows with what the reader
+//!   has opened in this epoch: `opened_bytes × max(1, opened_files / RAMP_FILES) + FLOOR`. For
+//!   the first [`RAMP_FILES`] opens a reader can cause at most as many bytes fetched ahead as
+//!   it read (so bytes fetched ≤ 2 × bytes read, plus a floor of one megabyte); as a real epoch
+//!   goes on the allowance grows quadratically and covers the whole set after about
+//!   `sqrt(RAMP_FILES × files)` opens (2,300 of 20,000). Modelled on W1 (8 threads, 35 ms per
+//!   miss, a store that serves ~1,000 files/s) the cold epoch then takes as long as with the
+//!   exact plan (20.8 s against 20.9 s); with a linear allowance (×1) it took 43% longer.
+//! - **Usefulness**: at each boundary the share of files fetched ahead that were opened in the
+//!   epoch is measured. At least [`TRUST_USEFUL`] (a reader of the whole set) makes the next
+//!   epoch *trusted*: the allowance is lifted and only the cache room bounds prefetch. Below
+//!   [`BACK_OFF_USEFUL`] (a node of a multi-node job that reads a random share of the set per
+//!   epoch) the next epoch is *backed off*: the allowance stays at `opened_bytes + FLOOR`
+//!   (no growth), so such a node fetches at most about twice what it reads.
+//! - **Room**: with an NVMe cache, the bytes of set files that are cached and not opened in this
+//!   epoch (fetched ahead, or kept from the last epoch) stay under 7/8 of the cache limit (the rest is for demand reads and
+//!   the cache's own rounding).
+//!   The space prefetch fetches into therefore comes only from files already opened in this
+//!   epoch (and from anything outside the set): the eviction oracle reports every cached,
+//!   unopened file of the set as needed (the `plan` eviction policy, the default, then evicts
+//!   everything else first), so a file fetched ahead is never evicted to make room for another
+//!   prefetch. Without an NVMe cache the ahead bytes stay within the prefetch byte budget (half
+//!   the memory cache).
+//! - A plan, when set, wins: epoch prefetch pauses while one is active. Directory order and
+//!   `--preload` work as before (a fetch already in flight is shared, never repeated).
+//!
+//! # Cost
+//! Per file of the set: its inode, size and last-open sequence (24 bytes), a flag byte and an
+//! index entry (about 24 bytes), plus 24 bytes per cached unopened file in the needed map. A
+//! set is capped at [`MAX_SET_FILES`]. An open is O(1); a boundary and the rebuild of the
+//! needed map are O(set) once per epoch.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use serde_json::json;
+
+use super::{file_version, Prefetcher};
+use crate::cache::EntryKey;
+use crate::fetch::{ObjectVersion, Priority};
+use crate::namespace::{Kind, ROOT_INO};
+
+/// Opens under a candidate root before its files are enumerated.
+pub const MIN_OPENS_TO_BUILD: u32 = 4;
+/// Distinct files outside the set remembered at most (enough to place the candidate root).
+const OUTSIDE_TRACKED: usize = 4096;
+/// Directories listed at once while enumerating a set.
+pub const LIST_CONCURRENCY: usize = 16;
+/// Opens over which the browsing allowance grows by one more "opened bytes".
+pub const RAMP_FILES: u64 = 256;
+/// Bytes that may be fetched ahead before anything is opened.
+pub const FLOOR_BYTES: u64 = 1 << 20;
+/// Usefulness at or above which the next epoch is trusted.
+pub const TRUST_USEFUL: f64 = 0.75;
+/// Usefulness below which the next epoch backs off.
+pub const BACK_OFF_USEFUL: f64 = 0.6;
+/// Files fetched ahead in an epoch before its usefulness is judged.
+pub const MIN_JUDGED: u64 = 16;
+/// The largest set tracked.
+pub const MAX_SET_FILES: usize = 16_000_000;
+
+/// How much prefetch an epoch allows, from what the previous epoch showed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trust {
+    /// First epoch, or usefulness in between: the browsing allowance.
+    Normal,
+    /// The last epoch opened what was fetched ahead: only the cache room bounds prefetch.
+    Trusted,
+    /// The last epoch left much of what was fetched ahead unopened: no growth.
+    BackedOff,
+}
+
+impl Trust {
+    fn as_str(self) -> &'static str {
+        match self {
+            Trust::Normal => "normal",
+            Trust::Trusted => "trusted",
+            Trust::BackedOff => "backed-off",
+        }
+    }
+
+    /// The trust the next epoch gets from this one's usefulness (files fetched ahead, and how
+    /// many of them were opened in the epoch).
+    pub fn after(fetched: u64, fetched_opened: u64, current: Trust) -> Trust {
+        if fetched < MIN_JUDGED {
+            return current;
+        }
+        let useful = fetched_opened as f64 / fetched as f64;
+        if useful >= TRUST_USEFUL {
+            Trust::Trusted
+        } else if useful < BACK_OFF_USEFUL {
+            Trust::BackedOff
+        } else {
+            Trust::Normal
+        }
+    }
+}
+
+/// Bytes that may be fetched ahead and not yet opened, given what was opened in this epoch.
+pub fn allowance(trust: Trust, opened_files: u64, opened_bytes: u64) -> u64 {
+    match trust {
+        Trust::Trusted => u64::MAX,
+        Trust::BackedOff => opened_bytes.saturating_add(FLOOR_BYTES),
+        Trust::Normal => opened_bytes
+            .saturating_mul((opened_files / RAMP_FILES).max(1))
+            .saturating_add(FLOOR_BYTES),
+    }
+}
+
+/// Distinct repeats that start the next epoch.
+pub fn repeats_for_boundary(opened_files: u64) -> usize {
+    (opened_files / 64).clamp(8, 1024) as usize
+}
+
+/// Opens that must come between two opens of a file for the second to be a repeat.
+pub fn repeat_gap(opened_files: u64) -> u64 {
+    (opened_files / 16).clamp(4, 64)
+}
+
+/// The lowest common ancestor of two directories, given a way to find a node's parent.
+pub fn common_ancestor(a: u64, b: u64, parent_of: impl Fn(u64) -> u64) -> u64 {
+    let mut chain = HashSet::new();
+    let mut cur = a;
+    loop {
+        chain.insert(cur);
+        if cur == ROOT_INO {
+            break;
+        }
+        let up = parent_of(cur);
+        if up == cur {
+            break;
+        }
+        cur = up;
+    }
+    let mut cur = b;
+    loop {
+        if chain.contains(&cur) {
+            return cur;
+        }
+        if cur == ROOT_INO {
+            return ROOT_INO;
+        }
+        let up = parent_of(cur);
+        if up == cur {
+            return ROOT_INO;
+        }
+        cur = up;
+    }
+}
+
+const AHEAD: u8 = 1;
+
+/// The files of an epoch set and where each stands in the current epoch.
+struct EpochSet {
+    root: u64,
+    root_path: String,
+    inos: Vec<u64>,
+    sizes: Vec<u64>,
+    index: HashMap<u64, u32>,
+    /// Sequence number of each file's last open (0: never).
+    opened_at: Vec<u64>,
+    flags: Vec<u8>,
+    total_bytes: u64,
+}
+
+/// What one [`Prefetcher::epoch_fill`] did.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Fill {
+    /// Fetches started.
+    started: usize,
+    /// Files were skipped (already cached, or metadata unknown): call again at once.
+    again: bool,
+}
+
+/// What [`Prefetcher::epoch_on_open`] found out, for the caller to act on.
+#[derive(Default)]
+struct OpenOutcome {
+    build: Option<u64>,
+    boundary: bool,
+}
+
+/// The epoch tracker's state (under one lock; never held across an await or a cache call).
+pub(super) struct EpochState {
+    set: Option<EpochSet>,
+    building: Option<u64>,
+    candidate: Option<u64>,
+    /// Distinct files opened outside the set (or before there is one) since it was built, and
+    /// the sequence of their last open (applied to the set when it is installed).
+    outside: HashMap<u64, u64>,
+    /// Opens (inode, sequence) seen while a set was being built.
+    pending_opens: Vec<(u64, u64)>,
+    seq: u64,
+    /// Opens with a sequence number above this one belong to the current epoch.
+    epoch_start: u64,
+    /// Only a second open of a file whose earlier open came after this one is a repeat.
+    repeat_floor: u64,
+    /// Files opened in the previous epoch (the scale of the repeat rules early in an epoch).
+    last_epoch_files: u64,
+    epoch: u64,
+    opened_files: u64,
+    opened_bytes: u64,
+    /// Distinct repeats this epoch: inode and the sequence of the repeat open.
+    repeats: HashMap<u64, u64>,
+    ahead_bytes: u64,
+    ahead_files: u64,
+    in_flight: usize,
+    cursor: usize,
+    /// Cached (or being fetched) files of the set not opened in this epoch: what the eviction
+    /// oracle reports as needed, with their sizes.
+    needed: HashMap<EntryKey, u64>,
+    needed_bytes: u64,
+    needs_rebuild: bool,
+    trust: Trust,
+    last_usefulness: Option<f64>,
+    fetched_this_epoch: u64,
+    fetched_bytes_this_epoch: u64,
+    fetched_opened_this_epoch: u64,
+    note: Option<String>,
+}
+
+impl Default for EpochState {
+    fn default() -> Self {
+        EpochState {
+            set: None,
+            building: None,
+            candidate: None,
+            outside: HashMap::new(),
+            pending_opens: Vec::new(),
+            seq: 0,
+            epoch_start: 0,
+            repeat_floor: 0,
+            last_epoch_files: 0,
+            epoch: 1,
+            opened_files: 0,
+            opened_bytes: 0,
+            repeats: HashMap::new(),
+            ahead_bytes: 0,
+            ahead_files: 0,
+            in_flight: 0,
+            cursor: 0,
+            needed: HashMap::new(),
+            needed_bytes: 0,
+            needs_rebuild: false,
+            trust: Trust::Normal,
+            last_usefulness: None,
+            fetched_this_epoch: 0,
+            fetched_bytes_this_epoch: 0,
+            fetched_opened_this_epoch: 0,
+            note: None,
+        }
+    }
+}
+
+impl EpochState {
+    pub(super) fn is_needed(&self, key: &EntryKey) -> bool {
+        self.needed.contains_key(key)
+    }
+
+    fn forget_needed(&mut self, key: &EntryKey) {
+        if let Some(size) = self.needed.remove(key) {
+            self.needed_bytes = self.needed_bytes.saturating_sub(size);
+        }
+    }
+
+    fn add_needed(&mut self, key: EntryKey, size: u64) {
+        if self.needed.insert(key, size).is_none() {
+            self.needed_bytes += size;
+        }
+    }
+
+    /// Records the open of file `i` of the set at sequence `seq`; returns whether the next
+    /// epoch starts with it.
+    fn record_open(&mut self, i: usize, seq: u64, cap: u64) -> bool {
+        let Some(set) = self.set.as_mut() else {
+            return false;
+        };
+        let last = set.opened_at[i];
+        set.opened_at[i] = seq;
+        if last > self.epoch_start {
+            // Opened before in this epoch: a repeat if far enough apart, and if that earlier
+            // open is surely of this epoch (not one the boundary took along).
+            let basis = self.opened_files.max(self.last_epoch_files);
+            if last > self.repeat_floor && seq - last >= repeat_gap(basis) {
+                self.repeats.entry(set.inos[i]).or_insert(seq);
+                return self.repeats.len() >= repeats_for_boundary(basis);
+            }
+            return false;
+        }
+        self.opened_files += 1;
+        self.opened_bytes += set.sizes[i];
+        if set.flags[i] & AHEAD != 0 {
+            set.flags[i] &= !AHEAD;
+            self.ahead_bytes = self.ahead_bytes.saturating_sub(set.sizes[i].min(cap));
+            self.ahead_files = self.ahead_files.saturating_sub(1);
+            self.fetched_opened_this_epoch += 1;
+        }
+        false
+    }
+
+    /// Starts the next epoch, retroactively at the first repeat.
+    fn start_epoch(&mut self, wasted: &std::sync::atomic::AtomicU64) {
+        let Some(set) = self.set.as_mut() else {
+            return;
+        };
+        let first = self.repeats.values().copied().min().unwrap_or(self.seq);
+        self.trust = Trust::after(
+            self.fetched_this_epoch,
+            self.fetched_opened_this_epoch,
+            self.trust,
+        );
+        if self.fetched_this_epoch > 0 {
+            self.last_usefulness =
+                Some(self.fetched_opened_this_epoch as f64 / self.fetched_this_epoch as f64);
+        }
+        wasted.fetch_add(self.ahead_bytes, Ordering::Relaxed);
+        self.epoch += 1;
+        // The files opened within one gap before the first repeat may belong to either epoch
+        // (their repeats would not have counted); they are taken as opened in the new one, so
+        // that nothing is fetched twice in it (at worst a few of them miss later). Their next
+        // opens are not repeats.
+        let basis = self.opened_files.max(self.last_epoch_files);
+        self.last_epoch_files = self.opened_files;
+        self.epoch_start = first.saturating_sub(1 + repeat_gap(basis));
+        self.repeat_floor = first - 1;
+        self.repeats.clear();
+        self.opened_files = 0;
+        self.opened_bytes = 0;
+        for (i, at) in set.opened_at.iter().enumerate() {
+            if *at > self.epoch_start {
+                self.opened_files += 1;
+                self.opened_bytes += set.sizes[i];
+            }
+        }
+        set.flags.iter_mut().for_each(|f| *f &= !AHEAD);
+        self.ahead_bytes = 0;
+        self.ahead_files = 0;
+        self.cursor = 0;
+        self.fetched_this_epoch = 0;
+        self.fetched_bytes_this_epoch = 0;
+        self.fetched_opened_this_epoch = 0;
+        self.needs_rebuild = true;
+    }
+
+    /// Installs a freshly enumerated set, keeping the opens seen before.
+    fn install(&mut self, mut set: EpochSet) {
+        if let Some(old) = self.set.take() {
+            for (i, ino) in old.inos.iter().enumerate() {
+                if let Some(&j) = set.index.get(ino) {
+                    set.opened_at[j as usize] = old.opened_at[i];
+                }
+            }
+        }
+        let outside: Vec<(u64, u64)> = self.outside.drain().collect();
+        for (ino, seq) in std::mem::take(&mut self.pending_opens)
+            .into_iter()
+            .chain(outside)
+        {
+            if let Some(&j) = set.index.get(&ino) {
+                let j = j as usize;
+                set.opened_at[j] = set.opened_at[j].max(seq);
+            }
+        }
+        self.opened_files = 0;
+        self.opened_bytes = 0;
+        for (i, at) in set.opened_at.iter().enumerate() {
+            if *at > self.epoch_start {
+                self.opened_files += 1;
+                self.opened_bytes += set.sizes[i];
+            }
+        }
+        self.ahead_bytes = 0;
+        self.ahead_files = 0;
+        self.cursor = 0;
+        self.set = Some(set);
+        self.needs_rebuild = true;
+    }
+
+    /// The next files of the set to look at for prefetch: not opened in this epoch and not
+    /// fetched ahead; at most `n`. Moves the cursor past them.
+    fn candidates(&mut self, n: usize) -> Vec<(usize, u64)> {
+        let Some(set) = self.set.as_ref() else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        while self.cursor < set.inos.len() && out.len() < n {
+            let i = self.cursor;
+            self.cursor += 1;
+            if set.opened_at[i] <= self.epoch_start && set.flags[i] & AHEAD == 0 {
+                out.push((i, set.inos[i]));
+            }
+        }
+        out
+    }
+}
+
+impl Prefetcher {
+    /// The epoch tracker's part of an open outside a plan: updates the set and the epoch, and
+    /// starts a set enumeration or a boundary's follow-up where one is due.
+    pub(super) fn epoch_on_open(self: &Arc<Self>, ino: u64, obj: &Arc<ObjectVersion>) {
+        if !self.config.epoch_prefetch {
+            return;
+        }
+        let key = self.entry_key(obj);
+        let parent = self.ns.parent_of(ino);
+        let outcome = {
+            let mut st = self.epoch.lock();
+            st.seq += 1;
+            let seq = st.seq;
+            let mut outcome = OpenOutcome::default();
+            let in_set = st
+                .set
+                .as_ref()
+                .and_then(|s| s.index.get(&ino).map(|&i| i as usize));
+            match in_set {
+                Some(i) => {
+                    if let Some(key) = key {
+                        st.forget_needed(&key);
+                    }
+                    if st.record_open(i, seq, self.config.max_file_bytes) {
+                        st.start_epoch(&self.stats.epoch_wasted_bytes);
+                        outcome.boundary = true;
+                    }
+                }
+                None => {
+                    if st.building.is_some() && st.pending_opens.len() < MAX_SET_FILES {
+                        st.pending_opens.push((ino, seq));
+                    }
+                    // The candidate root moves only on distinct files, so one file outside
+                    // the set opened again and again (a label file) cannot widen it.
+                    let new = !st.outside.contains_key(&ino);
+                    if new && st.outside.len() < OUTSIDE_TRACKED {
+                        st.outside.insert(ino, seq);
+                        let candidate = match st.candidate {
+                            None => parent,
+                            Some(c) => common_ancestor(c, parent, |n| self.ns.parent_of(n)),
+                        };
+                        st.candidate = Some(candidate);
+                    } else if let Some(at) = st.outside.get_mut(&ino) {
+                        *at = seq;
+                    }
+                    let built = st.set.as_ref().map(|s| s.root) == st.candidate;
+                    if !built
+                        && st.building.is_none()
+                        && st.outside.len() >= MIN_OPENS_TO_BUILD as usize
+                    {
+                        st.building = st.candidate;
+                        outcome.build = st.candidate;
+                    }
+                }
+            }
+            outcome
+        };
+        if let Some(root) = outcome.build {
+            let this = self.clone();
+            tokio::spawn(async move { this.build_set(root).await });
+        }
+        if outcome.boundary {
+            self.stats.epochs.fetch_add(1, Ordering::Relaxed);
+            self.generation.fetch_add(1, Ordering::Relaxed);
+        }
+        self.epoch_wake.notify_one();
+    }
+
+    /// Enumerates the files under `root` and installs them as the epoch set.
+    async fn build_set(self: Arc<Self>, mut root: u64) {
+        loop {
+            let Some(next) = self.build_set_once(root).await else {
+                return;
+            };
+            root = next;
+        }
+    }
+
+    /// One enumeration and install; the next root to enumerate if the candidate moved up
+    /// meanwhile.
+    async fn build_set_once(self: &Arc<Self>, root: u64) -> Option<u64> {
+        let result = self.enumerate(root).await;
+        let rebuild = {
+            let mut st = self.epoch.lock();
+            st.building = None;
+            match result {
+                Ok((inos, sizes)) => {
+                    let index = inos
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &ino)| (ino, i as u32))
+                        .collect();
+                    let n = inos.len();
+                    let total_bytes = sizes.iter().sum();
+                    st.install(EpochSet {
+                        root,
+                        root_path: self.ns.relative_path(root),
+                        inos,
+                        sizes,
+                        index,
+                        opened_at: vec![0; n],
+                        flags: vec![0; n],
+                        total_bytes,
+                    });
+                    st.note = None;
+                    self.stats.epoch_sets.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(note) => {
+                    tracing::debug!(%note, "epoch prefetch: no set");
+                    st.note = Some(note);
+                    st.pending_opens.clear();
+                }
+            }
+            // The candidate moved up while this one was enumerated: enumerate again.
+            match st.candidate {
+                Some(c) if Some(c) != st.set.as_ref().map(|s| s.root) && c != root => {
+                    st.building = Some(c);
+                    Some(c)
+                }
+                _ => None,
+            }
+        };
+        self.generation.fetch_add(1, Ordering::Relaxed);
+        self.epoch_wake.notify_one();
+        rebuild
+    }
+
+    /// The files under `root` (inodes and sizes), directory by directory in listing order.
+    async fn enumerate(&self, root: u64) -> Result<(Vec<u64>, Vec<u64>), String> {
+        let mut inos = Vec::new();
+        let mut sizes = Vec::new();
+        let mut level = vec![root];
+        while !level.is_empty() {
+            let listings: Vec<_> = futures::stream::iter(level)
+                .map(|dir| async move { (dir, self.ns.readdir(dir).await) })
+                .buffered(LIST_CONCURRENCY)
+                .collect()
+                .await;
+            let mut next = Vec::new();
+            for (dir, listing) in listings {
+                if self.is_stopped() {
+                    return Err("stopped".into());
+                }
+                let entries =
+                    listing.map_err(|e| format!("listing {}: {e}", self.ns.key_of(dir)))?;
+                for e in entries.iter() {
+                    match self.ns.cached_attr(e.ino).map(|a| a.kind) {
+                        Ok(Kind::Dir) => next.push(e.ino),
+                        Ok(Kind::File { size, .. }) => {
+                            inos.push(e.ino);
+                            sizes.push(size);
+                        }
+                        Err(_) => {}
+                    }
+                }
+                if inos.len() > MAX_SET_FILES {
+                    return Err(format!(
+                        "{} holds more than {MAX_SET_FILES} files; epoch prefetch is off for it",
+                        self.ns.key_of(root)
+                    ));
+                }
+            }
+            level = next;
+        }
+        Ok((inos, sizes))
+    }
+
+    /// Bytes the set's cached unopened files may take: 7/8 of the NVMe cache, or the
+    /// prefetch byte budget in memory.
+    fn epoch_room(&self) -> u64 {
+        match self.fetcher.disk() {
+            Some(disk) => disk.cache().limit() / 8 * 7,
+            None => self.config.byte_budget,
+        }
+    }
+
+    /// Whether `obj` is whole where it stays: on the NVMe cache when there is one (blocks only
+    /// in the memory tier are gone soon and are not counted against the room), else in memory.
+    fn held(&self, obj: &Arc<ObjectVersion>) -> bool {
+        match self.fetcher.disk() {
+            Some(disk) => disk.cache().is_complete(&disk.identity(obj)),
+            None => self.fetcher.is_cached(obj),
+        }
+    }
+
+    /// Rebuilds the needed map after an install or a boundary: every cached file of the set
+    /// not opened in this epoch. The cache checks run without the lock.
+    async fn rebuild_needed(&self) {
+        let (inos, epoch) = {
+            let mut st = self.epoch.lock();
+            st.needs_rebuild = false;
+            let Some(set) = st.set.as_ref() else {
+                return;
+            };
+            (set.inos.clone(), st.epoch)
+        };
+        let mut found = Vec::new();
+        for chunk in inos.chunks(4096) {
+            for &ino in chunk {
+                let Some(obj) = self
+                    .ns
+                    .cached_attr(ino)
+                    .ok()
+                    .and_then(|a| file_version(&self.ns, a))
+                else {
+                    continue;
+                };
+                if self.held(&obj) {
+                    if let Some(key) = self.entry_key(&obj) {
+                        found.push((ino, key, obj.size));
+                    }
+                }
+            }
+            tokio::task::yield_now().await;
+        }
+        let mut st = self.epoch.lock();
+        if st.epoch != epoch || st.needs_rebuild {
+            return; // another boundary or install meanwhile: its own rebuild follows
+        }
+        let Some(set) = st.set.as_ref() else {
+            return;
+        };
+        // Files opened in this epoch (also those opened while this ran) are not needed; what
+        // in-flight prefetches added since is kept.
+        let epoch_start = st.epoch_start;
+        let unopened = |ino: &u64| {
+            set.index
+                .get(ino)
+                .is_none_or(|&i| set.opened_at[i as usize] <= epoch_start)
+        };
+        let mut needed: HashMap<EntryKey, u64> = found
+            .into_iter()
+            .filter(|(ino, _, _)| unopened(ino))
+            .map(|(_, key, size)| (key, size))
+            .collect();
+        for (key, size) in st.needed.drain() {
+            needed.entry(key).or_insert(size);
+        }
+        st.needed_bytes = needed.values().sum();
+        st.needed = needed;
+    }
+
+    /// The epoch prefetch scheduler: keeps fetching unopened, uncached files of the set while
+    /// the allowance and the room allow, up to the prefetch concurrency.
+    pub(super) async fn epoch_schedule(self: Arc<Self>) {
+        loop {
+            let notified = self.epoch_wake.notified();
+            if self.is_stopped() {
+                return;
+            }
+            if self.plan.lock().is_none() {
+                if self.epoch.lock().needs_rebuild {
+                    self.rebuild_needed().await;
+                }
+                if self.epoch_fill().again {
+                    continue;
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Starts what the allowance, the room and the concurrency allow.
+    fn epoch_fill(self: &Arc<Self>) -> Fill {
+        let room = self.epoch_room();
+        let max_bytes = self.config.max_file_bytes;
+        let mut fill = Fill::default();
+        if self.plan.lock().is_some() {
+            return fill; // a plan knows the order: it wins
+        }
+        let batch = {
+            let mut st = self.epoch.lock();
+            let free_slots = self.config.concurrency.saturating_sub(st.in_flight);
+            if free_slots == 0 {
+                return fill;
+            }
+            st.candidates(free_slots.min(256))
+        };
+        for (i, ino) in batch {
+            let Some(obj) = self
+                .ns
+                .cached_attr(ino)
+                .ok()
+                .and_then(|a| file_version(&self.ns, a))
+            else {
+                fill.again = true;
+                continue;
+            };
+            let key = self.entry_key(&obj);
+            if self.held(&obj) {
+                if let Some(key) = key {
+                    let mut st = self.epoch.lock();
+                    let epoch_start = st.epoch_start;
+                    let unopened = st
+                        .set
+                        .as_ref()
+                        .is_some_and(|s| s.opened_at.get(i).is_some_and(|&at| at <= epoch_start));
+                    if unopened {
+                        st.add_needed(key, obj.size);
+                    }
+                }
+                fill.again = true;
+                continue;
+            }
+            let bytes = obj.size.min(max_bytes);
+            let epoch = {
+                let mut st = self.epoch.lock();
+                let epoch = st.epoch;
+                let epoch_start = st.epoch_start;
+                let limit = allowance(st.trust, st.opened_files, st.opened_bytes);
+                let over = st.ahead_bytes.saturating_add(bytes) > limit
+                    || st.needed_bytes.saturating_add(bytes) > room;
+                let Some(set) = st.set.as_mut() else {
+                    return fill;
+                };
+                if set.inos.get(i) != Some(&ino)
+                    || set.opened_at[i] > epoch_start
+                    || set.flags[i] & AHEAD != 0
+                {
+                    continue;
+                }
+                if over {
+                    // Come back to this file when the reader has opened more (or freed room).
+                    st.cursor = st.cursor.min(i);
+                    fill.again = false;
+                    return fill;
+                }
+                set.flags[i] |= AHEAD;
+                st.ahead_bytes += bytes;
+                st.ahead_files += 1;
+                st.in_flight += 1;
+                st.fetched_this_epoch += 1;
+                st.fetched_bytes_this_epoch += bytes;
+                if let Some(key) = key {
+                    st.add_needed(key, obj.size);
+                }
+                epoch
+            };
+            fill.started += 1;
+            let this = self.clone();
+            tokio::spawn(async move { this.epoch_fetch(epoch, i, obj, key, bytes).await });
+        }
+        fill
+    }
+
+    async fn epoch_fetch(
+        self: Arc<Self>,
+        epoch: u64,
+        i: usize,
+        obj: Arc<ObjectVersion>,
+        key: Option<EntryKey>,
+        bytes: u64,
+    ) {
+        let result = if self.is_stopped() {
+            Err(crate::fetch::FetchError::Cancelled)
+        } else {
+            let blocks = 0..obj
+                .size
+                .min(self.config.max_file_bytes)
+                .div_ceil(self.fetcher.config().block_size);
+            self.fetcher
+                .fetch_background(&obj, blocks, Priority::Prefetch)
+                .await
+        };
+        {
+            let mut st = self.epoch.lock();
+            st.in_flight = st.in_flight.saturating_sub(1);
+            match &result {
+                Ok(()) => {
+                    self.stats.epoch_fetched.fetch_add(1, Ordering::Relaxed);
+                    self.stats
+                        .epoch_fetched_bytes
+                        .fetch_add(bytes, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    self.stats.epoch_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(key = %obj.key, error = %e, "epoch prefetch failed");
+                    if st.epoch == epoch {
+                        let epoch_start = st.epoch_start;
+                        let mut undo = false;
+                        if let Some(set) = st.set.as_mut() {
+                            if set.flags.get(i).is_some_and(|f| f & AHEAD != 0)
+                                && set.opened_at[i] <= epoch_start
+                            {
+                                set.flags[i] &= !AHEAD;
+                                undo = true;
+                            }
+                        }
+                        if undo {
+                            st.ahead_bytes = st.ahead_bytes.saturating_sub(bytes);
+                            st.ahead_files = st.ahead_files.saturating_sub(1);
+                        }
+                        if let Some(key) = key {
+                            st.forget_needed(&key);
+                        }
+                    }
+                }
+            }
+        }
+        self.epoch_wake.notify_one();
+    }
+
+    /// The epoch section of `riffle stats`.
+    pub(super) fn epoch_json(&self) -> serde_json::Value {
+        let s = &self.stats;
+        let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+        let plan_active = self.plan.lock().is_some();
+        let st = self.epoch.lock();
+        let set = st.set.as_ref();
+        json!({
+            "enabled": self.config.epoch_prefetch,
+            "active": set.is_some() && !plan_active,
+            "root": set.map(|s| if s.root_path.is_empty() { "/".to_string() } else { s.root_path.clone() }),
+            "files": set.map_or(0, |s| s.inos.len()),
+            "bytes": set.map_or(0, |s| s.total_bytes),
+            "epoch": st.epoch,
+            "opened_files": st.opened_files,
+            "opened_bytes": st.opened_bytes,
+            "fetched_ahead_files": st.fetched_this_epoch,
+            "fetched_ahead_bytes": st.fetched_bytes_this_epoch,
+            "ahead_unopened_files": st.ahead_files,
+            "ahead_unopened_bytes": st.ahead_bytes,
+            "fetching": st.in_flight,
+            "cached_unopened_bytes": st.needed_bytes,
+            "mode": st.trust.as_str(),
+            "last_usefulness": st.last_usefulness,
+            "note": st.note,
+            "total_fetched_files": load(&s.epoch_fetched),
+            "total_fetched_bytes": load(&s.epoch_fetched_bytes),
+            "wasted_bytes": load(&s.epoch_wasted_bytes),
+            "errors": load(&s.epoch_errors),
+            "epochs_started": load(&s.epochs),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

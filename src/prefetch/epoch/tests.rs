@@ -1,0 +1,495 @@
+//! Deterministic tests of epoch prefetch against the in-memory store with injected latency.
+//! Nothing asserts durations: a test waits for conditions (with a generous bound) and then
+//! for the scheduler to be quiet (nothing in flight and nothing it would start).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use super::super::{Oracle, PrefetchConfig, Prefetcher};
+use super::*;
+use crate::cache::{make_policy, CacheConfig, DiskCache, EvictionKind, PlanOracle, SizeLimit};
+use crate::fetch::{DiskTier, FetchConfig, Fetcher};
+use crate::namespace::{MetadataTtl, Namespace};
+use crate::store::memory::MemoryStore;
+use crate::test_support::eventually;
+
+const BLOCK: u64 = 4096;
+
+struct Setup {
+    store: Arc<MemoryStore>,
+    ns: Arc<Namespace>,
+    fetcher: Arc<Fetcher>,
+    prefetch: Arc<Prefetcher>,
+    paths: Vec<String>,
+    size: u64,
+    _dir: Option<tempfile::TempDir>,
+}
+
+/// `dirs` × `per_dir` files of `size` bytes under `ds/`, plus `other/` (not part of the
+/// reader's set); an NVMe cache of `cache_bytes` if given.
+fn setup(dirs: usize, per_dir: usize, size: u64, cache_bytes: Option<u64>, epoch: bool) -> Setup {
+    let store = Arc::new(MemoryStore::new());
+    let mut paths = Vec::new();
+    for d in 0..dirs {
+        for f in 0..per_dir {
+            let p = format!("ds/c{d:02}/f{f:03}");
+            store.put(&p, vec![(d * 7 + f) as u8; size as usize]);
+            paths.push(p);
+        }
+    }
+    for f in 0..20 {
+        store.put(&format!("other/x{f:02}"), vec![9u8; size as usize]);
+    }
+    store.set_latency(Duration::from_millis(2));
+    let ns = Namespace::new(store.clone(), "", MetadataTtl::Indefinite);
+    let oracle = Arc::new(Oracle::default());
+    let (disk, dir) = match cache_bytes {
+        Some(bytes) => {
+            let dir = tempfile::tempdir().unwrap();
+            let mut cc = CacheConfig::new(dir.path(), SizeLimit::Bytes(bytes));
+            cc.block_size = BLOCK;
+            cc.min_free_fraction = 0.0;
+            let policy = make_policy(
+                EvictionKind::Plan,
+                Some(oracle.clone() as Arc<dyn PlanOracle>),
+            );
+            let cache = DiskCache::open_with_policy(cc, policy).unwrap();
+            (
+                Some(Arc::new(DiskTier::new(cache, "http://t", "b"))),
+                Some(dir),
+            )
+        }
+        None => (None, None),
+    };
+    let fetcher = Fetcher::new(
+        store.clone(),
+        FetchConfig {
+            block_size: BLOCK,
+            max_inflight: 64,
+            // With an NVMe cache, keep the memory tier small so that the disk limit is what
+            // the tests exercise, but large enough to hold blocks until their write-behind to
+            // the disk completes (a block in neither would be fetched again: a fetcher matter,
+            // not the scheduler's).
+            block_cache_bytes: if cache_bytes.is_some() {
+                1 << 20
+            } else {
+                256 << 20
+            },
+            ..FetchConfig::default()
+        },
+        tokio::runtime::Handle::current(),
+        disk,
+    );
+    let config = PrefetchConfig {
+        concurrency: 16,
+        byte_budget: 128 << 20,
+        max_items_ahead: 100_000,
+        max_file_bytes: 1 << 20,
+        max_dir_window: 16,
+        epoch_prefetch: epoch,
+    };
+    let prefetch = Prefetcher::new(ns.clone(), fetcher.clone(), config);
+    oracle.bind(&prefetch);
+    prefetch.start();
+    Setup {
+        store,
+        ns,
+        fetcher,
+        prefetch,
+        paths,
+        size,
+        _dir: dir,
+    }
+}
+
+/// A seeded shuffle (xorshift), so every run reads in the same order.
+fn shuffled(paths: &[String], seed: u64) -> Vec<String> {
+    let mut v = paths.to_vec();
+    let mut x = seed | 1;
+    for i in (1..v.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    v
+}
+
+impl Setup {
+    /// Opens `path` like the FUSE layer does and reads it whole; whether it was cached at open.
+    async fn read(&self, path: &str) -> bool {
+        let attr = self.ns.resolve(path).await.unwrap();
+        let t = self.ns.open_target(attr.ino).await.unwrap();
+        let obj = Arc::new(ObjectVersion {
+            key: Arc::from(t.key.as_str()),
+            etag: t.etag,
+            size: t.size,
+        });
+        let cached = self.fetcher.is_cached(&obj);
+        self.prefetch.on_open(attr.ino, &obj);
+        // As the FUSE layer does: the pin is a use of the cache entry (the eviction policy
+        // asks the oracle again, which now says "opened").
+        let _pin = self.fetcher.disk().map(|d| d.pin(&obj));
+        let bytes = self.fetcher.read(&obj, 0..obj.size).await.unwrap();
+        assert_eq!(bytes.len() as u64, self.size, "{path}");
+        cached
+    }
+
+    /// Waits until epoch prefetch has nothing in flight and nothing more it would start now.
+    async fn quiet(&self) {
+        loop {
+            eventually("epoch prefetches finish", || {
+                self.prefetch.epoch.lock().in_flight == 0
+            })
+            .await;
+            if self.prefetch.epoch.lock().needs_rebuild {
+                self.prefetch.rebuild_needed().await;
+            }
+            if let Some(disk) = self.fetcher.disk() {
+                disk.flush(Duration::from_secs(60)).await;
+            }
+            let fill = self.prefetch.epoch_fill();
+            if fill.started == 0 && !fill.again && self.prefetch.epoch.lock().in_flight == 0 {
+                return;
+            }
+        }
+    }
+
+    async fn wait_for_set(&self) {
+        eventually("the epoch set is enumerated", || {
+            self.prefetch.epoch.lock().set.is_some()
+        })
+        .await;
+    }
+
+    /// GETs per key so far.
+    fn gets_per_key(&self) -> HashMap<String, usize> {
+        self.gets_per_key_since(0)
+    }
+
+    /// GETs per key after the first `base` GETs.
+    fn gets_per_key_since(&self, base: usize) -> HashMap<String, usize> {
+        let mut m = HashMap::new();
+        for k in self.store.get_log().into_iter().skip(base) {
+            *m.entry(k).or_insert(0) += 1;
+        }
+        m
+    }
+
+    /// Bytes fetched: every file is fetched whole or not at all here.
+    fn gets_bytes(&self) -> u64 {
+        self.gets_per_key().len() as u64 * self.size
+    }
+
+    /// The allowance and the room hold.
+    fn check_bounds(&self) {
+        let st = self.prefetch.epoch.lock();
+        let limit = allowance(st.trust, st.opened_files, st.opened_bytes);
+        assert!(
+            st.ahead_bytes <= limit,
+            "ahead {} over the allowance {limit} after {} opens",
+            st.ahead_bytes,
+            st.opened_files
+        );
+    }
+}
+
+#[test]
+fn the_allowance_grows_with_the_epoch_and_trust_follows_usefulness() {
+    let kb = 100_000;
+    assert_eq!(allowance(Trust::Normal, 0, 0), FLOOR_BYTES);
+    assert_eq!(
+        allowance(Trust::Normal, 200, 200 * kb),
+        200 * kb + FLOOR_BYTES
+    );
+    assert_eq!(
+        allowance(Trust::Normal, 1024, 1024 * kb),
+        4 * 1024 * kb + FLOOR_BYTES
+    );
+    assert_eq!(
+        allowance(Trust::BackedOff, 4096, 4096 * kb),
+        4096 * kb + FLOOR_BYTES
+    );
+    assert_eq!(allowance(Trust::Trusted, 0, 0), u64::MAX);
+    assert_eq!(Trust::after(100, 95, Trust::Normal), Trust::Trusted);
+    assert_eq!(Trust::after(100, 50, Trust::Trusted), Trust::BackedOff);
+    assert_eq!(Trust::after(100, 70, Trust::BackedOff), Trust::Normal);
+    assert_eq!(
+        Trust::after(3, 0, Trust::Trusted),
+        Trust::Trusted,
+        "too few to judge"
+    );
+    assert_eq!(repeats_for_boundary(10), 8);
+    assert_eq!(repeats_for_boundary(6400), 100);
+    assert_eq!(repeats_for_boundary(10_000_000), 1024);
+}
+
+#[test]
+fn the_common_ancestor_of_two_directories() {
+    // 1 ─ 2 ─ 3 ─ 4
+    //      └─ 5
+    let parent = |n: u64| match n {
+        2 => 1,
+        3 => 2,
+        4 => 3,
+        5 => 2,
+        _ => 1,
+    };
+    assert_eq!(common_ancestor(4, 5, parent), 2);
+    assert_eq!(common_ancestor(4, 4, parent), 4);
+    assert_eq!(common_ancestor(4, 3, parent), 3);
+    assert_eq!(common_ancestor(5, 9, parent), 1);
+}
+
+/// The ImageFolder case: a shuffled epoch over `ds/<class>/<file>` finds the set (`ds`), every
+/// file is fetched once, and once the prefetch has caught up every open is a hit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shuffled_epoch_that_fits_fetches_every_file_once_and_later_opens_hit() {
+    let s = setup(8, 50, 16 << 10, Some(64 << 20), true);
+    let order = shuffled(&s.paths, 7);
+    for (n, p) in order[..200].iter().enumerate() {
+        s.read(p).await;
+        s.check_bounds();
+        if n % 25 == 24 {
+            s.quiet().await;
+        }
+    }
+    s.wait_for_set().await;
+    {
+        let st = s.prefetch.epoch.lock();
+        let set = st.set.as_ref().unwrap();
+        assert_eq!(
+            set.root_path, "ds",
+            "the set is the dataset root, not the bucket"
+        );
+        assert_eq!(set.inos.len(), 400);
+    }
+    // 200 files opened: the allowance (their bytes, plus the floor) covers the other 200.
+    s.quiet().await;
+    let mut hits = 0;
+    for p in &order[200..] {
+        if s.read(p).await {
+            hits += 1;
+        }
+        s.check_bounds();
+    }
+    if hits != 200 {
+        let cs = s.fetcher.disk().unwrap().cache().stats();
+        panic!("{hits} of 200 hit; {cs:?}; {}", s.prefetch.epoch_json());
+    }
+    for (key, n) in s.gets_per_key() {
+        assert_eq!(n, 1, "{key} fetched {n} times");
+        assert!(key.starts_with("ds/"), "{key} is outside the set");
+    }
+    assert_eq!(s.store.get_log().len(), 400);
+    let json = s.prefetch.epoch_json();
+    assert_eq!(json["root"], "ds");
+    assert_eq!(json["files"], 400);
+    assert_eq!(json["opened_files"], 400);
+}
+
+/// A set twice the size of the cache: the prefetch room comes from files opened in this
+/// epoch, nothing is fetched twice in an epoch, and files fetched ahead stay until opened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_twice_the_cache_fetches_nothing_twice_in_an_epoch() {
+    let size = 16 << 10;
+    let files = 4 * 50;
+    let s = setup(4, 50, size, Some(files as u64 * size / 2), true);
+    let room = s.prefetch.epoch_room();
+    for epoch in 0..3u64 {
+        let base = s.store.get_log().len();
+        let order = shuffled(&s.paths, 11 + epoch);
+        let mut hits = 0;
+        for (n, p) in order.iter().enumerate() {
+            if s.read(p).await {
+                hits += 1;
+            }
+            s.check_bounds();
+            let st = s.prefetch.epoch.lock();
+            assert!(
+                st.set.is_none() || st.needed_bytes <= room,
+                "cached unopened bytes {} over the room {room}",
+                st.needed_bytes
+            );
+            drop(st);
+            if std::env::var("EPOCH_DEBUG_TWICE").is_ok() {
+                if let Some((k, _)) = s.gets_per_key_since(base).into_iter().find(|(_, c)| *c > 1) {
+                    let st = s.prefetch.epoch.lock();
+                    let pos = order.iter().position(|x| *x == k);
+                    panic!("n={n} {k} twice; opened at test position {pos:?}; epoch {} start {} seq {}", st.epoch, st.epoch_start, st.seq);
+                }
+            }
+            if n % 25 == 0 {
+                s.quiet().await;
+            }
+            if std::env::var("EPOCH_DEBUG").is_ok() && n % 10 == 0 {
+                let mut cached = 0;
+                for p in &s.paths {
+                    let attr = s.ns.resolve(p).await.unwrap();
+                    let obj = file_version(&s.ns, attr).unwrap();
+                    if s.fetcher.is_cached(&obj) {
+                        cached += 1;
+                    }
+                }
+                let st = s.prefetch.epoch.lock();
+                eprintln!(
+                    "epoch {epoch} n={n}: cached {cached} needed {} ({} keys) ahead {} opened {} st.epoch {} gets {}",
+                    st.needed_bytes, st.needed.len(), st.ahead_files, st.opened_files, st.epoch,
+                    s.gets_per_key_since(base).len()
+                );
+            }
+        }
+        let per_key = s.gets_per_key_since(base);
+        for (key, n) in &per_key {
+            if *n != 1 {
+                let cs = s.fetcher.disk().unwrap().cache().stats();
+                let st = s.prefetch.epoch.lock();
+                panic!(
+                    "epoch {epoch}: {key} fetched {n} times; cache {cs:?}; needed {} room {room} ahead {} opened {}",
+                    st.needed_bytes, st.ahead_bytes, st.opened_files
+                );
+            }
+        }
+        if epoch > 0 {
+            // About half is cached at the start; the rest is fetched ahead into the room that
+            // the opened files free.
+            assert!(
+                per_key.len() <= files * 3 / 4,
+                "epoch {epoch}: {} files fetched",
+                per_key.len()
+            );
+            assert!(hits >= files / 2, "epoch {epoch}: only {hits} opens hit");
+        }
+    }
+    assert!(s.prefetch.stats().epochs.load(Ordering::Relaxed) >= 2);
+}
+
+/// Opening a few random files fetches at most about as much again ahead (plus a floor).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browsing_reader_fetches_at_most_twice_what_it_reads() {
+    let size = 128 << 10;
+    let s = setup(10, 50, size, Some(1 << 30), true);
+    let order = shuffled(&s.paths, 3);
+    let mut read = 0;
+    for p in &order[..40] {
+        s.read(p).await;
+        read += size;
+        s.quiet().await;
+        s.check_bounds();
+    }
+    let fetched = s.gets_bytes();
+    assert!(
+        fetched <= 2 * read + FLOOR_BYTES,
+        "fetched {fetched} bytes for {read} read"
+    );
+    assert!(
+        fetched > read,
+        "some prefetch happened ({fetched} of {read})"
+    );
+}
+
+/// The next epoch starts when the files come back, not when one file is opened twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_epoch_starts_when_the_set_is_opened_again() {
+    let s = setup(4, 50, 4096, None, true);
+    let first = shuffled(&s.paths, 5);
+    for p in &first {
+        s.read(p).await;
+    }
+    s.wait_for_set().await;
+    // Immediate re-opens of the same files are not a new epoch.
+    for _ in 0..20 {
+        s.read(&first[199]).await;
+    }
+    assert_eq!(s.prefetch.epoch.lock().epoch, 1);
+    let second = shuffled(&s.paths, 6);
+    for p in &second[..40] {
+        s.read(p).await;
+    }
+    let st = s.prefetch.epoch.lock();
+    assert_eq!(st.epoch, 2, "the second pass is a new epoch");
+    assert!(
+        st.opened_files <= 40 + repeat_gap(200) && st.opened_files >= 8,
+        "the new epoch counts the files opened since its start: {}",
+        st.opened_files
+    );
+    assert_eq!(s.prefetch.stats().epochs.load(Ordering::Relaxed), 1);
+}
+
+/// A node that reads a random half of the set per epoch: usefulness is low, prefetch backs
+/// off, and it never misses more than with epoch prefetch off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_of_half_the_set_backs_off_and_misses_no_more_than_without() {
+    let mut misses = [0usize; 2];
+    let mut mode = Trust::Normal;
+    for (k, on) in [false, true].into_iter().enumerate() {
+        let s = setup(4, 50, 8 << 10, Some(64 << 20), on);
+        for epoch in 0..3u64 {
+            let order = shuffled(&s.paths, 100 + epoch);
+            for p in &order[..100] {
+                if !s.read(p).await {
+                    misses[k] += 1;
+                }
+                s.check_bounds();
+            }
+            s.quiet().await;
+        }
+        if on {
+            mode = s.prefetch.epoch.lock().trust;
+        }
+    }
+    assert!(
+        misses[1] <= misses[0],
+        "misses with {} against {} without",
+        misses[1],
+        misses[0]
+    );
+    assert_eq!(
+        mode,
+        Trust::BackedOff,
+        "half of what was fetched ahead went unopened"
+    );
+}
+
+/// A plan set mid-epoch takes over: epoch prefetch stops starting fetches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_set_mid_epoch_takes_over() {
+    let s = setup(8, 50, 16 << 10, Some(64 << 20), true);
+    let order = shuffled(&s.paths, 9);
+    for p in &order[..20] {
+        s.read(p).await;
+    }
+    s.wait_for_set().await;
+    let plan: Vec<String> = order[20..60].to_vec();
+    s.prefetch.set_plan(Some(
+        super::super::plan::Plan::parse(&plan.join("\n")).unwrap(),
+    ));
+    eventually("epoch prefetches finish", || {
+        s.prefetch.epoch.lock().in_flight == 0
+    })
+    .await;
+    let before = s.prefetch.stats().epoch_fetched.load(Ordering::Relaxed);
+    for p in &plan {
+        s.read(p).await;
+    }
+    assert_eq!(
+        s.prefetch.stats().epoch_fetched.load(Ordering::Relaxed),
+        before,
+        "no epoch prefetch while a plan is set"
+    );
+    assert_eq!(s.prefetch.epoch_json()["active"], false);
+    s.prefetch.set_plan(None);
+    s.quiet().await;
+    assert!(s.prefetch.stats().epoch_fetched.load(Ordering::Relaxed) > before);
+}
+
+/// Turned off, nothing is fetched ahead and no set is built.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn off_means_off() {
+    let s = setup(4, 20, 4096, None, false);
+    for p in shuffled(&s.paths, 1).iter().take(40) {
+        s.read(p).await;
+    }
+    assert!(s.prefetch.epoch.lock().set.is_none());
+    assert_eq!(s.store.get_log().len(), 40);
+}
