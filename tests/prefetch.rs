@@ -185,3 +185,80 @@ fn a_reader_in_ls_order_gets_files_prefetched_without_a_plan() {
         "each file fetched once: {per_key:?}"
     );
 }
+
+/// The ImageFolder way with no plan and no flags: scan the tree, then read it in a shuffled
+/// order from 8 threads in Python. Once the reader is half way, every file it has not opened
+/// yet is fetched ahead (each once at the store), and the second half finds its files cached.
+#[test]
+fn a_shuffled_python_reader_gets_its_unopened_files_prefetched_without_a_plan() {
+    let endpoint = need_rgw!();
+    let (bucket, objects) = dataset(&endpoint, "epochpf", 6, 50);
+    let proxy = slow_proxy(&endpoint);
+    let cache = tempfile::tempdir().unwrap();
+    let mount = Mount::new(
+        &proxy.url(),
+        &format!("s3://{bucket}"),
+        &["--cache-dir", cache.path().to_str().unwrap()],
+    );
+    let reader = r#"
+import os, random, sys, concurrent.futures as cf
+root, half, out = sys.argv[1], sys.argv[2], sys.argv[3]
+files = sorted(os.path.join(d, f) for d, _, fs in os.walk(os.path.join(root, "train")) for f in fs)
+random.Random(42).shuffle(files)
+part = files[: len(files) // 2] if half == "first" else files[len(files) // 2 :]
+def read(p):
+    with open(p, "rb") as f:
+        return os.path.relpath(p, root), len(f.read())
+with cf.ThreadPoolExecutor(8) as ex, open(out, "w") as o:
+    for rel, n in ex.map(read, part):
+        o.write(f"{rel}\t{n}\n")
+"#;
+    let sizes: std::collections::HashMap<String, usize> =
+        objects.iter().map(|(k, v)| (k.clone(), v.len())).collect();
+    let run = |half: &str| {
+        let out = tempfile::NamedTempFile::new().unwrap();
+        let status = run_with_timeout(
+            Command::new("python3").args([
+                "-c",
+                reader,
+                mount.join("").to_str().unwrap(),
+                half,
+                out.path().to_str().unwrap(),
+            ]),
+            Duration::from_secs(300),
+        );
+        assert!(status.status.success(), "{status:?}");
+        let text = std::fs::read_to_string(out.path()).unwrap();
+        for line in text.lines() {
+            let (rel, n) = line.split_once('\t').unwrap();
+            assert_eq!(sizes[rel], n.parse::<usize>().unwrap(), "{rel}");
+        }
+        text.lines().count()
+    };
+    assert_eq!(run("first"), 150);
+    let files = objects.len() as u64;
+    wait_for_stats(&mount, "the unopened files fetched ahead", |s| {
+        let e = &s["prefetch"]["epoch"];
+        e["fetching"].as_u64() == Some(0)
+            && e["opened_files"].as_u64().unwrap_or(0)
+                + e["ahead_unopened_files"].as_u64().unwrap_or(0)
+                == files
+    });
+    let before = stats(&mount);
+    assert_eq!(before["prefetch"]["epoch"]["root"], "train", "{before}");
+    assert_eq!(run("second"), 150);
+    let after = stats(&mount);
+    let delta = |s: &serde_json::Value, k: &str| s["prefetch"][k].as_u64().unwrap();
+    let opens = delta(&after, "opens") - delta(&before, "opens");
+    let hits = delta(&after, "opens_already_cached") - delta(&before, "opens_already_cached");
+    assert!(
+        hits * 10 >= opens * 8,
+        "{hits} of {opens} opens in the second half found their file cached: {after}"
+    );
+    let per_key = proxy.stats().get_keys.unwrap_or_default();
+    assert_eq!(per_key.len(), objects.len(), "every file fetched");
+    assert!(
+        per_key.values().all(|&n| n == 1),
+        "each file fetched once at the store: {per_key:?}"
+    );
+}
