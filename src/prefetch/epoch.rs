@@ -58,12 +58,12 @@
 //!   everything else first), so a file fetched ahead is never evicted to make room for another
 //!   prefetch. Without an NVMe cache the ahead bytes stay within the prefetch byte budget (half
 //!   the memory cache).
-//! - **Sets larger than the cache** are not prefetched (yet): measured with the default `plan`
-//!   eviction policy and the oracle reporting every cached unopened file as needed, files
-//!   fetched ahead were still evicted before they were opened in a set twice the cache (the
-//!   unit test's 800-file set fetched 728–797 files per epoch instead of about 400), so each
-//!   prefetch could cost a second GET. Until that is understood such a set gets what it got
-//!   before (demand reads and the `epoch` eviction order); `riffle stats` says so.
+//! - **The eviction policy is told.** The policy caches its last answer per entry and asks
+//!   again on a use of the entry or when the oracle's generation moves; so the generation
+//!   moves whenever cached files become needed in bulk (a set installed, a boundary's rebuild,
+//!   a fill that found cached files). Without it the files kept from the last epoch stayed in
+//!   the policy's "not needed" order and went first: a set twice the cache fetched 728–797 of
+//!   800 files per epoch and some twice; with it, about half, and none twice (unit test).
 //! - A plan, when set, wins: epoch prefetch pauses while one is active. Directory order and
 //!   `--preload` work as before (a fetch already in flight is shared, never repeated).
 //!
@@ -215,6 +215,8 @@ pub(super) struct Fill {
     started: usize,
     /// Files were skipped (already cached, or metadata unknown): call again at once.
     again: bool,
+    /// Cached files became needed: the eviction policy must re-ask about them.
+    newly_needed: bool,
 }
 
 /// What [`Prefetcher::epoch_on_open`] found out, for the caller to act on.
@@ -307,10 +309,13 @@ impl EpochState {
         }
     }
 
-    fn add_needed(&mut self, key: EntryKey, size: u64) {
-        if self.needed.insert(key, size).is_none() {
+    /// Adds a needed entry; whether it is new.
+    fn add_needed(&mut self, key: EntryKey, size: u64) -> bool {
+        let new = self.needed.insert(key, size).is_none();
+        if new {
             self.needed_bytes += size;
         }
+        new
     }
 
     /// Records the open of file `i` of the set at sequence `seq`; returns whether the next
@@ -678,6 +683,11 @@ impl Prefetcher {
         }
         st.needed_bytes = needed.values().sum();
         st.needed = needed;
+        drop(st);
+        // The eviction policy re-asks about every entry: those it holds as "not needed" (the
+        // last epoch's, read since) are needed again. Without this they stayed in its
+        // not-needed order until touched and went first, before files read in this epoch.
+        self.generation.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The epoch prefetch scheduler: keeps fetching unopened, uncached files of the set while
@@ -735,8 +745,8 @@ impl Prefetcher {
                         .set
                         .as_ref()
                         .is_some_and(|s| s.opened_at.get(i).is_some_and(|&at| at <= epoch_start));
-                    if unopened {
-                        st.add_needed(key, obj.size);
+                    if unopened && st.add_needed(key, obj.size) {
+                        fill.newly_needed = true;
                     }
                 }
                 fill.again = true;
@@ -753,10 +763,7 @@ impl Prefetcher {
                 let Some(set) = st.set.as_mut() else {
                     return fill;
                 };
-                if set.total_bytes > room {
-                    // Larger than the cache: left to the eviction policy (see the module doc).
-                    return fill;
-                }
+
                 if set.inos.get(i) != Some(&ino)
                     || set.opened_at[i] > epoch_start
                     || set.flags[i] & AHEAD != 0
@@ -767,6 +774,10 @@ impl Prefetcher {
                     // Come back to this file when the reader has opened more (or freed room).
                     st.cursor = st.cursor.min(i);
                     fill.again = false;
+                    drop(st);
+                    if fill.newly_needed {
+                        self.generation.fetch_add(1, Ordering::Relaxed);
+                    }
                     return fill;
                 }
                 set.flags[i] |= AHEAD;
@@ -783,6 +794,9 @@ impl Prefetcher {
             fill.started += 1;
             let this = self.clone();
             tokio::spawn(async move { this.epoch_fetch(epoch, i, obj, key, bytes).await });
+        }
+        if fill.newly_needed {
+            self.generation.fetch_add(1, Ordering::Relaxed);
         }
         fill
     }
@@ -868,10 +882,7 @@ impl Prefetcher {
             "cached_unopened_bytes": st.needed_bytes,
             "mode": st.trust.as_str(),
             "last_usefulness": st.last_usefulness,
-            "note": st.note.clone().or_else(|| {
-                set.filter(|s| s.total_bytes > self.epoch_room())
-                    .map(|_| "the set is larger than the cache: not prefetched".to_string())
-            }),
+            "note": st.note,
             "total_fetched_files": load(&s.epoch_fetched),
             "total_fetched_bytes": load(&s.epoch_fetched_bytes),
             "wasted_bytes": load(&s.epoch_wasted_bytes),
