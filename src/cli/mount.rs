@@ -18,7 +18,9 @@ use super::daemon::{self, Readiness};
 use super::fd_limit::{self, Budget};
 use super::size::SizeSpec;
 use super::{logging, one_line};
-use crate::cache::{make_policy, CacheConfig, DiskCache, SizeLimit, DEFAULT_MAX_OPEN_OBJECTS};
+use crate::cache::{
+    make_policy, CacheConfig, DiskCache, EvictionKind, SizeLimit, DEFAULT_MAX_OPEN_OBJECTS,
+};
 use crate::control;
 use crate::control::MountControl;
 use crate::fetch::{DiskTier, FetchConfig, Fetcher};
@@ -138,7 +140,11 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
     let prefetch = Prefetcher::new(
         ns.clone(),
         fetcher.clone(),
-        prefetch_config(&fetcher, args.epoch_prefetch),
+        prefetch_config(
+            &fetcher,
+            args.epoch_prefetch,
+            args.eviction == EvictionKind::Plan,
+        ),
     );
     oracle.bind(&prefetch);
     if let Some(path) = &args.prefetch_plan {
@@ -283,7 +289,7 @@ async fn wait_for_stop_signal() {
 
 /// Prefetch sizing: three quarters of the GET slots, and a byte window that is a share of the
 /// cache so that what is fetched ahead is still there when the reader arrives.
-fn prefetch_config(fetcher: &Fetcher, epoch_prefetch: bool) -> PrefetchConfig {
+fn prefetch_config(fetcher: &Fetcher, epoch_prefetch: bool, eviction_asks: bool) -> PrefetchConfig {
     let concurrency = (fetcher.config().max_inflight * 3 / 4).max(1);
     let (byte_budget, max_file_bytes) = match fetcher.disk() {
         Some(disk) => ((disk.cache().limit() / 4).min(16 << 30), 256 << 20),
@@ -296,6 +302,7 @@ fn prefetch_config(fetcher: &Fetcher, epoch_prefetch: bool) -> PrefetchConfig {
         max_file_bytes,
         max_dir_window: concurrency * 4,
         epoch_prefetch,
+        eviction_asks_prefetch: eviction_asks,
     }
 }
 

@@ -67,6 +67,10 @@ pub struct PrefetchConfig {
     pub max_dir_window: usize,
     /// Fetch the unopened files of a recognised epoch set with no plan ([`epoch`]).
     pub epoch_prefetch: bool,
+    /// The NVMe cache's eviction policy asks the prefetcher what is needed (`plan`, the
+    /// default); with `lru` or `epoch` files fetched ahead are not protected, so epoch
+    /// prefetch only takes sets that fit in the cache.
+    pub eviction_asks_prefetch: bool,
 }
 
 /// Counters for `riffle stats`.

@@ -64,6 +64,7 @@ fn config(concurrency: usize, byte_budget: u64, ahead: usize) -> PrefetchConfig 
         max_file_bytes: 1 << 20,
         max_dir_window: 16,
         epoch_prefetch: false,
+        eviction_asks_prefetch: true,
     }
 }
 

@@ -87,6 +87,7 @@ fn setup(dirs: usize, per_dir: usize, size: u64, cache_bytes: Option<u64>, epoch
         max_file_bytes: 1 << 20,
         max_dir_window: 16,
         epoch_prefetch: epoch,
+        eviction_asks_prefetch: true,
     };
     let prefetch = Prefetcher::new(ns.clone(), fetcher.clone(), config);
     oracle.bind(&prefetch);
