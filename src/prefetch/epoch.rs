@@ -16,10 +16,17 @@
 //! Opens outside a plan are watched. Their parent directories' lowest common ancestor is the
 //! *candidate root* (for ImageFolder's `root/class/img` the dataset root after two opens from
 //! different classes; for a flat directory that directory). After [`MIN_OPENS_TO_BUILD`]
-//! opens under a candidate, the files under it are enumerated in the background (cached
-//! listings first; directories not listed yet are listed, [`LIST_CONCURRENCY`] at a time) and
-//! become the *epoch set*, in listing order. An open outside the set's root moves the
-//! candidate up and the set is rebuilt at the new root (opened marks are kept by inode).
+//! distinct opens under a candidate, the files under it are enumerated in the background
+//! (cached listings first; directories not listed yet are listed, [`LIST_CONCURRENCY`] at a
+//! time) and become the *epoch set*, directory by directory in listing order. An open outside
+//! the set's root moves the candidate up and the set is rebuilt at the new root (opened marks
+//! are kept by inode).
+//!
+//! Only the directories the reader has opened a file in (*drawn from*) are fetched, in the
+//! order it first drew from them. A job that reads some classes of a tree (a subset of the
+//! directories, an evaluation split next to the training one) gets those; ImageFolder over a
+//! whole dataset draws from every class within its first few thousand opens, while the
+//! allowance below is still small.
 //!
 //! # Epochs
 //! Each file keeps the sequence number of its last open. An open of a file already opened in
@@ -203,11 +210,53 @@ struct EpochSet {
     root_path: String,
     inos: Vec<u64>,
     sizes: Vec<u64>,
+    /// Each file's directory (an index into `dirs`); a directory's files are contiguous.
+    dir_of: Vec<u32>,
+    dirs: Vec<DirRange>,
+    /// Directories the reader has opened a file in, in the order it first did, and their
+    /// files and bytes.
+    drawn: Vec<u32>,
+    drawn_files: u64,
+    drawn_bytes: u64,
     index: HashMap<u64, u32>,
     /// Sequence number of each file's last open (0: never).
     opened_at: Vec<u64>,
     flags: Vec<u8>,
     total_bytes: u64,
+}
+
+/// The files of one directory of a set: `start..end` of its file list, and whether the
+/// reader has opened a file in it.
+struct DirRange {
+    start: u32,
+    end: u32,
+    drawn: bool,
+    bytes: u64,
+}
+
+impl EpochSet {
+    /// Marks the directory of file `i` as drawn from; whether it was new.
+    fn draw_from(&mut self, i: usize) -> bool {
+        let d = self.dir_of[i];
+        let dir = &mut self.dirs[d as usize];
+        if dir.drawn {
+            return false;
+        }
+        dir.drawn = true;
+        self.drawn_files += u64::from(dir.end - dir.start);
+        self.drawn_bytes += dir.bytes;
+        self.drawn.push(d);
+        true
+    }
+}
+
+/// The files under a set's root, directory by directory.
+#[derive(Default)]
+struct Listed {
+    inos: Vec<u64>,
+    sizes: Vec<u64>,
+    dir_of: Vec<u32>,
+    dirs: Vec<DirRange>,
 }
 
 /// What one [`Prefetcher::epoch_fill`] did.
@@ -253,7 +302,11 @@ pub(super) struct EpochState {
     ahead_bytes: u64,
     ahead_files: u64,
     in_flight: usize,
-    cursor: usize,
+    /// The fetch cursor: a position in the set's drawn directories and in that directory.
+    cursor_dir: usize,
+    cursor_file: u32,
+    /// Files the cursor passed that did not fit the allowance yet.
+    retry: Vec<(usize, u64)>,
     /// Cached (or being fetched) files of the set not opened in this epoch: what the eviction
     /// oracle reports as needed, with their sizes.
     needed: HashMap<EntryKey, u64>,
@@ -286,7 +339,9 @@ impl Default for EpochState {
             ahead_bytes: 0,
             ahead_files: 0,
             in_flight: 0,
-            cursor: 0,
+            cursor_dir: 0,
+            cursor_file: 0,
+            retry: Vec::new(),
             needed: HashMap::new(),
             needed_bytes: 0,
             needs_rebuild: false,
@@ -326,6 +381,7 @@ impl EpochState {
         let Some(set) = self.set.as_mut() else {
             return false;
         };
+        set.draw_from(i);
         let last = set.opened_at[i];
         set.opened_at[i] = seq;
         if last > self.epoch_start {
@@ -386,7 +442,7 @@ impl EpochState {
         set.flags.iter_mut().for_each(|f| *f &= !AHEAD);
         self.ahead_bytes = 0;
         self.ahead_files = 0;
-        self.cursor = 0;
+        self.rewind();
         self.fetched_this_epoch = 0;
         self.fetched_bytes_this_epoch = 0;
         self.fetched_opened_this_epoch = 0;
@@ -414,30 +470,54 @@ impl EpochState {
         }
         self.opened_files = 0;
         self.opened_bytes = 0;
-        for (i, at) in set.opened_at.iter().enumerate() {
-            if *at > self.epoch_start {
+        for i in 0..set.opened_at.len() {
+            if set.opened_at[i] > 0 {
+                set.draw_from(i);
+            }
+            if set.opened_at[i] > self.epoch_start {
                 self.opened_files += 1;
                 self.opened_bytes += set.sizes[i];
             }
         }
         self.ahead_bytes = 0;
         self.ahead_files = 0;
-        self.cursor = 0;
+        self.rewind();
         self.set = Some(set);
         self.needs_rebuild = true;
     }
 
-    /// The next files of the set to look at for prefetch: not opened in this epoch and not
-    /// fetched ahead; at most `n`. Moves the cursor past them.
+    /// Back to the first drawn directory (a new epoch or a new set).
+    fn rewind(&mut self) {
+        self.cursor_dir = 0;
+        self.cursor_file = 0;
+        self.retry.clear();
+    }
+
+    /// The next files of the set to look at for prefetch: in the directories drawn from, not
+    /// opened in this epoch and not fetched ahead; at most `n`. Moves the cursor past them.
     fn candidates(&mut self, n: usize) -> Vec<(usize, u64)> {
         let Some(set) = self.set.as_ref() else {
             return Vec::new();
         };
-        let mut out = Vec::new();
-        while self.cursor < set.inos.len() && out.len() < n {
-            let i = self.cursor;
-            self.cursor += 1;
-            if set.opened_at[i] <= self.epoch_start && set.flags[i] & AHEAD == 0 {
+        let epoch_start = self.epoch_start;
+        let wanted = |i: usize| set.opened_at[i] <= epoch_start && set.flags[i] & AHEAD == 0;
+        let mut out: Vec<(usize, u64)> = Vec::new();
+        for (i, ino) in std::mem::take(&mut self.retry) {
+            if out.len() < n && set.inos.get(i) == Some(&ino) && wanted(i) {
+                out.push((i, ino));
+            }
+        }
+        while out.len() < n && self.cursor_dir < set.drawn.len() {
+            let dir = &set.dirs[set.drawn[self.cursor_dir] as usize];
+            let i = dir.start + self.cursor_file;
+            if i >= dir.end {
+                self.cursor_dir += 1;
+                self.cursor_file = 0;
+                continue;
+            }
+            self.cursor_file += 1;
+            let i = i as usize;
+            if wanted(i) {
                 out.push((i, set.inos[i]));
             }
         }
@@ -531,7 +611,12 @@ impl Prefetcher {
             let mut st = self.epoch.lock();
             st.building = None;
             match result {
-                Ok((inos, sizes)) => {
+                Ok(Listed {
+                    inos,
+                    sizes,
+                    dir_of,
+                    dirs,
+                }) => {
                     let index = inos
                         .iter()
                         .enumerate()
@@ -544,6 +629,11 @@ impl Prefetcher {
                         root_path: self.ns.relative_path(root),
                         inos,
                         sizes,
+                        dir_of,
+                        dirs,
+                        drawn: Vec::new(),
+                        drawn_files: 0,
+                        drawn_bytes: 0,
                         index,
                         opened_at: vec![0; n],
                         flags: vec![0; n],
@@ -573,9 +663,8 @@ impl Prefetcher {
     }
 
     /// The files under `root` (inodes and sizes), directory by directory in listing order.
-    async fn enumerate(&self, root: u64) -> Result<(Vec<u64>, Vec<u64>), String> {
-        let mut inos = Vec::new();
-        let mut sizes = Vec::new();
+    async fn enumerate(&self, root: u64) -> Result<Listed, String> {
+        let mut out = Listed::default();
         let mut level = vec![root];
         while !level.is_empty() {
             let listings: Vec<_> = futures::stream::iter(level)
@@ -590,17 +679,28 @@ impl Prefetcher {
                 }
                 let entries =
                     listing.map_err(|e| format!("listing {}: {e}", self.ns.key_of(dir)))?;
+                let d = out.dirs.len() as u32;
+                let start = out.inos.len() as u32;
+                let mut bytes = 0;
                 for e in entries.iter() {
                     match self.ns.cached_attr(e.ino).map(|a| a.kind) {
                         Ok(Kind::Dir) => next.push(e.ino),
                         Ok(Kind::File { size, .. }) => {
-                            inos.push(e.ino);
-                            sizes.push(size);
+                            out.inos.push(e.ino);
+                            out.sizes.push(size);
+                            out.dir_of.push(d);
+                            bytes += size;
                         }
                         Err(_) => {}
                     }
                 }
-                if inos.len() > MAX_SET_FILES {
+                out.dirs.push(DirRange {
+                    start,
+                    end: out.inos.len() as u32,
+                    drawn: false,
+                    bytes,
+                });
+                if out.inos.len() > MAX_SET_FILES {
                     return Err(format!(
                         "{} holds more than {MAX_SET_FILES} files; epoch prefetch is off for it",
                         self.ns.key_of(root)
@@ -609,7 +709,7 @@ impl Prefetcher {
             }
             level = next;
         }
-        Ok((inos, sizes))
+        Ok(out)
     }
 
     /// Bytes the set's cached unopened files may take: 7/8 of the NVMe cache, or the
@@ -728,7 +828,8 @@ impl Prefetcher {
             }
             st.candidates(free_slots.min(256))
         };
-        for (i, ino) in batch {
+        let mut batch = batch.into_iter();
+        while let Some((i, ino)) = batch.next() {
             let Some(obj) = self
                 .ns
                 .cached_attr(ino)
@@ -774,7 +875,8 @@ impl Prefetcher {
                 }
                 if over {
                     // Come back to this file when the reader has opened more (or freed room).
-                    st.cursor = st.cursor.min(i);
+                    st.retry.push((i, ino));
+                    st.retry.extend(batch);
                     fill.again = false;
                     drop(st);
                     if fill.newly_needed {
@@ -873,6 +975,10 @@ impl Prefetcher {
             "root": set.map(|s| if s.root_path.is_empty() { "/".to_string() } else { s.root_path.clone() }),
             "files": set.map_or(0, |s| s.inos.len()),
             "bytes": set.map_or(0, |s| s.total_bytes),
+            "directories": set.map_or(0, |s| s.dirs.len()),
+            "directories_drawn_from": set.map_or(0, |s| s.drawn.len()),
+            "files_drawn_from": set.map_or(0, |s| s.drawn_files),
+            "bytes_drawn_from": set.map_or(0, |s| s.drawn_bytes),
             "epoch": st.epoch,
             "opened_files": st.opened_files,
             "opened_bytes": st.opened_bytes,
