@@ -212,13 +212,53 @@ run_s3_client() {
 # The note under a system's row.
 note_of() {
     case $1 in
-        riffle) echo "a fresh mount with a fresh --cache-dir on local disk; files complete in the cache are opened with FUSE passthrough; --max-memory $RIFFLE_MEMORY" ;;
+        riffle) echo "no plan, no flags beyond the cache (what unchanged training code gets): a fresh mount with a fresh --cache-dir on local disk; epoch prefetch on (the default); files complete in the cache are opened with FUSE passthrough; --max-memory $RIFFLE_MEMORY" ;;
         riffle-nopt) echo "as riffle, with --no-passthrough: every read goes through the daemon (and its CRC check)" ;;
         riffle-plan) echo "as riffle, plus \`riffle plan MNT FILE\` right before each epoch with the exact order the reader opens (\`riffle-bench plan\`, the reader's own order function); setting it is not timed (it takes milliseconds)" ;;
         riffle-listing) echo "‡ this row's reader opens the files in listing order (sorted paths, directory by directory) instead of a shuffle; otherwise as riffle, no plan: riffle's directory-order detection prefetches" ;;
         riffle-mem) echo "no --cache-dir: only the in-memory block cache (--max-memory $RIFFLE_MEMORY), so a warm epoch refetches whatever did not fit in it" ;;
         mountpoint) echo "the mountpoint-s3-fs library (bench-only binary, benches/mountpoint) with its local disk cache (--cache), --metadata-ttl indefinite, --max-threads ${MOUNTPOINT_MAX_THREADS:-16}" ;;
     esac
+}
+
+# W1's browsing measurement: a fresh riffle mount (defaults, --cache-dir)
+# read by one thread opening BROWSE_FILES files drawn at random from the
+# whole dataset, like a person looking at samples. What matters is what it
+# costs at the store: the proxy's bytes are saved once riffle has nothing
+# left in flight (epoch prefetch finished what it started), so the row's
+# detail shows bytes fetched against bytes read.
+BROWSE_FILES=${RIFFLE_BENCH_BROWSE_FILES:-200}
+run_browse() {
+    local sys=riffle mnt="$WORK/mnt/riffle-browse" tag="$WL-browse" out="$RES_DIR/w1-riffle-browse-proxy-e1.json"
+    local base=${out%.json} i
+    [ "$COL" = proxy ] || return 0
+    fresh_mountpoint "$mnt"
+    say "  riffle, browsing $BROWSE_FILES random files with 1 thread"
+    NOT_RUN=''
+    DAEMON_PID=''
+    if ! mount_system "$sys" "$BUCKET" "$mnt" "$PROXY_URL" "$tag"; then
+        say "    $NOT_RUN"
+        record_row --table w1 --system riffle-browse --column proxy --status "$NOT_RUN"
+        unmount_system "$sys" "$mnt" "$tag"
+        return 0
+    fi
+    rm -f "$out" "$base".{proxy,riffle-before,riffle-after}.json
+    drop_caches || true
+    riffle_stats "$mnt" "$base.riffle-before.json"
+    proxy_stats --reset >/dev/null
+    timeout -k 10 "$EPOCH_TIMEOUT" "$BIN/riffle-bench" read-fs --root "$mnt" \
+        --manifest "$MANIFEST" --pattern w1 --seed "$SEED" --epoch 1 --threads 1 \
+        --sample "$BROWSE_FILES" --json-out "$out" >/dev/null 2>>"$LOG_DIR/read-fs.log" || true
+    for i in $(seq 1 120); do
+        riffle_stats "$mnt" "$base.riffle-after.json"
+        grep -Eq '"fetching": ?0[,}]' "$base.riffle-after.json" && break
+        sleep 0.5
+    done
+    proxy_stats --out "$base.proxy.json" || true
+    say "    $(summary "$out"), $(gets_of "$base.proxy.json") GETs at the proxy"
+    unmount_system "$sys" "$mnt" "$tag"
+    record_row --table w1 --system riffle-browse --column proxy --status "$(status_of "$out")" \
+        --cold "$out" --note "§ one reader thread opens $BROWSE_FILES files drawn at random from all of the dataset's files (not an epoch): the row is about what browsing costs at the store, bytes fetched against bytes read (goal below), not about speed"
 }
 
 # Whether a system runs in this workload (the plan and listing-order
@@ -329,6 +369,10 @@ run_workload() {
             esac
         done
     done
+    if [ "$WL" = w1 ] && has "$SYSTEMS" riffle; then
+        COL=proxy
+        run_browse
+    fi
     run_goal_rounds
     rm -rf "$WORK/local/$MODE-$WL" "$WORK/local/$MODE-$WL"-r* "$WORK/cache"
     mkdir -p "$WORK/cache"

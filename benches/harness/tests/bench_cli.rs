@@ -236,7 +236,7 @@ fn record_and_report_write_tables_and_check_wrong_bytes() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         stdout.contains(
-            "| riffle (disk cache, passthrough) | 16.0 MB/s (1.0 s) | **WRONG BYTES** (3 reads) | — |"
+            "| riffle, no plan (disk cache, passthrough) | 16.0 MB/s (1.0 s) | **WRONG BYTES** (3 reads) | — |"
         ),
         "{stdout}"
     );

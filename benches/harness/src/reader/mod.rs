@@ -66,6 +66,10 @@ pub struct ReadFsOptions {
     /// W1/W2: read only N files, the same N every epoch in a new order
     /// (see [`crate::order`]).
     pub max_files: Option<usize>,
+    /// W1/W2: stop after the first N files of the epoch's order (with a
+    /// shuffle, N files drawn at random from all of them: a person
+    /// browsing, not an epoch).
+    pub sample: Option<usize>,
     /// W1/W2: a seeded shuffle (new every epoch) or listing order.
     pub order: Order,
     /// Read size of whole-file passes.
@@ -82,6 +86,7 @@ impl ReadFsOptions {
             epoch: 1,
             duration: Duration::from_secs(30),
             max_files: None,
+            sample: None,
             order: Order::Shuffle,
             block_size: 1 << 20,
         }

@@ -15,7 +15,10 @@ use crate::outcome::{Outcome, Tally};
 use crate::s3::copy::local_path;
 
 pub fn run(manifest: &Manifest, opts: &ReadFsOptions) -> anyhow::Result<Outcome> {
-    let order = epoch_files(manifest, opts.seed, opts.epoch, opts.max_files, opts.order);
+    let mut order = epoch_files(manifest, opts.seed, opts.epoch, opts.max_files, opts.order);
+    if let Some(n) = opts.sample {
+        order.truncate(n);
+    }
     let threads = opts.threads.clamp(1, order.len().max(1));
     let next = AtomicUsize::new(0);
     let tally = Tally::start(256.min(order.len() as u64));

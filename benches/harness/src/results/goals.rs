@@ -1,4 +1,4 @@
-//! The goals of issues 3 and 4 checked against one run's rows, as lines
+//! The goals of the issues checked against one run's rows, as lines
 //! under each table: the measured value, the goal, met or not.
 //!
 //! A goal compares two systems of the same run. When the run repeated a
@@ -209,6 +209,167 @@ fn has_reread(rows: &[Row], table: &str) -> bool {
     rows.iter().any(|r| r.table == table && r.epoch3.is_some())
 }
 
+/// The goals of issue 20 on W1: what unchanged code gets (riffle with no plan) against the
+/// exact plan and copy-first, its first files, its GETs, and what browsing costs.
+fn no_plan_goals(rounds: &[Vec<Row>], rows: &[Row]) -> Vec<Goal> {
+    let table = "w1";
+    let mut out = Vec::new();
+    if find(rows, table, "riffle").is_none() {
+        return out;
+    }
+    let cold = |r: &[Row]| {
+        find(r, table, "riffle")
+            .filter(|r| r.ok())
+            .and_then(|r| r.cold.clone())
+    };
+    let no_plan = system_label("riffle");
+    if find(rows, table, "riffle-plan").is_some() {
+        out.push(ratio_goal(
+            rounds,
+            table,
+            format!("{no_plan}, cold files/s ÷ riffle + epoch plan"),
+            ("riffle", Epoch::Cold),
+            ("riffle-plan", Epoch::Cold),
+            0.9,
+        ));
+    }
+    if find(rows, table, "copy-first").is_some() {
+        let copy_total = |r: &[Row]| {
+            find(r, table, "copy-first")
+                .filter(|r| r.ok())
+                .and_then(|r| Some(r.copy.as_ref()?.elapsed_s + r.cold.as_ref()?.elapsed_s))
+        };
+        out.push(Goal {
+            what: format!("{no_plan}, cold epoch time ÷ copy-first total (copy + local epoch)"),
+            values: per_round(rounds, |r| div(cold(r).map(|o| o.elapsed_s), copy_total(r))),
+            goal: 1.0,
+            at_least: false,
+            strict: false,
+            unit: "×",
+            missing: missing(
+                rows,
+                table,
+                &[("riffle", Epoch::Cold), ("copy-first", Epoch::Cold)],
+            ),
+        });
+    }
+    out.push(Goal {
+        what: format!("{no_plan}, first 256 files of the cold epoch"),
+        values: per_round(rounds, |r| cold(r)?.first_256_s),
+        goal: 1.0,
+        at_least: false,
+        strict: true,
+        unit: " s",
+        missing: missing(rows, table, &[("riffle", Epoch::Cold)]),
+    });
+    let gets_per_file = |r: &[Row], warm: bool| {
+        let row = find(r, table, "riffle").filter(|r| r.ok())?;
+        let (o, d) = if warm {
+            (row.warm.as_ref()?, row.warm_detail.as_ref()?)
+        } else {
+            (row.cold.as_ref()?, row.cold_detail.as_ref()?)
+        };
+        let gets = d.store_gets? as f64;
+        Some(if warm {
+            gets
+        } else {
+            gets / o.files.max(1) as f64
+        })
+    };
+    out.push(Goal {
+        what: format!("{no_plan}, GETs at the store ÷ files read, cold epoch"),
+        values: per_round(rounds, |r| gets_per_file(r, false)),
+        goal: 1.02,
+        at_least: false,
+        strict: false,
+        unit: "×",
+        missing: "no proxy counts".into(),
+    });
+    out.push(Goal {
+        what: format!("{no_plan}, GETs at the store in the warm epoch"),
+        values: per_round(rounds, |r| gets_per_file(r, true)),
+        goal: 0.0,
+        at_least: false,
+        strict: false,
+        unit: "",
+        missing: "no proxy counts".into(),
+    });
+    if let Some(browse) = find(rows, table, "riffle-browse") {
+        let value = browse.cold.as_ref().and_then(|o| {
+            let fetched = browse.cold_detail.as_ref()?.store_bytes? as f64;
+            (o.bytes > 0).then(|| fetched / o.bytes as f64)
+        });
+        out.push(Goal {
+            what: format!(
+                "{}, bytes fetched at the store ÷ bytes read",
+                system_label("riffle-browse")
+            ),
+            values: value.into_iter().collect(),
+            goal: 2.0,
+            at_least: false,
+            strict: false,
+            unit: "×",
+            missing: browse.status.clone(),
+        });
+    }
+    out
+}
+
+/// The goals of issue 20 on W5: riffle with no plan (`plan` eviction, the default) over
+/// epochs 2–3 against `--eviction epoch`, its opens found cached and its GETs.
+fn w5_goals(rows: &[Row]) -> Vec<Goal> {
+    let find5 = |s: &str| find(rows, "w5", s).filter(|r| r.ok());
+    let Some(default) = find5("riffle") else {
+        return Vec::new();
+    };
+    let label = super::w5::label("riffle");
+    let mut out = Vec::new();
+    let (rate, _) = super::w5::later(default);
+    let epoch_rate = find5("riffle-epoch").and_then(|r| super::w5::later(r).0);
+    out.push(Goal {
+        what: format!("{label}, files/s in epochs 2–3 ÷ `--eviction epoch`"),
+        values: div(rate, epoch_rate).into_iter().collect(),
+        goal: 2.5,
+        at_least: true,
+        strict: false,
+        unit: "×",
+        missing: "`--eviction epoch` not in this run".into(),
+    });
+    let later: Vec<&super::Pass> = default.passes.iter().skip(1).collect();
+    let (cached, opens) = later
+        .iter()
+        .filter_map(|p| p.detail.riffle.as_ref())
+        .fold((0, 0), |(c, o), r| {
+            (c + r.opens_already_cached, o + r.opens)
+        });
+    out.push(Goal {
+        what: format!("{label}, opens already cached in epochs 2–3"),
+        values: (opens > 0)
+            .then(|| cached as f64 / opens as f64)
+            .into_iter()
+            .collect(),
+        goal: 0.8,
+        at_least: true,
+        strict: false,
+        unit: "",
+        missing: "no riffle counters".into(),
+    });
+    let worst = later
+        .iter()
+        .filter_map(|p| Some(p.detail.store_gets? as f64 / p.outcome.files.max(1) as f64))
+        .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))));
+    out.push(Goal {
+        what: format!("{label}, GETs per epoch ÷ files read, epochs 2–3 (the larger)"),
+        values: worst.into_iter().collect(),
+        goal: 0.55,
+        at_least: false,
+        strict: false,
+        unit: "×",
+        missing: "no proxy counts".into(),
+    });
+    out
+}
+
 /// The goal lines of one table (empty when it has none); `extra` holds the
 /// rows of the run's extra rounds (see the module documentation).
 pub fn goals(table: &str, rows: &[Row], extra: &[Row]) -> Vec<String> {
@@ -269,6 +430,15 @@ pub fn goals(table: &str, rows: &[Row], extra: &[Row]) -> Vec<String> {
                 });
             }
         }
+        _ => {}
+    }
+    if table == "w1" {
+        out.extend(no_plan_goals(&rounds, rows));
+    }
+    if table == "w5" {
+        out.extend(w5_goals(rows));
+    }
+    match table {
         "w2" => {
             // The goal is set on the warm epoch; it is also checked like for
             // like (see the note under the table): riffle's warm epoch, its
@@ -458,20 +628,20 @@ mod tests {
         let g = goals("w2", &rows, &[]);
         assert_eq!(g.len(), 6, "{g:#?}");
         assert!(
-            g[0].contains("riffle (disk cache, passthrough), warm MB/s ÷ local disk: **0.80×** (goal ≥ 0.95×): **not met**"),
+            g[0].contains("riffle, no plan (disk cache, passthrough), warm MB/s ÷ local disk: **0.80×** (goal ≥ 0.95×): **not met**"),
             "{g:#?}"
         );
         // riffle's warm epoch (1.25 s) against local disk's first read of its copy (2 s).
         assert!(
             g[1].contains(
-                "riffle (disk cache, passthrough), warm MB/s (first read of its cache) ÷ local \
+                "riffle, no plan (disk cache, passthrough), warm MB/s (first read of its cache) ÷ local \
                  disk epoch 1 (first read of its copy): **1.60×** (goal ≥ 0.95×): met"
             ),
             "{g:#?}"
         );
         assert!(
             g[2].contains(
-                "riffle (disk cache, passthrough), epoch 3 (re-read) MB/s ÷ local disk epoch 3: \
+                "riffle, no plan (disk cache, passthrough), epoch 3 (re-read) MB/s ÷ local disk epoch 3: \
                  **0.98×** (goal ≥ 0.95×): met"
             ),
             "{g:#?}"
@@ -530,6 +700,54 @@ mod tests {
                  rounds: 1.60×, 2.00×, 0.95×): met"
             ),
             "{g:#?}"
+        );
+    }
+
+    #[test]
+    fn no_plan_goals_compare_with_the_plan_and_copy_first_and_count_gets() {
+        let mut plan = row("riffle-plan", 10.0);
+        plan.cold.as_mut().unwrap().files = 1000;
+        let mut riffle = row("riffle", 10.5);
+        riffle.cold_detail = Some(super::super::PassDetail {
+            store_gets: Some(1010),
+            ..Default::default()
+        });
+        riffle.warm_detail = Some(super::super::PassDetail {
+            store_gets: Some(0),
+            ..Default::default()
+        });
+        let mut copy = row("copy-first", 2.0);
+        copy.copy = Some(Outcome {
+            elapsed_s: 9.0,
+            ..Outcome::default()
+        });
+        let mut browse = row("riffle-browse", 1.0);
+        browse.cold_detail = Some(super::super::PassDetail {
+            store_bytes: Some(250_000_000),
+            ..Default::default()
+        });
+        let g = goals("w1", &[plan, riffle, copy, browse], &[]).join("\n");
+        assert!(
+            g.contains("cold files/s ÷ riffle + epoch plan: **0.95×** (goal ≥ 0.9×): met"),
+            "{g}"
+        );
+        assert!(
+            g.contains("÷ copy-first total (copy + local epoch): **0.95×** (goal ≤ 1×): met"),
+            "{g}"
+        );
+        assert!(
+            g.contains("GETs at the store ÷ files read, cold epoch: **1.01×** (goal ≤ 1.02×): met"),
+            "{g}"
+        );
+        assert!(
+            g.contains("GETs at the store in the warm epoch: **0.00** (goal ≤ 0): met"),
+            "{g}"
+        );
+        assert!(
+            g.contains(
+                "bytes fetched at the store ÷ bytes read: **2.50×** (goal ≤ 2×): **not met**"
+            ),
+            "{g}"
         );
     }
 }

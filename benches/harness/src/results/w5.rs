@@ -9,12 +9,13 @@ use super::metrics::{num, ratio, PlotPoint, PlotSeries, PlotTable};
 use super::{Column, Pass, Row};
 
 /// Policies in display order.
-const POLICIES: [&str; 3] = ["riffle-lru", "riffle-epoch", "riffle-plan"];
+const POLICIES: [&str; 4] = ["riffle-lru", "riffle-epoch", "riffle", "riffle-plan"];
 
 pub fn label(system: &str) -> String {
     match system {
         "riffle-lru" => "`--eviction lru`".into(),
         "riffle-epoch" => "`--eviction epoch`".into(),
+        "riffle" => "no plan, defaults (`plan` eviction, epoch prefetch)".into(),
         "riffle-plan" => "`--eviction plan` + an epoch plan each epoch".into(),
         s => s.into(),
     }
@@ -24,6 +25,7 @@ fn short(system: &str) -> String {
     match system {
         "riffle-lru" => "lru".into(),
         "riffle-epoch" => "epoch".into(),
+        "riffle" => "no plan (defaults)".into(),
         "riffle-plan" => "plan (+ epoch plans)".into(),
         s => s.into(),
     }
@@ -45,7 +47,7 @@ fn rows_of(rows: &[Row]) -> Vec<&Row> {
 
 /// Files/s and hit ratio over the epochs after the first (what a cache
 /// policy decides), `None` without results.
-fn later(r: &Row) -> (Option<f64>, Option<f64>) {
+pub(super) fn later(r: &Row) -> (Option<f64>, Option<f64>) {
     let ps: Vec<&Pass> = r
         .passes
         .iter()

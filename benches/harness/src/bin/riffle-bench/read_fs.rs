@@ -32,6 +32,11 @@ pub struct Args {
     /// W1/W2: read only N files (whole directories), the same N every epoch
     #[arg(long)]
     max_files: Option<usize>,
+    /// W1/W2: read only the first N files of the epoch's order (with the
+    /// shuffle: N files at random from the whole dataset, like a person
+    /// browsing it)
+    #[arg(long)]
+    sample: Option<usize>,
     /// W1/W2: the order files are opened in: a shuffle seeded with
     /// seed + epoch, or sorted by path (listing order). `riffle-bench plan`
     /// prints the same order
@@ -50,6 +55,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     opts.epoch = a.epoch;
     opts.duration = a.duration;
     opts.max_files = a.max_files;
+    opts.sample = a.sample;
     opts.order = a.order;
     let outcome = read_fs(&manifest, &opts)?;
     super::emit(&outcome, a.json_out.as_deref())
