@@ -43,9 +43,9 @@
 //! # What users do not pay for it
 //! - **Browsing** (a few files opened by hand, an evaluation reading 1% of the set): the bytes
 //!   fetched ahead and not yet opened stay within an allowance that grows with what the reader
-//!   has opened in this epoch: `opened_bytes × max(1, opened_files / RAMP_FILES) + FLOOR`. For
-//!   the first [`RAMP_FILES`] opens a reader can cause at most as many bytes fetched ahead as
-//!   it read (so bytes fetched ≤ 2 × bytes read, plus a floor of one megabyte); as a real epoch
+//!   has opened in this epoch: `max(opened_bytes × max(1, opened_files / RAMP_FILES), FLOOR)`.
+//!   For the first [`RAMP_FILES`] opens a reader can cause at most as many bytes fetched ahead
+//!   as it read (so bytes fetched ≤ 2 × bytes read once it has read a megabyte); as a real epoch
 //!   goes on the allowance grows quadratically and covers the whole set after about
 //!   `sqrt(RAMP_FILES × files)` opens (2,300 of 20,000). Modelled on W1 (8 threads, 35 ms per
 //!   miss, a store that serves ~1,000 files/s) the cold epoch then takes as long as with the
@@ -54,7 +54,7 @@
 //!   epoch is measured. At least [`TRUST_USEFUL`] (a reader of the whole set) makes the next
 //!   epoch *trusted*: the allowance is lifted and only the cache room bounds prefetch. Below
 //!   [`BACK_OFF_USEFUL`] (a node of a multi-node job that reads a random share of the set per
-//!   epoch) the next epoch is *backed off*: the allowance stays at `opened_bytes + FLOOR`
+//!   epoch) the next epoch is *backed off*: the allowance stays at `max(opened_bytes, FLOOR)`
 //!   (no growth), so such a node fetches at most about twice what it reads.
 //! - **Room**: with an NVMe cache, the bytes of set files that are cached and not opened in this
 //!   epoch (fetched ahead, or kept from the last epoch) stay under 7/8 of the cache limit (the rest is for demand reads and
@@ -154,10 +154,10 @@ impl Trust {
 pub fn allowance(trust: Trust, opened_files: u64, opened_bytes: u64) -> u64 {
     match trust {
         Trust::Trusted => u64::MAX,
-        Trust::BackedOff => opened_bytes.saturating_add(FLOOR_BYTES),
+        Trust::BackedOff => opened_bytes.max(FLOOR_BYTES),
         Trust::Normal => opened_bytes
             .saturating_mul((opened_files / RAMP_FILES).max(1))
-            .saturating_add(FLOOR_BYTES),
+            .max(FLOOR_BYTES),
     }
 }
 
