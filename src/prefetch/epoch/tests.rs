@@ -199,18 +199,10 @@ impl Setup {
 fn the_allowance_grows_with_the_epoch_and_trust_follows_usefulness() {
     let kb = 100_000;
     assert_eq!(allowance(Trust::Normal, 0, 0), FLOOR_BYTES);
-    assert_eq!(
-        allowance(Trust::Normal, 200, 200 * kb),
-        200 * kb + FLOOR_BYTES
-    );
-    assert_eq!(
-        allowance(Trust::Normal, 1024, 1024 * kb),
-        4 * 1024 * kb + FLOOR_BYTES
-    );
-    assert_eq!(
-        allowance(Trust::BackedOff, 4096, 4096 * kb),
-        4096 * kb + FLOOR_BYTES
-    );
+    assert_eq!(allowance(Trust::Normal, 5, 5 * kb), FLOOR_BYTES);
+    assert_eq!(allowance(Trust::Normal, 200, 200 * kb), 200 * kb);
+    assert_eq!(allowance(Trust::Normal, 1024, 1024 * kb), 4 * 1024 * kb);
+    assert_eq!(allowance(Trust::BackedOff, 4096, 4096 * kb), 4096 * kb);
     assert_eq!(allowance(Trust::Trusted, 0, 0), u64::MAX);
     assert_eq!(Trust::after(100, 95, Trust::Normal), Trust::Trusted);
     assert_eq!(Trust::after(100, 50, Trust::Trusted), Trust::BackedOff);
