@@ -140,6 +140,29 @@ pub const STATS: &[StatSpec] = &[
     spec("prefetch.plan_errors", "riffle_prefetch_plan_errors", Counter, None, "Plan fetches that failed."),
     spec("prefetch.plan_unused_bytes", "riffle_prefetch_plan_unused", Counter, BYTES, "Bytes fetched for a plan that was replaced before they were opened (wasted)."),
     spec("prefetch.dir_order_fetched_files", "riffle_prefetch_dir_order_fetched_files", Counter, None, "Files fetched ahead of the reader in directory order."),
+    spec("prefetch.epoch.enabled", "riffle_prefetch_epoch_enabled", Gauge, None, "1 if epoch prefetch is on (--epoch-prefetch)."),
+    spec("prefetch.epoch.active", "riffle_prefetch_epoch_active", Gauge, None, "1 while an epoch set is recognised and no plan is set."),
+    spec("prefetch.epoch.files", "riffle_prefetch_epoch_set_files", Gauge, None, "Files in the epoch set epoch prefetch recognised (no plan)."),
+    spec("prefetch.epoch.bytes", "riffle_prefetch_epoch_set", Gauge, BYTES, "Bytes of the files in the epoch set."),
+    spec("prefetch.epoch.directories", "riffle_prefetch_epoch_set_directories", Gauge, None, "Directories in the epoch set."),
+    spec("prefetch.epoch.directories_drawn_from", "riffle_prefetch_epoch_directories_drawn_from", Gauge, None, "Directories of the epoch set the reader has opened files in."),
+    spec("prefetch.epoch.files_drawn_from", "riffle_prefetch_epoch_files_drawn_from", Gauge, None, "Files in the directories drawn from (what epoch prefetch may fetch)."),
+    spec("prefetch.epoch.bytes_drawn_from", "riffle_prefetch_epoch_drawn_from", Gauge, BYTES, "Bytes in the directories drawn from."),
+    spec("prefetch.epoch.epoch", "riffle_prefetch_epoch_number", Gauge, None, "The epoch the reader is in (1 = the first seen)."),
+    spec("prefetch.epoch.opened_files", "riffle_prefetch_epoch_opened_files", Gauge, None, "Files of the set opened in this epoch."),
+    spec("prefetch.epoch.opened_bytes", "riffle_prefetch_epoch_opened", Gauge, BYTES, "Bytes of the files of the set opened in this epoch."),
+    spec("prefetch.epoch.fetched_ahead_files", "riffle_prefetch_epoch_fetched_ahead_files", Gauge, None, "Files epoch prefetch started fetching in this epoch."),
+    spec("prefetch.epoch.fetched_ahead_bytes", "riffle_prefetch_epoch_fetched_ahead", Gauge, BYTES, "Bytes epoch prefetch started fetching in this epoch."),
+    spec("prefetch.epoch.ahead_unopened_files", "riffle_prefetch_epoch_ahead_unopened_files", Gauge, None, "Files fetched ahead in this epoch and not opened yet."),
+    spec("prefetch.epoch.ahead_unopened_bytes", "riffle_prefetch_epoch_ahead_unopened", Gauge, BYTES, "Bytes fetched ahead in this epoch and not opened yet."),
+    spec("prefetch.epoch.fetching", "riffle_prefetch_epoch_fetching", Gauge, None, "Epoch prefetch fetches in flight."),
+    spec("prefetch.epoch.cached_unopened_bytes", "riffle_prefetch_epoch_cached_unopened", Gauge, BYTES, "Bytes of set files cached and not opened in this epoch (protected from eviction)."),
+    spec("prefetch.epoch.last_usefulness", "riffle_prefetch_epoch_last_usefulness", Gauge, None, "Share of the files fetched ahead in the last epoch that were opened in it."),
+    spec("prefetch.epoch.total_fetched_files", "riffle_prefetch_epoch_fetched_files", Counter, None, "Files fetched ahead by epoch prefetch."),
+    spec("prefetch.epoch.total_fetched_bytes", "riffle_prefetch_epoch_fetched", Counter, BYTES, "Bytes fetched ahead by epoch prefetch."),
+    spec("prefetch.epoch.wasted_bytes", "riffle_prefetch_epoch_wasted", Counter, BYTES, "Bytes epoch prefetch fetched that were not opened before their epoch ended."),
+    spec("prefetch.epoch.errors", "riffle_prefetch_epoch_errors", Counter, None, "Epoch prefetch fetches that failed."),
+    spec("prefetch.epoch.epochs_started", "riffle_prefetch_epochs_started", Counter, None, "Epoch boundaries seen (files of the set opened again)."),
     spec("prefetch.plan.items", "riffle_prefetch_plan_items", Gauge, None, "Entries in the current epoch plan."),
     spec("prefetch.plan.position", "riffle_prefetch_plan_position", Gauge, None, "The reader's position in the epoch plan."),
     spec("prefetch.plan.fetching", "riffle_prefetch_plan_fetching", Gauge, None, "Plan files being fetched."),
@@ -295,7 +318,11 @@ fn encode_spec(
             }
         }
         Kind::Gauge => {
-            if value.as_u64().is_none() && value.as_i64().is_none() && value.as_f64().is_none() {
+            if value.as_u64().is_none()
+                && value.as_i64().is_none()
+                && value.as_f64().is_none()
+                && value.as_bool().is_none()
+            {
                 return Ok(false);
             }
             let m = encoder.encode_descriptor(s.name, s.help, unit.as_ref(), MetricType::Gauge)?;
@@ -321,7 +348,7 @@ fn encode_gauge(
 }
 
 /// Every number or boolean under `v`, with its dotted path.
-fn numeric_leaves<'v>(prefix: &str, v: &'v Value, out: &mut Vec<(String, &'v Value)>) {
+pub(crate) fn numeric_leaves<'v>(prefix: &str, v: &'v Value, out: &mut Vec<(String, &'v Value)>) {
     match v {
         Value::Object(map) => {
             for (k, child) in map {

@@ -493,3 +493,26 @@ async fn off_means_off() {
     assert!(s.prefetch.epoch.lock().set.is_none());
     assert_eq!(s.store.get_log().len(), 40);
 }
+
+/// Every number of the prefetch section of `riffle stats` is a Prometheus metric.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_prefetch_stat_is_exported() {
+    use crate::metrics::prometheus::{numeric_leaves, STATS};
+    let s = setup(2, 10, 4096, None, true);
+    for p in shuffled(&s.paths, 2).iter().take(10) {
+        s.read(p).await;
+    }
+    s.wait_for_set().await;
+    let stats = serde_json::json!({ "prefetch": s.prefetch.stats_json() });
+    let mut leaves = Vec::new();
+    numeric_leaves("", &stats, &mut leaves);
+    let missing: Vec<&str> = leaves
+        .iter()
+        .map(|(p, _)| p.as_str())
+        .filter(|p| !STATS.iter().any(|s| s.path == *p))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "add to STATS in src/metrics/prometheus.rs: {missing:?}"
+    );
+}
