@@ -143,7 +143,7 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
         prefetch_config(
             &fetcher,
             args.epoch_prefetch,
-            args.eviction == EvictionKind::Plan,
+            args.cache_dir.is_some() && args.eviction == EvictionKind::Plan,
         ),
     );
     oracle.bind(&prefetch);

@@ -71,8 +71,9 @@
 //!   a fill that found cached files). Without it the files kept from the last epoch stayed in
 //!   the policy's "not needed" order and went first: a set twice the cache fetched 728–797 of
 //!   800 files per epoch and some twice; with it, about half, and none twice (unit test).
-//! - With `--eviction lru` or `epoch` the policy does not ask, so a file fetched ahead could
-//!   be the next victim: then only sets that fit in the room are prefetched.
+//! - With `--eviction lru` or `epoch` the policy does not ask, and the memory cache (no
+//!   `--cache-dir`) evicts by its own order, so a file fetched ahead could be the next victim:
+//!   then only sets whose drawn-from directories fit in the room are prefetched.
 //! - A plan, when set, wins: epoch prefetch pauses while one is active. Directory order and
 //!   `--preload` work as before (a fetch already in flight is shared, never repeated).
 //!

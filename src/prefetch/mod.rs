@@ -68,8 +68,9 @@ pub struct PrefetchConfig {
     /// Fetch the unopened files of a recognised epoch set with no plan ([`epoch`]).
     pub epoch_prefetch: bool,
     /// The NVMe cache's eviction policy asks the prefetcher what is needed (`plan`, the
-    /// default); with `lru` or `epoch` files fetched ahead are not protected, so epoch
-    /// prefetch only takes sets that fit in the cache.
+    /// default); with `lru` or `epoch`, or with only the memory cache (which evicts on its
+    /// own), files fetched ahead are not protected, so epoch prefetch only takes sets that
+    /// fit in the room.
     pub eviction_asks_prefetch: bool,
 }
 
