@@ -90,7 +90,7 @@ use std::sync::Arc;
 use futures::StreamExt;
 use serde_json::json;
 
-use super::{file_version, Prefetcher};
+use super::Prefetcher;
 use crate::cache::EntryKey;
 use crate::fetch::{ObjectVersion, Priority};
 use crate::namespace::{Kind, ROOT_INO};
@@ -745,12 +745,7 @@ impl Prefetcher {
         let mut found = Vec::new();
         for chunk in inos.chunks(4096) {
             for &ino in chunk {
-                let Some(obj) = self
-                    .ns
-                    .cached_attr(ino)
-                    .ok()
-                    .and_then(|a| file_version(&self.ns, a))
-                else {
+                let Some(obj) = self.known_file(ino) else {
                     continue;
                 };
                 if self.held(&obj) {
@@ -831,12 +826,7 @@ impl Prefetcher {
         };
         let mut batch = batch.into_iter();
         while let Some((i, ino)) = batch.next() {
-            let Some(obj) = self
-                .ns
-                .cached_attr(ino)
-                .ok()
-                .and_then(|a| file_version(&self.ns, a))
-            else {
+            let Some(obj) = self.known_file(ino) else {
                 fill.again = true;
                 continue;
             };

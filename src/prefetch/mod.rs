@@ -332,12 +332,7 @@ impl Prefetcher {
             if entry.is_dir {
                 continue;
             }
-            let Some(obj) = self
-                .ns
-                .cached_attr(entry.ino)
-                .ok()
-                .and_then(|attr| file_version(&self.ns, attr))
-            else {
+            let Some(obj) = self.known_file(entry.ino) else {
                 continue;
             };
             if self.fetcher.is_cached(&obj) {
@@ -425,6 +420,12 @@ impl Prefetcher {
     /// request to the store); `None` for a directory or an unknown path.
     fn known_version(&self, path: &str) -> Option<Arc<ObjectVersion>> {
         file_version(&self.ns, self.ns.resolve_cached(path)?)
+    }
+
+    /// The object version of file `ino` as last known (no request to the store); `None` for a
+    /// directory or an unknown inode.
+    fn known_file(&self, ino: u64) -> Option<Arc<ObjectVersion>> {
+        file_version(&self.ns, self.ns.cached_attr(ino).ok()?)
     }
 
     /// Whether `path`'s metadata is known and trusted and its object is whole in a cache.

@@ -429,16 +429,9 @@ pub fn goals(table: &str, rows: &[Row], extra: &[Row]) -> Vec<String> {
                     missing: missing(rows, table, &[("riffle-plan", Epoch::Cold)]),
                 });
             }
+            out.extend(no_plan_goals(&rounds, rows));
         }
-        _ => {}
-    }
-    if table == "w1" {
-        out.extend(no_plan_goals(&rounds, rows));
-    }
-    if table == "w5" {
-        out.extend(w5_goals(rows));
-    }
-    match table {
+        "w5" => out.extend(w5_goals(rows)),
         "w2" => {
             // The goal is set on the warm epoch; it is also checked like for
             // like (see the note under the table): riffle's warm epoch, its
