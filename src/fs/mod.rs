@@ -634,6 +634,7 @@ impl Filesystem for RiffleFs {
     ) {
         let _timer = self.ops.start(FuseOp::Release);
         self.handles.release(fh.0, ino.0);
+        self.prefetch.on_release();
         reply.ok();
     }
 

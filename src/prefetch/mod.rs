@@ -126,6 +126,8 @@ pub struct Prefetcher {
     ahead: Mutex<HashSet<EntryKey>>,
     epoch: Mutex<epoch::EpochState>,
     epoch_wake: Notify,
+    /// Files open now (opens minus releases): how many the reader reads at once.
+    open_files: AtomicU64,
 }
 
 /// The eviction policy's view of the plan (see `cache::PlanOracle`), bound to the
@@ -173,6 +175,7 @@ impl Prefetcher {
             ahead: Mutex::new(HashSet::new()),
             epoch: Mutex::new(epoch::EpochState::default()),
             epoch_wake: Notify::new(),
+            open_files: AtomicU64::new(0),
         })
     }
 
@@ -288,9 +291,17 @@ impl Prefetcher {
         needed.then_some(0)
     }
 
+    /// Tells the prefetcher that a file handle was released.
+    pub fn on_release(&self) {
+        let _ = self
+            .open_files
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    }
+
     /// Tells the prefetcher that `ino` (the object `obj`) was opened.
     pub fn on_open(self: &Arc<Self>, ino: u64, obj: &Arc<ObjectVersion>) {
         self.stats.opens.fetch_add(1, Ordering::Relaxed);
+        let open_now = self.open_files.fetch_add(1, Ordering::Relaxed) + 1;
         if let Some(key) = self.entry_key(obj) {
             self.ahead.lock().remove(&key);
         }
@@ -309,7 +320,7 @@ impl Prefetcher {
                 }
             }
         }
-        self.epoch_on_open(ino, obj);
+        self.epoch_on_open(ino, obj, open_now);
         if in_plan {
             self.wake.notify_one();
         } else {

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::super::{Oracle, PrefetchConfig, Prefetcher};
+use super::super::{file_version, Oracle, PrefetchConfig, Prefetcher};
 use super::*;
 use crate::cache::{make_policy, CacheConfig, DiskCache, EvictionKind, PlanOracle, SizeLimit};
 use crate::fetch::{DiskTier, FetchConfig, Fetcher};
@@ -133,7 +133,14 @@ impl Setup {
         let _pin = self.fetcher.disk().map(|d| d.pin(&obj));
         let bytes = self.fetcher.read(&obj, 0..obj.size).await.unwrap();
         assert_eq!(bytes.len() as u64, self.size, "{path}");
+        self.prefetch.on_release();
         cached
+    }
+
+    /// The inode and object version of `path`.
+    async fn file(&self, path: &str) -> (u64, Arc<ObjectVersion>) {
+        let attr = self.ns.resolve(path).await.unwrap();
+        (attr.ino, file_version(&self.ns, attr).unwrap())
     }
 
     /// Waits until epoch prefetch has nothing in flight and nothing more it would start now.
@@ -185,7 +192,7 @@ impl Setup {
     /// The allowance and the room hold.
     fn check_bounds(&self) {
         let st = self.prefetch.epoch.lock();
-        let limit = allowance(st.trust, st.opened_files, st.opened_bytes);
+        let limit = st.limit();
         assert!(
             st.ahead_bytes <= limit,
             "ahead {} over the allowance {limit} after {} opens",
@@ -198,12 +205,14 @@ impl Setup {
 #[test]
 fn the_allowance_grows_with_the_epoch_and_trust_follows_usefulness() {
     let kb = 100_000;
-    assert_eq!(allowance(Trust::Normal, 0, 0), FLOOR_BYTES);
-    assert_eq!(allowance(Trust::Normal, 5, 5 * kb), FLOOR_BYTES);
-    assert_eq!(allowance(Trust::Normal, 200, 200 * kb), 200 * kb);
-    assert_eq!(allowance(Trust::Normal, 1024, 1024 * kb), 4 * 1024 * kb);
-    assert_eq!(allowance(Trust::BackedOff, 4096, 4096 * kb), 4096 * kb);
-    assert_eq!(allowance(Trust::Trusted, 0, 0), u64::MAX);
+    assert_eq!(allowance(Trust::Normal, 0, 0, 1), FLOOR_BYTES);
+    assert_eq!(allowance(Trust::Normal, 5, 5 * kb, 1), FLOOR_BYTES);
+    assert_eq!(allowance(Trust::Normal, 200, 200 * kb, 1), 200 * kb);
+    assert_eq!(allowance(Trust::Normal, 1024, 1024 * kb, 1), 4 * 1024 * kb);
+    // Eight readers at once: eight times the allowance of one.
+    assert_eq!(allowance(Trust::Normal, 200, 200 * kb, 8), 8 * 200 * kb);
+    assert_eq!(allowance(Trust::BackedOff, 4096, 4096 * kb, 8), 4096 * kb);
+    assert_eq!(allowance(Trust::Trusted, 0, 0, 1), u64::MAX);
     assert_eq!(Trust::after(100, 95, Trust::Normal), Trust::Trusted);
     assert_eq!(Trust::after(100, 50, Trust::Trusted), Trust::BackedOff);
     assert_eq!(Trust::after(100, 70, Trust::BackedOff), Trust::Normal);
@@ -358,6 +367,34 @@ async fn only_the_directories_drawn_from_are_fetched() {
     assert_eq!(json["root"], "ds");
     assert_eq!(json["directories_drawn_from"], 2);
     assert_eq!(json["files_drawn_from"], 50);
+}
+
+/// The allowance follows how many files the reader has open at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_allowance_scales_with_the_files_open_at_once() {
+    let s = setup(2, 10, 4096, None, true);
+    // Eight files open at once, as eight loader workers keep them.
+    for p in &s.paths[..8] {
+        let (ino, o) = s.file(p).await;
+        s.prefetch.on_open(ino, &o);
+    }
+    assert_eq!(s.prefetch.epoch.lock().parallelism(), 8);
+    for _ in 0..8 {
+        s.prefetch.on_release();
+    }
+    // One at a time for two windows: back to one.
+    for p in s
+        .paths
+        .iter()
+        .cycle()
+        .skip(8)
+        .take(2 * PARALLEL_WINDOW as usize)
+    {
+        let (ino, o) = s.file(p).await;
+        s.prefetch.on_open(ino, &o);
+        s.prefetch.on_release();
+    }
+    assert_eq!(s.prefetch.epoch.lock().parallelism(), 1);
 }
 
 /// Opening a few random files fetches at most about as much again ahead (plus a floor).
