@@ -102,14 +102,14 @@ def main():
       f"fresh shuffle each epoch,")
     w(f"         like a DataLoader with shuffle=True; page cache {drop}.")
     w("")
-    w(f"  {'':<32}{'files/s':>9}{'MB/s':>9}{'time':>9}{'GETs at the store':>20}")
+    w(f"  {'':<34}{'files/s':>9}{'MB/s':>9}{'time':>9}{'GETs at the store':>20}")
     rows = (("cold epoch  (riffle, empty cache)", "cold"),
             ("warm epoch  (riffle, NVMe cache)", "warm"),
             ("local disk  (ext4 copy)", "local"))
     for label, n in rows:
         r = runs[n]
         g = "-" if n == "local" else num(gets(proxy[n]))
-        w(f"  {label:<32}{r['files_per_s']:>9,.0f}{r['mb_per_s']:>9,.1f}{r['elapsed_s']:>8.2f}s{g:>20}")
+        w(f"  {label:<34}{r['files_per_s']:>9,.0f}{r['mb_per_s']:>9,.1f}{r['elapsed_s']:>8.2f}s{g:>20}")
     w(f"  warm / cold: {warm_fps / cold_fps:.1f}x the files/s.   warm / local disk: {warm_fps / local_fps:.2f}x.")
     check = "every byte checked" if verified else "CHECK FAILED"
     w(f"  Verified: {num(files_read)} files, {mb(bytes_read)} read, {check} against the manifest: "

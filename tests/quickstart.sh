@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# CI test of the quickstart and of the README's PyTorch example (run by tests/run.sh).
+# Runs deploy/local/quickstart.sh end to end with a small sample and the debug binaries in a
+# temporary work directory, checks its report (every byte verified, 0 GETs in the warm epoch,
+# the report's lines present, nothing but the dataset in the mount), runs
+# deploy/local/pytorch_example.py against the mount (with and without a plan; without torch it
+# does the same walk and reads), then unmounts and stops the proxy it started. The RGW is left
+# as it was (tests/run.sh starts and stops it). Nothing here depends on timing.
+# Usage (as root, with an RGW up or startable): tests/quickstart.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${CARGO_TARGET_DIR:-$PWD/target}/debug
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/riffle-quickstart-test.XXXXXX")
+MNT=$WORK/mnt
+RES=$WORK/results
+OUT=$WORK/quickstart.out
+
+fail() { echo "tests/quickstart.sh: FAIL: $*" >&2; exit 1; }
+cleanup() {
+    local status=$?
+    set +e
+    if awk -v m="$MNT" '$2 == m {f = 1} END {exit !f}' /proc/mounts; then
+        "$BIN/riffle" unmount "$MNT" >/dev/null 2>&1 || umount -l "$MNT"
+    fi
+    if [ -s "$WORK/proxy.pid" ]; then
+        local pid
+        pid=$(cat "$WORK/proxy.pid")
+        [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = riffle-proxy ] && kill "$pid"
+    fi
+    if [ "$status" = 0 ]; then
+        rm -rf "$WORK"
+    else
+        echo "tests/quickstart.sh: output and logs kept in $WORK" >&2
+    fi
+    exit "$status"
+}
+trap cleanup EXIT
+
+echo "--- deploy/local/quickstart.sh (RIFFLE_QUICKSTART_SCALE=0.1, debug binaries)"
+RIFFLE_QUICKSTART_DIR=$WORK RIFFLE_QUICKSTART_SCALE=0.1 RIFFLE_QUICKSTART_PROFILE=debug \
+    RIFFLE_QUICKSTART_BUCKET=riffle-quickstart-test deploy/local/quickstart.sh >"$OUT" 2>&1 \
+    || { tail -n 40 "$OUT" >&2; fail "the quickstart exited non-zero"; }
+sed -n '/rifflefs quickstart report/,$p' "$OUT"
+
+# The figures behind the report.
+python3 - "$RES/report.json" <<'EOF' || fail "the report's figures are wrong (above)"
+import json, sys
+r = json.load(open(sys.argv[1]))
+checks = {
+    "every byte verified": r["verified"] and r["mismatches"] == 0 and r["errors"] == 0,
+    "three full epochs read": r["files_read"] == 3 * r["files"] and r["bytes_read"] == 3 * r["bytes"],
+    "the sample's layout (10 classes x 10 images, 4 shards)":
+        (r["images"], r["classes"], r["shards"], r["files"]) == (100, 10, 4, 104),
+    "the cold epoch fetched from the store": r["cold_gets_proxy"] > 0,
+    "0 GETs at the store in the warm epoch (proxy)": r["warm_gets_proxy"] == 0,
+    "0 GETs sent by riffle in the warm epoch": r["warm_gets_riffle"] == 0,
+    "every warm open counted": r["warm_opens"] == r["files"],
+}
+bad = [k for k, ok in checks.items() if not ok]
+print("report.json:", "ok" if not bad else "FAILED: " + "; ".join(bad))
+sys.exit(1 if bad else 0)
+EOF
+
+# The report's lines.
+for line in 'rifflefs quickstart report' \
+    '30 ms to the first byte' 'RIFFLE_QUICKSTART_LATENCY_MS' \
+    'cold epoch  (riffle, empty cache)' 'warm epoch  (riffle, NVMe cache)' 'local disk  (ext4 copy)' \
+    'warm / cold:' 'warm / local disk:' 'every byte checked against the manifest: 0 wrong, 0 errors' \
+    'Warm epoch at the store: 0 GETs counted by the proxy, 0 sent by riffle' \
+    'Passthrough  ' 'store.get_requests' 'store.get_bytes' 'cache.hits' 'fuse.passthrough_opens' \
+    'cache.complete_objects 104 of 104 files' 'Try next:' 'plan --manifest' 'riffle plan ' \
+    'riffle warm ' 'pytorch_example.py' 'riffle mount s3://' 'kubectl apply -k deploy/kubernetes' \
+    'This run took' 'Stop them:' 'riffle unmount '; do
+    grep -qF -- "$line" "$OUT" || fail "the quickstart's output has no line with '$line'"
+done
+# The warm row says 0 GETs at the store.
+grep -E '^  warm epoch  \(riffle, NVMe cache\) .* 0$' "$OUT" >/dev/null || fail "the warm epoch's row does not end in 0 GETs"
+# The mount holds the dataset and nothing else (no harness marker).
+[ "$(ls -A "$MNT" | paste -sd' ')" = "images shards" ] || fail "the mount's root holds $(ls -A "$MNT" | paste -sd' ')"
+echo "report lines: ok; mount root: images shards"
+
+echo "--- deploy/local/pytorch_example.py against the mount"
+images_bytes=$(awk -F'\t' '$1 ~ /^images\// {s += $2} END {print s}' "$WORK/sample.manifest")
+for args in "$MNT/images/train" "$MNT/images/train $MNT"; do
+    # shellcheck disable=SC2086
+    RIFFLE=$BIN/riffle python3 deploy/local/pytorch_example.py $args >"$WORK/pytorch.out" 2>&1 \
+        || { cat "$WORK/pytorch.out" >&2; fail "pytorch_example.py $args exited non-zero"; }
+    cat "$WORK/pytorch.out"
+    for e in 0 1; do
+        grep -q "^epoch $e: 100 samples, $images_bytes bytes, 10 classes" "$WORK/pytorch.out" \
+            || fail "pytorch_example.py $args: epoch $e did not read 100 samples of $images_bytes bytes"
+    done
+done
+echo "quickstart test: ok"
