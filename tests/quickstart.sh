@@ -36,6 +36,15 @@ cleanup() {
 }
 trap cleanup EXIT
 
+echo "--- README's PyTorch example is deploy/local/pytorch_example.py verbatim"
+python3 - <<'EOF' || fail "README.md's 'Using it from PyTorch' block differs from deploy/local/pytorch_example.py"
+import sys
+readme = open("README.md").read()
+section = readme.split("## Using it from PyTorch", 1)[1]
+block = section.split("```python\n", 1)[1].split("```\n", 1)[0]
+sys.exit(0 if block == open("deploy/local/pytorch_example.py").read() else 1)
+EOF
+
 echo "--- deploy/local/quickstart.sh (RIFFLE_QUICKSTART_SCALE=0.1, debug binaries)"
 RIFFLE_QUICKSTART_DIR=$WORK RIFFLE_QUICKSTART_SCALE=0.1 RIFFLE_QUICKSTART_PROFILE=debug \
     RIFFLE_QUICKSTART_BUCKET=riffle-quickstart-test deploy/local/quickstart.sh >"$OUT" 2>&1 \

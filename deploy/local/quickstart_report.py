@@ -111,6 +111,10 @@ def main():
         g = "-" if n == "local" else num(gets(proxy[n]))
         w(f"  {label:<34}{r['files_per_s']:>9,.0f}{r['mb_per_s']:>9,.1f}{r['elapsed_s']:>8.2f}s{g:>20}")
     w(f"  warm / cold: {warm_fps / cold_fps:.1f}x the files/s.   warm / local disk: {warm_fps / local_fps:.2f}x.")
+    if a.latency_ms > 0:
+        w(f"  The cold epoch waits on the store: {a.threads} readers, each waiting >= {a.latency_ms} ms per file, "
+          f"open at most ~{a.threads * 1000 / a.latency_ms:,.0f} files/s;")
+        w("  an epoch plan (Try next) lets riffle fetch ahead of them.")
     check = "every byte checked" if verified else "CHECK FAILED"
     w(f"  Verified: {num(files_read)} files, {mb(bytes_read)} read, {check} against the manifest: "
       f"{wrong} wrong, {errors} errors.")
@@ -119,8 +123,8 @@ def main():
     if mode == "enabled":
         why = (f"Linux {platform.release()} has FUSE passthrough (6.9+) and the daemon runs as root "
                f"(CAP_SYS_ADMIN),")
-        then = (f"so {num(warm_pt)} of the warm epoch's {num(warm_opens)} opens were handed to the kernel "
-                f"with the cache file as backing file: their reads never reached the daemon.")
+        then = (f"so {num(warm_pt)} of the warm epoch's {num(warm_opens)} opens got the cache file as backing "
+                f"file: the kernel read it, the daemon saw no reads.")
     else:
         why = f"{mode}."
         then = ("Without passthrough the daemon serves every read from its cache (memory, or the NVMe "
@@ -145,10 +149,9 @@ def main():
       f"fuse.passthrough {mode}")
     w("")
     w("Try next:")
-    w(f"  a plan:     {a.bench} plan --manifest {a.manifest} --seed {a.seed} --epoch 3 --out /tmp/epoch3.plan; "
-      f"{a.riffle} plan {a.mount} /tmp/epoch3.plan")
-    w("              tells riffle the next epoch's order, so it fetches files before they are opened "
-      "(PyTorch: README, 'Using it from PyTorch').")
+    w("  a plan:     tell riffle the next epoch's order, so it fetches files before they are opened:")
+    w(f"              {a.bench} plan --manifest {a.manifest} --seed {a.seed} --epoch 3 --out /tmp/epoch3.plan")
+    w(f"              {a.riffle} plan {a.mount} /tmp/epoch3.plan   (from PyTorch: README, 'Using it from PyTorch')")
     w(f"  warm:       {a.riffle} warm {a.mount} images/train   # fetch a subtree into the cache before the job starts")
     w(f"  PyTorch:    python3 deploy/local/pytorch_example.py {a.mount}/images/train   "
       f"# a Dataset + DataLoader(shuffle=True, num_workers=8)")
