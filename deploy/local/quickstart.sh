@@ -95,7 +95,8 @@ say "uploading a sample training set to s3://$BUCKET"
 # --exact: the bucket holds the dataset and nothing else (no harness marker); the manifest that
 # the reader checks every byte against is a local file.
 "$BENCH" gen --workload sample --scale "$SCALE" --seed "$SEED" --exact --bucket "$BUCKET" \
-    --endpoint "$RGW_URL" --manifest "$MANIFEST" 2>"$WORK/gen.log" | sed 's/; manifest .*//'
+    --endpoint "$RGW_URL" --manifest "$MANIFEST" 2>"$WORK/gen.log" | sed 's/; manifest .*//' \
+    || { tail -n 5 "$WORK/gen.log" >&2; die "uploading the sample failed (see $WORK/gen.log)"; }
 
 say "starting riffle-proxy in front of RGW: ${LATENCY_MS} ms to the first byte, ${BANDWIDTH} MB/s per connection"
 # setsid + every descriptor redirected: it outlives this script and holds no pipe of its caller.
