@@ -77,7 +77,7 @@ for line in 'rifflefs quickstart report' \
     'warm / cold:' 'warm / local disk:' 'every byte checked against the manifest: 0 wrong, 0 errors' \
     'Warm epoch at the store: 0 GETs counted by the proxy, 0 sent by riffle' \
     'Passthrough  ' 'store.get_requests' 'store.get_bytes' 'cache.hits' 'fuse.passthrough_opens' \
-    'cache.complete_objects 104 of 104 files' 'Try next:' 'plan --manifest' 'riffle plan ' \
+    'cache.complete_objects 104 of 104 files' 'Try next:' 'try-plan.sh' '(riffle plan)' \
     'riffle warm ' 'pytorch_example.py' 'riffle mount s3://' 'kubectl apply -k deploy/kubernetes' \
     'This run took' 'Stop them:' 'riffle unmount '; do
     grep -qF -- "$line" "$OUT" || fail "the quickstart's output has no line with '$line'"
@@ -87,6 +87,13 @@ grep -E '^  warm epoch  \(riffle, NVMe cache\) .* 0$' "$OUT" >/dev/null || fail 
 # The mount holds the dataset and nothing else (no harness marker).
 [ "$(ls -A "$MNT" | paste -sd' ')" = "images shards" ] || fail "the mount's root holds $(ls -A "$MNT" | paste -sd' ')"
 echo "report lines: ok; mount root: images shards"
+
+echo "--- the report's 'a plan' line: $WORK/try-plan.sh (remounts with an empty cache, sets a plan, reads)"
+bash "$WORK/try-plan.sh" >"$WORK/try-plan.out" 2>&1 || { cat "$WORK/try-plan.out" >&2; fail "try-plan.sh failed"; }
+cat "$WORK/try-plan.out"
+grep -q '^cold epoch with a plan: ' "$WORK/try-plan.out" || fail "try-plan.sh printed no result"
+python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); sys.exit(not (r["mismatches"] == r["errors"] == 0 and r["files"] == 104))' \
+    "$RES/cold-plan.json" || fail "the planned epoch did not read all 104 files right"
 
 echo "--- deploy/local/pytorch_example.py against the mount"
 images_bytes=$(awk -F'\t' '$1 ~ /^images\// {s += $2} END {print s}' "$WORK/sample.manifest")

@@ -163,10 +163,29 @@ say "local disk: the same files copied to $LOCAL, read in the warm epoch's order
     || { cat "$RES/copy.err" >&2; die "copying the sample to $LOCAL failed"; }
 epoch local "$LOCAL" 2
 
+# Try next: the cold epoch again on an empty cache, with its order given to riffle first.
+cat >"$WORK/try-plan.sh" <<EOT
+#!/usr/bin/env bash
+# Written by deploy/local/quickstart.sh: the quickstart's cold epoch again, on an empty cache,
+# with the epoch's order given to riffle first (riffle plan), so it fetches ahead of the readers.
+set -euo pipefail
+eval "\$(bash $ROOT/deploy/local/rgw.sh env)"
+$RIFFLE unmount $MNT
+$RIFFLE cache clear --cache-dir $CACHE
+$RIFFLE mount s3://$BUCKET $MNT --endpoint-url $PROXY_URL --force-path-style \\
+    --metadata-ttl indefinite --cache-dir $CACHE --log-file $WORK/riffle.log --pid-file $WORK/riffle.pid
+$BENCH plan --manifest $MANIFEST --seed $SEED --epoch 1 --out $WORK/epoch1.plan
+$RIFFLE plan $MNT $WORK/epoch1.plan
+$BENCH read-fs --root $MNT --manifest $MANIFEST --pattern w1 --threads $THREADS --seed $SEED --epoch 1 \\
+    --json-out $RES/cold-plan.json >/dev/null
+python3 -c 'import json; p, c = (json.load(open("$RES/" + n + ".json"))["files_per_s"] for n in ("cold-plan", "cold")); print("cold epoch with a plan: %.0f files/s; without (the quickstart): %.0f files/s; %.1fx" % (p, c, p / c))'
+EOT
+chmod +x "$WORK/try-plan.sh"
+
 python3 deploy/local/quickstart_report.py --results "$RES" --manifest "$MANIFEST" --mount "$MNT" \
     --bucket "$BUCKET" --cache-dir "$CACHE" --local "$LOCAL" --latency-ms "$LATENCY_MS" \
     --bandwidth-mbps "$BANDWIDTH" --threads "$THREADS" --drop-caches "$DROP_CACHES" \
-    --riffle "$RIFFLE" --bench "$BENCH" --proxy-url "$PROXY_URL" --seed "$SEED" \
+    --riffle "$RIFFLE" --bench "$BENCH" --proxy-url "$PROXY_URL" --seed "$SEED" --try-plan "$WORK/try-plan.sh" \
     --elapsed "$(awk -v a="$STARTED" -v b="$(date +%s.%N)" 'BEGIN {printf "%.0f", b - a}')"
 
 cat <<EOT

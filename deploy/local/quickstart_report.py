@@ -51,7 +51,7 @@ def stat(s, path):
 def main():
     ap = argparse.ArgumentParser()
     for a in ("results", "manifest", "mount", "bucket", "cache-dir", "local", "riffle", "bench",
-              "proxy-url", "drop-caches"):
+              "proxy-url", "drop-caches", "try-plan"):
         ap.add_argument("--" + a, required=True)
     for a in ("latency-ms", "bandwidth-mbps", "threads", "seed", "elapsed"):
         ap.add_argument("--" + a, type=int, required=True)
@@ -114,7 +114,7 @@ def main():
     if a.latency_ms > 0:
         w(f"  The cold epoch waits on the store: {a.threads} readers, each waiting >= {a.latency_ms} ms per file, "
           f"open at most ~{a.threads * 1000 / a.latency_ms:,.0f} files/s;")
-        w("  an epoch plan (Try next) lets riffle fetch ahead of them.")
+        w("  an epoch plan (a plan, in Try next) lets riffle fetch ahead of them.")
     check = "every byte checked" if verified else "CHECK FAILED"
     w(f"  Verified: {num(files_read)} files, {mb(bytes_read)} read, {check} against the manifest: "
       f"{wrong} wrong, {errors} errors.")
@@ -149,9 +149,8 @@ def main():
       f"fuse.passthrough {mode}")
     w("")
     w("Try next:")
-    w("  a plan:     tell riffle the next epoch's order, so it fetches files before they are opened:")
-    w(f"              {a.bench} plan --manifest {a.manifest} --seed {a.seed} --epoch 3 --out /tmp/epoch3.plan")
-    w(f"              {a.riffle} plan {a.mount} /tmp/epoch3.plan   (from PyTorch: README, 'Using it from PyTorch')")
+    w(f"  a plan:     bash {a.try_plan}   # the cold epoch again, empty cache, its order given to riffle "
+      "first (riffle plan): fetched ahead of the readers")
     w(f"  warm:       {a.riffle} warm {a.mount} images/train   # fetch a subtree into the cache before the job starts")
     w(f"  PyTorch:    python3 deploy/local/pytorch_example.py {a.mount}/images/train   "
       f"# a Dataset + DataLoader(shuffle=True, num_workers=8)")
