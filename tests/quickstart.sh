@@ -45,10 +45,23 @@ block = section.split("```python\n", 1)[1].split("```\n", 1)[0]
 sys.exit(0 if block == open("deploy/local/pytorch_example.py").read() else 1)
 EOF
 
+BUCKET=riffle-quickstart-test
+echo "--- s3://$BUCKET as an earlier run may leave it: other bytes under the sample's keys, a marker, a stray object"
+cargo build -q -p rifflefs -p riffle-bench
+eval "$(bash deploy/local/rgw.sh env)"
+for wl in "sample --scale 0.001 --seed 1" "w3 --scale 0.0002"; do
+    # shellcheck disable=SC2086
+    "$BIN/riffle-bench" gen --workload $wl --bucket "$BUCKET" --manifest "$WORK/old.manifest" \
+        >/dev/null 2>"$WORK/old-gen.log" || { cat "$WORK/old-gen.log" >&2; fail "seeding the bucket failed"; }
+done
+
 echo "--- deploy/local/quickstart.sh (RIFFLE_QUICKSTART_SCALE=0.1, debug binaries)"
 RIFFLE_QUICKSTART_DIR=$WORK RIFFLE_QUICKSTART_SCALE=0.1 RIFFLE_QUICKSTART_PROFILE=debug \
-    RIFFLE_QUICKSTART_BUCKET=riffle-quickstart-test deploy/local/quickstart.sh >"$OUT" 2>&1 \
+    RIFFLE_QUICKSTART_BUCKET=$BUCKET deploy/local/quickstart.sh >"$OUT" 2>&1 \
     || { tail -n 40 "$OUT" >&2; fail "the quickstart exited non-zero"; }
+# The marker and tokens.bin were deleted, the 14 stale sample objects overwritten.
+grep -q "s3://$BUCKET/: 104 objects .* uploaded 104 .* deleted 2 others" "$OUT" \
+    || fail "gen --exact did not upload all and delete the marker and the stray object: $(grep '^gen ' "$OUT")"
 sed -n '/rifflefs quickstart report/,$p' "$OUT"
 
 # The figures behind the report.
