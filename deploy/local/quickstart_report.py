@@ -111,6 +111,9 @@ def main():
         g = "-" if n == "local" else num(gets(proxy[n]))
         w(f"  {label:<34}{r['files_per_s']:>9,.0f}{r['mb_per_s']:>9,.1f}{r['elapsed_s']:>8.2f}s{g:>20}")
     w(f"  warm / cold: {warm_fps / cold_fps:.1f}x the files/s.   warm / local disk: {warm_fps / local_fps:.2f}x.")
+    if a.drop_caches != "1":
+        w("  (The page cache was kept: local disk's copy, just written, was read from memory, so that ratio is not "
+          "like for like.)")
     if a.latency_ms > 0:
         w(f"  The cold epoch waits on the store: {a.threads} readers, each waiting >= {a.latency_ms} ms per file, "
           f"open at most ~{a.threads * 1000 / a.latency_ms:,.0f} files/s;")
