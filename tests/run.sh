@@ -53,6 +53,10 @@ echo "==> benchmark smoke test (quick datasets, every system side by side, every
 # Debug binaries (already built for the tests); fails on any wrong byte. It rewrites
 # benches/README.md's quick section in this checkout; the committed one is from a release run.
 benches/run.sh --quick --debug --no-plots
+echo "==> quickstart end to end (small sample, debug binaries) and the README's PyTorch example"
+# Checks the report (every byte verified, 0 GETs in the warm epoch, its lines present), never
+# timings; unmounts and stops the proxy it started, leaves the RGW to this script.
+tests/quickstart.sh
 if [ -x deploy/validate.sh ]; then
     echo "==> deploy manifests"
     deploy/validate.sh

@@ -87,15 +87,25 @@ pub fn w4(scale: f64, seed: u64) -> Vec<ObjectSpec> {
     out
 }
 
-/// Classes of the sample ImageFolder.
-const SAMPLE_CLASSES: [&str; 5] = ["bird", "cat", "dog", "fish", "horse"];
+/// Classes of the sample ImageFolder (CIFAR-10's).
+const SAMPLE_CLASSES: [&str; 10] = [
+    "airplane", "bird", "car", "cat", "deer", "dog", "frog", "horse", "ship", "truck",
+];
+/// Sample: images per class at scale 1.
+const SAMPLE_IMAGES_PER_CLASS: f64 = 100.0;
+/// Sample: shards, and the size of each at scale 1 (MiB).
+const SAMPLE_SHARDS: usize = 4;
+const SAMPLE_SHARD_MIB: f64 = 16.0;
 
-/// The quickstart sample: `images/train/<class>/<class>_NNNN.jpg`, 40 per
-/// class, 10–300 KB (log-uniform), plus `shards/train-00000.tar` of 64 MiB.
-pub fn sample(seed: u64) -> Vec<ObjectSpec> {
+/// The quickstart sample, laid out like a training set and nothing else:
+/// `images/train/<class>/<class>_NNNN.jpg`, 10 classes of 100 images × scale
+/// (at least 1), 10–300 KB (log-uniform), plus `shards/train-NNNNN.tar`, 4
+/// shards of 16 MiB × scale (whole MiB, at least 1 MiB).
+pub fn sample(scale: f64, seed: u64) -> Vec<ObjectSpec> {
+    let per_class = scaled(SAMPLE_IMAGES_PER_CLASS, scale);
     let mut out = Vec::new();
     for class in SAMPLE_CLASSES {
-        for i in 0..40 {
+        for i in 0..per_class {
             let key = format!("images/train/{class}/{class}_{i:04}.jpg");
             let size = rng_for(seed, &key).log_uniform(10.0 * KIB as f64, 300.0 * KIB as f64);
             out.push(ObjectSpec {
@@ -104,10 +114,13 @@ pub fn sample(seed: u64) -> Vec<ObjectSpec> {
             });
         }
     }
-    out.push(ObjectSpec {
-        key: "shards/train-00000.tar".to_string(),
-        size: 64 * MIB,
-    });
+    let shard = ((SAMPLE_SHARD_MIB * scale).round() as u64).max(1) * MIB;
+    for i in 0..SAMPLE_SHARDS {
+        out.push(ObjectSpec {
+            key: format!("shards/train-{i:05}.tar"),
+            size: shard,
+        });
+    }
     out
 }
 
@@ -173,11 +186,21 @@ mod tests {
 
     #[test]
     fn sample_is_small_and_bounded() {
-        let s = sample(1);
-        assert_eq!(s.len(), 201);
-        assert!(s[..200]
+        let s = sample(1.0, 1);
+        assert_eq!(s.len(), 1004);
+        assert!(s[..1000].iter().all(
+            |o| o.key.starts_with("images/train/") && (10 * KIB..=300 * KIB).contains(&o.size)
+        ));
+        assert!(s[1000..]
             .iter()
-            .all(|o| (10 * KIB..=300 * KIB).contains(&o.size)));
-        assert_eq!(s[200].size, 64 * MIB);
+            .all(|o| o.key.starts_with("shards/train-") && o.size == 16 * MIB));
+        let classes: std::collections::BTreeSet<_> =
+            s[..1000].iter().map(|o| o.key.split('/').nth(2)).collect();
+        assert_eq!(classes.len(), 10);
+        // Scaled down (the CI quickstart): fewer images, smaller shards.
+        let small = sample(0.1, 1);
+        assert_eq!(small.len(), 104);
+        assert!(small[100..].iter().all(|o| o.size == 2 * MIB));
+        assert_eq!(sample(0.001, 1).len(), 14);
     }
 }

@@ -18,7 +18,7 @@ pub use layouts::{W1_MAX_SIZE, W1_MEAN_SIZE, W1_MIN_SIZE};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Workload {
-    /// A small ImageFolder-like demo tree plus one 64 MiB shard (quickstart).
+    /// A small ImageFolder-like demo tree plus four 16 MiB shards (quickstart).
     Sample,
     /// ImageNet-like: 20,000 files, log-normal sizes around 110 KB, 200 directories.
     W1,
@@ -94,14 +94,14 @@ pub struct Plan {
 
 impl Plan {
     /// The dataset of `workload` at `scale` (1.0 = the standard size; W1, W4
-    /// and W5 scale their object counts, W2 and W3 their object sizes; the
-    /// sample ignores it).
+    /// and W5 scale their object counts, W2 and W3 their object sizes, the
+    /// sample both).
     pub fn new(workload: Workload, scale: f64, seed: u64) -> Result<Self, InvalidScale> {
         if !(scale.is_finite() && scale > 0.0 && scale <= 1.0) {
             return Err(InvalidScale(scale));
         }
         let objects = match workload {
-            Workload::Sample => layouts::sample(seed),
+            Workload::Sample => layouts::sample(scale, seed),
             Workload::W1 | Workload::W5 => layouts::w1(scale, seed),
             Workload::W2 => layouts::w2(scale),
             Workload::W3 => layouts::w3(scale),

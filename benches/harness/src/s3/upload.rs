@@ -3,10 +3,16 @@
 //! Objects already present with the right size are skipped, but only when
 //! the dataset marker (`<prefix>.riffle-bench.json`, written before the
 //! first upload) says the bucket holds the same workload, scale and seed:
-//! same sizes with other bytes would otherwise pass unnoticed. Objects above
+//! same sizes with other bytes would otherwise pass unnoticed. With
+//! [`UploadOptions::exact`] the prefix is made to hold the dataset and
+//! nothing else, as a real dataset would (the quickstart mounts it): no
+//! marker is written, any other object under the prefix (an earlier marker
+//! included) is deleted, and every object is uploaded, since without a marker
+//! nothing proves that an object already there holds these bytes. Objects above
 //! the multipart threshold go up in parts, generated on the fly, with a cap
 //! on parts in flight so memory stays bounded.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,6 +42,9 @@ pub struct UploadOptions {
     pub part_size: u64,
     /// Multipart parts in flight at most (each holds `part_size` bytes).
     pub max_parts_in_flight: usize,
+    /// Leave exactly the dataset under the prefix: no marker, other objects
+    /// deleted, everything uploaded (see the module doc).
+    pub exact: bool,
 }
 
 impl UploadOptions {
@@ -47,6 +56,7 @@ impl UploadOptions {
             multipart_threshold: 32 << 20,
             part_size: 16 << 20,
             max_parts_in_flight: 16,
+            exact: false,
         }
     }
 }
@@ -57,6 +67,9 @@ pub struct UploadSummary {
     pub objects: usize,
     pub uploaded: usize,
     pub skipped: usize,
+    /// Objects under the prefix that were not part of the dataset, deleted
+    /// (only with [`UploadOptions::exact`]).
+    pub deleted: usize,
     pub bytes_total: u64,
     pub bytes_uploaded: u64,
     pub elapsed_s: f64,
@@ -86,7 +99,11 @@ pub async fn upload(
         scale: plan.scale,
         seed: plan.seed,
     };
-    let existing = if read_marker(s3, opts).await.as_ref() == Some(&marker) {
+    let mut deleted = 0;
+    let existing = if opts.exact {
+        deleted = delete_others(s3, plan, opts).await?;
+        Default::default()
+    } else if read_marker(s3, opts).await.as_ref() == Some(&marker) {
         list_sizes(s3, &opts.bucket, &opts.prefix).await?
     } else {
         write_marker(s3, opts, &marker).await?;
@@ -147,10 +164,42 @@ pub async fn upload(
         objects: plan.objects.len(),
         uploaded: todo.len(),
         skipped: plan.objects.len() - todo.len(),
+        deleted,
         bytes_total: plan.total_bytes(),
         bytes_uploaded: todo_bytes,
         elapsed_s: progress.elapsed().as_secs_f64(),
     })
+}
+
+/// Deletes every object under the prefix that is not part of `plan`;
+/// returns how many.
+async fn delete_others(s3: &Client, plan: &Plan, opts: &UploadOptions) -> anyhow::Result<usize> {
+    let wanted: HashSet<String> = plan
+        .objects
+        .iter()
+        .map(|o| format!("{}{}", opts.prefix, o.key))
+        .collect();
+    let others: Vec<String> = list_sizes(s3, &opts.bucket, &opts.prefix)
+        .await?
+        .into_keys()
+        .filter(|k| !wanted.contains(k))
+        .collect();
+    // One DeleteObject per key: Ceph 16 wants Content-MD5 on DeleteObjects,
+    // and an exact upload rarely has more than a few keys to remove.
+    let mut results = stream::iter(others.iter())
+        .map(|key| async move {
+            s3.delete_object()
+                .bucket(&opts.bucket)
+                .key(key)
+                .send()
+                .await
+                .map_err(|e| anyhow!("delete s3://{}/{key}: {}", opts.bucket, error_text(&e)))
+        })
+        .buffer_unordered(opts.parallel);
+    while let Some(r) = results.next().await {
+        r?;
+    }
+    Ok(others.len())
 }
 
 async fn read_marker(s3: &Client, opts: &UploadOptions) -> Option<Marker> {

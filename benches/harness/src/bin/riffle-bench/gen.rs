@@ -36,6 +36,13 @@ pub struct Args {
     /// Only compute and write the manifest; upload nothing
     #[arg(long)]
     manifest_only: bool,
+    /// Leave exactly the dataset under the prefix, as a real dataset would
+    /// be: write no marker object (`<prefix>.riffle-bench.json`), delete any
+    /// other object under the prefix, and upload every object (without the
+    /// marker nothing proves that objects already there hold these bytes).
+    /// The manifest, written outside the bucket, is all readers need
+    #[arg(long)]
+    exact: bool,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -63,10 +70,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .context("--endpoint (or AWS_ENDPOINT_URL) is required to upload")?;
     let endpoint = Endpoint::from_env(url)?;
     let s3 = connect(&endpoint);
-    let opts = UploadOptions::new(&a.bucket, &prefix, a.parallel);
+    let mut opts = UploadOptions::new(&a.bucket, &prefix, a.parallel);
+    opts.exact = a.exact;
     let summary = super::runtime()?.block_on(upload(&s3, &plan, &opts))?;
     println!(
-        "gen {} -> s3://{}/{}: {} objects ({:.3} GB), uploaded {} ({:.3} GB), skipped {} already there, {:.1} s; manifest {}",
+        "gen {} -> s3://{}/{}: {} objects ({:.3} GB), uploaded {} ({:.3} GB), skipped {} already there, deleted {} others, {:.1} s; manifest {}",
         plan.workload,
         a.bucket,
         prefix,
@@ -75,6 +83,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         summary.uploaded,
         summary.bytes_uploaded as f64 / 1e9,
         summary.skipped,
+        summary.deleted,
         summary.elapsed_s,
         manifest_path.display()
     );
