@@ -209,6 +209,14 @@ pub struct MountArgs {
     #[arg(long, value_name = "FILE")]
     pub log_file: Option<PathBuf>,
 
+    /// Rotate the log file when it passes this size (FILE.1, FILE.2, ...)
+    #[arg(long, value_name = "SIZE", default_value = "16M", value_parser = parse_log_max_size)]
+    pub log_max_size: u64,
+
+    /// Rotated log files to keep besides the current one (older ones are deleted)
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub log_keep: u16,
+
     /// Write the daemon's process id to this file
     #[arg(long, value_name = "FILE")]
     pub pid_file: Option<PathBuf>,
@@ -279,6 +287,14 @@ fn parse_lookup_readahead(s: &str) -> Result<u64, String> {
     Ok(bytes)
 }
 
+fn parse_log_max_size(s: &str) -> Result<u64, String> {
+    let bytes = parse_bytes(s)?;
+    if bytes < 64 << 10 {
+        return Err(format!("'{s}' is too small: at least 64K"));
+    }
+    Ok(bytes)
+}
+
 fn parse_endpoint(s: &str) -> Result<String, String> {
     let url = url::Url::parse(s).map_err(|e| format!("'{s}' is not a URL: {e}"))?;
     if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
@@ -311,6 +327,9 @@ mod tests {
         assert_eq!(parse_lookup_readahead("1M"), Ok(1 << 20));
         assert!(parse_lookup_readahead("100M").is_err());
         assert!(parse_lookup_readahead("10%").is_err());
+        assert_eq!(parse_log_max_size("16M"), Ok(16 << 20));
+        assert!(parse_log_max_size("1K").is_err());
+        assert!(parse_log_max_size("5%").is_err());
         assert!(parse_endpoint("localhost:7480").is_err());
         assert!(parse_endpoint("ftp://x").is_err());
         assert!(parse_endpoint("http://u:p@host").is_err());

@@ -1,42 +1,174 @@
-//! Log set-up: `tracing` to stderr or a file.
+//! Log set-up: `tracing` to stderr or to a file that rotates at a size bound.
 //!
 //! rifflefs logs at the chosen level; the AWS SDK, hyper and fuser are held at `warn` whatever
 //! the level, because their debug output can include request headers (signatures, tokens).
 //! fuser's session is held at `error`: its only warning is the unmount it retries when the
 //! session ends, which fails with EINVAL after every normal `riffle unmount` (the kernel has
 //! already unmounted) and would otherwise be logged on every clean exit.
+//!
+//! Two bounds keep the log small whatever the daemon is asked to do:
+//! - every line at `info` and above passes the rate limit of [`log_limit`](super::log_limit):
+//!   at most 10 lines a minute from one place in the code, the rest counted in one summary line;
+//! - a log file is rotated when a write takes it past `--log-max-size` (the file is renamed
+//!   `FILE.1`, older ones shift to `FILE.2` and on, and `--log-keep` of them are kept), so a
+//!   mount's logs take at most `(log_keep + 1) × log_max_size` plus one line. Rotation happens
+//!   inside the daemon, so no `logrotate` rule is needed (and none should move the file).
 
-use std::fs::OpenOptions;
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::Context;
-use tracing_subscriber::EnvFilter;
+use file_rotate::compression::Compression;
+use file_rotate::suffix::AppendCount;
+use file_rotate::{ContentLimit, FileRotate};
+use tracing_subscriber::filter::FilterExt;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
 
-pub fn init(level: &str, file: Option<&Path>) -> anyhow::Result<()> {
+use super::log_limit::{RateLimit, RateLimitFilter, BURST, PERIOD};
+
+/// Where the log goes and how large a log file may grow.
+#[derive(Debug, Clone)]
+pub struct LogConfig<'a> {
+    pub level: &'a str,
+    /// `None`: stderr.
+    pub file: Option<&'a Path>,
+    /// A log file is rotated when it passes this many bytes.
+    pub max_size: u64,
+    /// Rotated files kept besides the current one.
+    pub keep: usize,
+}
+
+pub fn init(config: &LogConfig<'_>) -> anyhow::Result<()> {
+    let level = config.level;
     let filter = EnvFilter::try_new(format!(
         "warn,rifflefs={level},riffle={level},aws_config=warn,aws_smithy_runtime=warn,aws_sdk_s3=warn,hyper=warn,fuser=warn,fuser::session=error"
     ))
     .context("invalid log level")?;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false);
-    match file {
+    let limit = Arc::new(RateLimit::new(BURST, PERIOD));
+    let filter = filter.and(RateLimitFilter(limit.clone()));
+    let layer = tracing_subscriber::fmt::layer().with_target(false);
+    let result = match config.file {
         Some(path) => {
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir)
-                    .with_context(|| format!("cannot create log directory {}", dir.display()))?;
-            }
-            let f = OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .with_context(|| format!("cannot open log file {}", path.display()))?;
-            builder
-                .with_ansi(false)
-                .with_writer(std::sync::Mutex::new(f))
+            let writer = rotating_file(path, config.max_size, config.keep)?;
+            tracing_subscriber::registry()
+                .with(
+                    layer
+                        .with_ansi(false)
+                        .with_writer(std::sync::Mutex::new(writer))
+                        .with_filter(filter),
+                )
                 .try_init()
         }
-        None => builder.with_writer(std::io::stderr).try_init(),
+        None => tracing_subscriber::registry()
+            .with(layer.with_writer(std::io::stderr).with_filter(filter))
+            .try_init(),
+    };
+    result.map_err(|e| anyhow::anyhow!("cannot set up logging: {e}"))?;
+    if let Err(e) = limit.spawn_reporter() {
+        tracing::warn!(error = %e, "no thread for the log's summary lines");
     }
-    .map_err(|e| anyhow::anyhow!("cannot set up logging: {e}"))
+    Ok(())
+}
+
+/// A log file at `path` (appended to) that rotates when a write takes it past `max_size` bytes,
+/// keeping `keep` rotated files (`FILE.1` the newest). Fails with the reason if the file cannot
+/// be opened.
+pub fn rotating_file(
+    path: &Path,
+    max_size: u64,
+    keep: usize,
+) -> anyhow::Result<FileRotate<AppendCount>> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create log directory {}", dir.display()))?;
+    // Open it once here so that a bad path fails with a reason (file-rotate would panic).
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true).create(true).append(true);
+    options
+        .open(path)
+        .with_context(|| format!("cannot open log file {}", path.display()))?;
+    let max = usize::try_from(max_size.max(1)).unwrap_or(usize::MAX);
+    Ok(FileRotate::new(
+        path,
+        AppendCount::new(keep),
+        ContentLimit::BytesSurpassed(max),
+        Compression::None,
+        Some(options),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn sizes(dir: &Path) -> Vec<(String, u64)> {
+        let mut v: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (
+                    e.file_name().to_string_lossy().into_owned(),
+                    e.metadata().unwrap().len(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn the_log_file_rotates_at_its_bound_and_keeps_whole_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.log");
+        let mut log = rotating_file(&path, 1000, 2).unwrap();
+        let line = format!("{}\n", "x".repeat(99)); // 100 bytes
+        for _ in 0..55 {
+            log.write_all(line.as_bytes()).unwrap();
+            log.flush().unwrap();
+        }
+        let files = sizes(dir.path());
+        let names: Vec<_> = files.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            ["m.log", "m.log.1", "m.log.2"],
+            "two rotated files kept"
+        );
+        for (name, size) in &files {
+            assert!(
+                *size <= 1000 + 100,
+                "{name} is {size} bytes, over its bound"
+            );
+            assert_eq!(size % 100, 0, "{name} holds only whole lines");
+        }
+        let total: u64 = files.iter().map(|(_, s)| s).sum();
+        assert!(total < 55 * 100, "the oldest lines were dropped");
+    }
+
+    #[test]
+    fn an_existing_log_counts_towards_the_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.log");
+        std::fs::write(&path, "y".repeat(990) + "\n").unwrap();
+        let mut log = rotating_file(&path, 1000, 3).unwrap();
+        log.write_all(b"first line after a restart\n").unwrap();
+        log.write_all(b"second\n").unwrap();
+        log.flush().unwrap();
+        assert!(dir.path().join("m.log.1").exists(), "rotated at the bound");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "second\n");
+    }
+
+    #[test]
+    fn a_log_file_that_cannot_be_opened_is_an_error_not_a_panic() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a-directory");
+        std::fs::create_dir(&path).unwrap();
+        let e = rotating_file(&path, 1000, 1).err().unwrap();
+        assert!(e.to_string().contains("cannot open log file"), "{e}");
+    }
 }

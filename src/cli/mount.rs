@@ -58,7 +58,12 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
 }
 
 fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
-    logging::init(&args.log_level, args.log_file.as_deref())?;
+    logging::init(&logging::LogConfig {
+        level: &args.log_level,
+        file: args.log_file.as_deref(),
+        max_size: args.log_max_size,
+        keep: usize::from(args.log_keep),
+    })?;
     if args.block_size * 4 > args.max_memory {
         bail!(
             "--max-memory must be at least 4 blocks (--block-size {} needs --max-memory {}M or more)",

@@ -23,6 +23,18 @@
 //! ([`Fetcher::read_quick`]); only reads that must wait for the store or for metadata I/O take a
 //! task. `flush` answers ENOSYS once, so the kernel stops sending it (a read-only file system has
 //! nothing to flush) and `close` costs no round trip.
+//!
+//! Every other operation is answered here too, at once and without a log line, because fuser's
+//! defaults write a warning per request and some arrive once per file: Python's `open()` asks
+//! `isatty()` (an `ioctl(TCGETS)`) on every file it opens, so a data loader sends one `ioctl`
+//! per sample. `ioctl` answers `ENOTTY`, what a regular file on ext4 answers; the kernel
+//! turns an `ENOSYS` from a FUSE server into `ENOTTY` as well and keeps sending the next one,
+//! so no answer saves the round trip (measured: the same count of FUSE `ioctl` requests
+//! either way). `lseek`, `poll`, `copy_file_range`, `getlk`/`setlk` and `bmap` answer `ENOSYS`,
+//! which the kernel remembers for the mount and handles them itself from then on (`SEEK_DATA`
+//! and `SEEK_HOLE` as for a file without holes, `poll` as always ready, copies by reading and
+//! writing, locks locally). `readlink` answers `EINVAL` (the tree has no symbolic links) and
+//! `fsyncdir` succeeds (nothing to write).
 
 mod backings;
 mod lookahead;
@@ -35,10 +47,11 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    BackingId, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags,
+    PollEvents, PollFlags, PollNotifier, ReplyAttr, ReplyBmap, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock, ReplyLseek, ReplyOpen,
+    ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 
@@ -652,6 +665,126 @@ impl Filesystem for RiffleFs {
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _ds: bool, reply: ReplyEmpty) {
+        let _timer = self.ops.start(FuseOp::Fsync);
+        reply.ok();
+    }
+
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        let _timer = self.ops.start(FuseOp::Ioctl);
+        // What a regular file answers to TCGETS and every other ioctl it does not know.
+        reply.error(Errno::ENOTTY);
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: i64,
+        _whence: i32,
+        reply: ReplyLseek,
+    ) {
+        let _timer = self.ops.start(FuseOp::Other);
+        // ENOSYS: the kernel stops asking and answers SEEK_DATA/SEEK_HOLE itself (no holes).
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn poll(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _ph: PollNotifier,
+        _events: PollEvents,
+        _flags: PollFlags,
+        reply: ReplyPoll,
+    ) {
+        let _timer = self.ops.start(FuseOp::Other);
+        // ENOSYS: the kernel stops asking and reports the file always ready, as for ext4.
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        _ino_in: INodeNo,
+        _fh_in: FileHandle,
+        _offset_in: u64,
+        _ino_out: INodeNo,
+        _fh_out: FileHandle,
+        _offset_out: u64,
+        _len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        let _timer = self.ops.start(FuseOp::Other);
+        // ENOSYS: the kernel stops asking and copies by reading and writing.
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn getlk(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        _start: u64,
+        _end: u64,
+        _typ: i32,
+        _pid: u32,
+        reply: ReplyLock,
+    ) {
+        let _timer = self.ops.start(FuseOp::Other);
+        // Only sent if POSIX locks were negotiated (they are not): the kernel locks locally.
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn setlk(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        _start: u64,
+        _end: u64,
+        _typ: i32,
+        _pid: u32,
+        _sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let _timer = self.ops.start(FuseOp::Other);
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn bmap(&self, _req: &Request, _ino: INodeNo, _bs: u32, _idx: u64, reply: ReplyBmap) {
+        let _timer = self.ops.start(FuseOp::Other);
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn readlink(&self, _req: &Request, _ino: INodeNo, reply: ReplyData) {
+        let _timer = self.ops.start(FuseOp::Readlink);
+        // The tree has no symbolic links; readlink(2) of anything else is EINVAL.
+        reply.error(Errno::EINVAL);
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         let _timer = self.ops.start(FuseOp::Fsync);
         reply.ok();
     }

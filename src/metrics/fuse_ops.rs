@@ -72,6 +72,8 @@ pub enum FuseOp {
     Listxattr,
     Access,
     Readlink,
+    /// `ioctl`: answered ENOTTY (Python's `open()` sends one per file, asking `isatty()`).
+    Ioctl,
     /// Any call that would modify the tree (write, create, setattr, mkdir, ...), answered EROFS.
     Modify,
     /// Anything else.
@@ -80,7 +82,7 @@ pub enum FuseOp {
 
 impl FuseOp {
     /// Every kind, in label order.
-    pub const ALL: [FuseOp; 18] = [
+    pub const ALL: [FuseOp; 19] = [
         FuseOp::Lookup,
         FuseOp::Getattr,
         FuseOp::Open,
@@ -97,6 +99,7 @@ impl FuseOp {
         FuseOp::Listxattr,
         FuseOp::Access,
         FuseOp::Readlink,
+        FuseOp::Ioctl,
         FuseOp::Modify,
         FuseOp::Other,
     ];
@@ -120,6 +123,7 @@ impl FuseOp {
             FuseOp::Listxattr => "listxattr",
             FuseOp::Access => "access",
             FuseOp::Readlink => "readlink",
+            FuseOp::Ioctl => "ioctl",
             FuseOp::Modify => "modify",
             FuseOp::Other => "other",
         }
