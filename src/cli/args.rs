@@ -189,7 +189,8 @@ pub struct MountArgs {
     /// With no plan, recognise a shuffled epoch over a directory tree and fetch its files
     /// that have not been opened yet in the background (bounded by what the reader has
     /// opened, and by the cache); `off` fetches only what is read
-    #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off)]
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = parse_on_off,
+          action = clap::ArgAction::Set)]
     pub epoch_prefetch: bool,
 
     /// Serve Prometheus metrics (OpenMetrics) at http://HOST:PORT/metrics
@@ -368,6 +369,19 @@ mod tests {
             Cli::try_parse_from(["riffle", "mount", "s3://bkt", "/m", "--max-inflight", "0"])
                 .is_err()
         );
+        let epoch_prefetch = |extra: &[&str]| {
+            let mut argv = vec!["riffle", "mount", "s3://bkt", "/m"];
+            argv.extend_from_slice(extra);
+            match Cli::try_parse_from(argv).map(|c| c.command) {
+                Ok(Command::Mount(m)) => Ok(m.epoch_prefetch),
+                Ok(_) => panic!("not a mount"),
+                Err(e) => Err(e.kind()),
+            }
+        };
+        assert_eq!(epoch_prefetch(&[]), Ok(true));
+        assert_eq!(epoch_prefetch(&["--epoch-prefetch", "off"]), Ok(false));
+        assert_eq!(epoch_prefetch(&["--epoch-prefetch=on"]), Ok(true));
+        assert!(epoch_prefetch(&["--epoch-prefetch", "sometimes"]).is_err());
         assert!(Cli::try_parse_from([
             "riffle",
             "mount",
