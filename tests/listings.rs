@@ -1,6 +1,6 @@
 //! Listings against the real RGW behind a latency proxy (30 ms to the first byte): a walk lists
 //! directories ahead of the walker, and a remount on the same `--cache-dir` with
-//! `--metadata-ttl indefinite` lists nothing. LISTs are counted at the proxy, not by riffle.
+//! `--metadata-ttl indefinite` lists nothing, after an unmount or a SIGKILL. LISTs are counted at the proxy, not by riffle.
 
 mod common;
 
@@ -92,7 +92,22 @@ fn a_remount_on_the_same_cache_dir_with_indefinite_lists_nothing() {
     assert_eq!(lists(&proxy), 0, "the remount listed");
     assert_eq!(namespace_stat(&second, "listings_from_disk"), dirs);
     assert_eq!(namespace_stat(&second, "listings"), 0);
-    drop(second);
+
+    // After SIGKILL too: what was kept is whole, and a new mount lists nothing.
+    let pid = second.pid();
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    for _ in 0..500 {
+        if std::fs::metadata(format!("/proc/{pid}")).is_err() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(second); // cleans the dead mount
+    let after_kill = mount(&proxy, &bucket, cache.path());
+    proxy.reset_stats();
+    assert_eq!(walk(&after_kill.path), expected);
+    assert_eq!(lists(&proxy), 0, "the mount after SIGKILL listed");
+    drop(after_kill);
 
     // `riffle cache clear` removes kept listings: the next mount lists again.
     let out = run_with_timeout(
