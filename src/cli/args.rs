@@ -137,6 +137,11 @@ pub struct MountArgs {
     #[arg(long, value_name = "SECONDS|indefinite", default_value = "60")]
     pub metadata_ttl: MetadataTtl,
 
+    /// Directory listings run in the background at once when a directory is read (its
+    /// subdirectories are listed ahead of a walk); 0 lists only what is asked for
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(0..=256))]
+    pub list_concurrency: u32,
+
     /// Concurrent GET requests at most, for the whole mount
     #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub max_inflight: u32,

@@ -27,7 +27,9 @@ use crate::fetch::{DiskTier, FetchConfig, Fetcher};
 use crate::fs::{FsConfig, FsStatus, RiffleFs};
 use crate::metrics::fuse_ops::FuseOps;
 use crate::metrics::{serve_metrics, MountMetrics};
-use crate::namespace::Namespace;
+use crate::namespace::background::FanoutConfig;
+use crate::namespace::kept::KeptListings;
+use crate::namespace::{Namespace, NamespaceOptions};
 use crate::prefetch::plan::Plan;
 use crate::prefetch::{Oracle, PrefetchConfig, Prefetcher};
 use crate::reader::ReadAheadConfig;
@@ -92,10 +94,28 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
     };
     let raw: Arc<dyn ObjectStore> = Arc::new(runtime.block_on(S3Store::new(&s3)));
     runtime.block_on(probe(raw.clone(), args))?;
+    let endpoint = args.endpoint_url.as_deref().unwrap_or("aws-s3");
+    let kept = args.cache_dir.as_ref().map(|dir| {
+        let kept = KeptListings::new(dir, endpoint, &args.source.bucket);
+        // The probe just listed the mount root with this mount's credentials.
+        kept.grant_access();
+        Arc::new(kept)
+    });
 
     let retrying = Arc::new(RetryingStore::new(raw, RetryPolicy::default()));
     let store: Arc<dyn ObjectStore> = retrying.clone();
-    let ns = Namespace::new(store.clone(), &args.source.prefix, args.metadata_ttl);
+    let ns = Namespace::with_options(
+        store.clone(),
+        &args.source.prefix,
+        args.metadata_ttl,
+        NamespaceOptions {
+            fanout: (args.list_concurrency > 0).then(|| FanoutConfig {
+                concurrency: args.list_concurrency as usize,
+                ..FanoutConfig::default()
+            }),
+            kept,
+        },
+    );
     let fds = fd_limit::raise_to_hard_limit().unwrap_or(1024);
     let budget = Budget::fit(fds, args.max_inflight as usize, args.cache_dir.is_some());
     if budget.max_inflight < args.max_inflight as usize {
@@ -132,7 +152,6 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
             let policy = make_policy(args.eviction, Some(oracle.clone()));
             let cache = DiskCache::open_with_policy(cc, policy)
                 .with_context(|| format!("cannot use cache directory {}", dir.display()))?;
-            let endpoint = args.endpoint_url.as_deref().unwrap_or("aws-s3");
             Some(Arc::new(DiskTier::new(
                 cache,
                 endpoint,

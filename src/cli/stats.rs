@@ -7,6 +7,7 @@ use serde_json::json;
 use super::args::{CacheCommand, StatsArgs};
 use crate::cache;
 use crate::control;
+use crate::namespace::kept;
 
 pub fn run(args: &StatsArgs) -> anyhow::Result<()> {
     let value = control::request(&args.mountpoint, "stats")?;
@@ -23,11 +24,15 @@ pub fn cache(cmd: &CacheCommand) -> anyhow::Result<()> {
         CacheCommand::Clear { cache_dir } => {
             let report = cache::clear_dir(cache_dir)
                 .with_context(|| format!("cannot clear {}", cache_dir.display()))?;
+            // Kept listings: cleared once the cache showed no mount uses the directory.
+            let listings = kept::clear(cache_dir).with_context(|| {
+                format!("cannot clear the kept listings of {}", cache_dir.display())
+            })?;
             println!(
                 "cleared {}: {} files, {} bytes",
                 cache_dir.display(),
-                report.files,
-                report.bytes
+                report.files + listings.files,
+                report.bytes + listings.bytes
             );
             Ok(())
         }

@@ -68,6 +68,7 @@ impl StatsSource for MountMetrics {
     fn stats(&self) -> serde_json::Value {
         let f = self.fetcher.stats();
         let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+        let listings = self.namespace.listing_stats();
         let cache = self.fetcher.disk().map(|d| {
             let c = d.cache().stats();
             json!({
@@ -129,6 +130,12 @@ impl StatsSource for MountMetrics {
             "namespace": {
                 "inodes": self.namespace.inode_count(),
                 "skipped_keys": self.namespace.skipped_count(),
+                "listings": listings.from_store,
+                "listings_background": listings.background,
+                "listings_background_failed": listings.background_failed,
+                "listings_from_disk": listings.from_disk,
+                "listings_kept": listings.kept_written,
+                "listings_kept_ignored": listings.kept_ignored,
             },
         })
     }

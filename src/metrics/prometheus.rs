@@ -171,6 +171,12 @@ pub const STATS: &[StatSpec] = &[
     spec("inflight.bytes", "riffle_inflight", Gauge, BYTES, "Bytes of GET buffers reserved."),
     spec("namespace.inodes", "riffle_namespace_inodes", Gauge, None, "Inodes known to the namespace."),
     spec("namespace.skipped_keys", "riffle_namespace_skipped_keys", Gauge, None, "Object keys not representable as paths (skipped)."),
+    spec("namespace.listings", "riffle_namespace_listings", Counter, None, "Directory listings taken from the store (all pages of one directory)."),
+    spec("namespace.listings_background", "riffle_namespace_listings_background", Counter, None, "Directory listings started in the background ahead of a walk."),
+    spec("namespace.listings_background_failed", "riffle_namespace_listings_background_failed", Counter, None, "Background listings that failed after retries (a reader lists the directory itself)."),
+    spec("namespace.listings_from_disk", "riffle_namespace_listings_from_disk", Counter, None, "Directory listings taken from the cache directory instead of the store."),
+    spec("namespace.listings_kept", "riffle_namespace_listings_kept", Counter, None, "Directory listings written to the cache directory."),
+    spec("namespace.listings_kept_ignored", "riffle_namespace_listings_kept_ignored", Counter, None, "Kept listings found torn or unreadable and not used."),
 ];
 
 /// JSON fields deliberately not exported (identity, not measurements).
@@ -485,7 +491,7 @@ mod tests {
             "blocks": {"disk_hits": 6, "hits": 11, "misses": 8, "memory_cache_bytes": 2048},
             "read_ahead": {"requests": 3, "skipped_for_budget": 1},
             "inflight": {"requests": 2, "bytes": 4096},
-            "namespace": {"inodes": 10, "skipped_keys": 0},
+            "namespace": {"inodes": 10, "skipped_keys": 0, "listings_from_disk": 4},
         });
         let text = render(stats, FuseOps::new());
         let expect = [
@@ -511,6 +517,7 @@ mod tests {
             ("riffle_inflight_bytes", "4096"),
             ("riffle_namespace_inodes", "10"),
             ("riffle_namespace_skipped_keys", "0"),
+            ("riffle_namespace_listings_from_disk_total", "4"),
         ];
         for (name, value) in expect {
             assert_eq!(sample(&text, name), Some(value), "{name} in\n{text}");

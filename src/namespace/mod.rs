@@ -21,19 +21,33 @@
 //! per file. Lookups in that directory while its listing runs wait for it when it fits in one
 //! page, and concurrent `readdir`s share it (module `listings`).
 //!
+//! When a directory is read, its subdirectories are listed in the background, a bounded
+//! number at once and below demand requests, so a walk of many directories costs about the
+//! time of its largest one rather than the sum of all (module [`background`]). With a
+//! `--cache-dir`, every listing taken from the store is also kept on disk, and a later mount
+//! of the same endpoint, bucket and prefix uses it while it is fresh under the TTL, once that
+//! mount showed it can list the bucket with its own credentials (module [`kept`]): a remount
+//! of an immutable dataset lists nothing. A listing is applied to the tree whole (all its
+//! pages, from the store or from disk) or not at all.
+//!
 //! No lock is held across an `await`: remote calls are made first, their answers merged in
 //! under a short write lock.
 
+pub mod background;
+pub mod kept;
 mod listings;
 pub mod names;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::RwLock;
 
 use crate::store::{ListPage, ObjectMeta, ObjectStore, StoreError};
+use background::{Fanout, FanoutConfig};
+use kept::{KeptListings, ListedFile, RawListing};
 use listings::{Claim, Lead, Listings};
 use names::{invalid_reason, SkipLog};
 
@@ -144,6 +158,10 @@ struct DirState {
     listing: Option<(Arc<Vec<DirEntry>>, Instant)>,
     /// Names known not to exist, and since when.
     missing: HashMap<Arc<str>, Instant>,
+    /// Listed at least once in this mount (a kept listing is only used before that).
+    ever_listed: bool,
+    /// The subdirectories of the current listing were queued for background listings.
+    fanned_out: bool,
 }
 
 #[derive(Debug)]
@@ -161,7 +179,48 @@ pub struct Namespace {
     skipped: SkipLog,
     mount_time: SystemTime,
     listings: Listings,
+    fanout: Option<Arc<Fanout>>,
+    kept: Option<Arc<KeptListings>>,
+    counts: Arc<ListingCounts>,
 }
+
+/// What a [`Namespace`] does beyond listing on demand.
+#[derive(Debug, Default, Clone)]
+pub struct NamespaceOptions {
+    /// List the subdirectories of directories being read in the background.
+    pub fanout: Option<FanoutConfig>,
+    /// Keep listings on disk and use kept ones (after [`KeptListings::grant_access`]).
+    pub kept: Option<Arc<KeptListings>>,
+}
+
+/// Listing counters (for `riffle stats`).
+#[derive(Debug, Default)]
+struct ListingCounts {
+    from_store: AtomicU64,
+    from_disk: AtomicU64,
+    kept_written: AtomicU64,
+    kept_ignored: AtomicU64,
+}
+
+/// A snapshot of the listing counters.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ListingStats {
+    /// Complete listings taken from the store.
+    pub from_store: u64,
+    /// Background listings that listed a directory (from the store or from disk).
+    pub background: u64,
+    /// Background listings that failed after the store's retries.
+    pub background_failed: u64,
+    /// Listings taken from disk (kept by this or an earlier mount).
+    pub from_disk: u64,
+    /// Listings written to disk.
+    pub kept_written: u64,
+    /// Kept listings found torn or unreadable (and not used).
+    pub kept_ignored: u64,
+}
+
+/// Kept listings written at once (each on a blocking thread).
+const KEPT_WRITERS: usize = 2;
 
 /// The outcome of asking the store about one name.
 enum Found {
@@ -178,6 +237,16 @@ fn is_child_name(name: &str) -> bool {
 impl Namespace {
     /// `root_prefix` is "" or ends with '/'.
     pub fn new(store: Arc<dyn ObjectStore>, root_prefix: &str, ttl: MetadataTtl) -> Arc<Self> {
+        Self::with_options(store, root_prefix, ttl, NamespaceOptions::default())
+    }
+
+    /// [`Self::new`] with background listings and kept listings as `options` say.
+    pub fn with_options(
+        store: Arc<dyn ObjectStore>,
+        root_prefix: &str,
+        ttl: MetadataTtl,
+        options: NamespaceOptions,
+    ) -> Arc<Self> {
         let now = SystemTime::now();
         let root = Node {
             parent: ROOT_INO,
@@ -195,7 +264,36 @@ impl Namespace {
             skipped: SkipLog::default(),
             mount_time: now,
             listings: Listings::default(),
+            fanout: options.fanout.map(Fanout::new),
+            kept: options.kept,
+            counts: Arc::default(),
         })
+    }
+
+    /// One LIST of the mount root with this namespace's store (its credentials); on success,
+    /// kept listings may be used from now on. (`riffle mount` makes the same check in its
+    /// start-up probe and calls [`KeptListings::grant_access`] itself.)
+    pub async fn check_access(&self) -> Result<(), NamespaceError> {
+        self.store
+            .list_page(&self.root_prefix, None, Some(1))
+            .await?;
+        if let Some(kept) = &self.kept {
+            kept.grant_access();
+        }
+        Ok(())
+    }
+
+    /// The listing counters.
+    pub fn listing_stats(&self) -> ListingStats {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        ListingStats {
+            from_store: load(&self.counts.from_store),
+            background: self.fanout.as_ref().map_or(0, |f| load(&f.started)),
+            background_failed: self.fanout.as_ref().map_or(0, |f| load(&f.failed)),
+            from_disk: load(&self.counts.from_disk),
+            kept_written: load(&self.counts.kept_written),
+            kept_ignored: load(&self.counts.kept_ignored),
+        }
     }
 
     pub fn ttl(&self) -> MetadataTtl {
@@ -608,7 +706,18 @@ impl Namespace {
         dir.children.insert(name, new_ino);
         dir.listing = None;
         tree.nodes.push(successor);
+        let parent_prefix = self.dir_prefix(&tree, parent);
+        drop(tree);
+        self.forget_kept(&parent_prefix);
         Some(new_ino)
+    }
+
+    /// Deletes the kept listing of a directory whose in-memory listing was dropped because
+    /// something in it changed, so no later mount trusts it.
+    fn forget_kept(&self, prefix: &str) {
+        if let Some(kept) = &self.kept {
+            kept.forget(prefix);
+        }
     }
 
     /// Forces the next access to `ino` to ask the store (after it changed under a reader).
@@ -627,10 +736,96 @@ impl Namespace {
         if let Some(dir) = tree.nodes[(parent - 1) as usize].dir.as_deref_mut() {
             dir.listing = None;
         }
+        let parent_prefix = self.dir_prefix(&tree, parent);
+        drop(tree);
+        self.forget_kept(&parent_prefix);
     }
 
     /// The entries of directory `ino`, listed again when the last listing is older than the TTL.
-    pub async fn readdir(&self, ino: u64) -> Result<Arc<Vec<DirEntry>>, NamespaceError> {
+    /// Its subdirectories are then listed in the background (module [`background`]).
+    pub async fn readdir(self: &Arc<Self>, ino: u64) -> Result<Arc<Vec<DirEntry>>, NamespaceError> {
+        let entries = self.readdir_listing(ino).await?;
+        self.fan_out(ino);
+        Ok(entries)
+    }
+
+    /// Queues background listings of the subdirectories of `ino` without a fresh listing,
+    /// once per listing of `ino`.
+    fn fan_out(self: &Arc<Self>, ino: u64) {
+        let Some(fanout) = &self.fanout else {
+            return;
+        };
+        if self.ttl == MetadataTtl::For(Duration::ZERO) {
+            return;
+        }
+        let fanned_out = |tree: &Tree| {
+            Self::node(tree, ino)
+                .ok()
+                .and_then(|n| n.dir.as_ref())
+                .is_none_or(|d| d.fanned_out || d.listing.is_none())
+        };
+        if fanned_out(&self.tree.read()) {
+            return;
+        }
+        let queued = {
+            let mut tree = self.tree.write();
+            if fanned_out(&tree) {
+                return;
+            }
+            let Ok(dir) = Self::dir_mut(&mut tree, ino) else {
+                return;
+            };
+            dir.fanned_out = true;
+            let subdirs: Vec<u64> = dir
+                .listing
+                .as_ref()
+                .map(|(entries, _)| entries.iter().filter(|e| e.is_dir).map(|e| e.ino).collect())
+                .unwrap_or_default();
+            let mut queued = Vec::new();
+            for child in subdirs {
+                let fresh = Self::node(&tree, child)
+                    .ok()
+                    .and_then(|n| n.dir.as_ref())
+                    .and_then(|d| d.listing.as_ref())
+                    .is_some_and(|(_, at)| self.ttl.is_fresh(*at));
+                if fresh {
+                    continue;
+                }
+                let Some(place) = fanout.enqueue() else {
+                    break; // the queue is full: readers list the rest themselves
+                };
+                queued.push((child, self.dir_prefix(&tree, child), place));
+            }
+            queued
+        };
+        for (child, prefix, place) in queued {
+            let this = self.clone();
+            let fanout = fanout.clone();
+            tokio::spawn(async move {
+                let _place = place;
+                let Ok(_permit) = fanout.permits.clone().acquire_owned().await else {
+                    return;
+                };
+                if this.has_fresh_listing(child) {
+                    return;
+                }
+                // A reader listing it already: nothing to do (demand never waits for us).
+                let Claim::Lead(lead) = this.listings.claim(child) else {
+                    return;
+                };
+                if this.has_fresh_listing(child) {
+                    return; // listed between the check and the claim
+                }
+                fanout.started.fetch_add(1, Ordering::Relaxed);
+                if let Err(e) = this.list_dir(child, &prefix, Some(lead)).await {
+                    fanout.failed.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(prefix, error = %e, "background listing failed");
+                }
+            });
+        }
+    }
+
+    async fn readdir_listing(&self, ino: u64) -> Result<Arc<Vec<DirEntry>>, NamespaceError> {
         let mut followed = false;
         loop {
             let (prefix, listed_before) = {
@@ -648,7 +843,14 @@ impl Namespace {
                 )
             };
             match self.listings.claim(ino) {
-                Claim::Lead(lead) => return self.list_dir(ino, &prefix, Some(lead)).await,
+                Claim::Lead(lead) => {
+                    // Listed (e.g. in the background) between the check above and the claim.
+                    if let Some(entries) = self.listing_since(&self.tree.read(), ino, listed_before)
+                    {
+                        return Ok(entries);
+                    }
+                    return self.list_dir(ino, &prefix, Some(lead)).await;
+                }
                 // Followed once already and the directory is still not listed: another
                 // listing started meanwhile (or the one followed failed); list without
                 // waiting again.
@@ -689,11 +891,87 @@ impl Namespace {
         prefix: &str,
         lead: Option<Lead>,
     ) -> Result<Arc<Vec<DirEntry>>, NamespaceError> {
+        if let Some(entries) = self.apply_kept(ino, prefix).await {
+            drop(lead);
+            return Ok(entries);
+        }
         let started = Instant::now();
+        let taken = SystemTime::now();
         let pages = self.list_all(prefix, lead.as_ref()).await;
-        let result = pages.map(|pages| self.apply_listing(ino, prefix, pages, started));
+        let result = pages.map(|pages| {
+            self.counts.from_store.fetch_add(1, Ordering::Relaxed);
+            let raw = self.collect_listing(prefix, pages);
+            let entries = self.apply_raw(ino, &raw, started, false);
+            self.keep(prefix, taken, raw);
+            entries.unwrap_or_default()
+        });
         drop(lead);
         result
+    }
+
+    /// The kept listing of directory `ino`, applied, if there is one that may be used: kept
+    /// listings enabled, access granted, the directory never listed in this mount, the file
+    /// whole and fresh under the TTL.
+    async fn apply_kept(&self, ino: u64, prefix: &str) -> Option<Arc<Vec<DirEntry>>> {
+        let kept = self.kept.as_ref()?;
+        if !kept.access_granted() || self.ttl == MetadataTtl::For(Duration::ZERO) {
+            return None;
+        }
+        {
+            let tree = self.tree.read();
+            if Self::node(&tree, ino).ok()?.dir.as_ref()?.ever_listed {
+                return None;
+            }
+        }
+        let (k, p) = (kept.clone(), prefix.to_string());
+        let found = match tokio::task::spawn_blocking(move || k.load(&p)).await {
+            Ok(Ok(Some(found))) => found,
+            Ok(Ok(None)) | Err(_) => return None,
+            Ok(Err(e)) => {
+                self.counts.kept_ignored.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(error = %e, "kept listing not used");
+                return None;
+            }
+        };
+        let age = SystemTime::now()
+            .duration_since(found.taken)
+            .unwrap_or(Duration::ZERO);
+        let at = match self.ttl {
+            MetadataTtl::Indefinite => Instant::now().checked_sub(age).unwrap_or_else(Instant::now),
+            MetadataTtl::For(ttl) if age < ttl => Instant::now().checked_sub(age)?,
+            MetadataTtl::For(_) => return None,
+        };
+        let entries = self.apply_raw(ino, &found.listing, at, true)?;
+        self.counts.from_disk.fetch_add(1, Ordering::Relaxed);
+        Some(entries)
+    }
+
+    /// Writes a listing just taken from the store to disk in the background (at most
+    /// [`KEPT_WRITERS`] at once).
+    fn keep(&self, prefix: &str, taken: SystemTime, raw: RawListing) {
+        let Some(kept) = self.kept.clone() else {
+            return;
+        };
+        if self.ttl == MetadataTtl::For(Duration::ZERO) {
+            return; // relisted on every access: nobody could use it
+        }
+        static WRITERS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(KEPT_WRITERS);
+        let counts = self.counts.clone();
+        let prefix = prefix.to_string();
+        tokio::spawn(async move {
+            let Ok(_permit) = WRITERS.acquire().await else {
+                return;
+            };
+            let written =
+                tokio::task::spawn_blocking(move || kept.store(&prefix, taken, &raw)).await;
+            match written {
+                Ok(Ok(())) => {
+                    counts.kept_written.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(Err(e)) => tracing::debug!(error = %e, "cannot keep a listing"),
+                Err(_) => {}
+            }
+        });
     }
 
     async fn list_all(
@@ -716,17 +994,11 @@ impl Namespace {
         }
     }
 
-    /// Merges a complete listing of directory `ino` into the tree and returns its entries.
-    fn apply_listing(
-        &self,
-        ino: u64,
-        prefix: &str,
-        pages: Vec<ListPage>,
-        started: Instant,
-    ) -> Arc<Vec<DirEntry>> {
-        // Collect names first: directories win over files of the same name.
+    /// The entries of a complete listing of `prefix`: valid names only (others are skipped
+    /// and logged), directories winning over files of the same name.
+    fn collect_listing(&self, prefix: &str, pages: Vec<ListPage>) -> RawListing {
         let mut dirs: Vec<String> = Vec::new();
-        let mut files: Vec<ObjectMeta> = Vec::new();
+        let mut objects: Vec<ObjectMeta> = Vec::new();
         for page in pages {
             for p in page.prefixes {
                 let name = p
@@ -744,27 +1016,15 @@ impl Namespace {
                     continue; // the directory's own `dir/` marker object
                 }
                 match invalid_reason(name) {
-                    None => files.push(o),
+                    None => objects.push(o),
                     Some(why) => self.skipped.skip(&o.key, why),
                 }
             }
         }
         dirs.sort_unstable();
         dirs.dedup();
-        let mut tree = self.tree.write();
-        let mut seen: HashMap<Arc<str>, u64> = HashMap::with_capacity(dirs.len() + files.len());
-        let mut entries = Vec::with_capacity(dirs.len() + files.len());
-        for name in &dirs {
-            let child = Self::upsert(&mut tree, ino, name, Kind::Dir, self.mount_time, started);
-            let name: Arc<str> = tree.nodes[(child - 1) as usize].name.clone();
-            seen.insert(name.clone(), child);
-            entries.push(DirEntry {
-                name,
-                ino: child,
-                is_dir: true,
-            });
-        }
-        for meta in files {
+        let mut files = Vec::with_capacity(objects.len());
+        for meta in objects {
             let name = &meta.key[prefix.len()..];
             if dirs.binary_search_by(|d| d.as_str().cmp(name)).is_ok() {
                 self.skipped.skip(
@@ -773,11 +1033,50 @@ impl Namespace {
                 );
                 continue;
             }
-            let kind = Kind::File {
+            files.push(ListedFile {
+                name: name.to_string(),
                 size: meta.size,
-                etag: Arc::from(meta.etag.as_str()),
+                etag: meta.etag,
+                mtime: meta.last_modified,
+            });
+        }
+        RawListing { dirs, files }
+    }
+
+    /// Merges a complete listing of directory `ino`, taken at `at`, into the tree and returns
+    /// its entries. With `if_unlisted` (a kept listing), nothing is merged (`None`) when the
+    /// directory was listed in this mount meanwhile.
+    fn apply_raw(
+        &self,
+        ino: u64,
+        raw: &RawListing,
+        at: Instant,
+        if_unlisted: bool,
+    ) -> Option<Arc<Vec<DirEntry>>> {
+        let mut tree = self.tree.write();
+        let dir = Self::node(&tree, ino).ok()?.dir.as_ref()?;
+        if if_unlisted && dir.ever_listed {
+            return None;
+        }
+        let n = raw.dirs.len() + raw.files.len();
+        let mut seen: HashMap<Arc<str>, u64> = HashMap::with_capacity(n);
+        let mut entries = Vec::with_capacity(n);
+        for name in &raw.dirs {
+            let child = Self::upsert(&mut tree, ino, name, Kind::Dir, self.mount_time, at);
+            let name: Arc<str> = tree.nodes[(child - 1) as usize].name.clone();
+            seen.insert(name.clone(), child);
+            entries.push(DirEntry {
+                name,
+                ino: child,
+                is_dir: true,
+            });
+        }
+        for file in &raw.files {
+            let kind = Kind::File {
+                size: file.size,
+                etag: Arc::from(file.etag.as_str()),
             };
-            let child = Self::upsert(&mut tree, ino, name, kind, meta.last_modified, started);
+            let child = Self::upsert(&mut tree, ino, &file.name, kind, file.mtime, at);
             let name: Arc<str> = tree.nodes[(child - 1) as usize].name.clone();
             seen.insert(name.clone(), child);
             entries.push(DirEntry {
@@ -792,9 +1091,11 @@ impl Namespace {
         if let Some(dir) = tree.nodes[(ino - 1) as usize].dir.as_deref_mut() {
             dir.children = seen;
             dir.missing.clear();
-            dir.listing = Some((entries.clone(), started));
+            dir.listing = Some((entries.clone(), at));
+            dir.ever_listed = true;
+            dir.fanned_out = false;
         }
-        entries
+        Some(entries)
     }
 }
 

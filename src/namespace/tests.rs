@@ -324,3 +324,340 @@ async fn concurrent_readdirs_share_one_listing() {
     // Even with a zero TTL, callers that waited for a listing take it: five pages, once.
     assert_eq!(store.count(Op::List), 5);
 }
+
+// ---- Listing ahead (module `background`) and kept listings (module `kept`) ----
+
+mod ahead_and_kept {
+    use std::collections::BTreeSet;
+    use std::ops::Range;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use async_trait::async_trait;
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::namespace::background::FanoutConfig;
+    use crate::namespace::kept::KeptListings;
+    use crate::store::retry::{RetryPolicy, RetryingStore};
+
+    /// A store that records the most LISTs in progress at once.
+    struct ListGauge {
+        inner: Arc<MemoryStore>,
+        active: AtomicU64,
+        max: AtomicU64,
+    }
+
+    #[async_trait]
+    impl ObjectStore for ListGauge {
+        async fn list_page(
+            &self,
+            prefix: &str,
+            token: Option<&str>,
+            max_keys: Option<u32>,
+        ) -> Result<ListPage, StoreError> {
+            let now = self.active.fetch_add(1, Ordering::SeqCst) + 1;
+            self.max.fetch_max(now, Ordering::SeqCst);
+            let page = self.inner.list_page(prefix, token, max_keys).await;
+            self.active.fetch_sub(1, Ordering::SeqCst);
+            page
+        }
+        async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
+            self.inner.head(key).await
+        }
+        async fn get_range(
+            &self,
+            key: &str,
+            range: Range<u64>,
+            etag: Option<&str>,
+        ) -> Result<Bytes, StoreError> {
+            self.inner.get_range(key, range, etag).await
+        }
+    }
+
+    /// `dirs` class directories of `files` files each under `train/`, pages of `page` keys.
+    fn tree(dirs: usize, files: usize, page: usize) -> (Arc<MemoryStore>, BTreeSet<String>) {
+        let store = Arc::new(MemoryStore::with_page_size(page));
+        let mut keys = BTreeSet::new();
+        for d in 0..dirs {
+            for f in 0..files {
+                let key = format!("train/c{d:03}/img{f:03}.jpg");
+                store.put(&key, vec![d as u8; 10 + f]);
+                keys.insert(key);
+            }
+        }
+        (store, keys)
+    }
+
+    fn options(concurrency: usize, kept: Option<Arc<KeptListings>>) -> NamespaceOptions {
+        NamespaceOptions {
+            fanout: Some(FanoutConfig {
+                concurrency,
+                ..FanoutConfig::default()
+            }),
+            kept,
+        }
+    }
+
+    /// Walks the tree depth first, one directory at a time (as `find` does), and returns every
+    /// file path seen, duplicates included.
+    async fn walk(ns: &Arc<Namespace>) -> Vec<String> {
+        let mut files = Vec::new();
+        let mut stack = vec![(ROOT_INO, String::new())];
+        while let Some((ino, path)) = stack.pop() {
+            let entries = ns.readdir(ino).await.expect("readdir");
+            for e in entries.iter().rev() {
+                let p = format!("{path}{}", e.name);
+                if e.is_dir {
+                    stack.push((e.ino, format!("{p}/")));
+                } else {
+                    files.push(p);
+                }
+            }
+        }
+        files
+    }
+
+    fn exactly_once(seen: Vec<String>, keys: &BTreeSet<String>) {
+        let n = seen.len();
+        let set: BTreeSet<String> = seen.into_iter().collect();
+        assert_eq!(set.len(), n, "an entry was seen twice");
+        assert_eq!(&set, keys);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_walk_lists_ahead_within_the_bound_and_sees_every_entry_once() {
+        // 60 directories of 25 files in pages of 10 (three pages each), 30 ms per LIST.
+        let (mem, keys) = tree(60, 25, 10);
+        mem.set_latency(Duration::from_millis(30));
+        let gauge = Arc::new(ListGauge {
+            inner: mem.clone(),
+            active: AtomicU64::new(0),
+            max: AtomicU64::new(0),
+        });
+        let ns =
+            Namespace::with_options(gauge.clone(), "", MetadataTtl::Indefinite, options(8, None));
+        let start = tokio::time::Instant::now();
+        exactly_once(walk(&ns).await, &keys);
+        let took = start.elapsed();
+        // One LIST per page of each directory (root, `train` of 6 pages, 60 classes of 3):
+        // nothing listed twice although readers and background listings met on every one.
+        assert_eq!(mem.count(Op::List), 1 + 6 + 60 * 3);
+        let max = gauge.max.load(Ordering::SeqCst);
+        // 8 in the background plus the one demand listing of the walker.
+        assert!(max <= 9, "{max} LISTs at once");
+        assert!(
+            max >= 8,
+            "only {max} LISTs at once: nothing ran in parallel"
+        );
+        let stats = ns.listing_stats();
+        assert!(stats.background >= 55, "{stats:?}");
+        assert_eq!(stats.from_store, 62);
+        // One after another: 187 × 30 ms = 5.6 s; ahead: ~8 rounds of 8 directories of 3 pages.
+        assert!(took < Duration::from_millis(2500), "the walk took {took:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn listing_ahead_goes_one_level_below_what_is_read() {
+        let (mem, _) = tree(20, 2, 1000);
+        let ns =
+            Namespace::with_options(mem.clone(), "", MetadataTtl::Indefinite, options(4, None));
+        ns.readdir(ROOT_INO).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(
+            mem.count(Op::List),
+            2,
+            "the root and `train`, not the classes"
+        );
+        let train = ns.lookup(ROOT_INO, "train").await.unwrap().ino;
+        ns.readdir(train).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(mem.count(Op::List), 22);
+        // A zero TTL lists nothing ahead.
+        let (mem, _) = tree(5, 1, 1000);
+        let ns = Namespace::with_options(
+            mem.clone(),
+            "",
+            MetadataTtl::For(Duration::ZERO),
+            options(4, None),
+        );
+        ns.readdir(ROOT_INO).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(mem.count(Op::List), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn errors_and_503s_in_background_listings_lose_no_entry() {
+        let (mem, keys) = tree(30, 4, 1000);
+        mem.set_latency(Duration::from_millis(30));
+        let policy = RetryPolicy {
+            max_attempts: 4,
+            base_delay: Duration::from_millis(5),
+            max_delay: Duration::from_millis(50),
+        };
+        let retrying = Arc::new(RetryingStore::new(mem.clone(), policy));
+        let ns = Namespace::with_options(
+            retrying.clone(),
+            "",
+            MetadataTtl::Indefinite,
+            options(4, None),
+        );
+        let train = ns.lookup(ROOT_INO, "train").await.unwrap().ino;
+        ns.readdir(ROOT_INO).await.unwrap();
+        // `train` is listed in the background with five 503s first (retried), and then the
+        // classes: two of their listings fail for good (a final error, not retried).
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        for _ in 0..5 {
+            mem.inject(
+                Op::List,
+                Fault::Error(StoreError::Transient("503 SlowDown".into())),
+            );
+        }
+        ns.readdir(train).await.unwrap();
+        for _ in 0..2 {
+            mem.inject(Op::List, Fault::Error(StoreError::Other("boom".into())));
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let stats = ns.listing_stats();
+        assert_eq!(stats.background_failed, 2, "{stats:?}");
+        assert!(retrying.retries() >= 5);
+        // The walk lists the two failed directories itself and sees everything once.
+        exactly_once(walk(&ns).await, &keys);
+        assert_eq!(ns.listing_stats().from_store, 32);
+    }
+
+    /// Mounts `store` with kept listings under `dir`, walks it, and waits until every listing
+    /// is on disk.
+    async fn first_mount(store: Arc<MemoryStore>, dir: &std::path::Path, dirs: u64) {
+        let kept = Arc::new(KeptListings::new(dir, "http://rgw", "bucket"));
+        let ns =
+            Namespace::with_options(store, "", MetadataTtl::Indefinite, options(8, Some(kept)));
+        ns.check_access().await.unwrap();
+        walk(&ns).await;
+        for _ in 0..500 {
+            if ns.listing_stats().kept_written == dirs {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("listings not kept: {:?}", ns.listing_stats());
+    }
+
+    fn remount(store: Arc<MemoryStore>, dir: &std::path::Path, ttl: MetadataTtl) -> Arc<Namespace> {
+        let kept = Arc::new(KeptListings::new(dir, "http://rgw", "bucket"));
+        Namespace::with_options(store, "", ttl, options(8, Some(kept)))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_kept_listing_is_used_only_while_fresh_and_after_the_access_check() {
+        let cache = tempfile::tempdir().unwrap();
+        let (mem, keys) = tree(10, 5, 1000);
+        first_mount(mem.clone(), cache.path(), 12).await;
+
+        // Before the access check nothing kept is used: the store is listed.
+        mem.reset_counts();
+        let kept = Arc::new(KeptListings::new(cache.path(), "http://rgw", "bucket"));
+        let no_fanout = NamespaceOptions {
+            fanout: None,
+            kept: Some(kept),
+        };
+        let unchecked =
+            Namespace::with_options(mem.clone(), "", MetadataTtl::Indefinite, no_fanout);
+        unchecked.readdir(ROOT_INO).await.unwrap();
+        assert_eq!(unchecked.listing_stats().from_disk, 0);
+        assert_eq!(mem.count(Op::List), 1);
+
+        // After it (one LIST of the mount root), a remount's walk lists nothing.
+        let ns = remount(mem.clone(), cache.path(), MetadataTtl::Indefinite);
+        ns.check_access().await.unwrap();
+        mem.reset_counts();
+        exactly_once(walk(&ns).await, &keys);
+        assert_eq!(mem.count(Op::List), 0);
+        assert_eq!(ns.listing_stats().from_disk, 12);
+        // Attributes come from the kept listing too: a lookup costs no request.
+        let attr = ns.resolve("train/c003/img004.jpg").await.unwrap();
+        assert!(matches!(attr.kind, Kind::File { size: 14, .. }));
+        assert_eq!(mem.count(Op::Head) + mem.count(Op::List), 0);
+
+        // Listings two minutes old: fresh with `indefinite`, stale under a 60 s TTL.
+        let kept = KeptListings::new(cache.path(), "http://rgw", "bucket");
+        kept.grant_access();
+        let mut prefixes = vec![String::new(), "train/".to_string()];
+        prefixes.extend((0..10).map(|d| format!("train/c{d:03}/")));
+        for p in &prefixes {
+            let old = kept.load(p).unwrap().unwrap();
+            let taken = old.taken - Duration::from_secs(120);
+            kept.store(p, taken, &old.listing).unwrap();
+        }
+        let ns = remount(
+            mem.clone(),
+            cache.path(),
+            MetadataTtl::For(Duration::from_secs(60)),
+        );
+        ns.check_access().await.unwrap();
+        mem.reset_counts();
+        exactly_once(walk(&ns).await, &keys);
+        assert_eq!(ns.listing_stats().from_disk, 0);
+        assert_eq!(mem.count(Op::List), 12);
+        let ns = remount(
+            mem.clone(),
+            cache.path(),
+            MetadataTtl::For(Duration::from_secs(600)),
+        );
+        ns.check_access().await.unwrap();
+        mem.reset_counts();
+        exactly_once(walk(&ns).await, &keys);
+        // (The 60 s mount above rewrote them as it listed: fresh again.)
+        assert_eq!(mem.count(Op::List), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_listing_kept_with_other_credentials_is_not_used_when_the_check_fails() {
+        let cache = tempfile::tempdir().unwrap();
+        let (mem, _) = tree(3, 2, 1000);
+        first_mount(mem.clone(), cache.path(), 5).await;
+        // Another mount whose credentials may not list the bucket.
+        let ns = remount(mem.clone(), cache.path(), MetadataTtl::Indefinite);
+        let denied = || Fault::Error(StoreError::AccessDenied("403".into()));
+        mem.inject(Op::List, denied());
+        assert!(ns.check_access().await.is_err());
+        mem.inject(Op::List, denied());
+        assert_eq!(
+            ns.readdir(ROOT_INO).await,
+            Err(NamespaceError::Store(StoreError::AccessDenied(
+                "403".into()
+            )))
+        );
+        assert_eq!(ns.listing_stats().from_disk, 0);
+        assert!(
+            ns.lookup_cached(ROOT_INO, "train").is_none(),
+            "nothing kept leaked"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_torn_kept_listing_is_ignored_never_half_used() {
+        let cache = tempfile::tempdir().unwrap();
+        let (mem, keys) = tree(4, 50, 1000);
+        first_mount(mem.clone(), cache.path(), 6).await;
+        let kept = KeptListings::new(cache.path(), "http://rgw", "bucket");
+        // A crash tore one directory's file (half of it reached the disk), and left a
+        // temporary file of another behind.
+        let torn = kept.path_for("train/c002/");
+        let bytes = std::fs::read(&torn).unwrap();
+        std::fs::write(&torn, &bytes[..bytes.len() / 2]).unwrap();
+        let other = kept.path_for("train/c001/");
+        std::fs::rename(&other, other.with_extension("lst.tmp.1.0")).unwrap();
+        let ns = remount(mem.clone(), cache.path(), MetadataTtl::Indefinite);
+        ns.check_access().await.unwrap();
+        mem.reset_counts();
+        exactly_once(walk(&ns).await, &keys);
+        let stats = ns.listing_stats();
+        assert_eq!(stats.kept_ignored, 1, "{stats:?}");
+        assert_eq!(stats.from_disk, 4);
+        assert_eq!(
+            mem.count(Op::List),
+            2,
+            "the two directories listed from the store"
+        );
+    }
+}
