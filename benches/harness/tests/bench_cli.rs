@@ -376,6 +376,8 @@ fn python_reader_reads_read_fs_order_and_fails_on_a_flipped_byte() {
     assert_eq!(o.bytes, want);
     assert_eq!((o.epoch, o.seed, o.threads), (2, 7, 3));
     assert!(o.first_256_s.is_some() && o.elapsed_s > 0.0);
+    let right = dir.path().join("py-right.json");
+    std::fs::copy(&json, &right).expect("copy");
 
     // A plain plan checked against a sums file (all files, listing order).
     let sums = dir.path().join("sums.tsv");
@@ -415,6 +417,75 @@ fn python_reader_reads_read_fs_order_and_fails_on_a_flipped_byte() {
         serde_json::from_str(std::fs::read_to_string(&json).expect("json").trim())
             .expect("an Outcome");
     assert_eq!((o.files, o.mismatches), (29, 1));
+    // ... and the run: `report --check` fails on the Python reader's row as
+    // on read-fs's.
+    let wrong = dir.path().join("py-wrong.json");
+    std::fs::copy(&json, &wrong).expect("copy");
+    let runf = dir.path().join("run.jsonl");
+    for (system, warm) in [("local-py", &right), ("riffle-py", &wrong)] {
+        let out = run(&[
+            "record",
+            "row",
+            "--run",
+            text(&runf),
+            "--table",
+            "w1",
+            "--system",
+            system,
+            "--cold",
+            text(&right),
+            "--warm",
+            text(warm),
+        ]);
+        assert!(out.status.success());
+    }
+    let out = run(&[
+        "record",
+        "meta",
+        "--run",
+        text(&runf),
+        "--workload",
+        "w1",
+        "--mode",
+        "quick",
+        "--manifest",
+        text(&manifest),
+        "--commit",
+        "abc",
+        "--date",
+        "2026-01-01T00:00:00Z",
+        "--elapsed-s",
+        "1",
+    ]);
+    assert!(out.status.success());
+    let readme = dir.path().join("README.md");
+    let out = run(&[
+        "report",
+        "--run",
+        text(&runf),
+        "--results-dir",
+        text(dir.path()),
+        "--readme",
+        text(&readme),
+        "--check",
+        "--require",
+        "riffle",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "the Python reader read wrong bytes"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("WRONG BYTES: w1 riffle-py"), "{stderr}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .any(|l| l.starts_with("| Python reader: riffle, no plan |")
+                && l.contains("| **WRONG BYTES** (1 reads) |")),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     bytes[1000] ^= 0x01;
     std::fs::write(&victim, &bytes).expect("write");
     std::fs::remove_file(root.join(paths[9])).expect("rm");
