@@ -425,9 +425,10 @@ full runs (about 10 minutes the first time) or `--build-mountpoint`.
 
 **CI smoke test:** `benches/run.sh --quick --debug --no-plots` uses the debug
 build CI already has for the tests, installs what it needs (s3fs, rclone and
-fuse3 with apt; Ceph through `deploy/local/rgw.sh up`), takes about four
-minutes after the build here, and exits non-zero when any system returned a
-wrong byte or any riffle variant failed to run, lost its mount or hit an I/O
+fuse3 with apt; Ceph through `deploy/local/rgw.sh up`), takes four to five
+minutes after the build here (half a minute of it the Python reader's W1
+rows), and exits non-zero when any system returned a wrong byte (to either
+reader) or any riffle variant failed to run, lost its mount or hit an I/O
 error. Mountpoint runs in it only if `benches/mountpoint` is already built.
 
 How to read the tables:
