@@ -449,7 +449,11 @@ run_workload() {
     mkdir -p "$WORK/cache"
     [ ${#LIMIT[@]} -gt 0 ] && notes+=(--note "time budget: each W1 epoch reads the same $W1_MAX_FILES of the 20,000 files (whole directories, chosen with the seed; a new shuffled order each epoch), for every system alike; copy-first copies that subset; riffle's --max-memory is scaled by the same fraction ($RIFFLE_MEMORY) so its memory cache holds the same share of the data as 1 GiB does of the whole dataset (the disk cache is unlimited)")
     [ "$MODE" = quick ] && notes+=(--note "quick datasets are small: they fit the peers' caches and (within a pass) the page cache, so this is a smoke test of correctness, not a measurement; riffle runs with --max-memory $RIFFLE_BASE_MEMORY so its warm epochs read the disk cache")
-    [ "$PROFILE" = debug ] && notes+=(--note "debug builds of riffle and the reader (--debug): absolute numbers are lower than with release builds$([ "$WL" = w1 ] && has "$SYSTEMS" local-py && echo "; read-fs's unoptimized XXH3 checks cost it several times the CPU of the Python reader (whose zlib CRC-32 is C), so on these 2 cores read-fs is CPU-bound where the Python reader is not, and the Python goals' comparisons with read-fs mean little in this mode")")
+    local debug_note="debug builds of riffle and the reader (--debug): absolute numbers are lower than with release builds"
+    if [ "$WL" = w1 ] && has "$SYSTEMS" local-py; then
+        debug_note+="; read-fs's unoptimized XXH3 checks cost it several times the CPU of the Python reader (whose zlib CRC-32 is C), so on these 2 cores read-fs is CPU-bound where the Python reader is not, and the Python goals' comparisons with read-fs mean little in this mode"
+    fi
+    [ "$PROFILE" = debug ] && notes+=(--note "$debug_note")
     [ -n "$(load_note)" ] && notes+=(--note "$(load_note)")
     case $WL in w3) notes+=(--note "each W3 pass reads for $W3_DURATION; both epochs use the same random offsets, so the warm epoch re-reads what the cold one read first (and then goes further)") ;; esac
     "$BIN/riffle-bench" record meta --run "$RUN_FILE" --workload "$WL" --mode "$MODE" \
