@@ -10,10 +10,11 @@
 # (skipping objects already uploaded), starts riffle-proxy in front of RGW
 # (30 ms first byte, 100 MB/s per connection) and, for each workload, reads
 # the dataset through every system with the same reader (riffle-bench
-# read-fs), epoch 1 (cold) and epoch 2 (warm; W2 adds epoch 3, a re-read;
-# W5: three epochs per eviction policy), the page cache dropped before each
-# epoch, GETs counted at the proxy and riffle's counters saved around each
-# epoch. Prints the tables, merges them into benches/results/{quick,full}.json
+# read-fs; on W1, local disk and riffle also with the Python reader,
+# benches/python_reader.py: the *-py systems), epoch 1 (cold) and epoch 2
+# (warm; W2 adds epoch 3, a re-read; W5: three epochs per eviction policy),
+# the page cache dropped before each epoch, GETs counted at the proxy and
+# riffle's counters saved around each epoch. Prints the tables, merges them into benches/results/{quick,full}.json
 # and writes benches/README.md and the plots in benches/plots/. Exits
 # non-zero if any system returned wrong bytes, and with --quick also if a
 # riffle variant failed to run or hit I/O errors. Every mount is unmounted on
@@ -38,7 +39,8 @@ Usage: benches/run.sh [--quick] [options] [W1 W2 W3 W5]
                    RIFFLE_BENCH_PROFILE=debug
   --no-plots       skip the Python venv and the plots (CI)
   --systems LIST   systems to run, comma-separated [$DEFAULT_SYSTEMS]
-                   (also: riffle-mem, riffle without a disk cache)
+                   (also: riffle-mem, riffle without a disk cache; SYSTEM-py
+                   is W1's SYSTEM read by the Python reader, benches/python_reader.py)
   --direct LIST    systems also run against RGW without the proxy, or "none"
                    [quick: none; full: s3-client,riffle]
   --no-build       use the binaries as they are
@@ -53,14 +55,15 @@ RIFFLE_BENCH_EPOCH_TIMEOUT (seconds) [quick 180, full 1200],
 RIFFLE_BENCH_GOAL_ROUNDS (rounds of the goal comparisons, each with a new
 copy: W1 copy-first, riffle + plan and riffle, W2 local disk and riffle;
 1 = only the table's rows) [quick 2, full 5],
-RIFFLE_BENCH_W3_DURATION [quick 2s, full 30s], MOUNTPOINT_* (see
+RIFFLE_BENCH_W3_DURATION [quick 2s, full 30s], RIFFLE_BENCH_PY_WORKERS (the
+Python reader's worker processes) [8], MOUNTPOINT_* (see
 benches/lib/mountpoint.sh; MOUNTPOINT_CACHE defaults to 1 here).
 USAGE
 }
 
 # Run order (README "Run order"): riffle-plan right after copy-first, the pair of the
 # cold-epoch goal; the table's row order is fixed elsewhere (results/render.rs).
-DEFAULT_SYSTEMS="local,copy-first,riffle-plan,s3-client,riffle,riffle-nopt,riffle-listing,s3fs,rclone,mountpoint"
+DEFAULT_SYSTEMS="local,local-py,copy-first,riffle-plan,s3-client,riffle,riffle-py,riffle-plan-py,riffle-nopt,riffle-listing,s3fs,rclone,mountpoint"
 MODE=full
 SYSTEMS=$DEFAULT_SYSTEMS
 DIRECT=

@@ -21,12 +21,22 @@
 #                   W5's riffle-plan adds --eviction plan
 # All with --metadata-ttl indefinite and --max-memory $RIFFLE_MEMORY;
 # RIFFLE_EXTRA_ARGS (an array, set by W5) is appended.
+#
+# SYSTEM-py (W1: local-py, riffle-py, riffle-plan-py) is SYSTEM read by the
+# Python reader (benches/python_reader.py: N processes, open/read/close per
+# file, what a DataLoader does) instead of riffle-bench read-fs: the same
+# mount (or local copy), plan and order; only the reader differs (read_pass).
 
 is_riffle() { [[ $1 == riffle || $1 == riffle-* ]]; }
 
+# The system a SYSTEM-py row mounts and plans as ($1 for the others), and
+# whether a row is read by the Python reader.
+base_system() { echo "${1%-py}"; }
+reads_with_python() { [[ $1 == *-py ]]; }
+
 # Systems that are read with an epoch plan, or in listing order.
-uses_plan() { [ "$1" = riffle-plan ]; }
-reads_in_listing_order() { [ "$1" = riffle-listing ]; }
+uses_plan() { [ "$(base_system "$1")" = riffle-plan ]; }
+reads_in_listing_order() { [ "$(base_system "$1")" = riffle-listing ]; }
 
 cache_dir_of() { echo "$WORK/cache/$1-$2"; }
 
@@ -48,7 +58,7 @@ mount_riffle() {
     local cache args=()
     cache=$(cache_dir_of "$sys" "$tag")
     rm -rf "$cache"
-    case $sys in
+    case $(base_system "$sys") in
         riffle-mem) ;;
         riffle-nopt) mkdir -p "$cache"; args+=(--cache-dir "$cache" --no-passthrough) ;;
         *) mkdir -p "$cache"; args+=(--cache-dir "$cache") ;;

@@ -33,21 +33,24 @@ gets_of() {
 # saved before and after it (.riffle-before/.riffle-after.json). For
 # riffle-plan, the epoch's plan (riffle-bench plan: the very order read-fs
 # will open) is written first and handed to `riffle plan` right before the
-# reader starts.
+# reader starts. The reader is riffle-bench read-fs, or for SYSTEM-py rows
+# the Python reader, given the same plan as its order and $PY_SUMS (sizes
+# and CRC-32s) to verify it.
 read_pass() {
     local sys=$1 root=$2 table=$3 epoch=$4 out=$5 count=${6:-0} rc=0
-    local base=${out%.json} extra=() order=shuffle plan="" t0 msg=""
+    local base=${out%.json} extra=() order=shuffle plan="" order_file="" t0 msg=""
     case $table in
         w3|w3-mmap) extra+=(--duration "$W3_DURATION") ;;
         *) reads_in_listing_order "$sys" && order=listing; extra+=(--order "$order") ;;
     esac
     extra+=("${LIMIT[@]}")
     rm -f "$out" "$base".{proxy,riffle-before,riffle-after}.json
-    if uses_plan "$sys"; then
-        plan="$WORK/run/plan-$table-e$epoch.txt"
+    if uses_plan "$sys" || reads_with_python "$sys"; then
+        order_file="$WORK/run/plan-$table-e$epoch-$order.txt"
         "$BIN/riffle-bench" plan --manifest "$MANIFEST" --seed "$SEED" --epoch "$epoch" \
-            --order "$order" "${LIMIT[@]}" --out "$plan" 2>>"$LOG_DIR/plan.log" \
-            || { warn "riffle-bench plan failed (see $LOG_DIR/plan.log)"; plan=""; }
+            --order "$order" "${LIMIT[@]}" --out "$order_file" 2>>"$LOG_DIR/plan.log" \
+            || { warn "riffle-bench plan failed (see $LOG_DIR/plan.log)"; order_file=""; }
+        uses_plan "$sys" && plan=$order_file
     fi
     drop_caches || true
     if [ "$count" = 1 ]; then
@@ -60,9 +63,17 @@ read_pass() {
             || warn "riffle plan $root failed (see $LOG_DIR/plan.log)"
         msg=" [plan of $(wc -l < "$plan") files set in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN {printf "%.2f", b - a}') s]"
     fi
-    timeout -k 10 "$EPOCH_TIMEOUT" "$BIN/riffle-bench" read-fs --root "$root" \
-        --manifest "$MANIFEST" --pattern "$table" --seed "$SEED" --epoch "$epoch" \
-        --json-out "$out" "${extra[@]}" >/dev/null 2>>"$LOG_DIR/read-fs.log" || rc=$?
+    if reads_with_python "$sys"; then
+        # No plan file, no result: the row says the reader produced none.
+        [ -n "$order_file" ] && timeout -k 10 "$EPOCH_TIMEOUT" python3 "$ROOT/benches/python_reader.py" \
+            --root "$root" --plan "$order_file" --sums "$PY_SUMS" --workers "$PY_WORKERS" \
+            --seed "$SEED" --epoch "$epoch" --json-out "$out" \
+            >/dev/null 2>>"$LOG_DIR/python-reader.log" || rc=$?
+    else
+        timeout -k 10 "$EPOCH_TIMEOUT" "$BIN/riffle-bench" read-fs --root "$root" \
+            --manifest "$MANIFEST" --pattern "$table" --seed "$SEED" --epoch "$epoch" \
+            --json-out "$out" "${extra[@]}" >/dev/null 2>>"$LOG_DIR/read-fs.log" || rc=$?
+    fi
     if [ "$count" = 1 ]; then
         if [ "$COL" = proxy ]; then
             proxy_stats --out "$base.proxy.json" || true
@@ -71,7 +82,7 @@ read_pass() {
         is_riffle "$sys" && riffle_stats "$root" "$base.riffle-after.json"
     fi
     note_load
-    say "    $table epoch $epoch: $(summary "$out")$msg$([ $rc = 0 ] || echo " (exit $rc)") [load $(cut -d' ' -f1 /proc/loadavg)]"
+    say "    $table epoch $epoch$(reads_with_python "$sys" && echo " (Python reader)"): $(summary "$out")$msg$([ $rc = 0 ] || echo " (exit $rc)") [load $(cut -d' ' -f1 /proc/loadavg)]"
     return 0
 }
 
@@ -148,6 +159,21 @@ run_copy() {
                     --cold "$RES_DIR/$t-local$r-e1.json" --warm "$RES_DIR/$t-local$r-e2.json" "${e3[@]}"
             done
         fi
+        # The Python reader on the same copy, right after read-fs.
+        if has "$SYSTEMS" local-py && runs_in local-py; then
+            if python_missing >/dev/null; then
+                record_row --table "$WL" --system local-py --column proxy --status "$(python_missing)"
+            else
+                say "  local disk, Python reader"
+                for e in $(reader_epochs); do
+                    read_pass local-py "$dest" "$WL" "$e" "$RES_DIR/$WL-local-py$r-e$e.json"
+                done
+                record_row --table "$WL" --system local-py --column proxy \
+                    --status "$(status_of "$RES_DIR/$WL-local-py$r-e1.json")" \
+                    --cold "$RES_DIR/$WL-local-py$r-e1.json" --warm "$RES_DIR/$WL-local-py$r-e2.json" \
+                    --note "$(note_of local-py)"
+            fi
+        fi
     fi
     # copy-first's epochs are local disk's (after the copy), its re-read too.
     if has "$SYSTEMS" copy-first; then
@@ -171,17 +197,19 @@ run_copy() {
 # cache: the cold-epoch goal) and riffle (a fresh mount and cache: the warm
 # goal against local disk's epochs of the same round; on W2 its cold, warm and
 # re-read epochs, so its warm epoch is again the first read of cache files
-# just written). The goal lines give the median over the rounds and each
-# round's value (results/goals.rs); the tables show round 1 only.
+# just written; on W1 also riffle read by the Python reader, after local disk
+# read by it: the Python goals). The goal lines give the median over the
+# rounds and each round's value (results/goals.rs); the tables show round 1
+# only.
 run_goal_rounds() {
     local riffles=() sys
     case $WL in
-        w1) riffles=(riffle-plan riffle) ;;
+        w1) riffles=(riffle-plan riffle riffle-py) ;;
         w2) riffles=(riffle) ;;
         *) return 0 ;;
     esac
     [ "$GOAL_ROUNDS" -gt 1 ] || return 0
-    has "$SYSTEMS" copy-first || has "$SYSTEMS" local || return 0
+    has "$SYSTEMS" copy-first || has "$SYSTEMS" local || has "$SYSTEMS" local-py || return 0
     for ((ROUND = 2; ROUND <= GOAL_ROUNDS; ROUND++)); do
         say "  goal round $ROUND of $GOAL_ROUNDS: a new copy, local disk, ${riffles[*]}"
         run_copy proxy "$PROXY_URL"
@@ -216,6 +244,9 @@ note_of() {
         riffle-nopt) echo "as riffle, with --no-passthrough: every read goes through the daemon (and its CRC check)" ;;
         riffle-plan) echo "as riffle, plus \`riffle plan MNT FILE\` right before each epoch with the exact order the reader opens (\`riffle-bench plan\`, the reader's own order function); setting it is not timed (it takes milliseconds)" ;;
         riffle-listing) echo "‡ this row's reader opens the files in listing order (sorted paths, directory by directory) instead of a shuffle; otherwise as riffle, no plan: riffle's directory-order detection prefetches" ;;
+        local-py) echo "the Python reader (benches/python_reader.py: $PY_WORKERS worker processes, each file opened, read whole with f.read() and closed, like a DataLoader's workers; zlib CRC-32 of every file checked) on local disk's copy, right after read-fs's epochs; the Python rows' ÷ local columns divide by this row" ;;
+        riffle-py) echo "as riffle, no plan (a fresh mount and cache), read by the Python reader instead of read-fs: the same files in the same order (riffle-bench plan)" ;;
+        riffle-plan-py) echo "as riffle + epoch plan (a fresh mount and cache, \`riffle plan\` before each epoch), read by the Python reader" ;;
         riffle-mem) echo "no --cache-dir: only the in-memory block cache (--max-memory $RIFFLE_MEMORY), so a warm epoch refetches whatever did not fit in it" ;;
         mountpoint) echo "the mountpoint-s3-fs library (bench-only binary, benches/mountpoint) with its local disk cache (--cache), --metadata-ttl indefinite, --max-threads ${MOUNTPOINT_MAX_THREADS:-16}" ;;
     esac
@@ -262,12 +293,42 @@ run_browse() {
 }
 
 # Whether a system runs in this workload (the plan and listing-order
-# variants are W1's).
+# variants and the Python reader's rows are W1's).
 runs_in() {
     case $1 in
-        riffle-plan|riffle-listing) [ "$WL" = w1 ] ;;
+        riffle-plan|riffle-listing|*-py) [ "$WL" = w1 ] ;;
         *) return 0 ;;
     esac
+}
+
+# The Python reader: how many worker processes (W1's 8 reader threads), and
+# why its rows cannot run (printed; nothing when they can).
+PY_WORKERS=${RIFFLE_BENCH_PY_WORKERS:-8}
+python_missing() {
+    if ! command -v python3 >/dev/null; then
+        echo "not run: python3 is not installed"
+    elif [ ! -s "${PY_SUMS:-}" ]; then
+        echo "failed: no sizes and CRC-32s for the Python reader (riffle-bench plan --crc32 failed; see logs)"
+    else
+        return 1
+    fi
+}
+
+# PY_SUMS: sizes and CRC-32s of every file the epochs of this workload read
+# (riffle-bench plan --crc32, in listing order; the same files every epoch),
+# which the Python reader checks; computed once per workload when a SYSTEM-py
+# row runs in it.
+prepare_python_sums() {
+    PY_SUMS=
+    local sys
+    for sys in ${SYSTEMS//,/ }; do
+        reads_with_python "$sys" && runs_in "$sys" && PY_SUMS="$WORK/run/sums-$MODE-$WL.tsv"
+    done
+    [ -n "$PY_SUMS" ] || return 0
+    command -v python3 >/dev/null || return 0
+    "$BIN/riffle-bench" plan --manifest "$MANIFEST" --seed "$SEED" --order listing "${LIMIT[@]}" \
+        --crc32 --out "$PY_SUMS" 2>>"$LOG_DIR/plan.log" \
+        || { warn "riffle-bench plan --crc32 failed (see $LOG_DIR/plan.log): the Python reader's rows fail"; rm -f "$PY_SUMS"; }
 }
 
 # check_mounted MNT EPOCH: 0 while MNT is still mounted; else sets
@@ -293,6 +354,12 @@ run_fuse() {
     DAEMON_PID=''
     COL=$col
     local t0=$SECONDS
+    if reads_with_python "$sys" && python_missing >/dev/null; then
+        NOT_RUN=$(python_missing)
+        say "    $NOT_RUN"
+        for t in $TABLES; do record_row --table "$t" --system "$sys" --column "$col" --status "$NOT_RUN"; done
+        return 0
+    fi
     if ! mount_system "$sys" "$BUCKET" "$mnt" "$endpoint" "$tag"; then
         say "    $NOT_RUN"
         for t in $TABLES; do record_row --table "$t" --system "$sys" --column "$col" --status "$NOT_RUN"; done
@@ -356,13 +423,17 @@ run_workload() {
         objects=$(sed -n '2s/.*"objects":\([0-9]*\).*/\1/p' "$MANIFEST")
         RIFFLE_MEMORY="$(( 1024 * W1_MAX_FILES / ${objects:-20000} ))M"
     fi
+    prepare_python_sums
     for col in proxy direct; do
         endpoint=$PROXY_URL
         [ "$col" = direct ] && endpoint=$RGW_URL
         for sys in ${SYSTEMS//,/ }; do
             [ "$col" = direct ] && ! has "$DIRECT" "$sys" && continue
             case $sys in
-                local) [ "$col" = proxy ] && ! has "$SYSTEMS" copy-first && run_copy "$col" "$endpoint" ;;
+                # local disk's epochs (read-fs's and the Python reader's) run
+                # on copy-first's copy, else on a copy of their own, once.
+                local|local-py) runs_in "$sys" && [ "$col" = proxy ] && ! has "$SYSTEMS" copy-first \
+                    && [ ! -s "$WORK/run/local-done-$WL" ] && run_copy "$col" "$endpoint" ;;
                 copy-first) run_copy "$col" "$endpoint" ;;
                 s3-client) run_s3_client "$col" "$endpoint" ;;
                 *) runs_in "$sys" && run_fuse "$sys" "$col" "$endpoint" ;;
@@ -378,7 +449,11 @@ run_workload() {
     mkdir -p "$WORK/cache"
     [ ${#LIMIT[@]} -gt 0 ] && notes+=(--note "time budget: each W1 epoch reads the same $W1_MAX_FILES of the 20,000 files (whole directories, chosen with the seed; a new shuffled order each epoch), for every system alike; copy-first copies that subset; riffle's --max-memory is scaled by the same fraction ($RIFFLE_MEMORY) so its memory cache holds the same share of the data as 1 GiB does of the whole dataset (the disk cache is unlimited)")
     [ "$MODE" = quick ] && notes+=(--note "quick datasets are small: they fit the peers' caches and (within a pass) the page cache, so this is a smoke test of correctness, not a measurement; riffle runs with --max-memory $RIFFLE_BASE_MEMORY so its warm epochs read the disk cache")
-    [ "$PROFILE" = debug ] && notes+=(--note "debug builds of riffle and the reader (--debug): absolute numbers are lower than with release builds")
+    local debug_note="debug builds of riffle and the reader (--debug): absolute numbers are lower than with release builds"
+    if [ "$WL" = w1 ] && has "$SYSTEMS" local-py; then
+        debug_note+="; read-fs's unoptimized XXH3 checks cost it several times the CPU of the Python reader (whose zlib CRC-32 is C), so on these 2 cores read-fs is CPU-bound where the Python reader is not, and the Python goals' comparisons with read-fs mean little in this mode"
+    fi
+    [ "$PROFILE" = debug ] && notes+=(--note "$debug_note")
     [ -n "$(load_note)" ] && notes+=(--note "$(load_note)")
     case $WL in w3) notes+=(--note "each W3 pass reads for $W3_DURATION; both epochs use the same random offsets, so the warm epoch re-reads what the cold one read first (and then goes further)") ;; esac
     "$BIN/riffle-bench" record meta --run "$RUN_FILE" --workload "$WL" --mode "$MODE" \

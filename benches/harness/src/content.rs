@@ -128,6 +128,111 @@ pub fn checksum_of(data: &[u8]) -> u64 {
     h.finish()
 }
 
+impl Content {
+    /// The CRC-32 of the whole object of `size` bytes (see [`Crc32`]).
+    pub fn crc32(&self, size: u64) -> u32 {
+        const CHUNK: usize = 1 << 20;
+        let mut buf = vec![0u8; CHUNK.min(size as usize)];
+        let mut h = Crc32::new();
+        let mut off = 0u64;
+        while off < size {
+            let n = CHUNK.min((size - off) as usize);
+            self.fill(off, &mut buf[..n]);
+            h.update(&buf[..n]);
+            off += n as u64;
+        }
+        h.finish()
+    }
+}
+
+/// CRC-32 as zlib computes it (IEEE 802.3, reflected polynomial
+/// `0xEDB88320`, initial and final XOR `0xFFFFFFFF`): the checksum of
+/// `riffle-bench plan --crc32`, which `benches/python_reader.py` checks with
+/// the standard library's `zlib.crc32` (XXH3, the manifest's checksum, is
+/// not in Python's standard library). Slicing-by-8, so a plan of a few
+/// thousand files takes a fraction of a second in release builds.
+#[derive(Clone)]
+pub struct Crc32(u32);
+
+/// The slicing-by-8 tables: `CRC_TABLES[0]` is the classic byte table,
+/// `CRC_TABLES[k][b]` the CRC of byte `b` followed by `k` zero bytes.
+const CRC_TABLES: [[u32; 256]; 8] = crc_tables();
+
+const fn crc_tables() -> [[u32; 256]; 8] {
+    let mut t = [[0u32; 256]; 8];
+    let mut i = 0;
+    while i < 256 {
+        let mut c = i as u32;
+        let mut k = 0;
+        while k < 8 {
+            c = if c & 1 != 0 {
+                0xEDB8_8320 ^ (c >> 1)
+            } else {
+                c >> 1
+            };
+            k += 1;
+        }
+        t[0][i] = c;
+        i += 1;
+    }
+    let mut k = 1;
+    while k < 8 {
+        let mut i = 0;
+        while i < 256 {
+            let prev = t[k - 1][i];
+            t[k][i] = (prev >> 8) ^ t[0][(prev & 0xff) as usize];
+            i += 1;
+        }
+        k += 1;
+    }
+    t
+}
+
+impl Default for Crc32 {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Crc32 {
+    pub fn new() -> Self {
+        Self(0xFFFF_FFFF)
+    }
+
+    pub fn update(&mut self, data: &[u8]) {
+        let t = &CRC_TABLES;
+        let mut c = self.0;
+        let mut chunks = data.chunks_exact(8);
+        for b in &mut chunks {
+            let lo = c ^ u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            let hi = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+            c = t[7][(lo & 0xff) as usize]
+                ^ t[6][((lo >> 8) & 0xff) as usize]
+                ^ t[5][((lo >> 16) & 0xff) as usize]
+                ^ t[4][(lo >> 24) as usize]
+                ^ t[3][(hi & 0xff) as usize]
+                ^ t[2][((hi >> 8) & 0xff) as usize]
+                ^ t[1][((hi >> 16) & 0xff) as usize]
+                ^ t[0][(hi >> 24) as usize];
+        }
+        for &b in chunks.remainder() {
+            c = t[0][((c ^ u32::from(b)) & 0xff) as usize] ^ (c >> 8);
+        }
+        self.0 = c;
+    }
+
+    pub fn finish(&self) -> u32 {
+        self.0 ^ 0xFFFF_FFFF
+    }
+}
+
+/// CRC-32 (zlib's) of a byte slice in one go.
+pub fn crc32_of(data: &[u8]) -> u32 {
+    let mut h = Crc32::new();
+    h.update(data);
+    h.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,6 +267,31 @@ mod tests {
         let data = c.bytes(0, size);
         assert_eq!(c.checksum(size as u64), checksum_of(&data));
         assert_ne!(c.checksum(size as u64), c.checksum(size as u64 - 1));
+    }
+
+    #[test]
+    fn crc32_is_zlibs() {
+        // zlib.crc32(b"123456789") == 0xCBF43926 (the standard check value).
+        assert_eq!(crc32_of(b"123456789"), 0xCBF4_3926);
+        assert_eq!(crc32_of(b""), 0);
+        // zlib.crc32(b"The quick brown fox jumps over the lazy dog")
+        assert_eq!(
+            crc32_of(b"The quick brown fox jumps over the lazy dog"),
+            0x414F_A339
+        );
+        // Streaming in odd pieces gives the one-shot value.
+        let c = Content::new(3, "train/c001/img_00042.jpg");
+        let size = 300_007;
+        let data = c.bytes(0, size);
+        let mut h = Crc32::new();
+        for piece in data.chunks(12_345) {
+            h.update(piece);
+        }
+        assert_eq!(h.finish(), crc32_of(&data));
+        assert_eq!(c.crc32(size as u64), crc32_of(&data));
+        let mut flipped = data.clone();
+        flipped[77_777] ^= 0x10;
+        assert_ne!(crc32_of(&flipped), crc32_of(&data));
     }
 
     #[test]

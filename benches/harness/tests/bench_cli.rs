@@ -251,3 +251,252 @@ fn record_and_report_write_tables_and_check_wrong_bytes() {
     assert!(md.contains("commit `abc`"));
     assert!(results.join("quick.json").is_file());
 }
+
+/// `benches/python_reader.py`, the Python reader.
+fn python_reader() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../python_reader.py")
+}
+
+/// Runs the Python reader, or `None` when this machine has no python3.
+fn run_python(args: &[&str]) -> Option<Output> {
+    match Command::new("python3")
+        .arg(python_reader())
+        .args(args)
+        .output()
+    {
+        Ok(out) => Some(out),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            eprintln!("python3 not found: the Python reader is not tested");
+            None
+        }
+        Err(e) => panic!("run python3: {e}"),
+    }
+}
+
+#[test]
+fn python_reader_reads_read_fs_order_and_fails_on_a_flipped_byte() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let manifest = dir.path().join("w1.manifest");
+    let out = run(&[
+        "gen",
+        "--workload",
+        "w1",
+        "--scale",
+        "0.002",
+        "--seed",
+        "7",
+        "--bucket",
+        "bench",
+        "--manifest",
+        text(&manifest),
+        "--manifest-only",
+    ]);
+    assert!(out.status.success());
+    let m = Manifest::read(&manifest).expect("manifest");
+    let root = dir.path().join("data");
+    materialize(&m, &root);
+
+    // The --crc32 plan is the plain plan (read-fs's order) with each file's
+    // size and zlib CRC-32.
+    let plan_args = |extra: &[&str]| {
+        let mut a = vec![
+            "plan",
+            "--manifest",
+            text(&manifest),
+            "--seed",
+            "7",
+            "--epoch",
+            "2",
+            "--max-files",
+            "30",
+        ];
+        a.extend_from_slice(extra);
+        let out = run(&a);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("utf-8")
+    };
+    let plain = plan_args(&[]);
+    let with_sums = plan_args(&["--crc32"]);
+    let paths: Vec<&str> = with_sums
+        .lines()
+        .map(|l| l.split('\t').next().expect("path"))
+        .collect();
+    assert_eq!(paths, plain.lines().collect::<Vec<_>>());
+    assert_eq!(paths.len(), 30);
+    let first = with_sums.lines().next().expect("line");
+    let e = m.entries.iter().find(|e| e.key == paths[0]).expect("entry");
+    let bytes = Content::new(7, &e.key).bytes(0, e.size as usize);
+    assert_eq!(
+        first,
+        format!(
+            "{}\t{}\t{:08x}",
+            e.key,
+            e.size,
+            riffle_bench::content::crc32_of(&bytes)
+        )
+    );
+    let plan = dir.path().join("e2.tsv");
+    std::fs::write(&plan, &with_sums).expect("write");
+
+    let json = dir.path().join("py.json");
+    let args = [
+        "--root",
+        text(&root),
+        "--plan",
+        text(&plan),
+        "--workers",
+        "3",
+        "--seed",
+        "7",
+        "--epoch",
+        "2",
+        "--json-out",
+        text(&json),
+    ];
+    let Some(ok) = run_python(&args) else { return };
+    assert_eq!(
+        ok.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    // The result has read-fs's shape: the results machinery reads it.
+    let o: riffle_bench::outcome::Outcome =
+        serde_json::from_str(std::fs::read_to_string(&json).expect("json").trim())
+            .expect("an Outcome");
+    assert_eq!((o.files, o.errors, o.mismatches), (30, 0, 0));
+    let want: u64 = paths
+        .iter()
+        .map(|p| m.entries.iter().find(|e| e.key == *p).expect("entry").size)
+        .sum();
+    assert_eq!(o.bytes, want);
+    assert_eq!((o.epoch, o.seed, o.threads), (2, 7, 3));
+    assert!(o.first_256_s.is_some() && o.elapsed_s > 0.0);
+    let right = dir.path().join("py-right.json");
+    std::fs::copy(&json, &right).expect("copy");
+
+    // A plain plan checked against a sums file (all files, listing order).
+    let sums = dir.path().join("sums.tsv");
+    std::fs::write(&sums, plan_args(&["--order", "listing", "--crc32"])).expect("write");
+    let plain_plan = dir.path().join("e2.txt");
+    std::fs::write(&plain_plan, &plain).expect("write");
+    let out = run_python(&[
+        "--root",
+        text(&root),
+        "--plan",
+        text(&plain_plan),
+        "--sums",
+        text(&sums),
+    ])
+    .expect("python3");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // One flipped byte fails the reader (exit 1); a missing file is an I/O
+    // error (exit 2 when nothing was wrong).
+    let victim = root.join(paths[4]);
+    let mut bytes = std::fs::read(&victim).expect("read");
+    bytes[1000] ^= 0x01;
+    std::fs::write(&victim, &bytes).expect("write");
+    let bad = run_python(&args).expect("python3");
+    assert_eq!(
+        bad.status.code(),
+        Some(1),
+        "wrong bytes must fail the reader"
+    );
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("WRONG BYTES"));
+    let o: riffle_bench::outcome::Outcome =
+        serde_json::from_str(std::fs::read_to_string(&json).expect("json").trim())
+            .expect("an Outcome");
+    assert_eq!((o.files, o.mismatches), (29, 1));
+    // ... and the run: `report --check` fails on the Python reader's row as
+    // on read-fs's.
+    let wrong = dir.path().join("py-wrong.json");
+    std::fs::copy(&json, &wrong).expect("copy");
+    let runf = dir.path().join("run.jsonl");
+    for (system, warm) in [("local-py", &right), ("riffle-py", &wrong)] {
+        let out = run(&[
+            "record",
+            "row",
+            "--run",
+            text(&runf),
+            "--table",
+            "w1",
+            "--system",
+            system,
+            "--cold",
+            text(&right),
+            "--warm",
+            text(warm),
+        ]);
+        assert!(out.status.success());
+    }
+    let out = run(&[
+        "record",
+        "meta",
+        "--run",
+        text(&runf),
+        "--workload",
+        "w1",
+        "--mode",
+        "quick",
+        "--manifest",
+        text(&manifest),
+        "--commit",
+        "abc",
+        "--date",
+        "2026-01-01T00:00:00Z",
+        "--elapsed-s",
+        "1",
+    ]);
+    assert!(out.status.success());
+    let readme = dir.path().join("README.md");
+    let out = run(&[
+        "report",
+        "--run",
+        text(&runf),
+        "--results-dir",
+        text(dir.path()),
+        "--readme",
+        text(&readme),
+        "--check",
+        "--require",
+        "riffle",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "the Python reader read wrong bytes"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("WRONG BYTES: w1 riffle-py"), "{stderr}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .any(|l| l.starts_with("| Python reader: riffle, no plan |")
+                && l.contains("| **WRONG BYTES** (1 reads) |")),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    bytes[1000] ^= 0x01;
+    std::fs::write(&victim, &bytes).expect("write");
+    std::fs::remove_file(root.join(paths[9])).expect("rm");
+    let gone = run_python(&args).expect("python3");
+    assert_eq!(gone.status.code(), Some(2));
+    let o: riffle_bench::outcome::Outcome =
+        serde_json::from_str(std::fs::read_to_string(&json).expect("json").trim())
+            .expect("an Outcome");
+    assert_eq!((o.files, o.errors, o.mismatches), (29, 1, 0));
+
+    // A plan without sums cannot be verified: the reader refuses (exit 3).
+    let out = run_python(&["--root", text(&root), "--plan", text(&plain_plan)]).expect("python3");
+    assert_eq!(out.status.code(), Some(3));
+}

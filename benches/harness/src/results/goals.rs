@@ -77,7 +77,9 @@ impl Goal {
             (false, false) => "≤",
         };
         let fmt = |v: f64| {
-            if self.unit == "×" && v < 0.995 {
+            if self.unit == "%" {
+                format!("{v:.1}{}", self.unit)
+            } else if self.unit == "×" && v < 0.995 {
                 format!("{v:.2}{}", self.unit)
             } else if v >= 10.0 {
                 format!("{v:.1}{}", self.unit)
@@ -370,6 +372,71 @@ fn w5_goals(rows: &[Row]) -> Vec<Goal> {
     out
 }
 
+/// The goals of issue 23 on W1, when the Python reader's rows ran: its warm
+/// epoch through riffle (no plan) against its own local-disk epoch, and
+/// whether it sees the same riffle-to-local-disk ratio as `read-fs` (warm,
+/// and cold), within 10%.
+fn python_goals(rounds: &[Vec<Row>], rows: &[Row]) -> Vec<Goal> {
+    const TABLE: &str = "w1";
+    if find(rows, TABLE, "riffle-py").is_none() && find(rows, TABLE, "local-py").is_none() {
+        return Vec::new();
+    }
+    let mut out = vec![ratio_goal(
+        rounds,
+        TABLE,
+        format!(
+            "{}, warm files/s ÷ {} (the same reader on local disk)",
+            system_label("riffle-py"),
+            system_label("local-py")
+        ),
+        ("riffle-py", Epoch::Warm),
+        ("local-py", Epoch::Warm),
+        0.9,
+    )];
+    // riffle ÷ local disk as each reader sees it.
+    let vs_local = |r: &[Row], system: &str, epoch: Epoch| {
+        div(
+            tp(r, TABLE, system, epoch),
+            tp(r, TABLE, super::local_of(system), epoch),
+        )
+    };
+    for (epoch, name) in [(Epoch::Warm, "warm"), (Epoch::Cold, "cold")] {
+        let shown = |system: &str| {
+            vs_local(&rounds[0], system, epoch).map_or("—".to_string(), |v| format!("{v:.2}×"))
+        };
+        out.push(Goal {
+            what: format!(
+                "riffle, no plan, {name} files/s ÷ local disk, the Python reader's ratio against \
+                 read-fs's ({} and {} in the table), |Python ÷ read-fs − 1|",
+                shown("riffle-py"),
+                shown("riffle")
+            ),
+            values: per_round(rounds, |r| {
+                let ratio = div(
+                    vs_local(r, "riffle-py", epoch),
+                    vs_local(r, "riffle", epoch),
+                )?;
+                Some((ratio - 1.0).abs() * 100.0)
+            }),
+            goal: 10.0,
+            at_least: false,
+            strict: false,
+            unit: "%",
+            missing: missing(
+                rows,
+                TABLE,
+                &[
+                    ("riffle-py", epoch),
+                    ("local-py", epoch),
+                    ("riffle", epoch),
+                    ("local", epoch),
+                ],
+            ),
+        });
+    }
+    out
+}
+
 /// The goal lines of one table (empty when it has none); `extra` holds the
 /// rows of the run's extra rounds (see the module documentation).
 pub fn goals(table: &str, rows: &[Row], extra: &[Row]) -> Vec<String> {
@@ -430,6 +497,7 @@ pub fn goals(table: &str, rows: &[Row], extra: &[Row]) -> Vec<String> {
                 });
             }
             out.extend(no_plan_goals(&rounds, rows));
+            out.extend(python_goals(&rounds, rows));
         }
         "w5" => out.extend(w5_goals(rows)),
         "w2" => {
@@ -585,6 +653,81 @@ mod tests {
             ),
             "{g}"
         );
+    }
+
+    #[test]
+    fn python_goals_compare_with_its_own_local_disk_and_with_read_fs() {
+        // read-fs: riffle 0.80× local disk; the Python reader: 0.83×.
+        let rows = vec![
+            row("local", 1.0),
+            row("riffle", 1.25),
+            row("local-py", 2.0),
+            row("riffle-py", 2.4),
+        ];
+        let g = goals("w1", &rows, &[]);
+        let py: Vec<&String> = g.iter().filter(|l| l.contains("Python")).collect();
+        assert_eq!(py.len(), 3, "{g:#?}");
+        assert!(
+            py[0].contains(
+                "Python reader: riffle, no plan, warm files/s ÷ Python reader: local disk (the \
+                 same reader on local disk): **0.83×** (goal ≥ 0.9×): **not met**"
+            ),
+            "{py:#?}"
+        );
+        // 0.833 / 0.8 - 1 = 4.2%.
+        assert!(
+            py[1].contains(
+                "riffle, no plan, warm files/s ÷ local disk, the Python reader's ratio against \
+                 read-fs's (0.83× and 0.80× in the table), |Python ÷ read-fs − 1|: **4.2%** \
+                 (goal ≤ 10%): met"
+            ),
+            "{py:#?}"
+        );
+        assert!(py[2].contains("riffle, no plan, cold files/s"), "{py:#?}");
+        assert!(py[2].contains("**4.2%** (goal ≤ 10%): met"), "{py:#?}");
+
+        // Each round pairs its own rows; the line gives the median.
+        let extra = vec![
+            in_round(2, row("local", 1.0)),
+            in_round(2, row("riffle", 1.0)),
+            in_round(2, row("local-py", 2.0)),
+            in_round(2, row("riffle-py", 2.0)),
+        ];
+        let g = goals("w1", &rows, &extra).join("\n");
+        assert!(
+            g.contains(
+                "(the same reader on local disk): **0.92×** (goal ≥ 0.9×, median of 2 alternated \
+                 rounds: 0.83×, 1.00×): met"
+            ),
+            "{g}"
+        );
+        assert!(
+            g.contains("**2.1%** (goal ≤ 10%, median of 2 alternated rounds: 4.2%, 0.0%): met"),
+            "{g}"
+        );
+
+        // Far apart: the readers disagree.
+        let apart = vec![
+            row("local", 1.0),
+            row("riffle", 2.0),
+            row("local-py", 1.0),
+            row("riffle-py", 1.0),
+        ];
+        let g = goals("w1", &apart, &[]).join("\n");
+        assert!(g.contains("**100.0%** (goal ≤ 10%): **not met**"), "{g}");
+
+        // The Python reader's local disk alone: the lines say what is missing.
+        let g = goals("w1", &[row("local", 1.0), row("local-py", 1.0)], &[]).join("\n");
+        assert!(
+            g.contains(
+                "not measured (Python reader: riffle, no plan: not in this run; riffle, no plan \
+                 (disk cache, passthrough): not in this run; goal ≤ 10%)"
+            ),
+            "{g}"
+        );
+        // Without the Python reader's rows, no Python lines.
+        let g = goals("w1", &[row("local", 1.0), row("riffle", 1.0)], &[]).join("\n");
+        assert!(!g.contains("Python"), "{g}");
     }
 
     #[test]

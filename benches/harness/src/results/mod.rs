@@ -182,6 +182,23 @@ pub enum Record {
     Row(Box<Row>),
 }
 
+/// Whether a row is read by the Python reader (`benches/python_reader.py`,
+/// a DataLoader-like multi-process reader) instead of `riffle-bench read-fs`:
+/// the `SYSTEM-py` rows of W1 (`local-py`, `riffle-py`, `riffle-plan-py`).
+pub fn python_reader(system: &str) -> bool {
+    system.ends_with("-py")
+}
+
+/// The local-disk row a row's "÷ local" divides by: the one read by the
+/// same reader.
+pub fn local_of(system: &str) -> &'static str {
+    if python_reader(system) {
+        "local-py"
+    } else {
+        "local"
+    }
+}
+
 /// The tables a workload produces, in order.
 pub fn tables_of(workload: &str) -> Vec<String> {
     match workload {
