@@ -141,96 +141,19 @@ impl Content {
             h.update(&buf[..n]);
             off += n as u64;
         }
-        h.finish()
+        h.finalize()
     }
 }
 
-/// CRC-32 as zlib computes it (IEEE 802.3, reflected polynomial
-/// `0xEDB88320`, initial and final XOR `0xFFFFFFFF`): the checksum of
-/// `riffle-bench plan --crc32`, which `benches/python_reader.py` checks with
-/// the standard library's `zlib.crc32` (XXH3, the manifest's checksum, is
-/// not in Python's standard library). Slicing-by-8, so a plan of a few
-/// thousand files takes a fraction of a second in release builds.
-#[derive(Clone)]
-pub struct Crc32(u32);
-
-/// The slicing-by-8 tables: `CRC_TABLES[0]` is the classic byte table,
-/// `CRC_TABLES[k][b]` the CRC of byte `b` followed by `k` zero bytes.
-const CRC_TABLES: [[u32; 256]; 8] = crc_tables();
-
-const fn crc_tables() -> [[u32; 256]; 8] {
-    let mut t = [[0u32; 256]; 8];
-    let mut i = 0;
-    while i < 256 {
-        let mut c = i as u32;
-        let mut k = 0;
-        while k < 8 {
-            c = if c & 1 != 0 {
-                0xEDB8_8320 ^ (c >> 1)
-            } else {
-                c >> 1
-            };
-            k += 1;
-        }
-        t[0][i] = c;
-        i += 1;
-    }
-    let mut k = 1;
-    while k < 8 {
-        let mut i = 0;
-        while i < 256 {
-            let prev = t[k - 1][i];
-            t[k][i] = (prev >> 8) ^ t[0][(prev & 0xff) as usize];
-            i += 1;
-        }
-        k += 1;
-    }
-    t
-}
-
-impl Default for Crc32 {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Crc32 {
-    pub fn new() -> Self {
-        Self(0xFFFF_FFFF)
-    }
-
-    pub fn update(&mut self, data: &[u8]) {
-        let t = &CRC_TABLES;
-        let mut c = self.0;
-        let mut chunks = data.chunks_exact(8);
-        for b in &mut chunks {
-            let lo = c ^ u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-            let hi = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
-            c = t[7][(lo & 0xff) as usize]
-                ^ t[6][((lo >> 8) & 0xff) as usize]
-                ^ t[5][((lo >> 16) & 0xff) as usize]
-                ^ t[4][(lo >> 24) as usize]
-                ^ t[3][(hi & 0xff) as usize]
-                ^ t[2][((hi >> 8) & 0xff) as usize]
-                ^ t[1][((hi >> 16) & 0xff) as usize]
-                ^ t[0][(hi >> 24) as usize];
-        }
-        for &b in chunks.remainder() {
-            c = t[0][((c ^ u32::from(b)) & 0xff) as usize] ^ (c >> 8);
-        }
-        self.0 = c;
-    }
-
-    pub fn finish(&self) -> u32 {
-        self.0 ^ 0xFFFF_FFFF
-    }
-}
+/// CRC-32 as zlib computes it (IEEE 802.3, the `crc32fast` crate): the
+/// checksum of `riffle-bench plan --crc32`, which `benches/python_reader.py`
+/// checks with the standard library's `zlib.crc32` (XXH3, the manifest's
+/// checksum, is not in Python's standard library).
+pub type Crc32 = crc32fast::Hasher;
 
 /// CRC-32 (zlib's) of a byte slice in one go.
 pub fn crc32_of(data: &[u8]) -> u32 {
-    let mut h = Crc32::new();
-    h.update(data);
-    h.finish()
+    crc32fast::hash(data)
 }
 
 #[cfg(test)]
@@ -287,7 +210,7 @@ mod tests {
         for piece in data.chunks(12_345) {
             h.update(piece);
         }
-        assert_eq!(h.finish(), crc32_of(&data));
+        assert_eq!(h.finalize(), crc32_of(&data));
         assert_eq!(c.crc32(size as u64), crc32_of(&data));
         let mut flipped = data.clone();
         flipped[77_777] ^= 0x10;
