@@ -1,10 +1,13 @@
 //! Generates the CSI v1 message types and the Identity/Node service stubs
 //! (server and client; the client is used by the tests, which talk to the
 //! plugin the way kubelet does) from `proto/csi.proto` with
-//! tonic-prost-build. Needs `protoc` on PATH (Debian: protobuf-compiler) or
-//! in `$PROTOC`.
+//! tonic-prost-build. The .proto files are parsed by `protox`, a protobuf
+//! compiler written in Rust, so a fresh clone builds with Rust alone: no
+//! `protoc` on PATH is needed.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let descriptors = protox::compile(["proto/csi.proto"], ["proto"])?;
+    println!("cargo:rerun-if-changed=proto");
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
@@ -12,6 +15,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // that redacts them (see src/proto.rs), so an accidental `{:?}`
         // can never print a secret.
         .skip_debug(["csi.v1.NodePublishVolumeRequest"])
-        .compile_protos(&["proto/csi.proto"], &["proto"])?;
+        .compile_fds(descriptors)?;
     Ok(())
 }

@@ -8,7 +8,6 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v fusermount3 >/dev/null || need_apt+=(fuse3)
-command -v protoc >/dev/null || need_apt+=(protobuf-compiler)
 command -v pkg-config >/dev/null || need_apt+=(pkg-config)
 command -v cc >/dev/null || need_apt+=(build-essential)
 command -v curl >/dev/null || need_apt+=(curl)
