@@ -339,6 +339,7 @@ mod ahead_and_kept {
     use crate::namespace::background::FanoutConfig;
     use crate::namespace::kept::KeptListings;
     use crate::store::retry::{RetryPolicy, RetryingStore};
+    use crate::test_support::eventually;
 
     /// A store that records the most LISTs in progress at once.
     struct ListGauge {
@@ -533,13 +534,10 @@ mod ahead_and_kept {
             Namespace::with_options(store, "", MetadataTtl::Indefinite, options(8, Some(kept)));
         ns.check_access().await.unwrap();
         walk(&ns).await;
-        for _ in 0..500 {
-            if ns.listing_stats().kept_written == dirs {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("listings not kept: {:?}", ns.listing_stats());
+        eventually("every listing kept on disk", || {
+            ns.listing_stats().kept_written == dirs
+        })
+        .await;
     }
 
     fn remount(store: Arc<MemoryStore>, dir: &std::path::Path, ttl: MetadataTtl) -> Arc<Namespace> {
@@ -565,6 +563,12 @@ mod ahead_and_kept {
         unchecked.readdir(ROOT_INO).await.unwrap();
         assert_eq!(unchecked.listing_stats().from_disk, 0);
         assert_eq!(mem.count(Op::List), 1);
+        // It keeps what it listed, on a blocking thread: let that land before the files are
+        // aged below, or it could replace the aged root listing with a fresh one.
+        eventually("the unchecked mount's listing kept", || {
+            unchecked.listing_stats().kept_written == 1
+        })
+        .await;
 
         // After it (one LIST of the mount root), a remount's walk lists nothing.
         let ns = remount(mem.clone(), cache.path(), MetadataTtl::Indefinite);
@@ -588,16 +592,22 @@ mod ahead_and_kept {
             let taken = old.taken - Duration::from_secs(120);
             kept.store(p, taken, &old.listing).unwrap();
         }
-        let ns = remount(
+        let stale = remount(
             mem.clone(),
             cache.path(),
             MetadataTtl::For(Duration::from_secs(60)),
         );
-        ns.check_access().await.unwrap();
+        stale.check_access().await.unwrap();
         mem.reset_counts();
-        exactly_once(walk(&ns).await, &keys);
-        assert_eq!(ns.listing_stats().from_disk, 0);
+        exactly_once(walk(&stale).await, &keys);
+        assert_eq!(stale.listing_stats().from_disk, 0);
         assert_eq!(mem.count(Op::List), 12);
+        // Its listings are written on blocking threads after the walk saw them: wait for
+        // them, so that the next mount finds every file in place.
+        eventually("the stale mount's listings kept again", || {
+            stale.listing_stats().kept_written == 12
+        })
+        .await;
         let ns = remount(
             mem.clone(),
             cache.path(),
@@ -606,8 +616,10 @@ mod ahead_and_kept {
         ns.check_access().await.unwrap();
         mem.reset_counts();
         exactly_once(walk(&ns).await, &keys);
-        // (The 60 s mount above rewrote them as it listed: fresh again.)
-        assert_eq!(mem.count(Op::List), 0);
+        // (The 60 s mount above rewrote them as it listed: fresh again.) This mount's own
+        // counters, not the shared store's: nothing from the store, every listing from disk.
+        let stats = ns.listing_stats();
+        assert_eq!((stats.from_store, stats.from_disk), (0, 12), "{stats:?}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
