@@ -66,17 +66,22 @@ impl Content {
 
     /// The checksum of the whole object of `size` bytes (see [`Checksum`]).
     pub fn checksum(&self, size: u64) -> u64 {
+        let mut h = Checksum::new();
+        self.each_chunk(size, |chunk| h.update(chunk));
+        h.finish()
+    }
+
+    /// Calls `f` with the whole object of `size` bytes, 1 MiB at a time, in order.
+    fn each_chunk(&self, size: u64, mut f: impl FnMut(&[u8])) {
         const CHUNK: usize = 1 << 20;
         let mut buf = vec![0u8; CHUNK.min(size as usize)];
-        let mut h = Checksum::new();
         let mut off = 0u64;
         while off < size {
             let n = CHUNK.min((size - off) as usize);
             self.fill(off, &mut buf[..n]);
-            h.update(&buf[..n]);
+            f(&buf[..n]);
             off += n as u64;
         }
-        h.finish()
     }
 
     /// Index of the first byte of `data` that differs from the content at
@@ -131,16 +136,8 @@ pub fn checksum_of(data: &[u8]) -> u64 {
 impl Content {
     /// The CRC-32 of the whole object of `size` bytes (see [`Crc32`]).
     pub fn crc32(&self, size: u64) -> u32 {
-        const CHUNK: usize = 1 << 20;
-        let mut buf = vec![0u8; CHUNK.min(size as usize)];
         let mut h = Crc32::new();
-        let mut off = 0u64;
-        while off < size {
-            let n = CHUNK.min((size - off) as usize);
-            self.fill(off, &mut buf[..n]);
-            h.update(&buf[..n]);
-            off += n as u64;
-        }
+        self.each_chunk(size, |chunk| h.update(chunk));
         h.finalize()
     }
 }
