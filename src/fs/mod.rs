@@ -466,12 +466,7 @@ impl Filesystem for RiffleFs {
             self.passthrough.store(true, Ordering::Relaxed);
             self.start_preopen();
             if self.config.lookup_readahead > 0 {
-                match Lookahead::start(self.status.lookahead.clone()) {
-                    Ok(lookahead) => self.lookahead = Some(lookahead),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "no lookahead thread; lookups start no readahead")
-                    }
-                }
+                self.lookahead = Some(Lookahead::new(self.status.lookahead.clone()));
             }
             "enabled".to_string()
         };
@@ -501,7 +496,7 @@ impl Filesystem for RiffleFs {
                         Generation(0),
                     );
                     if let Some((lookahead, job)) = read_ahead {
-                        lookahead.queue(job);
+                        lookahead.run(job);
                     }
                 }
                 Err(e) => reply.error(ns_errno(&e)),

@@ -108,7 +108,6 @@ impl StatsSource for MountMetrics {
                 "backings_opened_ahead": load(&self.fs.opened_ahead),
                 "kept_backings": load(&self.fs.kept_backings),
                 "lookup_readaheads": load(&self.fs.lookahead.requested),
-                "lookup_readaheads_dropped": load(&self.fs.lookahead.dropped),
                 "lookup_readaheads_failed": load(&self.fs.lookahead.failed),
                 "passthrough": self.fs.passthrough_mode.lock().clone(),
             },

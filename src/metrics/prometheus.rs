@@ -105,7 +105,6 @@ pub const STATS: &[StatSpec] = &[
     spec("fuse.kept_backings", "riffle_fuse_kept_backings", Gauge, None, "Backing files kept for reopening cached files from memory."),
     spec("fuse.backings_opened_ahead", "riffle_fuse_backings_opened_ahead", Counter, None, "Backing files registered with the kernel as objects completed in the cache, before any open."),
     spec("fuse.lookup_readaheads", "riffle_fuse_lookup_readaheads", Counter, None, "Readaheads of small cached files' cache files started because a lookup named them."),
-    spec("fuse.lookup_readaheads_dropped", "riffle_fuse_lookup_readaheads_dropped", Counter, None, "Lookup readaheads not started because the queue was full."),
     spec("fuse.lookup_readaheads_failed", "riffle_fuse_lookup_readaheads_failed", Counter, None, "Lookup readaheads that failed (the cache file was gone)."),
     spec("fuse.passthrough", "riffle_fuse_passthrough_enabled", Kind::Equals("enabled"), None, "1 if FUSE passthrough is in use, else 0 (see riffle stats for the reason)."),
     spec("cache.objects", "riffle_cache_objects", Gauge, None, "Objects with bytes in the disk cache."),
