@@ -355,7 +355,7 @@ impl RiffleFs {
     /// than the TTL and no handle open at another version, and then, with passthrough, a
     /// backing file kept for that version; without it, nothing more (the daemon serves the
     /// reads). Otherwise gives the reply back, for the task path.
-    fn open_now(&self, ino: u64, fh: u64, reply: ReplyOpen) -> Option<ReplyOpen> {
+    fn open_now(&self, ino: u64, fh: u64, caller: u32, reply: ReplyOpen) -> Option<ReplyOpen> {
         let Some(Ok(target)) = self.ns.open_target_cached(ino) else {
             return Some(reply);
         };
@@ -366,7 +366,7 @@ impl RiffleFs {
         if !self.passthrough.load(Ordering::Relaxed) {
             // The prefetcher may start tasks.
             let _runtime = self.runtime.enter();
-            self.opener().start(ino, fh, object);
+            self.opener().start(ino, fh, caller, object);
             self.handles
                 .reply_served_by_daemon(ino, fh, &target.etag, reply);
             return None;
@@ -388,7 +388,7 @@ impl RiffleFs {
         self.status.fast_opens.fetch_add(1, Ordering::Relaxed);
         let _runtime = self.runtime.enter();
         let opener = self.opener();
-        opener.start(ino, fh, object);
+        opener.start(ino, fh, caller, object);
         opener.reply_passthrough(ino, fh, &target.etag, &backing, reply);
         None
     }
@@ -537,14 +537,15 @@ impl Filesystem for RiffleFs {
         });
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let timer = self.ops.start(FuseOp::Open);
         if flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0 {
             reply.error(Errno::EROFS);
             return;
         }
         let fh = self.new_fh();
-        let Some(reply) = self.open_now(ino.0, fh, reply) else {
+        let caller = req.pid();
+        let Some(reply) = self.open_now(ino.0, fh, caller, reply) else {
             return;
         };
         let ns = self.ns.clone();
@@ -565,7 +566,7 @@ impl Filesystem for RiffleFs {
                 tracing::info!(key = %object.key, ino = ino.0, ?moved_to, "object changed while its old version is open; the name now has a new inode");
                 return reply.error(Errno::ESTALE);
             }
-            opener.start(ino.0, fh, object.clone());
+            opener.start(ino.0, fh, caller, object.clone());
             if opener.passthrough.load(Ordering::Relaxed) {
                 if let Some(backing) = opener.passthrough_backing(ino.0, &object, &reply).await {
                     return opener.reply_passthrough(ino.0, fh, &object.etag, &backing, reply);
@@ -1090,11 +1091,11 @@ struct Opener {
 }
 
 impl Opener {
-    /// Starts handle `fh` of `ino` at `object`: counts the open, tells the prefetcher, and
-    /// keeps a reader for it (pinning the object's cache entry).
-    fn start(&self, ino: u64, fh: u64, object: Arc<ObjectVersion>) {
+    /// Starts handle `fh` of `ino` at `object` for `caller` (the opening thread's id): counts
+    /// the open, tells the prefetcher, and keeps a reader for it (pinning the cache entry).
+    fn start(&self, ino: u64, fh: u64, caller: u32, object: Arc<ObjectVersion>) {
         self.status.opens.fetch_add(1, Ordering::Relaxed);
-        self.prefetch.on_open(ino, &object);
+        self.prefetch.on_open_by(ino, &object, Some(caller));
         let pin = self.fetcher.disk().map(|d| d.pin(&object));
         let reader = FileReader::new(object, self.fetcher.clone(), self.read_ahead, pin);
         self.handles.files.lock().insert(fh, Arc::new(reader));

@@ -44,8 +44,10 @@
 //! - **Browsing** (a few files opened by hand, an evaluation reading 1% of the set): the bytes
 //!   fetched ahead and not yet opened stay within an allowance that grows with what the reader
 //!   has opened in this epoch and with how many files it reads at once (`P`, the most files
-//!   open at the same time over the last [`PARALLEL_WINDOW`] opens or the window before, at
-//!   most [`MAX_PARALLEL`]): `max(opened_bytes × max(1, opened_files / RAMP_FILES) × P, FLOOR)`.
+//!   open at the same time over the last [`PARALLEL_WINDOW`] opens or the window before, but
+//!   no more than the distinct threads or processes that opened them, at most
+//!   [`MAX_PARALLEL`]; a file's RELEASE reaches the daemon after `close` returns, so one
+//!   thread is often seen with two files open): `max(opened_bytes × max(1, opened_files / RAMP_FILES) × P, FLOOR)`.
 //!   One reader thread opening its first [`RAMP_FILES`] files can cause at most as many bytes
 //!   fetched ahead as it read (bytes fetched ≤ 2 × bytes read once it has read a megabyte);
 //!   a data loader with eight workers gets eight times that (by Little's law its prefetch needs
@@ -330,6 +332,10 @@ pub(super) struct EpochState {
     /// The most files open at once over the last window of opens, and in the window before.
     parallel_now: u64,
     parallel_before: u64,
+    /// Distinct callers (thread or process ids) that opened files in this window, at most
+    /// [`MAX_PARALLEL`], and how many the window before had (0: none known).
+    callers_now: Vec<u32>,
+    callers_before: usize,
     last_usefulness: Option<f64>,
     fetched_this_epoch: u64,
     fetched_bytes_this_epoch: u64,
@@ -365,6 +371,8 @@ impl Default for EpochState {
             trust: Trust::Normal,
             parallel_now: 1,
             parallel_before: 1,
+            callers_now: Vec::new(),
+            callers_before: 0,
             last_usefulness: None,
             fetched_this_epoch: 0,
             fetched_bytes_this_epoch: 0,
@@ -505,21 +513,32 @@ impl EpochState {
         self.needs_rebuild = true;
     }
 
-    /// Records how many files are open at this open; the window moves every
-    /// [`PARALLEL_WINDOW`] opens.
-    fn note_parallelism(&mut self, open_now: u64) {
+    /// Records how many files are open at this open, and who opened it; the window moves
+    /// every [`PARALLEL_WINDOW`] opens.
+    fn note_parallelism(&mut self, open_now: u64, caller: Option<u32>) {
         if self.seq % PARALLEL_WINDOW == 0 {
             self.parallel_before = self.parallel_now;
             self.parallel_now = 1;
+            self.callers_before = self.callers_now.len();
+            self.callers_now.clear();
         }
         self.parallel_now = self.parallel_now.max(open_now);
+        if let Some(c) = caller {
+            if self.callers_now.len() < MAX_PARALLEL as usize && !self.callers_now.contains(&c) {
+                self.callers_now.push(c);
+            }
+        }
     }
 
-    /// How many files the reader reads at once (recent peak), at most [`MAX_PARALLEL`].
+    /// How many files the reader reads at once, at most [`MAX_PARALLEL`]: the recent peak of
+    /// files open at the same time, but no more than the distinct callers that opened them.
+    /// The kernel sends a file's RELEASE after `close` returns, so one reader thread is often
+    /// seen with two files open; its opens all come from one thread, which caps it at one.
     fn parallelism(&self) -> u64 {
-        self.parallel_now
-            .max(self.parallel_before)
-            .clamp(1, MAX_PARALLEL)
+        let open = self.parallel_now.max(self.parallel_before);
+        let callers = self.callers_now.len().max(self.callers_before) as u64;
+        let p = if callers > 0 { open.min(callers) } else { open };
+        p.clamp(1, MAX_PARALLEL)
     }
 
     /// Bytes that may be fetched ahead now.
@@ -594,6 +613,7 @@ impl Prefetcher {
         ino: u64,
         obj: &Arc<ObjectVersion>,
         open_now: u64,
+        caller: Option<u32>,
     ) {
         if !self.config.epoch_prefetch {
             return;
@@ -604,7 +624,7 @@ impl Prefetcher {
             let mut st = self.epoch.lock();
             st.seq += 1;
             let seq = st.seq;
-            st.note_parallelism(open_now);
+            st.note_parallelism(open_now, caller);
             let mut outcome = OpenOutcome::default();
             let in_set = st
                 .set

@@ -298,8 +298,14 @@ impl Prefetcher {
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
     }
 
-    /// Tells the prefetcher that `ino` (the object `obj`) was opened.
+    /// Tells the prefetcher that `ino` (the object `obj`) was opened, by a caller not known.
     pub fn on_open(self: &Arc<Self>, ino: u64, obj: &Arc<ObjectVersion>) {
+        self.on_open_by(ino, obj, None);
+    }
+
+    /// Tells the prefetcher that `ino` (the object `obj`) was opened by `caller` (the thread or
+    /// process id the kernel reports with the open), which tells readers apart.
+    pub fn on_open_by(self: &Arc<Self>, ino: u64, obj: &Arc<ObjectVersion>, caller: Option<u32>) {
         self.stats.opens.fetch_add(1, Ordering::Relaxed);
         let open_now = self.open_files.fetch_add(1, Ordering::Relaxed) + 1;
         if let Some(key) = self.entry_key(obj) {
@@ -320,7 +326,7 @@ impl Prefetcher {
                 }
             }
         }
-        self.epoch_on_open(ino, obj, open_now);
+        self.epoch_on_open(ino, obj, open_now, caller);
         if in_plan {
             self.wake.notify_one();
         } else {

@@ -397,6 +397,49 @@ async fn the_allowance_scales_with_the_files_open_at_once() {
     assert_eq!(s.prefetch.epoch.lock().parallelism(), 1);
 }
 
+/// One thread whose RELEASE arrives after its next open (two files open at once, as the
+/// kernel sends them) is one reader; eight threads doing the same are eight; a shell loop that
+/// starts a new process per file is capped by the files it has open at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_allowance_counts_callers_not_late_releases() {
+    let s = setup(2, 10, 4096, None, true);
+    let window = 2 * PARALLEL_WINDOW as usize;
+    let files: Vec<_> = {
+        let mut v = Vec::new();
+        for p in s.paths.iter().cycle().take(window) {
+            v.push(s.file(p).await);
+        }
+        v
+    };
+    // One thread: it opens the next file before the previous one's release arrives.
+    s.prefetch.on_open_by(files[0].0, &files[0].1, Some(4242));
+    for (ino, o) in &files[1..] {
+        s.prefetch.on_open_by(*ino, o, Some(4242));
+        s.prefetch.on_release();
+    }
+    assert_eq!(s.prefetch.open_files.load(Ordering::Relaxed), 1);
+    assert_eq!(s.prefetch.epoch.lock().parallelism(), 1);
+    s.prefetch.on_release();
+    // Eight threads, each with the same lag (up to 16 files open).
+    for (n, (ino, o)) in files.iter().enumerate() {
+        s.prefetch.on_open_by(*ino, o, Some(100 + (n % 8) as u32));
+        if n >= 8 {
+            s.prefetch.on_release();
+        }
+    }
+    assert_eq!(s.prefetch.epoch.lock().parallelism(), 8);
+    for _ in 0..8 {
+        s.prefetch.on_release();
+    }
+    // A new process per file, one at a time with the lag: two files open at most.
+    s.prefetch.on_open_by(files[0].0, &files[0].1, Some(9_999));
+    for (n, (ino, o)) in files.iter().enumerate().skip(1) {
+        s.prefetch.on_open_by(*ino, o, Some(10_000 + n as u32));
+        s.prefetch.on_release();
+    }
+    assert_eq!(s.prefetch.epoch.lock().parallelism(), 2);
+}
+
 /// Opening a few random files fetches at most about as much again ahead (plus a floor).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_browsing_reader_fetches_at_most_twice_what_it_reads() {
