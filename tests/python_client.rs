@@ -11,12 +11,12 @@ use common::*;
 const FILES: usize = 500;
 
 /// Reads every file under ROOT from 8 threads (each `with open(p, "rb") as f: f.read()`, as a
-/// data loader's workers do), checks each size against the listing given on stdin, then calls
-/// `fcntl.ioctl(fd, TCGETS)` on one file and prints the errno's name.
+/// data loader's workers do), checks each size against the LISTING file (PATH<TAB>SIZE lines),
+/// then calls `fcntl.ioctl(fd, TCGETS)` on one file and prints the errno's name.
 const READER: &str = r#"
 import errno, fcntl, os, sys, termios, concurrent.futures as cf
-root = sys.argv[1]
-want = dict(line.rsplit("\t", 1) for line in sys.stdin.read().splitlines())
+root, listing = sys.argv[1], sys.argv[2]
+want = dict(line.rsplit("\t", 1) for line in open(listing).read().splitlines())
 def read(rel):
     with open(os.path.join(root, rel), "rb") as f:
         return rel, len(f.read())
@@ -31,40 +31,22 @@ with open(os.path.join(root, sorted(want)[0]), "rb") as f:
         print(errno.errorcode[e.errno])
 "#;
 
-fn python_epoch(mount: &Mount, listing: &str) -> String {
-    use std::io::Write;
-    let mut child = Command::new("python3")
-        .args(["-c", READER, mount.join("").to_str().unwrap()])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("python3");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(listing.as_bytes())
-        .unwrap();
-    let out = wait_with_timeout(child, Duration::from_secs(300));
+fn python_epoch(mount: &Mount, listing: &std::path::Path) -> String {
+    let out = run_with_timeout(
+        Command::new("python3").args([
+            "-c",
+            READER,
+            mount.join("").to_str().unwrap(),
+            listing.to_str().unwrap(),
+        ]),
+        Duration::from_secs(300),
+    );
     assert!(
         out.status.success(),
         "python reader failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).unwrap().trim().to_string()
-}
-
-fn wait_with_timeout(child: std::process::Child, limit: Duration) -> std::process::Output {
-    let pid = child.id() as i32;
-    let guard = std::thread::spawn(move || {
-        std::thread::sleep(limit);
-        // SAFETY: kill(2) on a pid we started; harmless if it has exited.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-    });
-    let out = child.wait_with_output().expect("wait");
-    drop(guard);
-    out
 }
 
 #[test]
@@ -84,10 +66,15 @@ fn python_opens_cost_no_log_line_and_ioctl_answers_enotty() {
         create_bucket(&s3, &bucket).await;
         put_many(&s3, &bucket, objects.clone(), 32).await;
     });
-    let listing: String = objects
-        .iter()
-        .map(|(k, v)| format!("{k}\t{}\n", v.len()))
-        .collect();
+    let listing = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        listing.path(),
+        objects
+            .iter()
+            .map(|(k, v)| format!("{k}\t{}\n", v.len()))
+            .collect::<String>(),
+    )
+    .unwrap();
     let cache = tempfile::tempdir().unwrap();
     // Passthrough on (files complete in the cache) and off: both paths get the same ioctl.
     for extra in [&[][..], &["--no-passthrough"][..]] {
@@ -96,8 +83,8 @@ fn python_opens_cost_no_log_line_and_ioctl_answers_enotty() {
         let mount = Mount::new(&endpoint, &format!("s3://{bucket}"), &opts);
         let before = mount.log_text().lines().count();
         // A cold epoch (files fetched) and a warm one (from the cache).
-        assert_eq!(python_epoch(&mount, &listing), "ENOTTY", "{extra:?}");
-        assert_eq!(python_epoch(&mount, &listing), "ENOTTY", "{extra:?}");
+        assert_eq!(python_epoch(&mount, listing.path()), "ENOTTY", "{extra:?}");
+        assert_eq!(python_epoch(&mount, listing.path()), "ENOTTY", "{extra:?}");
         let log = mount.log_text();
         let added = log.lines().count() - before;
         assert!(
