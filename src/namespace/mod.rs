@@ -70,6 +70,12 @@ impl MetadataTtl {
         }
     }
 
+    /// A zero TTL: every access asks the store, so a listing is stale the moment it is taken
+    /// (nothing is worth listing ahead, keeping or using from disk).
+    fn always_stale(&self) -> bool {
+        *self == MetadataTtl::For(Duration::ZERO)
+    }
+
     /// The TTL to hand to the kernel for entries and attributes.
     pub fn kernel_ttl(&self) -> Duration {
         match self {
@@ -468,7 +474,7 @@ impl Namespace {
             return Err(NamespaceError::NotFound);
         }
         // (With a zero TTL a listing would be stale at once: neither start nor wait for one.)
-        let lists = self.ttl != MetadataTtl::For(Duration::ZERO);
+        let lists = !self.ttl.always_stale();
         let (prefix, follower) = {
             let tree = self.tree.read();
             if let Some(answer) = self.fresh_lookup(&tree, parent, name) {
@@ -755,7 +761,7 @@ impl Namespace {
         let Some(fanout) = &self.fanout else {
             return;
         };
-        if self.ttl == MetadataTtl::For(Duration::ZERO) {
+        if self.ttl.always_stale() {
             return;
         }
         let fanned_out = |tree: &Tree| {
@@ -914,7 +920,7 @@ impl Namespace {
     /// whole and fresh under the TTL.
     async fn apply_kept(&self, ino: u64, prefix: &str) -> Option<Arc<Vec<DirEntry>>> {
         let kept = self.kept.as_ref()?;
-        if !kept.access_granted() || self.ttl == MetadataTtl::For(Duration::ZERO) {
+        if !kept.access_granted() || self.ttl.always_stale() {
             return None;
         }
         {
@@ -952,7 +958,7 @@ impl Namespace {
         let Some(kept) = self.kept.clone() else {
             return;
         };
-        if self.ttl == MetadataTtl::For(Duration::ZERO) {
+        if self.ttl.always_stale() {
             return; // relisted on every access: nobody could use it
         }
         static WRITERS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(KEPT_WRITERS);
