@@ -63,21 +63,30 @@ class Usage(Exception):
     """The reader cannot run (bad arguments or inputs): exit 3."""
 
 
-def parse_sums(path):
-    """PATH<TAB>SIZE<TAB>CRC32 lines of a file into {path: (size, crc)}."""
-    sums = {}
+def tab_lines(path):
+    """(line number, tab-separated fields) of each non-empty line of a file."""
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             line = line.rstrip("\n")
-            if not line:
-                continue
-            parts = line.split("\t")
-            if len(parts) != 3:
-                raise Usage(f"{path}:{n}: expected PATH<TAB>SIZE<TAB>CRC32")
-            try:
-                sums[parts[0]] = (int(parts[1]), int(parts[2], 16))
-            except ValueError as e:
-                raise Usage(f"{path}:{n}: {e}") from None
+            if line:
+                yield n, line.split("\t")
+
+
+def size_and_crc(parts, where):
+    """The (size, crc32) of a PATH<TAB>SIZE<TAB>CRC32 line's fields."""
+    try:
+        return int(parts[1]), int(parts[2], 16)
+    except ValueError as e:
+        raise Usage(f"{where}: {e}") from None
+
+
+def parse_sums(path):
+    """PATH<TAB>SIZE<TAB>CRC32 lines of a file into {path: (size, crc)}."""
+    sums = {}
+    for n, parts in tab_lines(path):
+        if len(parts) != 3:
+            raise Usage(f"{path}:{n}: expected PATH<TAB>SIZE<TAB>CRC32")
+        sums[parts[0]] = size_and_crc(parts, f"{path}:{n}")
     return sums
 
 
@@ -85,27 +94,19 @@ def load_items(plan_path, sums_path=None):
     """The epoch's items, in order: (relative path, size, crc32)."""
     sums = parse_sums(sums_path) if sums_path else {}
     items = []
-    with open(plan_path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            line = line.rstrip("\n")
-            if not line:
-                continue
-            parts = line.split("\t")
-            if len(parts) == 3:
-                try:
-                    items.append((parts[0], int(parts[1]), int(parts[2], 16)))
-                except ValueError as e:
-                    raise Usage(f"{plan_path}:{n}: {e}") from None
-            elif len(parts) == 1:
-                if parts[0] not in sums:
-                    raise Usage(
-                        f"{plan_path}:{n}: {parts[0]}: no size and CRC-32 (give a "
-                        "`riffle-bench plan --crc32` plan, or --sums)"
-                    )
-                size, crc = sums[parts[0]]
-                items.append((parts[0], size, crc))
-            else:
-                raise Usage(f"{plan_path}:{n}: expected PATH or PATH<TAB>SIZE<TAB>CRC32")
+    for n, parts in tab_lines(plan_path):
+        if len(parts) == 3:
+            size, crc = size_and_crc(parts, f"{plan_path}:{n}")
+        elif len(parts) == 1:
+            if parts[0] not in sums:
+                raise Usage(
+                    f"{plan_path}:{n}: {parts[0]}: no size and CRC-32 (give a "
+                    "`riffle-bench plan --crc32` plan, or --sums)"
+                )
+            size, crc = sums[parts[0]]
+        else:
+            raise Usage(f"{plan_path}:{n}: expected PATH or PATH<TAB>SIZE<TAB>CRC32")
+        items.append((parts[0], size, crc))
     return items
 
 
