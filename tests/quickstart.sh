@@ -87,7 +87,7 @@ EOF
 for line in 'rifflefs quickstart report' \
     '30 ms to the first byte' 'RIFFLE_QUICKSTART_LATENCY_MS' \
     'cold epoch  (riffle, empty cache)' 'warm epoch  (riffle, NVMe cache)' 'local disk  (ext4 copy)' \
-    'warm / cold:' 'warm / local disk:' 'every byte checked against the manifest: 0 wrong, 0 errors' \
+    'warm / cold:' 'warm / local disk:' 'opens found their file already fetched' 'every byte checked against the manifest: 0 wrong, 0 errors' \
     'Warm epoch at the store: 0 GETs counted by the proxy, 0 sent by riffle' \
     'Passthrough  ' 'store.get_requests' 'store.get_bytes' 'cache.hits' 'fuse.passthrough_opens' \
     'cache.complete_objects 104 of 104 files' 'Try next:' 'try-plan.sh' '(riffle plan)' \

@@ -115,9 +115,14 @@ def main():
         w("  (The page cache was kept: local disk's copy, just written, was read from memory, so that ratio is not "
           "like for like.)")
     if a.latency_ms > 0:
-        w(f"  The cold epoch waits on the store: {a.threads} readers, each waiting >= {a.latency_ms} ms per file, "
-          f"open at most ~{a.threads * 1000 / a.latency_ms:,.0f} files/s;")
-        w("  an epoch plan (a plan, in Try next) lets riffle fetch ahead of them.")
+        cold_opens = delta("prefetch.opens", "cold", "before")
+        cold_ready = delta("prefetch.opens_already_cached", "cold", "before")
+        w(f"  Waiting for the store, {a.threads} readers at >= {a.latency_ms} ms per file would open at most "
+          f"~{a.threads * 1000 / a.latency_ms:,.0f} files/s;")
+        w(f"  in the cold epoch {num(cold_ready)} of {num(cold_opens)} opens found their file already fetched "
+          f"(epoch prefetch, on by default,")
+        w("  fetches the files a shuffled epoch has not opened yet; an epoch plan, in Try next, gives riffle the "
+          "order too).")
     check = "every byte checked" if verified else "CHECK FAILED"
     w(f"  Verified: {num(files_read)} files, {mb(bytes_read)} read, {check} against the manifest: "
       f"{wrong} wrong, {errors} errors.")
