@@ -289,8 +289,6 @@ pub(super) struct Fill {
 struct OpenOutcome {
     build: Option<u64>,
     boundary: bool,
-    /// The scheduler has nothing to do after this open ([`EpochState::idle`]).
-    idle: bool,
 }
 
 /// The epoch tracker's state (under one lock; never held across an await or a cache call).
@@ -560,21 +558,6 @@ impl EpochState {
 
     /// The next files of the set to look at for prefetch: in the directories drawn from, not
     /// opened in this epoch and not fetched ahead; at most `n`. Moves the cursor past them.
-    /// Whether the scheduler has nothing to start: a set is installed and its cursor has
-    /// passed every drawn directory with no file left to retry, and no rebuild or
-    /// enumeration is due. Only an open that draws from a new directory, a boundary (which
-    /// rewinds the cursor), a new set or a finished fetch (which wakes the scheduler itself)
-    /// makes work again; the allowance growing with opens matters only for files waiting in
-    /// `retry`, which makes this false.
-    fn idle(&self) -> bool {
-        self.set
-            .as_ref()
-            .is_some_and(|set| self.cursor_dir >= set.drawn.len())
-            && self.retry.is_empty()
-            && !self.needs_rebuild
-            && self.building.is_none()
-    }
-
     fn candidates(&mut self, n: usize) -> Vec<(usize, u64)> {
         let Some(set) = self.set.as_ref() else {
             return Vec::new();
@@ -667,7 +650,6 @@ impl Prefetcher {
                     }
                 }
             }
-            outcome.idle = st.idle();
             outcome
         };
         if let Some(root) = outcome.build {
@@ -678,12 +660,7 @@ impl Prefetcher {
             self.stats.epochs.fetch_add(1, Ordering::Relaxed);
             self.generation.fetch_add(1, Ordering::Relaxed);
         }
-        // An open that cannot give the scheduler work wakes nobody: waking the scheduler's
-        // task costs a thread wake-up (a context switch on the open's path) per file, the
-        // largest part of a warm open on a small machine.
-        if !outcome.idle || outcome.build.is_some() || outcome.boundary {
-            self.epoch_wake.notify_one();
-        }
+        self.epoch_wake.notify_one();
     }
 
     /// Enumerates the files under `root` and installs them as the epoch set.
