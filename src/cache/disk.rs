@@ -354,6 +354,18 @@ pub struct PinGuard {
     key: EntryKey,
 }
 
+impl PinGuard {
+    /// Tells the eviction policy of a use of the pinned entry now. An open pins before it
+    /// tells the prefetcher (so the entry cannot be evicted in between, when the prefetcher
+    /// no longer counts it as needed) and calls this after, so the policy asks its oracle
+    /// again and sees the file opened.
+    pub fn used(&self) {
+        if let Some(cache) = self.cache.upgrade() {
+            cache.state.lock().policy.touch(self.key);
+        }
+    }
+}
+
 impl Drop for PinGuard {
     fn drop(&mut self) {
         if let Some(cache) = self.cache.upgrade() {
@@ -1371,6 +1383,12 @@ impl DiskCache {
     /// any other (see the locking protocol).
     pub fn pin(self: &Arc<Self>, id: &ObjectIdentity) -> PinGuard {
         self.pin_with(id, true)
+    }
+
+    /// A pin that is not yet a use of the entry (the policy is not told; see
+    /// [`PinGuard::used`]).
+    pub fn pin_unused(self: &Arc<Self>, id: &ObjectIdentity) -> PinGuard {
+        self.pin_with(id, false)
     }
 
     /// A pin for the blocks of `id` a GET just brought, held until they are written: keeps

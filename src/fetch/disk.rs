@@ -84,6 +84,12 @@ impl DiskTier {
         self.cache.pin(&self.identity(obj))
     }
 
+    /// Pins `obj`'s entry without telling the eviction policy of a use yet
+    /// ([`PinGuard::used`] does).
+    pub fn pin_unused(&self, obj: &ObjectVersion) -> PinGuard {
+        self.cache.pin_unused(&self.identity(obj))
+    }
+
     /// The key of `obj`'s cache entry.
     pub fn entry_key(&self, obj: &ObjectVersion) -> EntryKey {
         self.identity(obj).entry_key()

@@ -1095,8 +1095,13 @@ impl Opener {
     /// the open, tells the prefetcher, and keeps a reader for it (pinning the cache entry).
     fn start(&self, ino: u64, fh: u64, caller: u32, object: Arc<ObjectVersion>) {
         self.status.opens.fetch_add(1, Ordering::Relaxed);
+        // Pinned before the prefetcher hears of the open: from then on it no longer counts
+        // the file as needed, and eviction could take it before a later pin.
+        let pin = self.fetcher.disk().map(|d| d.pin_unused(&object));
         self.prefetch.on_open_by(ino, &object, Some(caller));
-        let pin = self.fetcher.disk().map(|d| d.pin(&object));
+        if let Some(pin) = &pin {
+            pin.used();
+        }
         let reader = FileReader::new(object, self.fetcher.clone(), self.read_ahead, pin);
         self.handles.files.lock().insert(fh, Arc::new(reader));
     }
