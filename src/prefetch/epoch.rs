@@ -282,6 +282,8 @@ pub(super) struct Fill {
     again: bool,
     /// Cached files became needed: the eviction policy must re-ask about them.
     newly_needed: bool,
+    /// This call counted itself in [`EpochState::filling`].
+    counted: bool,
 }
 
 /// What [`Prefetcher::epoch_on_open`] found out, for the caller to act on.
@@ -289,6 +291,8 @@ pub(super) struct Fill {
 struct OpenOutcome {
     build: Option<u64>,
     boundary: bool,
+    /// The scheduler has nothing to do after this open ([`EpochState::idle`]).
+    idle: bool,
 }
 
 /// The epoch tracker's state (under one lock; never held across an await or a cache call).
@@ -316,6 +320,9 @@ pub(super) struct EpochState {
     ahead_bytes: u64,
     ahead_files: u64,
     in_flight: usize,
+    /// [`Prefetcher::epoch_fill`] calls between taking their candidates and starting (or
+    /// putting back) the last of them: work that `in_flight` does not show yet.
+    filling: usize,
     /// The fetch cursor: a position in the set's drawn directories and in that directory.
     cursor_dir: usize,
     cursor_file: u32,
@@ -360,6 +367,7 @@ impl Default for EpochState {
             ahead_bytes: 0,
             ahead_files: 0,
             in_flight: 0,
+            filling: 0,
             cursor_dir: 0,
             cursor_file: 0,
             retry: Vec::new(),
@@ -558,6 +566,22 @@ impl EpochState {
 
     /// The next files of the set to look at for prefetch: in the directories drawn from, not
     /// opened in this epoch and not fetched ahead; at most `n`. Moves the cursor past them.
+    /// Whether the scheduler has nothing to start: a set is installed and its cursor has
+    /// passed every drawn directory with no file left to retry, and no rebuild or
+    /// enumeration is due. Only an open that draws from a new directory, a boundary (which
+    /// rewinds the cursor), a new set or a finished fetch (which wakes the scheduler itself)
+    /// makes work again; the allowance growing with opens matters only for files waiting in
+    /// `retry`, which makes this false.
+    fn idle(&self) -> bool {
+        self.set
+            .as_ref()
+            .is_some_and(|set| self.cursor_dir >= set.drawn.len())
+            && self.retry.is_empty()
+            && !self.needs_rebuild
+            && self.building.is_none()
+            && self.filling == 0
+    }
+
     fn candidates(&mut self, n: usize) -> Vec<(usize, u64)> {
         let Some(set) = self.set.as_ref() else {
             return Vec::new();
@@ -565,11 +589,17 @@ impl EpochState {
         let epoch_start = self.epoch_start;
         let wanted = |i: usize| set.opened_at[i] <= epoch_start && set.flags[i] & AHEAD == 0;
         let mut out: Vec<(usize, u64)> = Vec::new();
-        for (i, ino) in std::mem::take(&mut self.retry) {
-            if out.len() < n && set.inos.get(i) == Some(&ino) && wanted(i) {
+        // Files waiting for the allowance come first; those beyond `n` wait on.
+        let mut waiting = std::mem::take(&mut self.retry).into_iter();
+        for (i, ino) in waiting.by_ref() {
+            if set.inos.get(i) == Some(&ino) && wanted(i) {
                 out.push((i, ino));
+                if out.len() == n {
+                    break;
+                }
             }
         }
+        self.retry.extend(waiting);
         while out.len() < n && self.cursor_dir < set.drawn.len() {
             let dir = &set.dirs[set.drawn[self.cursor_dir] as usize];
             let i = dir.start + self.cursor_file;
@@ -650,6 +680,7 @@ impl Prefetcher {
                     }
                 }
             }
+            outcome.idle = st.idle();
             outcome
         };
         if let Some(root) = outcome.build {
@@ -660,7 +691,12 @@ impl Prefetcher {
             self.stats.epochs.fetch_add(1, Ordering::Relaxed);
             self.generation.fetch_add(1, Ordering::Relaxed);
         }
-        self.epoch_wake.notify_one();
+        // An open that cannot give the scheduler work wakes nobody: waking the scheduler's
+        // task costs a thread wake-up (a context switch on the open's path) per file, the
+        // largest part of a warm open on a small machine.
+        if !outcome.idle || outcome.build.is_some() || outcome.boundary {
+            self.epoch_wake.notify_one();
+        }
     }
 
     /// Enumerates the files under `root` and installs them as the epoch set.
@@ -878,7 +914,17 @@ impl Prefetcher {
     }
 
     /// Starts what the allowance, the room and the concurrency allow.
+    ///
+    /// While a call holds candidates it has taken from the cursor, `filling` counts it, so
+    /// neither [`EpochState::idle`] nor a caller waiting for quiet mistakes it for no work.
     fn epoch_fill(self: &Arc<Self>) -> Fill {
+        let fill = self.epoch_fill_batch();
+        let mut st = self.epoch.lock();
+        st.filling = st.filling.saturating_sub(fill.counted as usize);
+        fill
+    }
+
+    fn epoch_fill_batch(self: &Arc<Self>) -> Fill {
         let room = self.epoch_room();
         let max_bytes = self.config.max_file_bytes;
         let mut fill = Fill::default();
@@ -891,7 +937,10 @@ impl Prefetcher {
             if free_slots == 0 {
                 return fill;
             }
-            st.candidates(free_slots.min(256))
+            let batch = st.candidates(free_slots.min(256));
+            st.filling += 1;
+            fill.counted = true;
+            batch
         };
         let mut batch = batch.into_iter();
         while let Some((i, ino)) = batch.next() {

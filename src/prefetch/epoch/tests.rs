@@ -126,11 +126,14 @@ impl Setup {
             etag: t.etag,
             size: t.size,
         });
+        // As the FUSE layer does: pinned before the prefetcher hears of the open, then a use
+        // of the cache entry (the eviction policy asks the oracle again: "opened").
+        let _pin = self.fetcher.disk().map(|d| d.pin_unused(&obj));
         let cached = self.fetcher.is_cached(&obj);
         self.prefetch.on_open(attr.ino, &obj);
-        // As the FUSE layer does: the pin is a use of the cache entry (the eviction policy
-        // asks the oracle again, which now says "opened").
-        let _pin = self.fetcher.disk().map(|d| d.pin(&obj));
+        if let Some(pin) = &_pin {
+            pin.used();
+        }
         let bytes = self.fetcher.read(&obj, 0..obj.size).await.unwrap();
         assert_eq!(bytes.len() as u64, self.size, "{path}");
         self.prefetch.on_release();
@@ -147,7 +150,8 @@ impl Setup {
     async fn quiet(&self) {
         loop {
             eventually("epoch prefetches finish", || {
-                self.prefetch.epoch.lock().in_flight == 0
+                let st = self.prefetch.epoch.lock();
+                st.in_flight == 0 && st.filling == 0
             })
             .await;
             if self.prefetch.epoch.lock().needs_rebuild {
@@ -157,7 +161,10 @@ impl Setup {
                 disk.flush(Duration::from_secs(60)).await;
             }
             let fill = self.prefetch.epoch_fill();
-            if fill.started == 0 && !fill.again && self.prefetch.epoch.lock().in_flight == 0 {
+            if fill.started == 0 && !fill.again && {
+                let st = self.prefetch.epoch.lock();
+                st.in_flight == 0 && st.filling == 0
+            } {
                 return;
             }
         }
@@ -595,4 +602,67 @@ async fn every_prefetch_stat_is_exported() {
         missing.is_empty(),
         "add to STATS in src/metrics/prometheus.rs: {missing:?}"
     );
+}
+
+/// A set of `dirs` directories of `per_dir` files of 1 KB, every directory drawn from.
+fn small_state(dirs: u32, per_dir: u32) -> EpochState {
+    let n = (dirs * per_dir) as usize;
+    let inos: Vec<u64> = (100..100 + n as u64).collect();
+    let index = inos
+        .iter()
+        .enumerate()
+        .map(|(i, &ino)| (ino, i as u32))
+        .collect();
+    let mut st = EpochState::default();
+    st.install(EpochSet {
+        root: 1,
+        root_path: "ds".into(),
+        inos,
+        sizes: vec![1000; n],
+        dir_of: (0..n as u32).map(|i| i / per_dir).collect(),
+        dirs: (0..dirs)
+            .map(|d| DirRange {
+                start: d * per_dir,
+                end: (d + 1) * per_dir,
+                drawn: false,
+                bytes: u64::from(per_dir) * 1000,
+            })
+            .collect(),
+        drawn: Vec::new(),
+        drawn_files: 0,
+        drawn_bytes: 0,
+        index,
+        opened_at: vec![0; n],
+        flags: vec![0; n],
+        total_bytes: n as u64 * 1000,
+    });
+    for d in 0..dirs {
+        st.set.as_mut().unwrap().draw_from((d * per_dir) as usize);
+    }
+    st
+}
+
+/// Files put back for the allowance are all offered again, however few slots each later
+/// call has (those beyond a call's slots were once dropped, and never fetched ahead).
+#[test]
+fn files_waiting_for_the_allowance_are_all_offered_again() {
+    let mut st = small_state(2, 5);
+    let first = st.candidates(10);
+    assert_eq!(first.len(), 10, "the cursor offers every file once");
+    assert!(st.candidates(10).is_empty(), "the cursor is past them");
+    st.retry = first[3..9].to_vec();
+    let mut again = Vec::new();
+    for _ in 0..3 {
+        let got = st.candidates(2);
+        assert_eq!(got.len(), 2);
+        again.extend(got);
+    }
+    assert_eq!(again, first[3..9].to_vec());
+    assert!(st.candidates(2).is_empty() && st.retry.is_empty());
+    // A file opened meanwhile is not offered.
+    st.retry = first[0..3].to_vec();
+    st.set.as_mut().unwrap().opened_at[1] = st.epoch_start + 1;
+    assert_eq!(st.candidates(1), vec![first[0]]);
+    assert_eq!(st.candidates(1), vec![first[2]]);
+    assert!(st.retry.is_empty());
 }
