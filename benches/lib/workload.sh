@@ -198,14 +198,15 @@ run_copy() {
 # goal against local disk's epochs of the same round; on W2 its cold, warm and
 # re-read epochs, so its warm epoch is again the first read of cache files
 # just written; on W1 also riffle read by the Python reader, after local disk
-# read by it: the Python goals). The goal lines give the median over the
+# read by it: the Python goals; and riffle without passthrough, when it runs:
+# issue 21's goals). The goal lines give the median over the
 # rounds and each round's value (results/goals.rs); the tables show round 1
 # only.
 run_goal_rounds() {
     local riffles=() sys
     case $WL in
-        w1) riffles=(riffle-plan riffle riffle-py) ;;
-        w2) riffles=(riffle) ;;
+        w1) riffles=(riffle-plan riffle riffle-py riffle-nopt) ;;
+        w2) riffles=(riffle riffle-nopt) ;;
         *) return 0 ;;
     esac
     [ "$GOAL_ROUNDS" -gt 1 ] || return 0
@@ -241,7 +242,7 @@ run_s3_client() {
 note_of() {
     case $1 in
         riffle) echo "no plan, no flags beyond the cache (what unchanged training code gets): a fresh mount with a fresh --cache-dir on local disk; epoch prefetch on (the default); files complete in the cache are opened with FUSE passthrough; --max-memory $RIFFLE_MEMORY" ;;
-        riffle-nopt) echo "as riffle, with --no-passthrough: every read goes through the daemon (and its CRC check)" ;;
+        riffle-nopt) echo "as riffle, with --no-passthrough (what kernels before 6.9 and mounts without CAP_SYS_ADMIN get): every read the page cache cannot answer goes through the daemon (and its CRC check)" ;;
         riffle-plan) echo "as riffle, plus \`riffle plan MNT FILE\` right before each epoch with the exact order the reader opens (\`riffle-bench plan\`, the reader's own order function); setting it is not timed (it takes milliseconds)" ;;
         riffle-listing) echo "‡ this row's reader opens the files in listing order (sorted paths, directory by directory) instead of a shuffle; otherwise as riffle, no plan: riffle's directory-order detection prefetches" ;;
         local-py) echo "the Python reader (benches/python_reader.py: $PY_WORKERS worker processes, each file opened, read whole with f.read() and closed, like a DataLoader's workers; zlib CRC-32 of every file checked) on local disk's copy, right after read-fs's epochs; the Python rows' ÷ local columns divide by this row" ;;

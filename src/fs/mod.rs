@@ -210,14 +210,24 @@ impl Handles {
             .and_then(|b| b.backing.upgrade())
     }
 
-    /// Whether passthrough handles of `ino` are open at another version than `etag`: the
-    /// kernel then refuses any other open of the inode (one backing file per inode, and no
-    /// daemon-served opens beside it).
+    /// Whether handles of `ino` are open at another version than `etag`; an open of `etag`
+    /// must then get a new inode. Passthrough handles: the kernel refuses any other open of
+    /// the inode (one backing file per inode, and no daemon-served opens beside it).
+    /// Handles served by the daemon: they share the inode's page cache, and the old handle's
+    /// reads would fill it with old pages that the new handle then reads (a blend).
     fn open_at_other_version(&self, ino: u64, etag: &str) -> bool {
-        self.backing_by_ino
+        let passthrough = self
+            .backing_by_ino
             .lock()
             .get(&ino)
-            .is_some_and(|b| &*b.etag != etag)
+            .is_some_and(|b| &*b.etag != etag);
+        passthrough
+            || (self.cached_opens.lock().contains_key(&ino)
+                && self
+                    .page_cache_etag
+                    .lock()
+                    .get(&ino)
+                    .is_some_and(|v| &**v != etag))
     }
 
     /// Answers the open of `fh` (of `ino` at version `etag`) as served by the daemon, keeping
@@ -244,6 +254,13 @@ impl Handles {
             }
         }
     }
+}
+
+/// The running kernel's release (`uname -r`), for saying why passthrough is off.
+fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|r| r.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
 }
 
 fn ns_errno(e: &NamespaceError) -> Errno {
@@ -459,7 +476,10 @@ impl Filesystem for RiffleFs {
             .add_capabilities(InitFlags::FUSE_PASSTHROUGH)
             .is_err()
         {
-            "unsupported by this kernel (needs Linux 6.9+)".to_string()
+            format!(
+                "unsupported by this kernel (Linux {}; passthrough needs 6.9+)",
+                kernel_release()
+            )
         } else if let Err(e) = config.set_max_stack_depth(2) {
             format!("unsupported (stack depth {e})")
         } else {
@@ -1156,6 +1176,9 @@ impl Opener {
             Err(e) => {
                 if self.passthrough.swap(false, Ordering::Relaxed) {
                     tracing::warn!(error = %e, "FUSE passthrough refused by the kernel (needs CAP_SYS_ADMIN); serving reads through the daemon");
+                    *self.status.passthrough_mode.lock() = format!(
+                        "off (the kernel refused a backing file: {e}; passthrough needs CAP_SYS_ADMIN)"
+                    );
                 }
                 None
             }

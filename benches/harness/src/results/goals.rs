@@ -444,9 +444,10 @@ pub fn goals(table: &str, rows: &[Row], extra: &[Row]) -> Vec<String> {
     let mut out = Vec::new();
     match table {
         "w1" => {
-            for s in ["riffle", "riffle-nopt"] {
+            // Issue 21: without passthrough (most GPU nodes' kernels) at 0.85× local disk.
+            for (s, goal) in [("riffle", 0.8), ("riffle-nopt", 0.85)] {
                 if find(rows, table, s).is_some() {
-                    out.push(vs_local(&rounds, table, s, Epoch::Warm, 0.8));
+                    out.push(vs_local(&rounds, table, s, Epoch::Warm, goal));
                 }
             }
             if find(rows, table, "riffle-plan").is_some() {
@@ -507,12 +508,12 @@ pub fn goals(table: &str, rows: &[Row], extra: &[Row]) -> Vec<String> {
             // disk's first read of the copy it just wrote (epoch 1); and
             // riffle's re-read against local disk's re-read (epoch 3).
             let reread = has_reread(rows, table);
-            for s in ["riffle", "riffle-nopt"] {
+            for (s, goal) in [("riffle", 0.95), ("riffle-nopt", 0.85)] {
                 if find(rows, table, s).is_some() {
-                    out.push(vs_local(&rounds, table, s, Epoch::Warm, 0.95));
-                    out.push(first_reads(&rounds, table, s, 0.95));
+                    out.push(vs_local(&rounds, table, s, Epoch::Warm, goal));
+                    out.push(first_reads(&rounds, table, s, goal));
                     if reread {
-                        out.push(vs_local(&rounds, table, s, Epoch::Reread, 0.95));
+                        out.push(vs_local(&rounds, table, s, Epoch::Reread, goal));
                     }
                 }
             }
@@ -783,7 +784,7 @@ mod tests {
             "{g:#?}"
         );
         assert!(
-            g[4].contains("(first read of its copy): **1.00×** (goal ≥ 0.95×): met"),
+            g[4].contains("(first read of its copy): **1.00×** (goal ≥ 0.85×): met"),
             "{g:#?}"
         );
         assert!(
