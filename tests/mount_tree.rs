@@ -6,7 +6,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::OnceLock;
 
 use common::*;
@@ -250,24 +250,7 @@ fn the_300_mib_object_reads_correctly_every_way() {
     }
 
     // O_DIRECT reads into an aligned buffer.
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(&path)
-        .unwrap();
-    let layout = std::alloc::Layout::from_size_align(1 << 20, 4096).unwrap();
-    let ptr = unsafe { std::alloc::alloc(layout) };
-    let buf = unsafe { std::slice::from_raw_parts_mut(ptr, 1 << 20) };
-    for off in [0u64, 7 << 20, (BIG_SIZE as u64) - (1 << 20)] {
-        let n = f.read_at(buf, off).unwrap();
-        assert_eq!(
-            &buf[..n],
-            &want[off as usize..off as usize + n],
-            "O_DIRECT at {off}"
-        );
-        assert!(n > 0);
-    }
-    unsafe { std::alloc::dealloc(ptr, layout) };
+    check_o_direct_reads(&path, &want, &[0, 7 << 20, (BIG_SIZE as u64) - (1 << 20)]);
 }
 
 #[test]

@@ -6,7 +6,7 @@
 mod common;
 
 use std::fs::File;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt};
 
 use common::*;
 
@@ -98,24 +98,7 @@ fn read_big_every_way(mount: &Mount, want: &[u8]) {
         );
     }
     drop(map);
-    let direct = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(&path)
-        .unwrap();
-    let layout = std::alloc::Layout::from_size_align(1 << 20, 4096).unwrap();
-    // SAFETY: a 1 MiB, 4 KiB-aligned allocation, freed below.
-    let ptr = unsafe { std::alloc::alloc(layout) };
-    let aligned = unsafe { std::slice::from_raw_parts_mut(ptr, 1 << 20) };
-    for off in [0u64, 9 << 20, (BIG as u64) - (1 << 20)] {
-        let n = direct.read_at(aligned, off).unwrap();
-        assert!(n > 0);
-        assert!(
-            aligned[..n] == want[off as usize..off as usize + n],
-            "O_DIRECT at {off}"
-        );
-    }
-    unsafe { std::alloc::dealloc(ptr, layout) };
+    check_o_direct_reads(&path, want, &[0, 9 << 20, (BIG as u64) - (1 << 20)]);
 }
 
 #[test]
@@ -168,25 +151,12 @@ fn warm_epochs_without_passthrough_read_exact_bytes_every_way_within_the_memory_
 #[test]
 fn a_replaced_small_object_is_read_whole_at_its_new_version_without_passthrough() {
     let endpoint = need_rgw!();
-    let bucket = unique_bucket("nopt-change");
-    let s3 = client(&endpoint);
-    let rt = runtime();
     let versions: Vec<Vec<u8>> = (0..4).map(|v| pattern(150_000, 300 + v)).collect();
-    rt.block_on(async {
-        create_bucket(&s3, &bucket).await;
-        put(&s3, &bucket, "obj.jpg", versions[0].clone()).await;
-    });
-    let cache_dir = tempfile::tempdir().unwrap();
-    let cache = cache_dir.path().to_str().unwrap();
-    let mount = Mount::new(
-        &endpoint,
-        &format!("s3://{bucket}"),
-        &no_passthrough(cache, "0"),
-    );
-    let path = mount.join("obj.jpg");
+    let one = OneObject::new(&endpoint, "nopt-change", &versions[0]);
+    let path = one.mount.join("obj");
     for (v, bytes) in versions.iter().enumerate() {
         if v > 0 {
-            rt.block_on(put(&s3, &bucket, "obj.jpg", bytes.clone()));
+            one.replace(bytes);
         }
         // Twice: the second open finds the version in memory and its pages in the page cache.
         for round in 0..2 {
@@ -205,29 +175,16 @@ fn a_replaced_small_object_is_read_whole_at_its_new_version_without_passthrough(
 #[test]
 fn a_replaced_object_opened_beside_an_open_old_version_reads_the_new_version_without_passthrough() {
     let endpoint = need_rgw!();
-    let bucket = unique_bucket("nopt-beside");
-    let s3 = client(&endpoint);
-    let rt = runtime();
     let v1 = pattern(3 << 20, 501);
     let v2 = pattern(3 << 20, 502);
-    rt.block_on(async {
-        create_bucket(&s3, &bucket).await;
-        put(&s3, &bucket, "obj.bin", v1.clone()).await;
-    });
-    let cache_dir = tempfile::tempdir().unwrap();
-    let cache = cache_dir.path().to_str().unwrap();
-    let mount = Mount::new(
-        &endpoint,
-        &format!("s3://{bucket}"),
-        &no_passthrough(cache, "0"),
-    );
-    let path = mount.join("obj.bin");
+    let one = OneObject::new(&endpoint, "nopt-beside", &v1);
+    let path = one.mount.join("obj");
     let old = File::open(&path).unwrap();
     let mut buf = vec![0u8; 1 << 20];
     old.read_exact_at(&mut buf, 0).unwrap();
     assert!(buf[..] == v1[..1 << 20]);
 
-    rt.block_on(put(&s3, &bucket, "obj.bin", v2.clone()));
+    one.replace(&v2);
     let new = File::open(&path).unwrap();
     assert_ne!(
         new.metadata().unwrap().ino(),
@@ -244,4 +201,46 @@ fn a_replaced_object_opened_beside_an_open_old_version_reads_the_new_version_wit
     drop(old);
     drop(new);
     assert!(std::fs::read(&path).unwrap() == v2);
+}
+
+/// `obj` (= `v1`) in a fresh bucket, mounted without passthrough with a disk cache and TTL 0
+/// (every open revalidates the ETag). Fields drop in order: the mount before its cache.
+struct OneObject {
+    s3: aws_sdk_s3::Client,
+    rt: tokio::runtime::Runtime,
+    bucket: String,
+    mount: Mount,
+    _cache_dir: tempfile::TempDir,
+}
+
+impl OneObject {
+    fn new(endpoint: &str, tag: &str, v1: &[u8]) -> OneObject {
+        let bucket = unique_bucket(tag);
+        let s3 = client(endpoint);
+        let rt = runtime();
+        rt.block_on(async {
+            create_bucket(&s3, &bucket).await;
+            put(&s3, &bucket, "obj", v1.to_vec()).await;
+        });
+        let cache_dir = tempfile::tempdir().unwrap();
+        let cache = cache_dir.path().to_str().unwrap();
+        let mount = Mount::new(
+            endpoint,
+            &format!("s3://{bucket}"),
+            &no_passthrough(cache, "0"),
+        );
+        OneObject {
+            s3,
+            rt,
+            bucket,
+            mount,
+            _cache_dir: cache_dir,
+        }
+    }
+
+    /// Replaces `obj` in the store (a new ETag) behind the mount's back.
+    fn replace(&self, bytes: &[u8]) {
+        self.rt
+            .block_on(put(&self.s3, &self.bucket, "obj", bytes.to_vec()));
+    }
 }

@@ -249,6 +249,38 @@ struct DirRange {
 }
 
 impl EpochSet {
+    /// The set of the files `listed` under `root`, none opened or drawn from yet.
+    fn new(root: u64, root_path: String, listed: Listed) -> EpochSet {
+        let Listed {
+            inos,
+            sizes,
+            dir_of,
+            dirs,
+        } = listed;
+        let index = inos
+            .iter()
+            .enumerate()
+            .map(|(i, &ino)| (ino, i as u32))
+            .collect();
+        let n = inos.len();
+        let total_bytes = sizes.iter().sum();
+        EpochSet {
+            root,
+            root_path,
+            inos,
+            sizes,
+            dir_of,
+            dirs,
+            drawn: Vec::new(),
+            drawn_files: 0,
+            drawn_bytes: 0,
+            index,
+            opened_at: vec![0; n],
+            flags: vec![0; n],
+            total_bytes,
+        }
+    }
+
     /// Marks the directory of file `i` as drawn from; whether it was new.
     fn draw_from(&mut self, i: usize) -> bool {
         let d = self.dir_of[i];
@@ -717,34 +749,8 @@ impl Prefetcher {
             let mut st = self.epoch.lock();
             st.building = None;
             match result {
-                Ok(Listed {
-                    inos,
-                    sizes,
-                    dir_of,
-                    dirs,
-                }) => {
-                    let index = inos
-                        .iter()
-                        .enumerate()
-                        .map(|(i, &ino)| (ino, i as u32))
-                        .collect();
-                    let n = inos.len();
-                    let total_bytes = sizes.iter().sum();
-                    st.install(EpochSet {
-                        root,
-                        root_path: self.ns.relative_path(root),
-                        inos,
-                        sizes,
-                        dir_of,
-                        dirs,
-                        drawn: Vec::new(),
-                        drawn_files: 0,
-                        drawn_bytes: 0,
-                        index,
-                        opened_at: vec![0; n],
-                        flags: vec![0; n],
-                        total_bytes,
-                    });
+                Ok(listed) => {
+                    st.install(EpochSet::new(root, self.ns.relative_path(root), listed));
                     st.note = None;
                     self.stats.epoch_sets.fetch_add(1, Ordering::Relaxed);
                 }

@@ -345,3 +345,27 @@ pub fn wait_for_stats(mount: &Mount, what: &str, cond: impl Fn(&serde_json::Valu
 pub fn drop_page_cache() {
     let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
 }
+
+/// Reads 1 MiB at each of `offsets` of `path` with `O_DIRECT` (into an aligned buffer) and
+/// checks the bytes against `want`, the whole file.
+pub fn check_o_direct_reads(path: &Path, want: &[u8], offsets: &[u64]) {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .unwrap();
+    let layout = std::alloc::Layout::from_size_align(1 << 20, 4096).unwrap();
+    // SAFETY: a 1 MiB, 4 KiB-aligned allocation, freed below.
+    let ptr = unsafe { std::alloc::alloc(layout) };
+    let buf = unsafe { std::slice::from_raw_parts_mut(ptr, 1 << 20) };
+    for &off in offsets {
+        let n = f.read_at(buf, off).unwrap();
+        assert!(n > 0, "O_DIRECT at {off}: nothing read");
+        assert!(
+            buf[..n] == want[off as usize..off as usize + n],
+            "O_DIRECT at {off}"
+        );
+    }
+    unsafe { std::alloc::dealloc(ptr, layout) };
+}

@@ -606,20 +606,11 @@ async fn every_prefetch_stat_is_exported() {
 
 /// A set of `dirs` directories of `per_dir` files of 1 KB, every directory drawn from.
 fn small_state(dirs: u32, per_dir: u32) -> EpochState {
-    let n = (dirs * per_dir) as usize;
-    let inos: Vec<u64> = (100..100 + n as u64).collect();
-    let index = inos
-        .iter()
-        .enumerate()
-        .map(|(i, &ino)| (ino, i as u32))
-        .collect();
-    let mut st = EpochState::default();
-    st.install(EpochSet {
-        root: 1,
-        root_path: "ds".into(),
-        inos,
-        sizes: vec![1000; n],
-        dir_of: (0..n as u32).map(|i| i / per_dir).collect(),
+    let n = dirs * per_dir;
+    let listed = Listed {
+        inos: (100..100 + u64::from(n)).collect(),
+        sizes: vec![1000; n as usize],
+        dir_of: (0..n).map(|i| i / per_dir).collect(),
         dirs: (0..dirs)
             .map(|d| DirRange {
                 start: d * per_dir,
@@ -628,14 +619,9 @@ fn small_state(dirs: u32, per_dir: u32) -> EpochState {
                 bytes: u64::from(per_dir) * 1000,
             })
             .collect(),
-        drawn: Vec::new(),
-        drawn_files: 0,
-        drawn_bytes: 0,
-        index,
-        opened_at: vec![0; n],
-        flags: vec![0; n],
-        total_bytes: n as u64 * 1000,
-    });
+    };
+    let mut st = EpochState::default();
+    st.install(EpochSet::new(1, "ds".into(), listed));
     for d in 0..dirs {
         st.set.as_mut().unwrap().draw_from((d * per_dir) as usize);
     }
