@@ -1293,6 +1293,16 @@ impl DiskCache {
             .is_some_and(|e| e.complete && e.open.as_ref().is_none_or(|o| !o.is_dead()))
     }
 
+    /// The entry's own open data file of `id` when every block of it is present and the entry
+    /// is open in this process (no I/O, no new descriptor): what a readahead reads. `None` too
+    /// when the cache's state is busy (this is only ever a hint, and never waits).
+    pub fn open_data_file(&self, id: &ObjectIdentity) -> Option<Arc<File>> {
+        let st = self.state.try_lock()?;
+        let e = st.entries.get(&id.entry_key())?;
+        let open = e.open.as_ref().filter(|o| e.complete && !o.is_dead())?;
+        Some(open.data.clone())
+    }
+
     /// Loads the entry of `id` from disk if needed (catching up with other processes) and
     /// reports its blocks; `None` if it has no entry.
     pub async fn status(&self, id: &ObjectIdentity) -> Result<Option<ObjectStatus>, CacheError> {

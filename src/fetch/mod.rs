@@ -346,8 +346,12 @@ impl Fetcher {
 
     /// Whether every block of `obj` is in the memory or the NVMe cache (no I/O).
     pub fn is_cached(&self, obj: &Arc<ObjectVersion>) -> bool {
-        self.whole_on_disk(obj)
-            || (0..self.block_count(obj)).all(|i| self.cache.get(&(obj.clone(), i)).is_some())
+        self.whole_on_disk(obj) || self.in_memory(obj)
+    }
+
+    /// Whether every block of `obj` is in the memory cache (no I/O).
+    pub fn in_memory(&self, obj: &Arc<ObjectVersion>) -> bool {
+        (0..self.block_count(obj)).all(|i| self.cache.get(&(obj.clone(), i)).is_some())
     }
 
     /// Whether every block of `obj` is known to be in the NVMe cache (no I/O).

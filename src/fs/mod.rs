@@ -125,7 +125,7 @@ pub struct RiffleFs {
     passthrough: Arc<std::sync::atomic::AtomicBool>,
     /// The session's `/dev/fuse`, for opening backing ids ahead ([`preopen`]).
     device: FuseDevice,
-    /// Readahead of small cached files at lookup, with passthrough only ([`lookahead`]).
+    /// Readahead of small cached files at lookup ([`lookahead`]).
     lookahead: Option<Lookahead>,
 }
 
@@ -414,6 +414,9 @@ impl RiffleFs {
     /// passthrough at this version, a readahead of that file, to queue once the lookup is
     /// answered ([`lookahead`]).
     fn look_ahead(&self, attr: &Attr) -> Option<(&Lookahead, lookahead::Job)> {
+        if !self.passthrough.load(Ordering::Relaxed) {
+            return None; // see `look_ahead_for_daemon`
+        }
         let (Some(lookahead), Some(disk)) = (&self.lookahead, self.fetcher.disk()) else {
             return None;
         };
@@ -430,6 +433,36 @@ impl RiffleFs {
         };
         let kept = self.handles.kept.peek(&disk.entry_key(&object), etag)?;
         Some((lookahead, lookahead.job(kept.data_path.clone(), *size)))
+    }
+
+    /// Without passthrough, after a lookup was answered that found a small file complete in
+    /// the cache but not in the daemon's memory: a readahead of its cache file, so the
+    /// daemon's read at the READ copies from the page cache instead of waiting for the disk
+    /// on the io_uring thread ([`lookahead`]).
+    fn look_ahead_for_daemon(&self, attr: &Attr) {
+        if self.passthrough.load(Ordering::Relaxed) {
+            return;
+        }
+        let (Some(lookahead), Some(disk)) = (&self.lookahead, self.fetcher.disk()) else {
+            return;
+        };
+        let Kind::File { size, etag } = &attr.kind else {
+            return;
+        };
+        if *size == 0 || *size > self.config.lookup_readahead {
+            return;
+        }
+        let object = Arc::new(ObjectVersion {
+            key: Arc::from(self.ns.key_of(attr.ino)),
+            etag: etag.clone(),
+            size: *size,
+        });
+        if self.fetcher.in_memory(&object) {
+            return;
+        }
+        if let Some(file) = disk.cache().open_data_file(&disk.identity(&object)) {
+            lookahead.run(lookahead.job_open(file, *size));
+        }
     }
 
     /// Starts opening backing ids ahead for objects as they complete in the cache.
@@ -490,6 +523,12 @@ impl Filesystem for RiffleFs {
             }
             "enabled".to_string()
         };
+        if self.lookahead.is_none()
+            && self.config.lookup_readahead > 0
+            && self.fetcher.disk().is_some()
+        {
+            self.lookahead = Some(Lookahead::new(self.status.lookahead.clone()));
+        }
         tracing::info!(passthrough = %mode, "FUSE passthrough");
         *self.status.passthrough_mode.lock() = mode;
         let _ = config.set_max_readahead(self.config.kernel_read_ahead);
@@ -517,6 +556,8 @@ impl Filesystem for RiffleFs {
                     );
                     if let Some((lookahead, job)) = read_ahead {
                         lookahead.run(job);
+                    } else {
+                        self.look_ahead_for_daemon(&attr);
                     }
                 }
                 Err(e) => reply.error(ns_errno(&e)),
