@@ -115,54 +115,11 @@ fn a_replaced_object_opened_beside_an_open_old_version_reads_the_new_version() {
 /// `obj.bin` (= `v1`) in a fresh bucket, mounted with a disk cache and TTL 0 (every open
 /// revalidates the ETag), read once whole: v1 is complete in the cache and its backing file
 /// kept for passthrough.
-/// Fields drop in order: the mount goes before its cache directory.
-struct CachedObject {
-    s3: aws_sdk_s3::Client,
-    rt: tokio::runtime::Runtime,
-    bucket: String,
-    mount: Mount,
-    path: std::path::PathBuf,
-    _cache_dir: tempfile::TempDir,
-}
-
-impl CachedObject {
-    /// Replaces `obj.bin` in the store (a new ETag) behind the mount's back.
-    fn replace(&self, bytes: &[u8]) {
-        self.rt
-            .block_on(put(&self.s3, &self.bucket, "obj.bin", bytes.to_vec()));
-    }
-}
-
-fn cached_object(endpoint: &str, tag: &str, v1: &[u8]) -> CachedObject {
-    let bucket = unique_bucket(tag);
-    let s3 = client(endpoint);
-    let rt = runtime();
-    rt.block_on(async {
-        create_bucket(&s3, &bucket).await;
-        put(&s3, &bucket, "obj.bin", v1.to_vec()).await;
-    });
-    let cache_dir = tempfile::tempdir().unwrap();
-    let mount = Mount::new(
-        endpoint,
-        &format!("s3://{bucket}"),
-        &[
-            "--metadata-ttl",
-            "0",
-            "--cache-dir",
-            cache_dir.path().to_str().unwrap(),
-        ],
-    );
-    let path = mount.join("obj.bin");
-    assert!(std::fs::read(&path).unwrap() == v1);
-    wait_for_stats(&mount, "v1 cached, backing kept", |s| {
+fn cached_object(endpoint: &str, tag: &str, v1: &[u8]) -> OneObject {
+    let one = OneObject::new(endpoint, tag, v1, &[]);
+    assert!(std::fs::read(&one.path).unwrap() == v1);
+    wait_for_stats(&one.mount, "v1 cached, backing kept", |s| {
         s["cache"]["complete_objects"] == 1 && s["fuse"]["kept_backings"] == 1
     });
-    CachedObject {
-        s3,
-        rt,
-        bucket,
-        mount,
-        path,
-        _cache_dir: cache_dir,
-    }
+    one
 }

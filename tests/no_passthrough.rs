@@ -45,17 +45,8 @@ fn dataset(endpoint: &str, tag: &str) -> (String, Vec<(String, Vec<u8>)>) {
     (bucket, objects)
 }
 
-fn no_passthrough<'a>(cache: &'a str, ttl: &'a str) -> [&'a str; 7] {
-    [
-        "--cache-dir",
-        cache,
-        "--no-passthrough",
-        "--metadata-ttl",
-        ttl,
-        "--max-memory",
-        "32M",
-    ]
-}
+/// Without passthrough, with a memory budget well below the dataset.
+const NO_PASSTHROUGH: &[&str] = &["--no-passthrough", "--max-memory", "32M"];
 
 /// Reads every small file from 4 threads, each in its own order, and checks the bytes.
 fn read_small_files(mount: &Mount, objects: &[(String, Vec<u8>)]) {
@@ -107,11 +98,12 @@ fn warm_epochs_without_passthrough_read_exact_bytes_every_way_within_the_memory_
     let (bucket, objects) = dataset(&endpoint, "nopt-warm");
     let cache_dir = tempfile::tempdir().unwrap();
     let cache = cache_dir.path().to_str().unwrap();
-    let mount = Mount::new(
-        &endpoint,
-        &format!("s3://{bucket}"),
-        &no_passthrough(cache, "indefinite"),
-    );
+    let opts = [
+        &["--cache-dir", cache, "--metadata-ttl", "indefinite"][..],
+        NO_PASSTHROUGH,
+    ]
+    .concat();
+    let mount = Mount::new(&endpoint, &format!("s3://{bucket}"), &opts);
     // Epoch 1 (cold) fills the disk cache.
     read_small_files(&mount, &objects);
     let big = &objects.last().unwrap().1;
@@ -152,15 +144,15 @@ fn warm_epochs_without_passthrough_read_exact_bytes_every_way_within_the_memory_
 fn a_replaced_small_object_is_read_whole_at_its_new_version_without_passthrough() {
     let endpoint = need_rgw!();
     let versions: Vec<Vec<u8>> = (0..4).map(|v| pattern(150_000, 300 + v)).collect();
-    let one = OneObject::new(&endpoint, "nopt-change", &versions[0]);
-    let path = one.mount.join("obj");
+    let one = OneObject::new(&endpoint, "nopt-change", &versions[0], NO_PASSTHROUGH);
+    let path = &one.path;
     for (v, bytes) in versions.iter().enumerate() {
         if v > 0 {
             one.replace(bytes);
         }
         // Twice: the second open finds the version in memory and its pages in the page cache.
         for round in 0..2 {
-            let got = std::fs::read(&path).unwrap();
+            let got = std::fs::read(path).unwrap();
             assert!(
                 got == *bytes,
                 "version {v}, read {round}: not exactly that version"
@@ -177,15 +169,15 @@ fn a_replaced_object_opened_beside_an_open_old_version_reads_the_new_version_wit
     let endpoint = need_rgw!();
     let v1 = pattern(3 << 20, 501);
     let v2 = pattern(3 << 20, 502);
-    let one = OneObject::new(&endpoint, "nopt-beside", &v1);
-    let path = one.mount.join("obj");
-    let old = File::open(&path).unwrap();
+    let one = OneObject::new(&endpoint, "nopt-beside", &v1, NO_PASSTHROUGH);
+    let path = &one.path;
+    let old = File::open(path).unwrap();
     let mut buf = vec![0u8; 1 << 20];
     old.read_exact_at(&mut buf, 0).unwrap();
     assert!(buf[..] == v1[..1 << 20]);
 
     one.replace(&v2);
-    let new = File::open(&path).unwrap();
+    let new = File::open(path).unwrap();
     assert_ne!(
         new.metadata().unwrap().ino(),
         old.metadata().unwrap().ino(),
@@ -200,47 +192,5 @@ fn a_replaced_object_opened_beside_an_open_old_version_reads_the_new_version_wit
     }
     drop(old);
     drop(new);
-    assert!(std::fs::read(&path).unwrap() == v2);
-}
-
-/// `obj` (= `v1`) in a fresh bucket, mounted without passthrough with a disk cache and TTL 0
-/// (every open revalidates the ETag). Fields drop in order: the mount before its cache.
-struct OneObject {
-    s3: aws_sdk_s3::Client,
-    rt: tokio::runtime::Runtime,
-    bucket: String,
-    mount: Mount,
-    _cache_dir: tempfile::TempDir,
-}
-
-impl OneObject {
-    fn new(endpoint: &str, tag: &str, v1: &[u8]) -> OneObject {
-        let bucket = unique_bucket(tag);
-        let s3 = client(endpoint);
-        let rt = runtime();
-        rt.block_on(async {
-            create_bucket(&s3, &bucket).await;
-            put(&s3, &bucket, "obj", v1.to_vec()).await;
-        });
-        let cache_dir = tempfile::tempdir().unwrap();
-        let cache = cache_dir.path().to_str().unwrap();
-        let mount = Mount::new(
-            endpoint,
-            &format!("s3://{bucket}"),
-            &no_passthrough(cache, "0"),
-        );
-        OneObject {
-            s3,
-            rt,
-            bucket,
-            mount,
-            _cache_dir: cache_dir,
-        }
-    }
-
-    /// Replaces `obj` in the store (a new ETag) behind the mount's back.
-    fn replace(&self, bytes: &[u8]) {
-        self.rt
-            .block_on(put(&self.s3, &self.bucket, "obj", bytes.to_vec()));
-    }
+    assert!(std::fs::read(path).unwrap() == v2);
 }

@@ -23,7 +23,7 @@
 //! warm epoch (6,000 files, one filled cache, two mounts alternated with local disk, page
 //! cache dropped): the Python reader at 0.89× local disk against 0.81× with the worker
 //! (medians of 9 rounds, +8% files/s), `riffle-bench read-fs` +8% (medians of 7 rounds).
-
+//!
 //! Without passthrough the daemon reads the cache file itself when the READ arrives, on the
 //! io_uring thread; a page cache miss there costs that one thread the page allocation and the
 //! readahead submission, and the READ waits for the disk. So, without passthrough, a lookup
@@ -33,7 +33,7 @@
 //! passthrough (6,000 files, 8 readers, page cache dropped, two mounts alternated): +11%
 //! files/s, every one of 8 paired rounds 1.08× or more (medians 6,916 against 6,214 files/s);
 //! cold epochs were not slower in 6 paired rounds (the machine's noise there is ±30%).
-
+//!
 //! What it never does: change what a read returns (passthrough reads the same file either
 //! way, and the kept file is the version the lookup answered with), delay the lookup's reply
 //! (it is sent first), or read more than the file. Walks

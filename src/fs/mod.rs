@@ -56,7 +56,7 @@ use fuser::{
 use parking_lot::Mutex;
 
 use crate::cache::EntryKey;
-use crate::fetch::{FetchError, Fetcher, ObjectVersion};
+use crate::fetch::{DiskTier, FetchError, Fetcher, ObjectVersion};
 use crate::metrics::fuse_ops::{FuseOp, FuseOps};
 use crate::namespace::{Attr, DirEntry, Kind, Namespace, NamespaceError, OpenTarget};
 use crate::prefetch::Prefetcher;
@@ -417,6 +417,24 @@ impl RiffleFs {
         if !self.passthrough.load(Ordering::Relaxed) {
             return None; // see `look_ahead_for_daemon`
         }
+        let (lookahead, disk, object) = self.look_ahead_candidate(attr)?;
+        let kept = self
+            .handles
+            .kept
+            .peek(&disk.entry_key(&object), &object.etag)?;
+        Some((
+            lookahead,
+            lookahead.job(kept.data_path.clone(), object.size),
+        ))
+    }
+
+    /// What a lookup readahead needs, when `attr` is a file it applies to (non-empty, at most
+    /// `--lookup-readahead`, on a mount with the NVMe cache): the readahead, the cache tier
+    /// and the object version the lookup answered with.
+    fn look_ahead_candidate(
+        &self,
+        attr: &Attr,
+    ) -> Option<(&Lookahead, &Arc<DiskTier>, Arc<ObjectVersion>)> {
         let (Some(lookahead), Some(disk)) = (&self.lookahead, self.fetcher.disk()) else {
             return None;
         };
@@ -426,13 +444,12 @@ impl RiffleFs {
         if *size == 0 || *size > self.config.lookup_readahead {
             return None;
         }
-        let object = ObjectVersion {
+        let object = Arc::new(ObjectVersion {
             key: Arc::from(self.ns.key_of(attr.ino)),
             etag: etag.clone(),
             size: *size,
-        };
-        let kept = self.handles.kept.peek(&disk.entry_key(&object), etag)?;
-        Some((lookahead, lookahead.job(kept.data_path.clone(), *size)))
+        });
+        Some((lookahead, disk, object))
     }
 
     /// Without passthrough, after a lookup was answered that found a small file complete in
@@ -443,25 +460,14 @@ impl RiffleFs {
         if self.passthrough.load(Ordering::Relaxed) {
             return;
         }
-        let (Some(lookahead), Some(disk)) = (&self.lookahead, self.fetcher.disk()) else {
+        let Some((lookahead, disk, object)) = self.look_ahead_candidate(attr) else {
             return;
         };
-        let Kind::File { size, etag } = &attr.kind else {
-            return;
-        };
-        if *size == 0 || *size > self.config.lookup_readahead {
-            return;
-        }
-        let object = Arc::new(ObjectVersion {
-            key: Arc::from(self.ns.key_of(attr.ino)),
-            etag: etag.clone(),
-            size: *size,
-        });
         if self.fetcher.in_memory(&object) {
             return;
         }
         if let Some(file) = disk.cache().open_data_file(&disk.identity(&object)) {
-            lookahead.run(lookahead.job_open(file, *size));
+            lookahead.run(lookahead.job_open(file, object.size));
         }
     }
 
@@ -518,15 +524,10 @@ impl Filesystem for RiffleFs {
         } else {
             self.passthrough.store(true, Ordering::Relaxed);
             self.start_preopen();
-            if self.config.lookup_readahead > 0 {
-                self.lookahead = Some(Lookahead::new(self.status.lookahead.clone()));
-            }
             "enabled".to_string()
         };
-        if self.lookahead.is_none()
-            && self.config.lookup_readahead > 0
-            && self.fetcher.disk().is_some()
-        {
+        // With passthrough or without it (see `look_ahead` and `look_ahead_for_daemon`).
+        if self.config.lookup_readahead > 0 && self.fetcher.disk().is_some() {
             self.lookahead = Some(Lookahead::new(self.status.lookahead.clone()));
         }
         tracing::info!(passthrough = %mode, "FUSE passthrough");

@@ -369,3 +369,51 @@ pub fn check_o_direct_reads(path: &Path, want: &[u8], offsets: &[u64]) {
     }
     unsafe { std::alloc::dealloc(ptr, layout) };
 }
+
+/// `obj.bin` (= `v1`) alone in a fresh bucket, mounted with a fresh `--cache-dir`, TTL 0
+/// (every open revalidates the ETag) and `extra` options; [`OneObject::replace`] changes it
+/// behind the mount's back. Fields drop in order: the mount goes before its cache directory.
+pub struct OneObject {
+    s3: aws_sdk_s3::Client,
+    rt: tokio::runtime::Runtime,
+    bucket: String,
+    pub mount: Mount,
+    pub path: PathBuf,
+    _cache_dir: tempfile::TempDir,
+}
+
+impl OneObject {
+    pub fn new(endpoint: &str, tag: &str, v1: &[u8], extra: &[&str]) -> OneObject {
+        let bucket = unique_bucket(tag);
+        let s3 = client(endpoint);
+        let rt = runtime();
+        rt.block_on(async {
+            create_bucket(&s3, &bucket).await;
+            put(&s3, &bucket, "obj.bin", v1.to_vec()).await;
+        });
+        let cache_dir = tempfile::tempdir().unwrap();
+        let mut opts = vec![
+            "--metadata-ttl",
+            "0",
+            "--cache-dir",
+            cache_dir.path().to_str().unwrap(),
+        ];
+        opts.extend_from_slice(extra);
+        let mount = Mount::new(endpoint, &format!("s3://{bucket}"), &opts);
+        let path = mount.join("obj.bin");
+        OneObject {
+            s3,
+            rt,
+            bucket,
+            mount,
+            path,
+            _cache_dir: cache_dir,
+        }
+    }
+
+    /// Replaces `obj.bin` in the store (a new ETag) behind the mount's back.
+    pub fn replace(&self, bytes: &[u8]) {
+        self.rt
+            .block_on(put(&self.s3, &self.bucket, "obj.bin", bytes.to_vec()));
+    }
+}
