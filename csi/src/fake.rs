@@ -182,12 +182,12 @@ impl Mounter for FakeMounter {
         Ok(())
     }
 
-    async fn health(&self, target: &Path, _daemon: Option<DaemonId>) -> Health {
-        match self.lock().mounts.get(target) {
+    async fn health(&self, target: &Path, _daemon: Option<DaemonId>) -> Result<Health, MountError> {
+        Ok(match self.lock().mounts.get(target) {
             None => Health::NotMounted,
             Some(m) if m.alive => Health::Live,
             Some(_) => Health::Broken("transport endpoint is not connected".into()),
-        }
+        })
     }
 
     async fn daemon_from_pid_file(&self, pid_file: &Path) -> Option<DaemonId> {

@@ -12,7 +12,9 @@
 //! - [`credentials`]: the `nodePublishSecretRef` secret -> credentials kept
 //!   out of logs, arguments and error messages.
 //! - [`mounter`]: the `Mounter` trait; [`riffle`] runs the real `riffle`
-//!   binary, [`fake`] is an in-memory double for tests.
+//!   binary, [`fake`] is an in-memory double for tests, [`remote`] asks the
+//!   `riffle-mounter` container to do it, so that the daemons outlive the
+//!   plugin's container (rollouts, crashes).
 //! - [`mountinfo`] and [`process`]: what is mounted where, and whether a
 //!   daemon process is still the one we started.
 //! - [`state`]: per-volume records and secrets persisted in the state dir.
@@ -30,6 +32,7 @@ pub mod mountinfo;
 pub mod node;
 pub mod process;
 pub mod proto;
+pub mod remote;
 pub mod riffle;
 pub mod server;
 pub mod settings;

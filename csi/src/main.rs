@@ -2,15 +2,24 @@
 //!
 //! ```text
 //! riffle-csi --endpoint unix:///csi/csi.sock --node-id NODE \
-//!            --state-dir /var/lib/riffle-csi --cache-dir /mnt/nvme/riffle-cache
+//!            --state-dir /var/lib/riffle-csi \
+//!            --mounter-socket /var/lib/riffle-csi/mounter/mounter.sock
 //! ```
 //! Parses the command line, sets up logging (RUST_LOG, default info, to
-//! stderr), starts the plugin with the real `riffle` mounter and runs until
-//! SIGTERM or SIGINT. Stopping the plugin leaves mounts in place.
+//! stderr), starts the plugin and runs until SIGTERM or SIGINT. Stopping the
+//! plugin leaves mounts in place.
+//!
+//! With `--mounter-socket` (the Kubernetes deployment), the mount daemons run
+//! in the `riffle-mounter` container and survive this container's restarts
+//! ([`riffle_csi::remote`]). Without it, the plugin starts the daemons
+//! itself, as children in their own sessions: they survive the plugin
+//! process (a workstation, systemd) but not a container restart.
 
 use anyhow::Context;
 use clap::Parser;
-use riffle_csi::riffle::RiffleMounter;
+use riffle_csi::mounter::Mounter;
+use riffle_csi::remote::client::RemoteMounter;
+use riffle_csi::riffle::{riffle_binary, RiffleMounter};
 use riffle_csi::server::{self, PluginConfig};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -26,18 +35,25 @@ struct Args {
     #[arg(long, env = "NODE_ID")]
     node_id: String,
     /// Where volume records, credentials, pid files and daemon logs are kept
-    /// (a hostPath, so that they survive the plugin's container).
+    /// (a hostPath, so that they survive the plugin's container; the
+    /// mounter must see it at the same path).
     #[arg(
         long,
         env = "RIFFLE_CSI_STATE_DIR",
         default_value = "/var/lib/riffle-csi"
     )]
     state_dir: PathBuf,
+    /// The riffle-mounter's socket: the daemons then run in the mounter's
+    /// container, and --cache-dir, --riffle-bin and --mount-timeout are the
+    /// mounter's to set.
+    #[arg(long, env = "RIFFLE_CSI_MOUNTER_SOCKET")]
+    mounter_socket: Option<PathBuf>,
     /// The node's shared block cache (NVMe hostPath); used by volumes that
-    /// set cacheSize.
+    /// set cacheSize. Without --mounter-socket only.
     #[arg(long, env = "RIFFLE_CSI_CACHE_DIR")]
     cache_dir: Option<PathBuf>,
     /// The riffle binary (default: `riffle` next to this binary, else PATH).
+    /// Without --mounter-socket only.
     #[arg(long, env = "RIFFLE_BIN")]
     riffle_bin: Option<PathBuf>,
     /// Seconds between health checks of the mounts.
@@ -46,17 +62,45 @@ struct Args {
     /// Seconds `riffle mount` may take to report a mount live.
     #[arg(long, default_value_t = 90)]
     mount_timeout: u64,
+    /// Seconds to wait at start for a previous plugin to release the socket
+    /// (a rollout that starts the new plugin first).
+    #[arg(long, default_value_t = 300)]
+    takeover_wait: u64,
 }
 
-fn riffle_binary(explicit: Option<PathBuf>) -> PathBuf {
-    if let Some(p) = explicit {
-        return p;
+/// The mounter the plugin uses: the remote one, or daemons of its own.
+async fn mounter(args: &Args) -> anyhow::Result<Arc<dyn Mounter>> {
+    let timeout = Duration::from_secs(args.mount_timeout);
+    if let Some(socket) = &args.mounter_socket {
+        let remote = RemoteMounter::new(socket.clone(), timeout);
+        match remote.ping().await {
+            Ok((version, pid)) => {
+                tracing::info!(socket = %socket.display(), %version, pid, "riffle-mounter answers")
+            }
+            Err(e) => tracing::warn!(
+                error = %e,
+                "riffle-mounter does not answer yet; publishes fail (kubelet retries) until it does"
+            ),
+        }
+        if args.cache_dir.is_some() || args.riffle_bin.is_some() {
+            tracing::warn!("--cache-dir and --riffle-bin are ignored with --mounter-socket: they are riffle-mounter's options");
+        }
+        return Ok(Arc::new(remote));
     }
-    std::env::current_exe()
-        .ok()
-        .and_then(|exe| exe.parent().map(|d| d.join("riffle")))
-        .filter(|p| p.is_file())
-        .unwrap_or_else(|| PathBuf::from("riffle"))
+    if let Some(dir) = &args.cache_dir {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create cache dir {}", dir.display()))?;
+    }
+    let mut local = RiffleMounter::new(
+        riffle_binary(args.riffle_bin.clone()),
+        args.cache_dir.clone(),
+    );
+    local.mount_timeout = timeout;
+    tracing::info!(
+        riffle = %local.binary.display(),
+        "mount daemons run as children of this process (no --mounter-socket): they die with this container"
+    );
+    Ok(Arc::new(local))
 }
 
 #[tokio::main]
@@ -74,26 +118,21 @@ async fn main() -> anyhow::Result<()> {
         "--node-id must not be empty"
     );
     let socket = server::parse_endpoint(&args.endpoint)?;
-    if let Some(dir) = &args.cache_dir {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create cache dir {}", dir.display()))?;
-    }
-    let mut mounter = RiffleMounter::new(riffle_binary(args.riffle_bin), args.cache_dir);
-    mounter.mount_timeout = Duration::from_secs(args.mount_timeout);
     tracing::info!(
         version = riffle_csi::VERSION,
-        riffle = %mounter.binary.display(),
         state_dir = %args.state_dir.display(),
         "starting riffle-csi"
     );
+    let mounter = mounter(&args).await?;
     let plugin = server::start(
         PluginConfig {
             socket,
             node_id: args.node_id,
             state_dir: args.state_dir,
             check_interval: Duration::from_secs(args.check_interval.max(1)),
+            takeover_wait: Duration::from_secs(args.takeover_wait),
         },
-        Arc::new(mounter),
+        mounter,
     )
     .await
     .context("cannot start the plugin")?;

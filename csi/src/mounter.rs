@@ -22,7 +22,7 @@ pub struct DaemonId {
 }
 
 /// What is at a target path.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Health {
     /// Nothing is mounted there.
     NotMounted,
@@ -47,7 +47,7 @@ pub struct MountRequest<'a> {
 }
 
 /// The category of a mount failure; decides the gRPC status code.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MountErrorKind {
     /// A setting riffle refused.
     InvalidArgument,
@@ -97,9 +97,12 @@ pub trait Mounter: Send + Sync + 'static {
     async fn unmount(&self, target: &Path, daemon: Option<DaemonId>) -> Result<(), MountError>;
 
     /// Reports what is at `target`; `daemon` is the process believed to
-    /// serve it.
-    async fn health(&self, target: &Path, daemon: Option<DaemonId>) -> Health;
+    /// serve it. An error means the question could not be asked (the
+    /// mounter service is unreachable): the caller must leave the target
+    /// alone rather than guess.
+    async fn health(&self, target: &Path, daemon: Option<DaemonId>) -> Result<Health, MountError>;
 
-    /// Identifies the daemon whose pid is in `pid_file`, if it is alive.
+    /// Identifies the daemon whose pid is in `pid_file`, if it is alive
+    /// (None also when that cannot be found out).
     async fn daemon_from_pid_file(&self, pid_file: &Path) -> Option<DaemonId>;
 }

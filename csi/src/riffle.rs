@@ -46,6 +46,19 @@ pub struct RiffleMounter {
     pub probe_timeout: Duration,
 }
 
+/// The `riffle` binary to run: `explicit` if given, else `riffle` next to
+/// the running executable, else `riffle` from PATH.
+pub fn riffle_binary(explicit: Option<PathBuf>) -> PathBuf {
+    if let Some(p) = explicit {
+        return p;
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|d| d.join("riffle")))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from("riffle"))
+}
+
 impl RiffleMounter {
     pub fn new(binary: PathBuf, cache_dir: Option<PathBuf>) -> Self {
         Self {
@@ -349,7 +362,19 @@ impl Mounter for RiffleMounter {
         }
     }
 
-    async fn health(&self, target: &Path, daemon: Option<DaemonId>) -> Health {
+    async fn health(&self, target: &Path, daemon: Option<DaemonId>) -> Result<Health, MountError> {
+        Ok(self.inspect(target, daemon).await)
+    }
+
+    async fn daemon_from_pid_file(&self, pid_file: &Path) -> Option<DaemonId> {
+        process::from_pid_file(pid_file)
+    }
+}
+
+impl RiffleMounter {
+    /// What is at `target` (see [`Mounter::health`]); local inspection
+    /// cannot fail to ask.
+    async fn inspect(&self, target: &Path, daemon: Option<DaemonId>) -> Health {
         let entry = match mountinfo::mount_at(target) {
             Ok(e) => e,
             Err(e) => {
@@ -387,10 +412,6 @@ impl Mounter for RiffleMounter {
                 Health::Live
             }
         }
-    }
-
-    async fn daemon_from_pid_file(&self, pid_file: &Path) -> Option<DaemonId> {
-        process::from_pid_file(pid_file)
     }
 }
 

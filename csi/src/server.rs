@@ -84,6 +84,26 @@ pub async fn bind(path: &Path) -> Result<UnixListener, ServerError> {
     UnixListener::bind(path).map_err(sock_err)
 }
 
+/// Binds `path` like [`bind`], but while a live plugin still answers on it
+/// (a rollout that starts the new plugin before the old one is gone) waits
+/// up to `wait` for it to go away instead of failing at once.
+pub async fn bind_when_free(path: &Path, wait: Duration) -> Result<UnixListener, ServerError> {
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut said = false;
+    loop {
+        match bind(path).await {
+            Err(ServerError::SocketInUse(p)) if tokio::time::Instant::now() < deadline => {
+                if !said {
+                    tracing::info!(socket = %p.display(), wait = ?wait, "another plugin still serves this socket (a rollout?); waiting for it to stop");
+                    said = true;
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// The plugin's configuration.
 #[derive(Debug, Clone)]
 pub struct PluginConfig {
@@ -92,6 +112,8 @@ pub struct PluginConfig {
     pub state_dir: PathBuf,
     /// How often the supervisor checks the mounts.
     pub check_interval: Duration,
+    /// How long to wait for a previous plugin to release the socket.
+    pub takeover_wait: Duration,
 }
 
 /// A started plugin.
@@ -136,9 +158,11 @@ pub async fn start(
     config: PluginConfig,
     mounter: Arc<dyn Mounter>,
 ) -> Result<RunningPlugin, ServerError> {
+    // Bind first: until the previous plugin is gone, this one must not
+    // touch the state directory it still works in.
+    let listener = bind_when_free(&config.socket, config.takeover_wait).await?;
     let store = StateStore::open(&config.state_dir)?;
     let manager = Arc::new(VolumeManager::new(mounter, store));
-    let listener = bind(&config.socket).await?;
     let ready = Arc::new(AtomicBool::new(false));
     let identity = IdentityService::new(Arc::clone(&ready));
     let node = NodeService::new(config.node_id.clone(), Arc::clone(&manager));
@@ -197,7 +221,20 @@ mod tests {
             bind(&path).await,
             Err(ServerError::SocketInUse(_))
         ));
+        // A live socket is waited for, and taken once its owner is gone.
+        let waiter = tokio::spawn({
+            let path = path.clone();
+            async move { bind_when_free(&path, Duration::from_secs(30)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert!(!waiter.is_finished(), "waits while the socket answers");
         drop(live);
+        let taken = waiter.await.expect("join").expect("bound once free");
+        assert!(matches!(
+            bind_when_free(&path, Duration::from_millis(300)).await,
+            Err(ServerError::SocketInUse(_))
+        ));
+        drop(taken);
         let file = dir.path().join("file");
         std::fs::write(&file, b"x").expect("write");
         assert!(matches!(bind(&file).await, Err(ServerError::NotASocket(_))));

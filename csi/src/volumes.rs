@@ -131,7 +131,7 @@ impl VolumeManager {
                     self.store.save(&record)?;
                 }
             }
-            return match self.mounter.health(target, record.daemon).await {
+            return match self.mounter.health(target, record.daemon).await? {
                 Health::Live => {
                     if record.daemon.is_none() {
                         record.daemon = self
@@ -150,7 +150,7 @@ impl VolumeManager {
             };
         }
 
-        match self.mounter.health(target, None).await {
+        match self.mounter.health(target, None).await? {
             Health::NotMounted => {}
             Health::Foreign(fs) => return Err(foreign(target, &fs)),
             Health::Live | Health::Broken(_) => {
@@ -224,7 +224,7 @@ impl VolumeManager {
                     .await
             }
         };
-        let health = self.mounter.health(target, daemon).await;
+        let health = self.mounter.health(target, daemon).await?;
         if health != Health::NotMounted || daemon.is_some() {
             self.mounter.unmount(target, daemon).await?;
         }
@@ -266,7 +266,7 @@ impl VolumeManager {
                 self.store.save(&record)?;
             }
         }
-        match self.mounter.health(target, record.daemon).await {
+        match self.mounter.health(target, record.daemon).await? {
             Health::Live => Ok(CheckOutcome::Healthy),
             Health::Foreign(fs) => Ok(CheckOutcome::Foreign(fs)),
             Health::NotMounted => {

@@ -106,6 +106,7 @@ async fn start(dir: &Path, fake: &FakeMounter) -> (RunningPlugin, Csi) {
             node_id: "node-a".into(),
             state_dir: dir.join("state"),
             check_interval: Duration::from_millis(200),
+            takeover_wait: Duration::ZERO,
         },
         Arc::new(fake.clone()),
     )

@@ -1,0 +1,196 @@
+//! The wire format between `riffle-csi` and `riffle-mounter`.
+//!
+//! One connection carries one exchange: the client writes a [`Request`] as
+//! one line of JSON, the server answers with one [`Response`] line and
+//! closes. Lines are bounded ([`MAX_LINE`]) on both sides, so a confused
+//! peer cannot make either side buffer without limit. Requests carry
+//! credentials; [`Request`]'s `Debug` names the operation and target only.
+
+use crate::mounter::{DaemonId, Health, MountErrorKind};
+use crate::settings::VolumeSettings;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+
+/// Longest request or response line accepted.
+pub const MAX_LINE: u64 = 1 << 20;
+
+/// What the plugin asks of the mounter: the four calls of
+/// [`Mounter`](crate::mounter::Mounter), plus a ping.
+#[derive(Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// Who are you (version, pid): logged by the plugin at start.
+    Ping,
+    Mount {
+        target: PathBuf,
+        settings: VolumeSettings,
+        /// [`Credentials::to_json`](crate::credentials::Credentials::to_json)
+        /// of the volume's secret.
+        credentials: Option<String>,
+        pid_file: PathBuf,
+        log_file: PathBuf,
+    },
+    Unmount {
+        target: PathBuf,
+        daemon: Option<DaemonId>,
+    },
+    Health {
+        target: PathBuf,
+        daemon: Option<DaemonId>,
+    },
+    DaemonFromPidFile {
+        pid_file: PathBuf,
+    },
+}
+
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Request::Ping => write!(f, "ping"),
+            Request::Mount {
+                target, settings, ..
+            } => write!(f, "mount {} at {}", settings.source_url(), target.display()),
+            Request::Unmount { target, .. } => write!(f, "unmount {}", target.display()),
+            Request::Health { target, .. } => write!(f, "health {}", target.display()),
+            Request::DaemonFromPidFile { pid_file } => {
+                write!(f, "daemon of pid file {}", pid_file.display())
+            }
+        }
+    }
+}
+
+/// The mounter's answer.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum Response {
+    Pong {
+        version: String,
+        pid: u32,
+    },
+    Mounted {
+        daemon: Option<DaemonId>,
+    },
+    Unmounted,
+    Health {
+        health: Health,
+    },
+    Daemon {
+        daemon: Option<DaemonId>,
+    },
+    Failed {
+        kind: MountErrorKind,
+        message: String,
+    },
+}
+
+/// A framing or encoding failure.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("the peer closed the connection without an answer")]
+    Closed,
+    #[error("a message longer than {MAX_LINE} bytes")]
+    TooLong,
+    #[error("malformed message: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// Writes `message` as one line.
+pub async fn write_line<T: Serialize>(
+    out: &mut (impl AsyncWrite + Unpin),
+    message: &T,
+) -> Result<(), WireError> {
+    let mut bytes = serde_json::to_vec(message)?;
+    bytes.push(b'\n');
+    out.write_all(&bytes).await?;
+    out.flush().await?;
+    Ok(())
+}
+
+/// Reads one line (at most [`MAX_LINE`] bytes) and decodes it.
+pub async fn read_line<T: for<'de> Deserialize<'de>>(
+    input: impl AsyncRead + Unpin,
+) -> Result<T, WireError> {
+    let mut reader = BufReader::new(input.take(MAX_LINE + 1));
+    let mut line = Vec::new();
+    let n = reader.read_until(b'\n', &mut line).await?;
+    if n == 0 {
+        return Err(WireError::Closed);
+    }
+    if line.last() != Some(&b'\n') {
+        return Err(if n as u64 > MAX_LINE {
+            WireError::TooLong
+        } else {
+            WireError::Closed
+        });
+    }
+    Ok(serde_json::from_slice(&line)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn settings() -> VolumeSettings {
+        let attrs: HashMap<String, String> =
+            [("bucket".to_string(), "datasets".to_string())].into();
+        VolumeSettings::parse(&attrs, &[]).expect("valid")
+    }
+
+    #[tokio::test]
+    async fn a_request_round_trips_and_its_debug_hides_credentials() {
+        let req = Request::Mount {
+            target: "/t".into(),
+            settings: settings(),
+            credentials: Some(
+                r#"{"accessKeyId":"AKIDWIRE","secretAccessKey":"SECRETWIRE"}"#.into(),
+            ),
+            pid_file: "/s/run/k.pid".into(),
+            log_file: "/s/logs/k.log".into(),
+        };
+        let debug = format!("{req:?}");
+        assert_eq!(debug, "mount s3://datasets/ at /t");
+        let mut buf = Vec::new();
+        write_line(&mut buf, &req).await.expect("write");
+        let back: Request = read_line(&buf[..]).await.expect("read");
+        match back {
+            Request::Mount {
+                credentials,
+                settings: s,
+                ..
+            } => {
+                assert!(credentials.is_some_and(|c| c.contains("SECRETWIRE")));
+                assert_eq!(s, settings());
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn torn_empty_and_oversized_lines_are_errors() {
+        assert!(matches!(
+            read_line::<Response>(&b""[..]).await,
+            Err(WireError::Closed)
+        ));
+        assert!(matches!(
+            read_line::<Response>(&b"{\"result\":\"unmounted\""[..]).await,
+            Err(WireError::Closed)
+        ));
+        assert!(matches!(
+            read_line::<Response>(&b"{\"result\":\"nonsense\"}\n"[..]).await,
+            Err(WireError::Json(_))
+        ));
+        let huge = vec![b'x'; MAX_LINE as usize + 10];
+        assert!(matches!(
+            read_line::<Response>(&huge[..]).await,
+            Err(WireError::TooLong)
+        ));
+        let ok: Response = read_line(&b"{\"result\":\"unmounted\"}\n"[..])
+            .await
+            .expect("ok");
+        assert!(matches!(ok, Response::Unmounted));
+    }
+}

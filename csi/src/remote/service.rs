@@ -1,0 +1,296 @@
+//! The mounter's side: accepts the plugin's requests on a unix socket and
+//! runs them on a local [`Mounter`].
+//!
+//! The socket is created mode 0600 and every connection's peer uid
+//! (`SO_PEERCRED`) must be the mounter's own (root in the DaemonSet):
+//! whoever may mount may only be the plugin. Each connection is served in
+//! its own task, and a request is carried out to the end even if the
+//! plugin goes away meanwhile (a mount finished for a dead plugin is adopted
+//! by the next one through its pid file; one abandoned half-way would leave
+//! a daemon nobody knows). Requests are logged by operation and target;
+//! credentials are never logged.
+
+use super::protocol::{read_line, write_line, Request, Response};
+use crate::credentials::Credentials;
+use crate::mounter::{MountError, MountErrorKind, MountRequest, Mounter};
+use crate::server::{self, ServerError};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// A serving mounter; dropping it does not stop it, [`RunningService::stop`]
+/// does.
+pub struct RunningService {
+    shutdown: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+    pub socket: PathBuf,
+}
+
+impl RunningService {
+    /// Stops accepting requests (requests under way finish in their own
+    /// tasks; daemons are not touched).
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        let _ = (&mut self.task).await;
+    }
+}
+
+/// Binds `socket` (replacing a stale socket file, refusing one a live
+/// mounter answers on) and serves `mounter` on it.
+pub async fn start(
+    socket: &Path,
+    mounter: Arc<dyn Mounter>,
+) -> Result<RunningService, ServerError> {
+    let listener = server::bind(socket).await?;
+    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600)).map_err(|source| {
+        ServerError::Socket {
+            path: socket.to_path_buf(),
+            source,
+        }
+    })?;
+    let (tx, rx) = oneshot::channel();
+    tracing::info!(socket = %socket.display(), "riffle-mounter serving");
+    let task = tokio::spawn(accept_loop(listener, mounter, rx));
+    Ok(RunningService {
+        shutdown: Some(tx),
+        task,
+        socket: socket.to_path_buf(),
+    })
+}
+
+async fn accept_loop(
+    listener: UnixListener,
+    mounter: Arc<dyn Mounter>,
+    mut shutdown: oneshot::Receiver<()>,
+) {
+    let own_uid = nix::unistd::geteuid().as_raw();
+    loop {
+        let stream = tokio::select! {
+            _ = &mut shutdown => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        match stream.peer_cred() {
+            Ok(peer) if peer.uid() == own_uid => {}
+            Ok(peer) => {
+                tracing::warn!(
+                    uid = peer.uid(),
+                    pid = ?peer.pid(),
+                    "refused a connection from another user"
+                );
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot identify a peer; refused");
+                continue;
+            }
+        }
+        let mounter = Arc::clone(&mounter);
+        tokio::spawn(serve_connection(stream, mounter));
+    }
+}
+
+async fn serve_connection(mut stream: UnixStream, mounter: Arc<dyn Mounter>) {
+    let request: Request = match read_line(&mut stream).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(error = %e, "unreadable request");
+            let _ = write_line(
+                &mut stream,
+                &failed(
+                    MountErrorKind::InvalidArgument,
+                    format!("unreadable request: {e}"),
+                ),
+            )
+            .await;
+            return;
+        }
+    };
+    tracing::debug!(request = ?request, "request");
+    let described = format!("{request:?}");
+    let response = handle(request, mounter.as_ref()).await;
+    if let Response::Failed { message, .. } = &response {
+        tracing::warn!(request = %described, error = %message, "request failed");
+    } else if !described.starts_with("health") && !described.starts_with("daemon") {
+        tracing::info!(request = %described, "done");
+    }
+    if let Err(e) = write_line(&mut stream, &response).await {
+        tracing::warn!(request = %described, error = %e, "the plugin went away before the answer (the work is done; the next plugin adopts it)");
+    }
+}
+
+fn failed(kind: MountErrorKind, message: String) -> Response {
+    Response::Failed { kind, message }
+}
+
+fn from_error(e: MountError) -> Response {
+    failed(e.kind, e.message)
+}
+
+/// Carries out one request.
+pub async fn handle(request: Request, mounter: &dyn Mounter) -> Response {
+    match request {
+        Request::Ping => Response::Pong {
+            version: crate::VERSION.to_string(),
+            pid: std::process::id(),
+        },
+        Request::Mount {
+            target,
+            settings,
+            credentials,
+            pid_file,
+            log_file,
+        } => {
+            let credentials = match credentials.map(|c| Credentials::from_json(c.as_bytes())) {
+                None => None,
+                Some(Ok(c)) => Some(c),
+                // serde's message may quote the text: never pass it on.
+                Some(Err(_)) => {
+                    return failed(
+                        MountErrorKind::InvalidArgument,
+                        "the credentials sent with the mount request are malformed".into(),
+                    )
+                }
+            };
+            let req = MountRequest {
+                target: &target,
+                settings: &settings,
+                credentials: credentials.as_ref(),
+                pid_file: &pid_file,
+                log_file: &log_file,
+            };
+            match mounter.mount(req).await {
+                Ok(daemon) => Response::Mounted { daemon },
+                Err(e) => from_error(e),
+            }
+        }
+        Request::Unmount { target, daemon } => match mounter.unmount(&target, daemon).await {
+            Ok(()) => Response::Unmounted,
+            Err(e) => from_error(e),
+        },
+        Request::Health { target, daemon } => match mounter.health(&target, daemon).await {
+            Ok(health) => Response::Health { health },
+            Err(e) => from_error(e),
+        },
+        Request::DaemonFromPidFile { pid_file } => Response::Daemon {
+            daemon: mounter.daemon_from_pid_file(&pid_file).await,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fake::FakeMounter;
+    use crate::mounter::Health;
+    use crate::remote::client::RemoteMounter;
+    use crate::settings::VolumeSettings;
+    use std::collections::HashMap;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn the_remote_mounter_does_what_the_local_one_does() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("mounter.sock");
+        let fake = FakeMounter::new();
+        let service = start(&socket, Arc::new(fake.clone())).await.expect("start");
+        let mode = std::fs::metadata(&socket)
+            .expect("socket")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let remote = RemoteMounter::new(socket.clone(), Duration::from_secs(5));
+        let (version, pid) = remote.ping().await.expect("ping");
+        assert_eq!(version, crate::VERSION);
+        assert_eq!(pid, std::process::id());
+
+        let target = dir.path().join("target");
+        std::fs::create_dir(&target).expect("mkdir");
+        let attrs: HashMap<String, String> =
+            [("bucket".to_string(), "datasets".to_string())].into();
+        let settings = VolumeSettings::parse(&attrs, &[]).expect("valid");
+        let secrets: HashMap<String, String> = [
+            ("accessKeyId".to_string(), "AKIDREMOTE".to_string()),
+            ("secretAccessKey".to_string(), "SECRETREMOTE".to_string()),
+        ]
+        .into();
+        let creds = Credentials::from_secrets(&secrets).expect("ok");
+        let pid_file = dir.path().join("k.pid");
+        let req = MountRequest {
+            target: &target,
+            settings: &settings,
+            credentials: creds.as_ref(),
+            pid_file: &pid_file,
+            log_file: &dir.path().join("k.log"),
+        };
+        let daemon = remote.mount(req).await.expect("mount").expect("a daemon");
+        assert_eq!(
+            remote.health(&target, Some(daemon)).await.expect("health"),
+            Health::Live
+        );
+        assert_eq!(remote.daemon_from_pid_file(&pid_file).await, Some(daemon));
+        // The credentials reached the mounter's side whole.
+        assert_eq!(
+            fake.mount_at(&target).expect("mounted").env_names,
+            vec![
+                "AWS_ACCESS_KEY_ID".to_string(),
+                "AWS_SECRET_ACCESS_KEY".to_string()
+            ]
+        );
+        assert!(fake.kill(&target));
+        assert!(matches!(
+            remote.health(&target, Some(daemon)).await.expect("health"),
+            Health::Broken(_)
+        ));
+        remote
+            .unmount(&target, Some(daemon))
+            .await
+            .expect("unmount");
+        assert_eq!(
+            remote.health(&target, None).await.expect("health"),
+            Health::NotMounted
+        );
+
+        service.stop().await;
+        let err = remote
+            .health(&target, None)
+            .await
+            .expect_err("mounter gone");
+        assert_eq!(err.kind, MountErrorKind::Unavailable);
+        assert!(
+            err.message.contains("riffle-mounter is not reachable"),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn failures_keep_their_kind_and_malformed_credentials_are_not_echoed() {
+        let fake = FakeMounter::new();
+        let request = Request::Mount {
+            target: "/nonexistent-target".into(),
+            settings: VolumeSettings::parse(&[("bucket".to_string(), "bkt".to_string())].into(), &[])
+                .expect("valid"),
+            credentials: Some("{\"accessKeyId\": SECRETLEAK".into()),
+            pid_file: "/nonexistent/pid".into(),
+            log_file: "/nonexistent/log".into(),
+        };
+        match handle(request, &fake).await {
+            Response::Failed { kind, message } => {
+                assert_eq!(kind, MountErrorKind::InvalidArgument);
+                assert!(!message.contains("SECRETLEAK"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
