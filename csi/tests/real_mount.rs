@@ -9,14 +9,16 @@
 //! test here FAILS with instructions, unless RIFFLE_SKIP_INTEGRATION=1, in
 //! which case they print that they were skipped.
 //!
-//! The plugin is started WITHOUT the AWS_* variables in its environment, so
-//! the only way a volume can read the bucket is the nodePublishSecretRef
-//! secret passed in NodePublishVolume. The tests run one at a time (a global
+//! The plugin runs as deployed: with a `riffle-mounter` that holds the mount
+//! daemons (`--mounter-socket`); both are plain processes here, and
+//! `rollout.rs` plays them as containers. Both are started WITHOUT the AWS_*
+//! variables in their environment, so the only way a volume can read the
+//! bucket is the nodePublishSecretRef secret passed in NodePublishVolume. The tests run one at a time (a global
 //! lock): they share the 2-core machine with RGW and the FUSE daemons.
 
 mod common;
 
-use aws_sdk_s3::primitives::ByteStream;
+use common::rgw::{content, env, make_bucket, Env};
 use common::{kubelet_target, map, publish_request, Csi};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -27,123 +29,13 @@ use tonic::Code;
 
 static SERIAL: Mutex<()> = Mutex::const_new(());
 
-/// Connection details of the test S3 server.
-#[derive(Clone)]
-struct Env {
-    endpoint: String,
-    access_key: String,
-    secret_key: String,
-    riffle: PathBuf,
-}
-
-/// Reads the environment; None means "skip" (RIFFLE_SKIP_INTEGRATION=1).
-fn env() -> Option<Env> {
-    let skip = std::env::var("RIFFLE_SKIP_INTEGRATION").is_ok_and(|v| v == "1");
-    let Ok(endpoint) = std::env::var("RIFFLE_TEST_ENDPOINT") else {
-        if skip {
-            eprintln!("SKIPPED: RIFFLE_SKIP_INTEGRATION=1 and RIFFLE_TEST_ENDPOINT is unset");
-            return None;
-        }
-        panic!(
-            "RIFFLE_TEST_ENDPOINT is not set. These tests need a real S3 server: run \
-             `deploy/local/rgw.sh up && eval \"$(deploy/local/rgw.sh env)\"` first, \
-             or set RIFFLE_SKIP_INTEGRATION=1 to skip them explicitly."
-        );
-    };
-    let access_key = std::env::var("AWS_ACCESS_KEY_ID")
-        .expect("AWS_ACCESS_KEY_ID must be set with RIFFLE_TEST_ENDPOINT");
-    let secret_key = std::env::var("AWS_SECRET_ACCESS_KEY")
-        .expect("AWS_SECRET_ACCESS_KEY must be set with RIFFLE_TEST_ENDPOINT");
-    let riffle = std::env::var_os("RIFFLE_BIN")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("CARGO_TARGET_DIR").map(|t| PathBuf::from(t).join("debug/riffle"))
-        })
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/riffle"));
-    assert!(
-        riffle.is_file(),
-        "riffle binary {} not found: build it (cargo build -p rifflefs --bin riffle) or set RIFFLE_BIN",
-        riffle.display()
-    );
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "the real-mount tests mount FUSE filesystems and must run as root"
-    );
-    assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is missing");
-    Some(Env {
-        endpoint,
-        access_key,
-        secret_key,
-        riffle,
-    })
-}
-
-async fn s3(env: &Env) -> aws_sdk_s3::Client {
-    let creds = aws_sdk_s3::config::Credentials::new(
-        &env.access_key,
-        &env.secret_key,
-        None,
-        None,
-        "riffle-csi-test",
-    );
-    let conf = aws_sdk_s3::Config::builder()
-        .behavior_version(aws_sdk_s3::config::BehaviorVersion::latest())
-        .region(aws_sdk_s3::config::Region::new("us-east-1"))
-        .endpoint_url(&env.endpoint)
-        .credentials_provider(creds)
-        .force_path_style(true)
-        // Ceph 16 rejects streaming checksums.
-        .request_checksum_calculation(aws_sdk_s3::config::RequestChecksumCalculation::WhenRequired)
-        .response_checksum_validation(aws_sdk_s3::config::ResponseChecksumValidation::WhenRequired)
-        .build();
-    aws_sdk_s3::Client::from_conf(conf)
-}
-
-/// Creates a fresh bucket with `shard-N/data.txt` for N in 0..shards and a
-/// nested object. Returns its name.
-async fn make_bucket(env: &Env, shards: usize) -> String {
-    let client = s3(env).await;
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    let bucket = format!("csi-{}-{nanos}", std::process::id());
-    client
-        .create_bucket()
-        .bucket(&bucket)
-        .send()
-        .await
-        .expect("create bucket");
-    for i in 0..shards {
-        client
-            .put_object()
-            .bucket(&bucket)
-            .key(format!("shard-{i}/data.txt"))
-            .body(ByteStream::from(content(i).into_bytes()))
-            .send()
-            .await
-            .expect("put object");
-    }
-    client
-        .put_object()
-        .bucket(&bucket)
-        .key("shard-0/nested/deep.bin")
-        .body(ByteStream::from(vec![7u8; 300_000]))
-        .send()
-        .await
-        .expect("put object");
-    bucket
-}
-
-fn content(i: usize) -> String {
-    format!("rifflefs csi test shard {i}\n").repeat(100)
-}
-
-/// A running `riffle-csi` process plus its directories. Drop kills the
-/// plugin and cleans up every mount under the test directory.
+/// A running `riffle-csi` process and its `riffle-mounter`, plus their
+/// directories. Drop kills both and cleans up every mount under the test
+/// directory.
 struct Plugin {
     dir: tempfile::TempDir,
     child: Option<Child>,
+    mounter: Option<Child>,
     env: Env,
     csi: Csi,
 }
@@ -151,13 +43,19 @@ struct Plugin {
 impl Plugin {
     async fn start(env: &Env) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (child, csi) = spawn_plugin(env, dir.path()).await;
+        let mounter = spawn_mounter(env, dir.path()).await;
+        let (child, csi) = spawn_plugin(dir.path()).await;
         Self {
             dir,
             child: Some(child),
+            mounter: Some(mounter),
             env: env.clone(),
             csi,
         }
+    }
+
+    fn mounter_log(&self) -> PathBuf {
+        self.dir.path().join("mounter.log")
     }
 
     fn state(&self) -> PathBuf {
@@ -201,7 +99,7 @@ impl Plugin {
     /// Starts a new plugin process on the same socket and state directory.
     async fn restart(&mut self) {
         self.kill();
-        let (child, csi) = spawn_plugin(&self.env, self.dir.path()).await;
+        let (child, csi) = spawn_plugin(self.dir.path()).await;
         self.child = Some(child);
         self.csi = csi;
     }
@@ -231,9 +129,14 @@ impl Plugin {
 impl Drop for Plugin {
     fn drop(&mut self) {
         self.kill();
+        if let Some(mut mounter) = self.mounter.take() {
+            let _ = mounter.kill();
+            let _ = mounter.wait();
+        }
         if std::thread::panicking() {
-            // Show what the plugin and the daemons said before the test failed.
-            let mut files = vec![self.plugin_log()];
+            // Show what the plugin, the mounter and the daemons said before
+            // the test failed.
+            let mut files = vec![self.plugin_log(), self.mounter_log()];
             if let Ok(entries) = std::fs::read_dir(self.state().join("logs")) {
                 files.extend(entries.flatten().map(|e| e.path()));
             }
@@ -277,7 +180,45 @@ impl Drop for Plugin {
     }
 }
 
-async fn spawn_plugin(env: &Env, dir: &Path) -> (Child, Csi) {
+fn mounter_socket(dir: &Path) -> PathBuf {
+    dir.join("state/mounter/mounter.sock")
+}
+
+/// Starts `riffle-mounter` and waits until it answers.
+async fn spawn_mounter(env: &Env, dir: &Path) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("mounter.log"))
+        .expect("mounter log");
+    let socket = mounter_socket(dir);
+    let child = Command::new(env!("CARGO_BIN_EXE_riffle-mounter"))
+        .arg(format!("--socket={}", socket.display()))
+        .arg(format!("--cache-dir={}", dir.join("cache").display()))
+        .arg(format!("--riffle-bin={}", env.riffle.display()))
+        .arg("--mount-timeout=60")
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .env_remove("AWS_SESSION_TOKEN")
+        .env("RUST_LOG", "debug")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("clone log"))
+        .stderr(log)
+        .spawn()
+        .expect("start riffle-mounter");
+    let remote = riffle_csi::remote::client::RemoteMounter::new(socket, Duration::from_secs(60));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while let Err(e) = remote.ping().await {
+        assert!(
+            Instant::now() < deadline,
+            "riffle-mounter never answered: {e}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    child
+}
+
+async fn spawn_plugin(dir: &Path) -> (Child, Csi) {
     let socket = dir.join("csi.sock");
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -288,8 +229,10 @@ async fn spawn_plugin(env: &Env, dir: &Path) -> (Child, Csi) {
         .arg(format!("--endpoint=unix://{}", socket.display()))
         .arg("--node-id=test-node")
         .arg(format!("--state-dir={}", dir.join("state").display()))
-        .arg(format!("--cache-dir={}", dir.join("cache").display()))
-        .arg(format!("--riffle-bin={}", env.riffle.display()))
+        .arg(format!(
+            "--mounter-socket={}",
+            mounter_socket(dir).display()
+        ))
         .arg("--check-interval=1")
         .arg("--mount-timeout=60")
         // The node has no credentials of its own: only the secret works.
@@ -501,7 +444,7 @@ async fn secrets_appear_in_no_argv_or_log() {
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
 
     let secret_values = [env.secret_key.as_str(), "WRONGSECRETVALUEforthetest"];
-    // 1. The argv of every riffle process (plugin, mount daemons; other
+    // 1. The argv of every riffle process (plugin, mounter, mount daemons; other
     // programs on a shared test machine may legitimately hold the test key).
     let daemon = p.daemon_pid(&target);
     let daemon_argv = std::fs::read(format!("/proc/{daemon}/cmdline")).expect("daemon cmdline");
@@ -523,9 +466,13 @@ async fn secrets_appear_in_no_argv_or_log() {
             }
         }
     }
-    assert!(riffle_processes >= 2, "plugin and daemon were checked");
-    // 2. The plugin's log, the daemons' logs, the volume records.
-    let mut files = vec![p.plugin_log()];
+    assert!(
+        riffle_processes >= 3,
+        "plugin, mounter and daemon were checked"
+    );
+    // 2. The plugin's and the mounter's logs, the daemons' logs, the volume
+    // records.
+    let mut files = vec![p.plugin_log(), p.mounter_log()];
     for sub in ["logs", "volumes"] {
         if let Ok(entries) = std::fs::read_dir(p.state().join(sub)) {
             files.extend(entries.flatten().map(|e| e.path()));

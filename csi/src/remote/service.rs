@@ -279,8 +279,11 @@ mod tests {
         let fake = FakeMounter::new();
         let request = Request::Mount {
             target: "/nonexistent-target".into(),
-            settings: VolumeSettings::parse(&[("bucket".to_string(), "bkt".to_string())].into(), &[])
-                .expect("valid"),
+            settings: VolumeSettings::parse(
+                &[("bucket".to_string(), "bkt".to_string())].into(),
+                &[],
+            )
+            .expect("valid"),
             credentials: Some("{\"accessKeyId\": SECRETLEAK".into()),
             pid_file: "/nonexistent/pid".into(),
             log_file: "/nonexistent/log".into(),

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod rgw;
+
 use hyper_util::rt::TokioIo;
 use riffle_csi::proto::identity_client::IdentityClient;
 use riffle_csi::proto::node_client::NodeClient;
