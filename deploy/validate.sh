@@ -6,7 +6,10 @@
 # 2. Renders deploy/kubernetes (the kustomize base) with `kubectl kustomize`
 #    when kubectl is on PATH, and always with deploy/kustomize_render.py (a
 #    small stand-in for machines without kubectl; Debian's kubectl is old or
-#    absent). When both run, their outputs must be the same objects.
+#    absent). When both run, their outputs must be the same objects. The
+#    rendered plugin (riffle-csi-node) and mounter (riffle-mounter)
+#    DaemonSets must agree on the mounter's socket and the state dir, and
+#    the mounter must keep OnDelete, no liveness probe, no memory limit.
 # 3. Validates, in strict mode (unknown fields are errors), the rendered
 #    base and every manifest in deploy/kubernetes and deploy/examples,
 #    against each Kubernetes version in $K8S_VERSIONS.
@@ -18,7 +21,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 VENV=${VENV:-${TMPDIR:-/tmp}/riffle-validate-venv}
-K8S_VERSIONS=${K8S_VERSIONS:-"1.30.0 1.33.0"}
+K8S_VERSIONS=${K8S_VERSIONS:-"1.26.0 1.30.0 1.33.0"}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -47,7 +50,64 @@ PY
 else
     echo "   kubectl not found: using kustomize_render.py only"
 fi
-grep -q 'kind: DaemonSet' "$rendered" || { echo "rendered base has no DaemonSet" >&2; exit 1; }
+echo "== checking the plugin and mounter DaemonSets agree"
+"$py" - "$rendered" <<'PY'
+# The two DaemonSets only work together if they agree on paths; and the
+# mounter's safety rests on a few settings a casual edit could undo.
+import sys, yaml
+objs = {(o["kind"], o["metadata"]["name"]): o for o in yaml.safe_load_all(open(sys.argv[1])) if o}
+errors = []
+def ds(name):
+    o = objs.get(("DaemonSet", name))
+    if o is None:
+        sys.exit(f"rendered base has no DaemonSet {name}")
+    return o
+def container(o, name):
+    for c in o["spec"]["template"]["spec"]["containers"]:
+        if c["name"] == name:
+            return c
+    sys.exit(f"DaemonSet {o['metadata']['name']} has no container {name}")
+def flag(c, name):
+    for a in c.get("args", []):
+        if a.startswith(f"--{name}="):
+            return a.split("=", 1)[1]
+    return None
+def mount_path(o, c, volume):
+    vols = {v["name"]: v for v in o["spec"]["template"]["spec"]["volumes"]}
+    for m in c.get("volumeMounts", []):
+        if m["name"] == volume:
+            return m["mountPath"], vols[volume].get("hostPath", {}).get("path"), m.get("mountPropagation")
+    return None, None, None
+plugin_ds, mounter_ds = ds("riffle-csi-node"), ds("riffle-mounter")
+plugin, mounter = container(plugin_ds, "riffle-csi"), container(mounter_ds, "riffle-mounter")
+if plugin.get("args", [None])[0] != "riffle-csi":
+    errors.append("the plugin's first arg must be riffle-csi (the entrypoint's program)")
+if mounter.get("args", [None])[0] != "riffle-mounter":
+    errors.append("the mounter's first arg must be riffle-mounter (the entrypoint's program)")
+sock_p, sock_m = flag(plugin, "mounter-socket"), flag(mounter, "socket")
+if not sock_p or sock_p != sock_m:
+    errors.append(f"plugin --mounter-socket={sock_p} but mounter --socket={sock_m}")
+state = flag(plugin, "state-dir")
+sp, sm = mount_path(plugin_ds, plugin, "state-dir"), mount_path(mounter_ds, mounter, "state-dir")
+if sp[:2] != sm[:2] or sp[0] != state:
+    errors.append(f"state dir differs: plugin --state-dir={state} mount {sp[:2]}, mounter mount {sm[:2]}")
+if sock_m and state and not sock_m.startswith(state.rstrip("/") + "/"):
+    errors.append(f"the mounter's socket {sock_m} is not in the shared state dir {state}")
+for o, c in ((plugin_ds, plugin), (mounter_ds, mounter)):
+    if mount_path(o, c, "kubelet-dir")[2] != "Bidirectional":
+        errors.append(f"{c['name']}: /var/lib/kubelet must be mounted Bidirectional")
+if flag(plugin, "cache-dir") is not None:
+    errors.append("--cache-dir is the mounter's option, not the plugin's")
+if mounter_ds["spec"].get("updateStrategy", {}).get("type") != "OnDelete":
+    errors.append("the mounter must be updated OnDelete (a restart ends its daemons)")
+if "livenessProbe" in mounter:
+    errors.append("the mounter must have no liveness probe (a restart ends its daemons)")
+if "memory" in mounter.get("resources", {}).get("limits", {}):
+    errors.append("the mounter must have no memory limit (one OOM kill would end every daemon)")
+if errors:
+    sys.exit("\n".join(errors))
+print("   riffle-csi-node and riffle-mounter agree (socket, state dir, propagation)")
+PY
 
 manifests=("$rendered")
 while IFS= read -r f; do
