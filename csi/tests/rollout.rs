@@ -1,0 +1,555 @@
+//! Rollouts and crashes of the plugin's container never break a pod's reads.
+//!
+//! No cluster runs here, so the test plays kubelet and the container runtime:
+//! - the **plugin container**: `riffle-csi` as PID 1 of a PID namespace of
+//!   its own (`unshare --pid --fork --kill-child --mount-proc`), so killing
+//!   it kills everything it started inside, as a runtime does when a
+//!   container stops or crashes;
+//! - the **mounter container**: `riffle-mounter`, likewise in a PID
+//!   namespace of its own, where the design places the mount daemons;
+//! - **Bidirectional propagation**: the test's kubelet directory is a
+//!   bind mount made `rshared`, and both containers' mount namespaces copy it
+//!   with propagation unchanged, as a `mountPropagation: Bidirectional`
+//!   hostPath does; so the mounter's FUSE mounts appear on the "host";
+//! - the **pod**: a Python reader (`pod_reader.py`) in a mount namespace of
+//!   its own with private propagation (kubelet's default), started after
+//!   the publish: it sees the mount as it was then and nothing later, so a
+//!   remount on the host would not reach it. It holds one file open for
+//!   the whole run and reads every file in a loop, checking every byte.
+//!
+//! Scenario 1, rollout: a new plugin starts while the old one serves (it
+//! waits for the socket), then the old plugin's namespace is killed.
+//! Scenario 2, crash: the plugin's namespace is killed, the pod reads with
+//! no plugin at all, then a new plugin starts. Each runs [`ROUNDS`] times
+//! with one reader; the reader must report zero failed and zero wrong reads
+//! and must have made progress after every restart; unpublish through the
+//! last plugin must then leave no mount and no daemon.
+//!
+//! Needs what `real_mount.rs` needs (RGW, root, /dev/fuse) plus `unshare`
+//! (util-linux) and python3.
+
+mod common;
+
+use common::rgw::{content, env, make_bucket, Env};
+use common::{kubelet_target, map, publish_request, Csi};
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tokio::sync::Mutex;
+
+static SERIAL: Mutex<()> = Mutex::const_new(());
+
+/// Restarts per scenario (RIFFLE_ROLLOUT_ROUNDS overrides).
+const ROUNDS: usize = 5;
+
+fn rounds() -> usize {
+    std::env::var("RIFFLE_ROLLOUT_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(ROUNDS)
+}
+
+fn transcript(line: impl AsRef<str>) {
+    println!("[transcript] {}", line.as_ref());
+}
+
+/// A process that plays a container: PID 1 of its own PID namespace (with
+/// its own /proc), killed as a whole.
+struct Container {
+    name: &'static str,
+    unshare: Child,
+    /// The host pid of the namespace's PID 1.
+    init: i32,
+}
+
+impl Container {
+    fn start(name: &'static str, program: &Path, args: &[String], log: &Path) -> Self {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .expect("container log");
+        let unshare = Command::new("unshare")
+            .args([
+                "--pid",
+                "--fork",
+                "--kill-child",
+                "--mount-proc",
+                "--propagation",
+                "unchanged",
+                "--",
+            ])
+            .arg(program)
+            .args(args)
+            // The node has no credentials of its own: only the secret works.
+            .env_remove("AWS_ACCESS_KEY_ID")
+            .env_remove("AWS_SECRET_ACCESS_KEY")
+            .env_remove("AWS_SESSION_TOKEN")
+            .env("RUST_LOG", "debug")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("clone log"))
+            .stderr(log)
+            .spawn()
+            .expect("run unshare (util-linux)");
+        let children = format!("/proc/{0}/task/{0}/children", unshare.id());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let init = loop {
+            let text = std::fs::read_to_string(&children).unwrap_or_default();
+            if let Some(pid) = text.split_whitespace().next() {
+                break pid.parse().expect("a pid");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name}: unshare started no child"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        Self {
+            name,
+            unshare,
+            init,
+        }
+    }
+
+    /// Kills the whole namespace, as a container runtime does, and waits
+    /// until its PID 1 is gone.
+    fn kill(mut self) {
+        let _ = self.unshare.kill();
+        let _ = self.unshare.wait();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Path::new(&format!("/proc/{}", self.init)).exists() {
+            let zombie = std::fs::read_to_string(format!("/proc/{}/stat", self.init))
+                .map(|s| s.contains(") Z "))
+                .unwrap_or(true);
+            if zombie {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} (pid {}) survived SIGKILL",
+                self.name,
+                self.init
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// The node: its directories, the mounter container and the plugin
+/// container(s).
+struct Node {
+    dir: tempfile::TempDir,
+    env: Env,
+    mounter: Option<Container>,
+    plugin: Option<Container>,
+    plugin_starts: usize,
+}
+
+impl Node {
+    fn new(env: &Env) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // kubelet's directory, shared the way /var/lib/kubelet is on a node
+        // (the containers mount it Bidirectional).
+        let kubelet = dir.path().join("kubelet");
+        std::fs::create_dir_all(&kubelet).expect("mkdir");
+        nix::mount::mount(
+            Some(&kubelet),
+            &kubelet,
+            None::<&str>,
+            nix::mount::MsFlags::MS_BIND | nix::mount::MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .expect("bind kubelet dir");
+        nix::mount::mount(
+            None::<&str>,
+            &kubelet,
+            None::<&str>,
+            nix::mount::MsFlags::MS_SHARED | nix::mount::MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .expect("make kubelet dir rshared");
+        Self {
+            dir,
+            env: env.clone(),
+            mounter: None,
+            plugin: None,
+            plugin_starts: 0,
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn mounter_socket(&self) -> PathBuf {
+        self.path("state/mounter/mounter.sock")
+    }
+
+    fn target(&self, pod: &str) -> PathBuf {
+        kubelet_target(&self.path("kubelet"), pod, "dataset")
+    }
+
+    async fn start_mounter(&mut self) {
+        let args = vec![
+            format!("--socket={}", self.mounter_socket().display()),
+            format!("--cache-dir={}", self.path("cache").display()),
+            format!("--riffle-bin={}", self.env.riffle.display()),
+            "--mount-timeout=60".to_string(),
+        ];
+        self.mounter = Some(Container::start(
+            "riffle-mounter",
+            Path::new(env!("CARGO_BIN_EXE_riffle-mounter")),
+            &args,
+            &self.path("mounter.log"),
+        ));
+        let remote = riffle_csi::remote::client::RemoteMounter::new(
+            self.mounter_socket(),
+            Duration::from_secs(60),
+        );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while let Err(e) = remote.ping().await {
+            assert!(
+                Instant::now() < deadline,
+                "riffle-mounter never answered: {e}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Starts a plugin container; it serves once the previous one (if still
+    /// running) has released the socket.
+    fn start_plugin(&mut self) -> Container {
+        self.plugin_starts += 1;
+        let args = vec![
+            format!("--endpoint=unix://{}", self.path("csi.sock").display()),
+            "--node-id=test-node".to_string(),
+            format!("--state-dir={}", self.path("state").display()),
+            format!("--mounter-socket={}", self.mounter_socket().display()),
+            "--check-interval=1".to_string(),
+            "--mount-timeout=60".to_string(),
+        ];
+        Container::start(
+            "riffle-csi",
+            Path::new(env!("CARGO_BIN_EXE_riffle-csi")),
+            &args,
+            &self.path(&format!("plugin-{}.log", self.plugin_starts)),
+        )
+    }
+
+    async fn connect(&self) -> Csi {
+        let mut csi = common::connect(&self.path("csi.sock"), Duration::from_secs(60)).await;
+        csi.wait_ready(Duration::from_secs(60)).await;
+        csi
+    }
+
+    fn attributes(&self, bucket: &str) -> std::collections::HashMap<String, String> {
+        map(&[
+            ("bucket", bucket),
+            ("endpointUrl", &self.env.endpoint),
+            ("region", "us-east-1"),
+            ("forcePathStyle", "true"),
+            ("logLevel", "debug"),
+        ])
+    }
+
+    fn secrets(&self) -> std::collections::HashMap<String, String> {
+        map(&[
+            ("accessKeyId", &self.env.access_key),
+            ("secretAccessKey", &self.env.secret_key),
+        ])
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(p) = self.plugin.take() {
+            p.kill();
+        }
+        if let Some(m) = self.mounter.take() {
+            m.kill();
+        }
+        if std::thread::panicking() {
+            if let Ok(entries) = std::fs::read_dir(self.dir.path()) {
+                for e in entries.flatten() {
+                    let p = e.path();
+                    if p.extension().is_some_and(|x| x == "log") {
+                        let text = std::fs::read_to_string(&p).unwrap_or_default();
+                        let lines: Vec<&str> = text.lines().collect();
+                        eprintln!("---- last lines of {}", p.display());
+                        for l in &lines[lines.len().saturating_sub(40)..] {
+                            eprintln!("{l}");
+                        }
+                    }
+                }
+            }
+        }
+        // The mounter's namespace is gone, so are its daemons; detach what
+        // they left, then the kubelet bind mount itself.
+        let root = self.dir.path().to_string_lossy().into_owned();
+        if let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") {
+            let mut points: Vec<&str> = text
+                .lines()
+                .filter_map(|l| l.split(' ').nth(4))
+                .filter(|p| p.starts_with(&root))
+                .collect();
+            points.reverse();
+            for p in points {
+                let _ = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH);
+            }
+        }
+    }
+}
+
+/// The pod: `pod_reader.py` in a private mount namespace.
+struct Pod {
+    child: Child,
+    stopped: bool,
+    stop: PathBuf,
+    progress: PathBuf,
+    result: PathBuf,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct ReaderResult {
+    passes: u64,
+    reads: u64,
+    failed: u64,
+    wrong: u64,
+    longest_ms: f64,
+    errors: Vec<String>,
+}
+
+impl Pod {
+    fn start(node: &Node, target: &Path, files: &[(String, Vec<u8>)]) -> Self {
+        let manifest: Vec<(String, usize, String)> = files
+            .iter()
+            .map(|(path, bytes)| {
+                (
+                    path.clone(),
+                    bytes.len(),
+                    hex::encode(Sha256::digest(bytes)),
+                )
+            })
+            .collect();
+        let manifest_path = node.path("manifest.json");
+        std::fs::write(
+            &manifest_path,
+            serde_json::to_vec(&manifest).expect("manifest json"),
+        )
+        .expect("write manifest");
+        let (stop, progress, result) = (
+            node.path("pod.stop"),
+            node.path("pod.progress"),
+            node.path("pod.result"),
+        );
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pod_reader.py");
+        let child = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "--", "python3"])
+            .arg(script)
+            .arg(target)
+            .arg(&manifest_path)
+            .arg(&stop)
+            .arg(&progress)
+            .arg(&result)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start the pod's reader");
+        Self {
+            child,
+            stopped: false,
+            stop,
+            progress,
+            result,
+        }
+    }
+
+    fn passes(&self) -> u64 {
+        std::fs::read_to_string(&self.progress)
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Waits until the reader has done `more` passes beyond now.
+    async fn wait_passes(&mut self, more: u64) {
+        let goal = self.passes() + more;
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while self.passes() < goal {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("the pod's reader exited early: {status}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the pod's reader made no progress"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn finish(mut self) -> ReaderResult {
+        std::fs::write(&self.stop, b"").expect("stop file");
+        let status = self.child.wait().expect("reader exit");
+        self.stopped = true;
+        assert!(status.success(), "the pod's reader failed: {status}");
+        serde_json::from_slice(&std::fs::read(&self.result).expect("reader result"))
+            .expect("reader result json")
+    }
+}
+
+impl Drop for Pod {
+    /// A test that failed early must not leave its reader behind.
+    fn drop(&mut self) {
+        if !self.stopped {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Host pids of riffle processes whose arguments name `target`.
+fn daemons_of(target: &Path) -> Vec<i32> {
+    let needle = target.to_string_lossy().into_owned();
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let argv = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let argv = String::from_utf8_lossy(&argv);
+        let zombie = std::fs::read_to_string(entry.path().join("stat"))
+            .map(|s| s.contains(") Z "))
+            .unwrap_or(true);
+        if !zombie && argv.contains("riffle") && argv.contains(&needle) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Scenario {
+    /// The new plugin starts first; then the old one's namespace is killed.
+    Rollout,
+    /// The plugin's namespace is killed; later a new one starts.
+    Crash,
+}
+
+async fn restarts_leave_reads_alone(scenario: Scenario) {
+    let _serial = SERIAL.lock().await;
+    let Some(env) = env() else { return };
+    let bucket = make_bucket(&env, 4).await;
+    let mut node = Node::new(&env);
+    node.start_mounter().await;
+    node.plugin = Some(node.start_plugin());
+    let mut csi = node.connect().await;
+    let target = node.target("trainer-0");
+    let started = Instant::now();
+    csi.publish(publish_request(
+        "vol-train",
+        &target,
+        node.attributes(&bucket),
+        node.secrets(),
+    ))
+    .await
+    .expect("publish");
+    transcript(format!(
+        "{scenario:?}: NodePublishVolume through riffle-mounter took {:?}",
+        started.elapsed()
+    ));
+    let daemons = daemons_of(&target);
+    assert_eq!(
+        daemons.len(),
+        1,
+        "one daemon serves the target: {daemons:?}"
+    );
+
+    let mut files: Vec<(String, Vec<u8>)> = (0..4)
+        .map(|i| (format!("shard-{i}/data.txt"), content(i).into_bytes()))
+        .collect();
+    files.push(("shard-0/nested/deep.bin".to_string(), vec![7u8; 300_000]));
+    let mut pod = Pod::start(&node, &target, &files);
+    pod.wait_passes(3).await;
+
+    for round in 1..=rounds() {
+        let old = node.plugin.take().expect("a plugin runs");
+        match scenario {
+            Scenario::Rollout => {
+                let new = node.start_plugin();
+                // The new plugin waits for the socket while the old serves;
+                // the pod reads throughout.
+                pod.wait_passes(2).await;
+                old.kill();
+                node.plugin = Some(new);
+            }
+            Scenario::Crash => {
+                old.kill();
+                // No plugin at all: the pod must still read.
+                pod.wait_passes(3).await;
+                node.plugin = Some(node.start_plugin());
+            }
+        }
+        csi = node.connect().await;
+        pod.wait_passes(3).await;
+        assert_eq!(
+            daemons_of(&target),
+            daemons,
+            "round {round}: the same daemon still serves (adopted, not remounted)"
+        );
+        transcript(format!(
+            "{scenario:?} round {round}: plugin container killed, new plugin ready, pod read on ({} passes so far)",
+            pod.passes()
+        ));
+    }
+    // The last plugin knows the volume: publishing again is a no-op.
+    csi.publish(publish_request(
+        "vol-train",
+        &target,
+        node.attributes(&bucket),
+        node.secrets(),
+    ))
+    .await
+    .expect("idempotent publish after the restarts");
+    let result = pod.finish();
+    transcript(format!(
+        "{scenario:?}: {} rounds; reads {} ({} passes), failed reads {}, wrong reads {}, longest read {} ms",
+        rounds(),
+        result.reads,
+        result.passes,
+        result.failed,
+        result.wrong,
+        result.longest_ms
+    ));
+    assert_eq!(result.failed, 0, "failed reads: {:?}", result.errors);
+    assert_eq!(result.wrong, 0, "wrong bytes: {:?}", result.errors);
+    assert!(result.reads > 0);
+
+    csi.unpublish("vol-train", &target)
+        .await
+        .expect("unpublish");
+    assert!(!target.exists(), "target removed");
+    assert!(
+        riffle_csi::mountinfo::mount_at(&target)
+            .expect("mountinfo")
+            .is_none(),
+        "nothing mounted at the target"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !daemons_of(&target).is_empty() {
+        assert!(Instant::now() < deadline, "the daemon outlived unpublish");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    transcript(format!(
+        "{scenario:?}: NodeUnpublishVolume through the last plugin: target removed, daemon exited"
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_rollout_leaves_reads_alone() {
+    restarts_leave_reads_alone(Scenario::Rollout).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_crash_leaves_reads_alone() {
+    restarts_leave_reads_alone(Scenario::Crash).await;
+}
