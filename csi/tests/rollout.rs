@@ -553,3 +553,96 @@ async fn a_plugin_rollout_leaves_reads_alone() {
 async fn a_plugin_crash_leaves_reads_alone() {
     restarts_leave_reads_alone(Scenario::Crash).await;
 }
+
+/// Reads `path` until it gives `expected`, for up to `limit`.
+async fn read_eventually(path: &Path, expected: &str, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        match std::fs::read_to_string(path) {
+            Ok(text) if text == expected => return,
+            Ok(text) => panic!("{}: wrong bytes ({} bytes)", path.display(), text.len()),
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "{} unreadable after {limit:?}: {e}",
+                path.display()
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// What the design does not protect against, and how it ends: the mounter
+/// container itself restarts (its upgrade, OOM kill). Its daemons die with
+/// it; the mount on the node answers ENOTCONN; the plugin reports the
+/// mounter unreachable, and once a new mounter answers, its supervisor
+/// remounts the volume on the node (reaching pods with HostToContainer
+/// propagation and new pods). Unpublish then cleans up completely.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mounter_restart_is_reported_and_repaired() {
+    let _serial = SERIAL.lock().await;
+    let Some(env) = env() else { return };
+    let bucket = make_bucket(&env, 1).await;
+    let mut node = Node::new(&env);
+    node.start_mounter().await;
+    node.plugin = Some(node.start_plugin());
+    let mut csi = node.connect().await;
+    let target = node.target("trainer-0");
+    csi.publish(publish_request(
+        "vol-train",
+        &target,
+        node.attributes(&bucket),
+        node.secrets(),
+    ))
+    .await
+    .expect("publish");
+    let file = target.join("shard-0/data.txt");
+    read_eventually(&file, &content(0), Duration::ZERO).await;
+    let before = daemons_of(&target);
+    assert_eq!(before.len(), 1, "{before:?}");
+
+    node.mounter.take().expect("mounter").kill();
+    // statfs always reaches the daemon; stat may come from the attr cache.
+    let err = nix::sys::statfs::statfs(&target).expect_err("the daemon died with its container");
+    assert_eq!(err, nix::errno::Errno::ENOTCONN, "{err}");
+    transcript("mounter container killed: its daemon died, statfs on the target gives ENOTCONN");
+    // The plugin says why it cannot repair it yet.
+    let log = node.path("plugin-1.log");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("riffle-mounter is not reachable")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the plugin never reported the mounter unreachable"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    node.start_mounter().await;
+    read_eventually(&file, &content(0), Duration::from_secs(90)).await;
+    let after = daemons_of(&target);
+    assert_eq!(after.len(), 1, "{after:?}");
+    assert_ne!(after, before, "a new daemon serves the target");
+    transcript(
+        "new mounter container: the plugin's supervisor remounted the target; readable again",
+    );
+
+    csi.unpublish("vol-train", &target)
+        .await
+        .expect("unpublish");
+    assert!(!target.exists(), "target removed");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !daemons_of(&target).is_empty() {
+        assert!(Instant::now() < deadline, "the daemon outlived unpublish");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let left: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
+        .expect("mountinfo")
+        .lines()
+        .filter(|l| l.contains(" fuse.riffle ") && l.contains(&*node.dir.path().to_string_lossy()))
+        .map(str::to_string)
+        .collect();
+    assert!(left.is_empty(), "stale mounts: {left:?}");
+    transcript("unpublish: target removed, daemon exited, no stale mount on the node");
+}
