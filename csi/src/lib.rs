@@ -21,7 +21,8 @@
 //! - [`volumes`]: publish / unpublish / recover, one target at a time
 //!   ([`locks`]: one async mutex per target path).
 //! - [`supervisor`]: start-up reconciliation and the periodic health loop.
-//! - [`identity`], [`node`]: the gRPC services; [`server`]: the unix socket.
+//! - [`identity`], [`node`]: the gRPC services; [`server`]: the unix socket;
+//!   [`old_clients`]: a WARN for clients the HTTP/2 server rejects.
 
 pub mod credentials;
 pub mod fake;
@@ -30,6 +31,7 @@ pub mod locks;
 pub mod mounter;
 pub mod mountinfo;
 pub mod node;
+pub mod old_clients;
 pub mod process;
 pub mod proto;
 pub mod remote;

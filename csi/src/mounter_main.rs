@@ -48,13 +48,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    riffle_csi::old_clients::init_logging();
     let args = Args::parse();
     if let Some(dir) = &args.cache_dir {
         std::fs::create_dir_all(dir)
