@@ -1,6 +1,8 @@
 //! The csi-sanity node-plugin cases (and the plugin's own rules on top),
 //! driven over the plugin's unix socket as kubelet does, with the in-memory
-//! fake mounter: always runnable, no FUSE and no object store needed.
+//! fake mounter behind a `riffle-mounter` service, as deployed (the plugin
+//! talks to it over its socket): always runnable, no FUSE and no object
+//! store needed.
 //!
 //! csi-sanity itself cannot run here (no Go toolchain, and it needs a
 //! controller service to create volumes); each test names the csi-sanity
@@ -19,6 +21,8 @@ use riffle_csi::proto::{
     GetPluginCapabilitiesRequest, GetPluginInfoRequest, NodeGetCapabilitiesRequest,
     NodeGetInfoRequest, NodeUnpublishVolumeRequest, ProbeRequest, VolumeCapability,
 };
+use riffle_csi::remote::client::RemoteMounter;
+use riffle_csi::remote::service::{self, RunningService};
 use riffle_csi::server::{self, PluginConfig, RunningPlugin};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -60,11 +64,13 @@ fn log_text() -> String {
     String::from_utf8_lossy(&logs().lock().unwrap_or_else(|p| p.into_inner())).into_owned()
 }
 
-/// A plugin with a fake mounter in a temporary directory.
+/// A plugin and a mounter service with a fake mounter in a temporary
+/// directory.
 struct Fixture {
     dir: tempfile::TempDir,
     fake: FakeMounter,
     plugin: Option<RunningPlugin>,
+    _mounter: RunningService,
     csi: Csi,
 }
 
@@ -72,11 +78,13 @@ impl Fixture {
     async fn new() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let fake = FakeMounter::new();
-        let (plugin, csi) = start(dir.path(), &fake).await;
+        let mounter = serve(dir.path(), &fake).await;
+        let (plugin, csi) = start(dir.path()).await;
         Self {
             dir,
             fake,
             plugin: Some(plugin),
+            _mounter: mounter,
             csi,
         }
     }
@@ -91,13 +99,22 @@ impl Fixture {
         if let Some(p) = self.plugin.take() {
             p.stop().await.expect("clean stop");
         }
-        let (plugin, csi) = start(self.dir.path(), &self.fake).await;
+        let (plugin, csi) = start(self.dir.path()).await;
         self.plugin = Some(plugin);
         self.csi = csi;
     }
 }
 
-async fn start(dir: &Path, fake: &FakeMounter) -> (RunningPlugin, Csi) {
+/// The mounter service, serving `fake`, at `dir`/mounter.sock.
+async fn serve(dir: &Path, fake: &FakeMounter) -> RunningService {
+    logs();
+    service::start(&dir.join("mounter.sock"), Arc::new(fake.clone()))
+        .await
+        .expect("mounter service starts")
+}
+
+/// A plugin using the mounter service at `dir`/mounter.sock.
+async fn start(dir: &Path) -> (RunningPlugin, Csi) {
     logs();
     let socket = dir.join("csi.sock");
     let plugin = server::start(
@@ -108,7 +125,10 @@ async fn start(dir: &Path, fake: &FakeMounter) -> (RunningPlugin, Csi) {
             check_interval: Duration::from_millis(200),
             takeover_wait: Duration::ZERO,
         },
-        Arc::new(fake.clone()),
+        Arc::new(RemoteMounter::new(
+            dir.join("mounter.sock"),
+            Duration::from_secs(10),
+        )),
     )
     .await
     .expect("plugin starts");
@@ -659,7 +679,13 @@ async fn secrets_stay_out_of_logs_messages_and_state() {
         "FAKESECRETVALUE",
         "FAKESESSIONTOKENVALUE",
     ] {
-        assert!(!logs.contains(value), "secret {value} found in the logs");
+        assert!(
+            !logs.contains(value),
+            "secret {value} found in the logs: {:?}",
+            logs.lines()
+                .filter(|l| l.contains(value))
+                .collect::<Vec<_>>()
+        );
     }
 }
 
@@ -933,7 +959,8 @@ async fn stale_socket_from_a_dead_plugin_is_replaced() {
     drop(std::os::unix::net::UnixListener::bind(&socket).expect("bind"));
     assert!(socket.exists());
     let fake = FakeMounter::new();
-    let (plugin, mut csi) = start(dir.path(), &fake).await;
+    let _mounter = serve(dir.path(), &fake).await;
+    let (plugin, mut csi) = start(dir.path()).await;
     csi.identity
         .get_plugin_info(GetPluginInfoRequest {})
         .await

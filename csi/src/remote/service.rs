@@ -11,7 +11,7 @@
 //! credentials are never logged.
 
 use super::protocol::{read_line, write_line, Request, Response};
-use crate::credentials::Credentials;
+use crate::credentials::{scrub, Credentials};
 use crate::mounter::{MountError, MountErrorKind, MountRequest, Mounter};
 use crate::server::{self, ServerError};
 use std::os::unix::fs::PermissionsExt;
@@ -172,7 +172,9 @@ pub async fn handle(request: Request, mounter: &dyn Mounter) -> Response {
             };
             match mounter.mount(req).await {
                 Ok(daemon) => Response::Mounted { daemon },
-                Err(e) => from_error(e),
+                // Neither the log below nor the plugin may see a secret
+                // that a failure message echoed.
+                Err(e) => failed(e.kind, scrub(credentials.as_ref(), &e.message)),
             }
         }
         Request::Unmount { target, daemon } => match mounter.unmount(&target, daemon).await {
