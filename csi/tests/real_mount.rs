@@ -567,10 +567,15 @@ async fn killed_mount_daemon_is_recovered() {
         nix::sys::signal::Signal::SIGKILL,
     )
     .expect("kill daemon");
+    let killed = Instant::now();
     // Right after the kill the mount is dead (ENOTCONN) until the supervisor
     // (1 s interval here) remounts it.
     let text = read_eventually(&target.join("data.txt"), Duration::from_secs(60)).await;
     assert_eq!(text, content(0));
+    transcript(format!(
+        "daemon SIGKILLed: the target was unreadable on the node for {:?} (supervisor check interval 1 s)",
+        killed.elapsed()
+    ));
     let deadline = Instant::now() + Duration::from_secs(30);
     while p.recorded_pid(&target).is_none_or(|pid| pid == daemon) {
         assert!(Instant::now() < deadline, "record never got the new daemon");
