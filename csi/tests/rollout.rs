@@ -482,6 +482,16 @@ async fn restarts_leave_reads_alone(scenario: Scenario) {
         1,
         "one daemon serves the target: {daemons:?}"
     );
+    // A second pod's volume, to show unpublish stops exactly its own daemon.
+    let other = node.target("evaluator-0");
+    csi.publish(publish_request(
+        "vol-eval",
+        &other,
+        node.attributes(&bucket),
+        node.secrets(),
+    ))
+    .await
+    .expect("publish the second volume");
 
     let mut files: Vec<(String, Vec<u8>)> = (0..4)
         .map(|i| (format!("shard-{i}/data.txt"), content(i).into_bytes()))
@@ -567,8 +577,18 @@ async fn restarts_leave_reads_alone(scenario: Scenario) {
         assert!(Instant::now() < deadline, "the daemon outlived unpublish");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let left = daemons_of(&other);
+    assert_eq!(left.len(), 1, "the other volume's daemon runs on: {left:?}");
+    assert_eq!(
+        std::fs::read_to_string(other.join("shard-1/data.txt")).expect("the other volume reads"),
+        content(1)
+    );
+    csi.unpublish("vol-eval", &other)
+        .await
+        .expect("unpublish the second volume");
+    assert!(!other.exists() && daemons_of(&other).is_empty());
     transcript(format!(
-        "{scenario:?}: NodeUnpublishVolume through the last plugin: target removed, daemon exited"
+        "{scenario:?}: NodeUnpublishVolume through the last plugin: target removed, its daemon exited, the other volume's daemon untouched until its own unpublish"
     ));
 }
 
@@ -632,7 +652,18 @@ async fn a_mounter_restart_is_reported_and_repaired() {
     // statfs always reaches the daemon; stat may come from the attr cache.
     // The first call after the connection ended may get ECONNABORTED, the
     // ones after ENOTCONN.
-    let err = nix::sys::statfs::statfs(&target).expect_err("the daemon died with its container");
+    // The kernel ends the connection as the namespace's last process dies.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let err = loop {
+        match nix::sys::statfs::statfs(&target) {
+            Err(e) => break e,
+            Ok(_) => assert!(
+                Instant::now() < deadline,
+                "the daemon outlived its container"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert!(
         [nix::errno::Errno::ENOTCONN, nix::errno::Errno::ECONNABORTED].contains(&err),
         "{err}"
@@ -662,6 +693,31 @@ async fn a_mounter_restart_is_reported_and_repaired() {
     transcript(
         "new mounter container: the plugin's supervisor remounted the target; readable again",
     );
+
+    // A node reboot: both containers and every mount are gone; the records
+    // and secrets in the state directory (a hostPath) are not.
+    node.plugin.take().expect("plugin").kill();
+    node.mounter.take().expect("mounter").kill();
+    nix::mount::umount2(&target, nix::mount::MntFlags::MNT_DETACH).expect("detach");
+    assert!(riffle_csi::mountinfo::mount_at(&target)
+        .expect("mountinfo")
+        .is_none());
+    node.start_mounter().await;
+    node.plugin = Some(node.start_plugin());
+    csi = node.connect().await;
+    // Start-up reconciliation remounted it before the plugin reported ready.
+    read_eventually(&file, &content(0), Duration::ZERO).await;
+    // kubelet retries the publish for the pod still on the node: a no-op.
+    csi.publish(publish_request(
+        "vol-train",
+        &target,
+        node.attributes(&bucket),
+        node.secrets(),
+    ))
+    .await
+    .expect("publish after the reboot");
+    assert_eq!(daemons_of(&target).len(), 1);
+    transcript("node reboot: the new plugin remounted the recorded volume at start; kubelet's repeated publish is OK");
 
     csi.unpublish("vol-train", &target)
         .await
