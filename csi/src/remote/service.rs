@@ -7,19 +7,31 @@
 //! its own task, and a request is carried out to the end even if the
 //! plugin goes away meanwhile (a mount finished for a dead plugin is adopted
 //! by the next one through its pid file; one abandoned half-way would leave
-//! a daemon nobody knows). Requests are logged by operation and target;
-//! credentials are never logged.
+//! a daemon nobody knows). A client has [`REQUEST_READ_LIMIT`] to send its
+//! request, so a stuck one holds no task for ever.
+//!
+//! Mounts and unmounts of one target run one at a time here too, not only
+//! in the plugin: a plugin killed during a mount leaves that mount running
+//! in the mounter, and the next plugin's recovery of the same target must
+//! not overlap it (two daemons stacked on one target, one of them unknown
+//! to anybody). Different targets proceed in parallel. Requests are logged
+//! by operation and target; credentials are never logged.
 
 use super::protocol::{read_line, write_line, Request, Response};
 use crate::credentials::{scrub, Credentials};
+use crate::locks::KeyedLocks;
 use crate::mounter::{MountError, MountErrorKind, MountRequest, Mounter};
 use crate::server::{self, ServerError};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+
+/// How long a client may take to send its request line.
+pub const REQUEST_READ_LIMIT: Duration = Duration::from_secs(30);
 
 /// A serving mounter; dropping it does not stop it, [`RunningService::stop`]
 /// does.
@@ -69,6 +81,7 @@ async fn accept_loop(
     mut shutdown: oneshot::Receiver<()>,
 ) {
     let own_uid = nix::unistd::geteuid().as_raw();
+    let locks = Arc::new(KeyedLocks::default());
     loop {
         let stream = tokio::select! {
             _ = &mut shutdown => return,
@@ -76,7 +89,7 @@ async fn accept_loop(
                 Ok((stream, _)) => stream,
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
             },
@@ -97,14 +110,23 @@ async fn accept_loop(
             }
         }
         let mounter = Arc::clone(&mounter);
-        tokio::spawn(serve_connection(stream, mounter));
+        tokio::spawn(serve_connection(stream, mounter, Arc::clone(&locks)));
     }
 }
 
-async fn serve_connection(mut stream: UnixStream, mounter: Arc<dyn Mounter>) {
-    let request: Request = match read_line(&mut stream).await {
-        Ok(r) => r,
-        Err(e) => {
+async fn serve_connection(
+    mut stream: UnixStream,
+    mounter: Arc<dyn Mounter>,
+    locks: Arc<KeyedLocks>,
+) {
+    let read = tokio::time::timeout(REQUEST_READ_LIMIT, read_line(&mut stream)).await;
+    let request: Request = match read {
+        Ok(Ok(r)) => r,
+        Err(_) => {
+            tracing::warn!(limit = ?REQUEST_READ_LIMIT, "a client sent no request in time; closed");
+            return;
+        }
+        Ok(Err(e)) => {
             tracing::warn!(error = %e, "unreadable request");
             let _ = write_line(
                 &mut stream,
@@ -119,7 +141,7 @@ async fn serve_connection(mut stream: UnixStream, mounter: Arc<dyn Mounter>) {
     };
     tracing::debug!(request = ?request, "request");
     let described = format!("{request:?}");
-    let response = handle(request, mounter.as_ref()).await;
+    let response = handle(request, mounter.as_ref(), &locks).await;
     if let Response::Failed { message, .. } = &response {
         tracing::warn!(request = %described, error = %message, "request failed");
     } else if !described.starts_with("health") && !described.starts_with("daemon") {
@@ -138,8 +160,8 @@ fn from_error(e: MountError) -> Response {
     failed(e.kind, e.message)
 }
 
-/// Carries out one request.
-pub async fn handle(request: Request, mounter: &dyn Mounter) -> Response {
+/// Carries out one request; mounts and unmounts hold their target's lock.
+pub async fn handle(request: Request, mounter: &dyn Mounter, locks: &KeyedLocks) -> Response {
     match request {
         Request::Ping => Response::Pong {
             version: crate::VERSION.to_string(),
@@ -163,6 +185,7 @@ pub async fn handle(request: Request, mounter: &dyn Mounter) -> Response {
                     )
                 }
             };
+            let _one_at_a_time = locks.lock(&target).await;
             let req = MountRequest {
                 target: &target,
                 settings: &settings,
@@ -177,10 +200,13 @@ pub async fn handle(request: Request, mounter: &dyn Mounter) -> Response {
                 Err(e) => failed(e.kind, scrub(credentials.as_ref(), &e.message)),
             }
         }
-        Request::Unmount { target, daemon } => match mounter.unmount(&target, daemon).await {
-            Ok(()) => Response::Unmounted,
-            Err(e) => from_error(e),
-        },
+        Request::Unmount { target, daemon } => {
+            let _one_at_a_time = locks.lock(&target).await;
+            match mounter.unmount(&target, daemon).await {
+                Ok(()) => Response::Unmounted,
+                Err(e) => from_error(e),
+            }
+        }
         Request::Health { target, daemon } => match mounter.health(&target, daemon).await {
             Ok(health) => Response::Health { health },
             Err(e) => from_error(e),
@@ -290,12 +316,79 @@ mod tests {
             pid_file: "/nonexistent/pid".into(),
             log_file: "/nonexistent/log".into(),
         };
-        match handle(request, &fake).await {
+        match handle(request, &fake, &KeyedLocks::default()).await {
             Response::Failed { kind, message } => {
                 assert_eq!(kind, MountErrorKind::InvalidArgument);
                 assert!(!message.contains("SECRETLEAK"), "{message}");
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[tokio::test]
+    async fn mounts_of_one_target_never_overlap_other_targets_do() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("mounter.sock");
+        let fake = FakeMounter::new();
+        fake.set_delay(Duration::from_millis(200));
+        let service = start(&socket, Arc::new(fake.clone())).await.expect("start");
+        let settings = VolumeSettings::parse(
+            &[("bucket".to_string(), "datasets".to_string())].into(),
+            &[],
+        )
+        .expect("valid");
+        let mount = |target: &'static str| {
+            let (socket, settings, dir) =
+                (socket.clone(), settings.clone(), dir.path().to_path_buf());
+            tokio::spawn(async move {
+                let remote = RemoteMounter::new(socket, Duration::from_secs(10));
+                let target = dir.join(target);
+                let _ = std::fs::create_dir_all(&target);
+                remote
+                    .mount(MountRequest {
+                        target: &target,
+                        settings: &settings,
+                        credentials: None,
+                        pid_file: &dir.join("p"),
+                        log_file: &dir.join("l"),
+                    })
+                    .await
+            })
+        };
+        // A plugin's mount still running when the next plugin mounts the
+        // same target: one after the other.
+        let (a, b) = (mount("same"), mount("same"));
+        a.await.expect("join").expect("mount");
+        b.await.expect("join").expect("mount");
+        assert_eq!(fake.max_concurrent_mounts(), 1);
+        let (c, d) = (mount("one"), mount("two"));
+        c.await.expect("join").expect("mount");
+        d.await.expect("join").expect("mount");
+        assert_eq!(
+            fake.max_concurrent_mounts(),
+            2,
+            "different targets in parallel"
+        );
+        service.stop().await;
+    }
+
+    #[tokio::test]
+    async fn a_client_that_sends_nothing_holds_nothing_for_ever() {
+        // The limit itself is 30 s; what matters is that reading is bounded
+        // and the connection is closed without an answer.
+        tokio::time::pause();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("mounter.sock");
+        let service = start(&socket, Arc::new(FakeMounter::new()))
+            .await
+            .expect("start");
+        let mut silent = UnixStream::connect(&socket).await.expect("connect");
+        tokio::time::advance(REQUEST_READ_LIMIT + Duration::from_secs(1)).await;
+        let mut buf = Vec::new();
+        let n = tokio::io::AsyncReadExt::read_to_end(&mut silent, &mut buf)
+            .await
+            .expect("read");
+        assert_eq!(n, 0, "closed without an answer");
+        service.stop().await;
     }
 }
