@@ -5,6 +5,15 @@
 //! closes. Lines are bounded ([`MAX_LINE`]) on both sides, so a confused
 //! peer cannot make either side buffer without limit. Requests carry
 //! credentials; [`Request`]'s `Debug` names the operation and target only.
+//!
+//! Compatibility: the mounter is replaced only when an operator deletes its
+//! pod, so a plugin often talks to an older mounter. Fields are only ever
+//! added (serde ignores fields it does not know); a volume setting is a
+//! riffle flag name in [`VolumeSettings::options`], so one the older
+//! mounter's `riffle` does not know fails that mount with riffle's own
+//! "unexpected argument" message instead of being dropped silently; an
+//! operation the mounter does not know is answered with an
+//! `InvalidArgument` failure naming it as unreadable.
 
 use crate::mounter::{DaemonId, Health, MountErrorKind};
 use crate::settings::VolumeSettings;

@@ -391,4 +391,28 @@ mod tests {
         assert_eq!(n, 0, "closed without an answer");
         service.stop().await;
     }
+
+    #[tokio::test]
+    async fn an_operation_the_mounter_does_not_know_is_an_error_not_a_hang() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("mounter.sock");
+        let service = start(&socket, Arc::new(FakeMounter::new()))
+            .await
+            .expect("start");
+        let mut stream = UnixStream::connect(&socket).await.expect("connect");
+        tokio::io::AsyncWriteExt::write_all(
+            &mut stream,
+            b"{\"op\":\"resize\",\"target\":\"/t\"}\n",
+        )
+        .await
+        .expect("write");
+        match read_line::<Response>(&mut stream).await.expect("an answer") {
+            Response::Failed { kind, message } => {
+                assert_eq!(kind, MountErrorKind::InvalidArgument);
+                assert!(message.contains("unreadable request"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        service.stop().await;
+    }
 }
