@@ -19,7 +19,7 @@ use anyhow::Context;
 use clap::Parser;
 use riffle_csi::mounter::Mounter;
 use riffle_csi::remote::client::RemoteMounter;
-use riffle_csi::riffle::{riffle_binary, RiffleMounter};
+use riffle_csi::riffle::DaemonOptions;
 use riffle_csi::server::{self, PluginConfig};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -48,20 +48,13 @@ struct Args {
     /// mounter's to set.
     #[arg(long, env = "RIFFLE_CSI_MOUNTER_SOCKET")]
     mounter_socket: Option<PathBuf>,
-    /// The node's shared block cache (NVMe hostPath); used by volumes that
-    /// set cacheSize. Without --mounter-socket only.
-    #[arg(long, env = "RIFFLE_CSI_CACHE_DIR")]
-    cache_dir: Option<PathBuf>,
-    /// The riffle binary (default: `riffle` next to this binary, else PATH).
-    /// Without --mounter-socket only.
-    #[arg(long, env = "RIFFLE_BIN")]
-    riffle_bin: Option<PathBuf>,
+    /// How daemons are run without --mounter-socket (with it, only
+    /// --mount-timeout applies here: how long a mount request may take).
+    #[command(flatten)]
+    daemons: DaemonOptions,
     /// Seconds between health checks of the mounts.
     #[arg(long, default_value_t = 5)]
     check_interval: u64,
-    /// Seconds `riffle mount` may take to report a mount live.
-    #[arg(long, default_value_t = 90)]
-    mount_timeout: u64,
     /// Seconds to wait at start for a previous plugin to release the socket
     /// (a rollout that starts the new plugin first).
     #[arg(long, default_value_t = 300)]
@@ -70,9 +63,9 @@ struct Args {
 
 /// The mounter the plugin uses: the remote one, or daemons of its own.
 async fn mounter(args: &Args) -> anyhow::Result<Arc<dyn Mounter>> {
-    let timeout = Duration::from_secs(args.mount_timeout);
+    let daemons = &args.daemons;
     if let Some(socket) = &args.mounter_socket {
-        let remote = RemoteMounter::new(socket.clone(), timeout);
+        let remote = RemoteMounter::new(socket.clone(), Duration::from_secs(daemons.mount_timeout));
         match remote.ping().await {
             Ok((version, pid)) => {
                 tracing::info!(socket = %socket.display(), %version, pid, "riffle-mounter answers")
@@ -82,20 +75,12 @@ async fn mounter(args: &Args) -> anyhow::Result<Arc<dyn Mounter>> {
                 "riffle-mounter does not answer yet; publishes fail (kubelet retries) until it does"
             ),
         }
-        if args.cache_dir.is_some() || args.riffle_bin.is_some() {
+        if daemons.cache_dir.is_some() || daemons.riffle_bin.is_some() {
             tracing::warn!("--cache-dir and --riffle-bin are ignored with --mounter-socket: they are riffle-mounter's options");
         }
         return Ok(Arc::new(remote));
     }
-    if let Some(dir) = &args.cache_dir {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create cache dir {}", dir.display()))?;
-    }
-    let mut local = RiffleMounter::new(
-        riffle_binary(args.riffle_bin.clone()),
-        args.cache_dir.clone(),
-    );
-    local.mount_timeout = timeout;
+    let local = daemons.mounter()?;
     tracing::info!(
         riffle = %local.binary.display(),
         "mount daemons run as children of this process (no --mounter-socket): they die with this container"

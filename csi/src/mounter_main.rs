@@ -15,10 +15,9 @@
 use anyhow::Context;
 use clap::Parser;
 use riffle_csi::remote::service;
-use riffle_csi::riffle::{riffle_binary, RiffleMounter};
+use riffle_csi::riffle::DaemonOptions;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -34,28 +33,15 @@ struct Args {
         default_value = "/var/lib/riffle-csi/mounter/mounter.sock"
     )]
     socket: PathBuf,
-    /// The node's shared block cache (NVMe hostPath); used by volumes that
-    /// set cacheSize.
-    #[arg(long, env = "RIFFLE_CSI_CACHE_DIR")]
-    cache_dir: Option<PathBuf>,
-    /// The riffle binary (default: `riffle` next to this binary, else PATH).
-    #[arg(long, env = "RIFFLE_BIN")]
-    riffle_bin: Option<PathBuf>,
-    /// Seconds `riffle mount` may take to report a mount live.
-    #[arg(long, default_value_t = 90)]
-    mount_timeout: u64,
+    #[command(flatten)]
+    daemons: DaemonOptions,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     riffle_csi::old_clients::init_logging();
     let args = Args::parse();
-    if let Some(dir) = &args.cache_dir {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create cache dir {}", dir.display()))?;
-    }
-    let mut mounter = RiffleMounter::new(riffle_binary(args.riffle_bin), args.cache_dir);
-    mounter.mount_timeout = Duration::from_secs(args.mount_timeout);
+    let mounter = args.daemons.mounter()?;
     tracing::info!(
         version = riffle_csi::VERSION,
         riffle = %mounter.binary.display(),

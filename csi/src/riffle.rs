@@ -46,6 +46,42 @@ pub struct RiffleMounter {
     pub probe_timeout: Duration,
 }
 
+/// How the local daemons are run: the options `riffle-mounter` and (without
+/// a mounter) `riffle-csi` share.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DaemonOptions {
+    /// The node's shared block cache (NVMe hostPath); used by volumes that
+    /// set cacheSize.
+    #[arg(long, env = "RIFFLE_CSI_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// The riffle binary (default: `riffle` next to this binary, else PATH).
+    #[arg(long, env = "RIFFLE_BIN")]
+    pub riffle_bin: Option<PathBuf>,
+    /// Seconds `riffle mount` may take to report a mount live.
+    #[arg(long, default_value_t = 90)]
+    pub mount_timeout: u64,
+}
+
+impl DaemonOptions {
+    /// The mounter these options describe (creating the cache directory).
+    pub fn mounter(&self) -> std::io::Result<RiffleMounter> {
+        if let Some(dir) = &self.cache_dir {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!("cannot create cache dir {}: {e}", dir.display()),
+                )
+            })?;
+        }
+        let mut mounter = RiffleMounter::new(
+            riffle_binary(self.riffle_bin.clone()),
+            self.cache_dir.clone(),
+        );
+        mounter.mount_timeout = Duration::from_secs(self.mount_timeout);
+        Ok(mounter)
+    }
+}
+
 /// The `riffle` binary to run: `explicit` if given, else `riffle` next to
 /// the running executable, else `riffle` from PATH.
 pub fn riffle_binary(explicit: Option<PathBuf>) -> PathBuf {

@@ -18,11 +18,14 @@
 
 mod common;
 
+use common::node::{
+    detach_mounts_under, mounter_args, node_process, plugin_args, print_tails, wait_for_mounter,
+};
 use common::rgw::{content, env, make_bucket, Env};
 use common::{kubelet_target, map, publish_request, Csi};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 use tonic::Code;
@@ -140,28 +143,10 @@ impl Drop for Plugin {
             if let Ok(entries) = std::fs::read_dir(self.state().join("logs")) {
                 files.extend(entries.flatten().map(|e| e.path()));
             }
-            for f in files {
-                let text = std::fs::read_to_string(&f).unwrap_or_default();
-                let lines: Vec<&str> = text.lines().collect();
-                eprintln!("---- last lines of {}", f.display());
-                for l in &lines[lines.len().saturating_sub(60)..] {
-                    eprintln!("{l}");
-                }
-            }
+            print_tails(&files, 60);
         }
         // Detach every mount left under the test directory and stop daemons.
-        let root = self.dir.path().to_string_lossy().into_owned();
-        if let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") {
-            let mut points: Vec<&str> = text
-                .lines()
-                .filter_map(|l| l.split(' ').nth(4))
-                .filter(|p| p.starts_with(&root))
-                .collect();
-            points.reverse();
-            for p in points {
-                let _ = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH);
-            }
-        }
+        detach_mounts_under(self.dir.path());
         if let Ok(entries) = std::fs::read_dir(self.state().join("run")) {
             for e in entries.flatten() {
                 if let Some(pid) = std::fs::read_to_string(e.path())
@@ -186,63 +171,26 @@ fn mounter_socket(dir: &Path) -> PathBuf {
 
 /// Starts `riffle-mounter` and waits until it answers.
 async fn spawn_mounter(env: &Env, dir: &Path) -> Child {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join("mounter.log"))
-        .expect("mounter log");
     let socket = mounter_socket(dir);
-    let child = Command::new(env!("CARGO_BIN_EXE_riffle-mounter"))
-        .arg(format!("--socket={}", socket.display()))
-        .arg(format!("--cache-dir={}", dir.join("cache").display()))
-        .arg(format!("--riffle-bin={}", env.riffle.display()))
-        .arg("--mount-timeout=60")
-        .env_remove("AWS_ACCESS_KEY_ID")
-        .env_remove("AWS_SECRET_ACCESS_KEY")
-        .env_remove("AWS_SESSION_TOKEN")
-        .env("RUST_LOG", "debug")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().expect("clone log"))
-        .stderr(log)
-        .spawn()
-        .expect("start riffle-mounter");
-    let remote = riffle_csi::remote::client::RemoteMounter::new(socket, Duration::from_secs(60));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while let Err(e) = remote.ping().await {
-        assert!(
-            Instant::now() < deadline,
-            "riffle-mounter never answered: {e}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let child = node_process(
+        env!("CARGO_BIN_EXE_riffle-mounter"),
+        &dir.join("mounter.log"),
+    )
+    .args(mounter_args(&socket, &dir.join("cache"), &env.riffle))
+    .spawn()
+    .expect("start riffle-mounter");
+    wait_for_mounter(&socket).await;
     child
 }
 
 async fn spawn_plugin(dir: &Path) -> (Child, Csi) {
     let socket = dir.join("csi.sock");
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join("plugin.log"))
-        .expect("plugin log");
-    let child = Command::new(env!("CARGO_BIN_EXE_riffle-csi"))
-        .arg(format!("--endpoint=unix://{}", socket.display()))
-        .arg("--node-id=test-node")
-        .arg(format!("--state-dir={}", dir.join("state").display()))
-        .arg(format!(
-            "--mounter-socket={}",
-            mounter_socket(dir).display()
+    let child = node_process(env!("CARGO_BIN_EXE_riffle-csi"), &dir.join("plugin.log"))
+        .args(plugin_args(
+            &socket,
+            &dir.join("state"),
+            &mounter_socket(dir),
         ))
-        .arg("--check-interval=1")
-        .arg("--mount-timeout=60")
-        // The node has no credentials of its own: only the secret works.
-        .env_remove("AWS_ACCESS_KEY_ID")
-        .env_remove("AWS_SECRET_ACCESS_KEY")
-        .env_remove("AWS_SESSION_TOKEN")
-        .env("RUST_LOG", "debug")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().expect("clone log"))
-        .stderr(log)
         .spawn()
         .expect("start riffle-csi");
     let mut csi = common::connect(&socket, Duration::from_secs(20)).await;

@@ -30,6 +30,9 @@
 
 mod common;
 
+use common::node::{
+    detach_mounts_under, mounter_args, node_process, plugin_args, print_tails, wait_for_mounter,
+};
 use common::rgw::{content, env, make_bucket, Env};
 use common::{kubelet_target, map, publish_request, Csi};
 use sha2::{Digest, Sha256};
@@ -65,12 +68,7 @@ struct Container {
 
 impl Container {
     fn start(name: &'static str, program: &Path, args: &[String], log: &Path) -> Self {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .expect("container log");
-        let unshare = Command::new("unshare")
+        let unshare = node_process("unshare", log)
             .args([
                 "--pid",
                 "--fork",
@@ -82,14 +80,6 @@ impl Container {
             ])
             .arg(program)
             .args(args)
-            // The node has no credentials of its own: only the secret works.
-            .env_remove("AWS_ACCESS_KEY_ID")
-            .env_remove("AWS_SECRET_ACCESS_KEY")
-            .env_remove("AWS_SESSION_TOKEN")
-            .env("RUST_LOG", "debug")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("clone log"))
-            .stderr(log)
             .spawn()
             .expect("run unshare (util-linux)");
         let children = format!("/proc/{0}/task/{0}/children", unshare.id());
@@ -191,50 +181,46 @@ impl Node {
     }
 
     async fn start_mounter(&mut self) {
-        let args = vec![
-            format!("--socket={}", self.mounter_socket().display()),
-            format!("--cache-dir={}", self.path("cache").display()),
-            format!("--riffle-bin={}", self.env.riffle.display()),
-            "--mount-timeout=60".to_string(),
-        ];
         self.mounter = Some(Container::start(
             "riffle-mounter",
             Path::new(env!("CARGO_BIN_EXE_riffle-mounter")),
-            &args,
+            &mounter_args(
+                &self.mounter_socket(),
+                &self.path("cache"),
+                &self.env.riffle,
+            ),
             &self.path("mounter.log"),
         ));
-        let remote = riffle_csi::remote::client::RemoteMounter::new(
-            self.mounter_socket(),
-            Duration::from_secs(60),
-        );
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while let Err(e) = remote.ping().await {
-            assert!(
-                Instant::now() < deadline,
-                "riffle-mounter never answered: {e}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_for_mounter(&self.mounter_socket()).await;
     }
 
     /// Starts a plugin container; it serves once the previous one (if still
     /// running) has released the socket.
     fn start_plugin(&mut self) -> Container {
         self.plugin_starts += 1;
-        let args = vec![
-            format!("--endpoint=unix://{}", self.path("csi.sock").display()),
-            "--node-id=test-node".to_string(),
-            format!("--state-dir={}", self.path("state").display()),
-            format!("--mounter-socket={}", self.mounter_socket().display()),
-            "--check-interval=1".to_string(),
-            "--mount-timeout=60".to_string(),
-        ];
+        let args = plugin_args(
+            &self.path("csi.sock"),
+            &self.path("state"),
+            &self.mounter_socket(),
+        );
         Container::start(
             "riffle-csi",
             Path::new(env!("CARGO_BIN_EXE_riffle-csi")),
             &args,
             &self.path(&format!("plugin-{}.log", self.plugin_starts)),
         )
+    }
+
+    /// Publishes `bucket` as volume `id` at `target`, as kubelet does.
+    async fn publish(&self, csi: &mut Csi, id: &str, target: &Path, bucket: &str) {
+        csi.publish(publish_request(
+            id,
+            target,
+            self.attributes(bucket),
+            self.secrets(),
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("publish {id}: {e}"));
     }
 
     async fn connect(&self) -> Csi {
@@ -272,34 +258,20 @@ impl Drop for Node {
             m.kill();
         }
         if std::thread::panicking() {
-            if let Ok(entries) = std::fs::read_dir(self.dir.path()) {
-                for e in entries.flatten() {
-                    let p = e.path();
-                    if p.extension().is_some_and(|x| x == "log") {
-                        let text = std::fs::read_to_string(&p).unwrap_or_default();
-                        let lines: Vec<&str> = text.lines().collect();
-                        eprintln!("---- last lines of {}", p.display());
-                        for l in &lines[lines.len().saturating_sub(40)..] {
-                            eprintln!("{l}");
-                        }
-                    }
-                }
-            }
+            let logs: Vec<PathBuf> = std::fs::read_dir(self.dir.path())
+                .map(|entries| {
+                    entries
+                        .flatten()
+                        .map(|e| e.path())
+                        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+                        .collect()
+                })
+                .unwrap_or_default();
+            print_tails(&logs, 40);
         }
         // The mounter's namespace is gone, so are its daemons; detach what
         // they left, then the kubelet bind mount itself.
-        let root = self.dir.path().to_string_lossy().into_owned();
-        if let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") {
-            let mut points: Vec<&str> = text
-                .lines()
-                .filter_map(|l| l.split(' ').nth(4))
-                .filter(|p| p.starts_with(&root))
-                .collect();
-            points.reverse();
-            for p in points {
-                let _ = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH);
-            }
-        }
+        detach_mounts_under(self.dir.path());
     }
 }
 
@@ -464,14 +436,7 @@ async fn restarts_leave_reads_alone(scenario: Scenario) {
     let mut csi = node.connect().await;
     let target = node.target("trainer-0");
     let started = Instant::now();
-    csi.publish(publish_request(
-        "vol-train",
-        &target,
-        node.attributes(&bucket),
-        node.secrets(),
-    ))
-    .await
-    .expect("publish");
+    node.publish(&mut csi, "vol-train", &target, &bucket).await;
     transcript(format!(
         "{scenario:?}: NodePublishVolume through riffle-mounter took {:?}",
         started.elapsed()
@@ -484,14 +449,7 @@ async fn restarts_leave_reads_alone(scenario: Scenario) {
     );
     // A second pod's volume, to show unpublish stops exactly its own daemon.
     let other = node.target("evaluator-0");
-    csi.publish(publish_request(
-        "vol-eval",
-        &other,
-        node.attributes(&bucket),
-        node.secrets(),
-    ))
-    .await
-    .expect("publish the second volume");
+    node.publish(&mut csi, "vol-eval", &other, &bucket).await;
 
     let mut files: Vec<(String, Vec<u8>)> = (0..4)
         .map(|i| (format!("shard-{i}/data.txt"), content(i).into_bytes()))
@@ -531,14 +489,7 @@ async fn restarts_leave_reads_alone(scenario: Scenario) {
         ));
     }
     // The last plugin knows the volume: publishing again is a no-op.
-    csi.publish(publish_request(
-        "vol-train",
-        &target,
-        node.attributes(&bucket),
-        node.secrets(),
-    ))
-    .await
-    .expect("idempotent publish after the restarts");
+    node.publish(&mut csi, "vol-train", &target, &bucket).await;
     let result = pod.finish();
     transcript(format!(
         "{scenario:?}: {} rounds; reads {} ({} passes), failed reads {}, wrong reads {}, longest read {} ms",
@@ -635,14 +586,7 @@ async fn a_mounter_restart_is_reported_and_repaired() {
     node.plugin = Some(node.start_plugin());
     let mut csi = node.connect().await;
     let target = node.target("trainer-0");
-    csi.publish(publish_request(
-        "vol-train",
-        &target,
-        node.attributes(&bucket),
-        node.secrets(),
-    ))
-    .await
-    .expect("publish");
+    node.publish(&mut csi, "vol-train", &target, &bucket).await;
     let file = target.join("shard-0/data.txt");
     read_eventually(&file, &content(0), Duration::ZERO).await;
     let before = daemons_of(&target);
@@ -708,14 +652,7 @@ async fn a_mounter_restart_is_reported_and_repaired() {
     // Start-up reconciliation remounted it before the plugin reported ready.
     read_eventually(&file, &content(0), Duration::ZERO).await;
     // kubelet retries the publish for the pod still on the node: a no-op.
-    csi.publish(publish_request(
-        "vol-train",
-        &target,
-        node.attributes(&bucket),
-        node.secrets(),
-    ))
-    .await
-    .expect("publish after the reboot");
+    node.publish(&mut csi, "vol-train", &target, &bucket).await;
     assert_eq!(daemons_of(&target).len(), 1);
     transcript("node reboot: the new plugin remounted the recorded volume at start; kubelet's repeated publish is OK");
 

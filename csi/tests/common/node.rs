@@ -1,0 +1,94 @@
+//! The node's processes as the end-to-end tests start them: the plugin and
+//! the mounter with the arguments a DaemonSet gives them, their logs, and
+//! cleaning up what they leave.
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A command for a node process: no credentials of the node's own (only a
+/// volume's secret may work), debug logs appended to `log`.
+pub fn node_process(program: impl AsRef<OsStr>, log: &Path) -> Command {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("open the process log");
+    let mut cmd = Command::new(program);
+    cmd.env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .env_remove("AWS_SESSION_TOKEN")
+        .env("RUST_LOG", "debug")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("clone the log"))
+        .stderr(log);
+    cmd
+}
+
+/// `riffle-mounter`'s arguments.
+pub fn mounter_args(socket: &Path, cache_dir: &Path, riffle: &Path) -> Vec<String> {
+    vec![
+        format!("--socket={}", socket.display()),
+        format!("--cache-dir={}", cache_dir.display()),
+        format!("--riffle-bin={}", riffle.display()),
+        "--mount-timeout=60".to_string(),
+    ]
+}
+
+/// `riffle-csi`'s arguments (supervisor checks every second).
+pub fn plugin_args(csi_socket: &Path, state_dir: &Path, mounter_socket: &Path) -> Vec<String> {
+    vec![
+        format!("--endpoint=unix://{}", csi_socket.display()),
+        "--node-id=test-node".to_string(),
+        format!("--state-dir={}", state_dir.display()),
+        format!("--mounter-socket={}", mounter_socket.display()),
+        "--check-interval=1".to_string(),
+        "--mount-timeout=60".to_string(),
+    ]
+}
+
+/// Waits until the mounter at `socket` answers.
+pub async fn wait_for_mounter(socket: &Path) {
+    let remote = riffle_csi::remote::client::RemoteMounter::new(
+        socket.to_path_buf(),
+        Duration::from_secs(60),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while let Err(e) = remote.ping().await {
+        assert!(
+            Instant::now() < deadline,
+            "riffle-mounter never answered: {e}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Prints the last `lines` lines of each file (what the processes said
+/// before a test failed).
+pub fn print_tails(files: &[PathBuf], lines: usize) {
+    for f in files {
+        let text = std::fs::read_to_string(f).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        eprintln!("---- last lines of {}", f.display());
+        for l in &all[all.len().saturating_sub(lines)..] {
+            eprintln!("{l}");
+        }
+    }
+}
+
+/// Lazily detaches every mount below `root`, innermost first.
+pub fn detach_mounts_under(root: &Path) {
+    let root = root.to_string_lossy().into_owned();
+    if let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") {
+        let mut points: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|p| p.starts_with(&root))
+            .collect();
+        points.reverse();
+        for p in points {
+            let _ = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+}
