@@ -157,17 +157,63 @@ struct Node {
     dir: Option<Box<DirState>>,
 }
 
+/// A directory's children and listing.
+///
+/// The children are indexed by the last complete listing itself (sorted by name: a binary
+/// search) plus the changes made since (`changes`, usually empty): a separate name -> inode
+/// map would cost about 50 bytes per object on top of the listing. The listing's entries
+/// stay as the index after the listing stops counting as one (`listed_at` None: invalidated,
+/// or a child superseded), so a re-listing keeps every name's inode.
 #[derive(Debug, Default)]
 struct DirState {
-    children: HashMap<Arc<str>, u64>,
-    /// The last full listing, sorted by name, and when it was made.
-    listing: Option<(Arc<Vec<DirEntry>>, Instant)>,
+    /// The last complete listing, sorted by name.
+    entries: Arc<Vec<DirEntry>>,
+    /// When `entries` was listed; None while there is no valid listing.
+    listed_at: Option<Instant>,
+    /// Children added or replaced (`Some`) or gone (`None`) since `entries` was listed.
+    changes: HashMap<Arc<str>, Option<u64>>,
     /// Names known not to exist, and since when.
     missing: HashMap<Arc<str>, Instant>,
     /// Listed at least once in this mount (a kept listing is only used before that).
     ever_listed: bool,
     /// The subdirectories of the current listing were queued for background listings.
     fanned_out: bool,
+}
+
+impl DirState {
+    /// The valid listing and when it was made.
+    fn listing(&self) -> Option<(&Arc<Vec<DirEntry>>, Instant)> {
+        self.listed_at.map(|at| (&self.entries, at))
+    }
+
+    /// The inode of child `name`, if known.
+    fn child(&self, name: &str) -> Option<u64> {
+        if let Some(change) = self.changes.get(name) {
+            return *change;
+        }
+        self.entries
+            .binary_search_by(|e| e.name.as_ref().cmp(name))
+            .ok()
+            .map(|i| self.entries[i].ino)
+    }
+
+    fn set_child(&mut self, name: Arc<str>, ino: u64) {
+        self.changes.insert(name, Some(ino));
+    }
+
+    fn remove_child(&mut self, name: Arc<str>) {
+        if self.child(&name).is_some() {
+            self.changes.insert(name, None);
+        }
+    }
+
+    /// Installs a complete listing: it is the whole truth about the children now.
+    fn set_listing(&mut self, entries: Arc<Vec<DirEntry>>, at: Instant) {
+        self.entries = entries;
+        self.listed_at = Some(at);
+        self.changes = HashMap::new();
+        self.missing = HashMap::new();
+    }
 }
 
 #[derive(Debug)]
@@ -369,8 +415,8 @@ impl Namespace {
         Self::node(&tree, ino)
             .ok()
             .and_then(|n| n.dir.as_ref())
-            .and_then(|d| d.listing.as_ref())
-            .is_some_and(|(_, at)| self.ttl.is_fresh(*at))
+            .and_then(|d| d.listing())
+            .is_some_and(|(_, at)| self.ttl.is_fresh(at))
     }
 
     /// Resolves a path relative to the mount root ("" is the root), component by component.
@@ -408,7 +454,7 @@ impl Namespace {
         let tree = self.tree.read();
         let node = Self::node(&tree, ino).ok()?;
         let parent = Self::node(&tree, node.parent).ok()?;
-        let (entries, _) = parent.dir.as_ref()?.listing.as_ref()?;
+        let (entries, _) = parent.dir.as_ref()?.listing()?;
         let i = entries
             .binary_search_by(|e| e.name.as_ref().cmp(node.name.as_ref()))
             .ok()?;
@@ -448,15 +494,15 @@ impl Namespace {
         let Some(dir) = node.dir.as_ref() else {
             return Some(Err(NamespaceError::NotADirectory));
         };
-        if let Some((_, listed)) = &dir.listing {
-            if self.ttl.is_fresh(*listed) {
-                return Some(match dir.children.get(name) {
-                    Some(&ino) => Ok(Self::attr_of(ino, &tree.nodes[(ino - 1) as usize])),
+        if let Some((_, listed)) = dir.listing() {
+            if self.ttl.is_fresh(listed) {
+                return Some(match dir.child(name) {
+                    Some(ino) => Ok(Self::attr_of(ino, &tree.nodes[(ino - 1) as usize])),
                     None => Err(NamespaceError::NotFound),
                 });
             }
         }
-        if let Some(&ino) = dir.children.get(name) {
+        if let Some(ino) = dir.child(name) {
             let child = &tree.nodes[(ino - 1) as usize];
             if self.ttl.is_fresh(child.checked) {
                 return Some(Ok(Self::attr_of(ino, child)));
@@ -485,9 +531,8 @@ impl Namespace {
                 .dir
                 .as_ref()
                 .ok_or(NamespaceError::NotADirectory)?
-                .listing
-                .as_ref()
-                .map(|(_, at)| *at);
+                .listing()
+                .map(|(_, at)| at);
             let prefix = self.dir_prefix(&tree, parent);
             let follower = match lists.then(|| self.listings.claim(parent)) {
                 Some(Claim::Lead(lead)) => {
@@ -522,12 +567,13 @@ impl Namespace {
             Found::Nothing => {
                 let dir = Self::dir_mut(&mut tree, parent)?;
                 let name: Arc<str> = Arc::from(name);
-                dir.children.remove(&name);
+                dir.remove_child(name.clone());
                 dir.missing.insert(name, now);
                 Err(NamespaceError::NotFound)
             }
             Found::Dir => {
-                let ino = Self::upsert(&mut tree, parent, name, Kind::Dir, self.mount_time, now);
+                let ino =
+                    Self::upsert(&mut tree, parent, name, Kind::Dir, self.mount_time, now, true);
                 Ok(Self::attr_of(ino, &tree.nodes[(ino - 1) as usize]))
             }
             Found::File(meta) => {
@@ -535,7 +581,8 @@ impl Namespace {
                     size: meta.size,
                     etag: Arc::from(meta.etag.as_str()),
                 };
-                let ino = Self::upsert(&mut tree, parent, name, kind, meta.last_modified, now);
+                let ino =
+                    Self::upsert(&mut tree, parent, name, kind, meta.last_modified, now, true);
                 Ok(Self::attr_of(ino, &tree.nodes[(ino - 1) as usize]))
             }
         }
@@ -576,6 +623,10 @@ impl Namespace {
     }
 
     /// Inserts or refreshes child `name` of `parent`, keeping its inode if its kind is unchanged.
+    /// The inode of child `name` of `parent` with these attributes: the known one if its
+    /// kind is the same, else a new one. With `index`, a new inode is recorded as a change to
+    /// the parent's children (a listing being applied records its children itself).
+    #[allow(clippy::too_many_arguments)]
     fn upsert(
         tree: &mut Tree,
         parent: u64,
@@ -583,11 +634,12 @@ impl Namespace {
         kind: Kind,
         mtime: SystemTime,
         now: Instant,
+        index: bool,
     ) -> u64 {
         let existing = tree.nodes[(parent - 1) as usize]
             .dir
             .as_ref()
-            .and_then(|d| d.children.get(name).copied());
+            .and_then(|d| d.child(name));
         if let Some(ino) = existing {
             let node = &mut tree.nodes[(ino - 1) as usize];
             if node.dir.is_some() == matches!(kind, Kind::Dir) {
@@ -612,7 +664,9 @@ impl Namespace {
         });
         if let Some(dir) = tree.nodes[(parent - 1) as usize].dir.as_deref_mut() {
             dir.missing.remove(&name);
-            dir.children.insert(name, ino);
+            if index {
+                dir.set_child(name, ino);
+            }
         }
         ino
     }
@@ -705,12 +759,12 @@ impl Namespace {
         };
         let new_ino = tree.nodes.len() as u64 + 1;
         let dir = Self::dir_mut(&mut tree, parent).ok()?;
-        match dir.children.get(&name) {
-            Some(&current) if current == ino => {}
-            other => return other.copied(),
+        match dir.child(&name) {
+            Some(current) if current == ino => {}
+            other => return other,
         }
-        dir.children.insert(name, new_ino);
-        dir.listing = None;
+        dir.set_child(name, new_ino);
+        dir.listed_at = None;
         tree.nodes.push(successor);
         let parent_prefix = self.dir_prefix(&tree, parent);
         drop(tree);
@@ -740,7 +794,7 @@ impl Namespace {
         }
         let parent = node.parent;
         if let Some(dir) = tree.nodes[(parent - 1) as usize].dir.as_deref_mut() {
-            dir.listing = None;
+            dir.listed_at = None;
         }
         let parent_prefix = self.dir_prefix(&tree, parent);
         drop(tree);
@@ -768,7 +822,7 @@ impl Namespace {
             Self::node(tree, ino)
                 .ok()
                 .and_then(|n| n.dir.as_ref())
-                .is_none_or(|d| d.fanned_out || d.listing.is_none())
+                .is_none_or(|d| d.fanned_out || d.listed_at.is_none())
         };
         if fanned_out(&self.tree.read()) {
             return;
@@ -783,8 +837,7 @@ impl Namespace {
             };
             dir.fanned_out = true;
             let subdirs: Vec<u64> = dir
-                .listing
-                .as_ref()
+                .listing()
                 .map(|(entries, _)| entries.iter().filter(|e| e.is_dir).map(|e| e.ino).collect())
                 .unwrap_or_default();
             let mut queued = Vec::new();
@@ -792,8 +845,8 @@ impl Namespace {
                 let fresh = Self::node(&tree, child)
                     .ok()
                     .and_then(|n| n.dir.as_ref())
-                    .and_then(|d| d.listing.as_ref())
-                    .is_some_and(|(_, at)| self.ttl.is_fresh(*at));
+                    .and_then(|d| d.listing())
+                    .is_some_and(|(_, at)| self.ttl.is_fresh(at));
                 if fresh {
                     continue;
                 }
@@ -838,14 +891,14 @@ impl Namespace {
                 let tree = self.tree.read();
                 let node = Self::node(&tree, ino)?;
                 let dir = node.dir.as_ref().ok_or(NamespaceError::NotADirectory)?;
-                if let Some((entries, listed)) = &dir.listing {
-                    if self.ttl.is_fresh(*listed) {
+                if let Some((entries, listed)) = dir.listing() {
+                    if self.ttl.is_fresh(listed) {
                         return Ok(entries.clone());
                     }
                 }
                 (
                     self.dir_prefix(&tree, ino),
-                    dir.listing.as_ref().map(|(_, at)| *at),
+                    dir.listing().map(|(_, at)| at),
                 )
             };
             match self.listings.claim(ino) {
@@ -882,9 +935,9 @@ impl Namespace {
         ino: u64,
         before: Option<Instant>,
     ) -> Option<Arc<Vec<DirEntry>>> {
-        let (entries, at) = Self::node(tree, ino).ok()?.dir.as_ref()?.listing.as_ref()?;
+        let (entries, at) = Self::node(tree, ino).ok()?.dir.as_ref()?.listing()?;
         before
-            .is_none_or(|before| *at > before)
+            .is_none_or(|before| at > before)
             .then(|| entries.clone())
     }
 
@@ -1065,12 +1118,10 @@ impl Namespace {
             return None;
         }
         let n = raw.dirs.len() + raw.files.len();
-        let mut seen: HashMap<Arc<str>, u64> = HashMap::with_capacity(n);
         let mut entries = Vec::with_capacity(n);
         for name in &raw.dirs {
-            let child = Self::upsert(&mut tree, ino, name, Kind::Dir, self.mount_time, at);
+            let child = Self::upsert(&mut tree, ino, name, Kind::Dir, self.mount_time, at, false);
             let name: Arc<str> = tree.nodes[(child - 1) as usize].name.clone();
-            seen.insert(name.clone(), child);
             entries.push(DirEntry {
                 name,
                 ino: child,
@@ -1082,9 +1133,8 @@ impl Namespace {
                 size: file.size,
                 etag: Arc::from(file.etag.as_str()),
             };
-            let child = Self::upsert(&mut tree, ino, &file.name, kind, file.mtime, at);
+            let child = Self::upsert(&mut tree, ino, &file.name, kind, file.mtime, at, false);
             let name: Arc<str> = tree.nodes[(child - 1) as usize].name.clone();
-            seen.insert(name.clone(), child);
             entries.push(DirEntry {
                 name,
                 ino: child,
@@ -1092,12 +1142,10 @@ impl Namespace {
             });
         }
         entries.sort_unstable_by(|a, b| a.name.cmp(&b.name));
-        // Children that were not listed are gone: `seen` replaces the child map.
+        // Children that were not listed are gone: the listing is the new child index.
         let entries = Arc::new(entries);
         if let Some(dir) = tree.nodes[(ino - 1) as usize].dir.as_deref_mut() {
-            dir.children = seen;
-            dir.missing.clear();
-            dir.listing = Some((entries.clone(), at));
+            dir.set_listing(entries.clone(), at);
             dir.ever_listed = true;
             dir.fanned_out = false;
         }
