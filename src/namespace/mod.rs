@@ -146,11 +146,93 @@ pub enum NamespaceError {
     Store(#[from] StoreError),
 }
 
+/// A node's kind as the tree keeps it: like [`Kind`], with the ETag in 16 bytes when it is an
+/// MD5 in lowercase hex (what S3 and Ceph give single-part objects) instead of a 48-byte
+/// string on the heap.
+#[derive(Debug, Clone)]
+enum NodeKind {
+    Dir,
+    File { size: u64, etag: StoredEtag },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum StoredEtag {
+    Md5([u8; 16]),
+    Text(Arc<str>),
+}
+
+impl StoredEtag {
+    fn new(etag: &str) -> Self {
+        let mut md5 = [0u8; 16];
+        let hex_digit = |b: u8| match b {
+            b'0'..=b'9' => Some(b - b'0'),
+            b'a'..=b'f' => Some(b - b'a' + 10),
+            _ => None,
+        };
+        if etag.len() == 32 {
+            let digits = etag.as_bytes();
+            let mut all = true;
+            for (i, byte) in md5.iter_mut().enumerate() {
+                match (hex_digit(digits[2 * i]), hex_digit(digits[2 * i + 1])) {
+                    (Some(hi), Some(lo)) => *byte = hi << 4 | lo,
+                    _ => {
+                        all = false;
+                        break;
+                    }
+                }
+            }
+            if all {
+                return StoredEtag::Md5(md5);
+            }
+        }
+        StoredEtag::Text(Arc::from(etag))
+    }
+
+    /// The ETag exactly as the store gave it.
+    fn text(&self) -> Arc<str> {
+        match self {
+            StoredEtag::Md5(md5) => {
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                let mut out = String::with_capacity(32);
+                for b in md5 {
+                    out.push(HEX[(b >> 4) as usize] as char);
+                    out.push(HEX[(b & 15) as usize] as char);
+                }
+                Arc::from(out)
+            }
+            StoredEtag::Text(text) => text.clone(),
+        }
+    }
+}
+
+impl NodeKind {
+    fn file(size: u64, etag: &str) -> Self {
+        NodeKind::File {
+            size,
+            etag: StoredEtag::new(etag),
+        }
+    }
+
+    fn is_dir(&self) -> bool {
+        matches!(self, NodeKind::Dir)
+    }
+
+    fn to_kind(&self) -> Kind {
+        match self {
+            NodeKind::Dir => Kind::Dir,
+            NodeKind::File { size, etag } => Kind::File {
+                size: *size,
+                etag: etag.text(),
+            },
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Node {
     parent: u64,
     name: Arc<str>,
-    kind: Kind,
+    kind: NodeKind,
     mtime: SystemTime,
     checked: Instant,
     /// Directories only.
@@ -303,7 +385,7 @@ impl Namespace {
         let root = Node {
             parent: ROOT_INO,
             name: Arc::from(""),
-            kind: Kind::Dir,
+            kind: NodeKind::Dir,
             mtime: now,
             checked: Instant::now(),
             dir: Some(Box::default()),
@@ -398,7 +480,7 @@ impl Namespace {
     fn attr_of(ino: u64, node: &Node) -> Attr {
         Attr {
             ino,
-            kind: node.kind.clone(),
+            kind: node.kind.to_kind(),
             mtime: node.mtime,
         }
     }
@@ -572,15 +654,19 @@ impl Namespace {
                 Err(NamespaceError::NotFound)
             }
             Found::Dir => {
-                let ino =
-                    Self::upsert(&mut tree, parent, name, Kind::Dir, self.mount_time, now, true);
+                let ino = Self::upsert(
+                    &mut tree,
+                    parent,
+                    name,
+                    NodeKind::Dir,
+                    self.mount_time,
+                    now,
+                    true,
+                );
                 Ok(Self::attr_of(ino, &tree.nodes[(ino - 1) as usize]))
             }
             Found::File(meta) => {
-                let kind = Kind::File {
-                    size: meta.size,
-                    etag: Arc::from(meta.etag.as_str()),
-                };
+                let kind = NodeKind::file(meta.size, &meta.etag);
                 let ino =
                     Self::upsert(&mut tree, parent, name, kind, meta.last_modified, now, true);
                 Ok(Self::attr_of(ino, &tree.nodes[(ino - 1) as usize]))
@@ -631,7 +717,7 @@ impl Namespace {
         tree: &mut Tree,
         parent: u64,
         name: &str,
-        kind: Kind,
+        kind: NodeKind,
         mtime: SystemTime,
         now: Instant,
         index: bool,
@@ -642,8 +728,8 @@ impl Namespace {
             .and_then(|d| d.child(name));
         if let Some(ino) = existing {
             let node = &mut tree.nodes[(ino - 1) as usize];
-            if node.dir.is_some() == matches!(kind, Kind::Dir) {
-                if !matches!(kind, Kind::Dir) {
+            if node.dir.is_some() == kind.is_dir() {
+                if !kind.is_dir() {
                     node.mtime = mtime;
                 }
                 node.kind = kind;
@@ -653,7 +739,7 @@ impl Namespace {
         }
         let ino = tree.nodes.len() as u64 + 1;
         let name: Arc<str> = Arc::from(name);
-        let is_dir = matches!(kind, Kind::Dir);
+        let is_dir = kind.is_dir();
         tree.nodes.push(Node {
             parent,
             name: name.clone(),
@@ -685,10 +771,7 @@ impl Namespace {
             .ok_or(NamespaceError::NotFound)?;
         match result {
             Ok(meta) => {
-                node.kind = Kind::File {
-                    size: meta.size,
-                    etag: Arc::from(meta.etag.as_str()),
-                };
+                node.kind = NodeKind::file(meta.size, &meta.etag);
                 node.mtime = meta.last_modified;
                 node.checked = Instant::now();
                 Ok(Self::attr_of(ino, node))
@@ -896,10 +979,7 @@ impl Namespace {
                         return Ok(entries.clone());
                     }
                 }
-                (
-                    self.dir_prefix(&tree, ino),
-                    dir.listing().map(|(_, at)| at),
-                )
+                (self.dir_prefix(&tree, ino), dir.listing().map(|(_, at)| at))
             };
             match self.listings.claim(ino) {
                 Claim::Lead(lead) => {
@@ -1120,7 +1200,15 @@ impl Namespace {
         let n = raw.dirs.len() + raw.files.len();
         let mut entries = Vec::with_capacity(n);
         for name in &raw.dirs {
-            let child = Self::upsert(&mut tree, ino, name, Kind::Dir, self.mount_time, at, false);
+            let child = Self::upsert(
+                &mut tree,
+                ino,
+                name,
+                NodeKind::Dir,
+                self.mount_time,
+                at,
+                false,
+            );
             let name: Arc<str> = tree.nodes[(child - 1) as usize].name.clone();
             entries.push(DirEntry {
                 name,
@@ -1129,10 +1217,7 @@ impl Namespace {
             });
         }
         for file in &raw.files {
-            let kind = Kind::File {
-                size: file.size,
-                etag: Arc::from(file.etag.as_str()),
-            };
+            let kind = NodeKind::file(file.size, &file.etag);
             let child = Self::upsert(&mut tree, ino, &file.name, kind, file.mtime, at, false);
             let name: Arc<str> = tree.nodes[(child - 1) as usize].name.clone();
             entries.push(DirEntry {

@@ -673,3 +673,24 @@ mod ahead_and_kept {
         );
     }
 }
+
+#[test]
+fn etags_are_kept_compact_and_given_back_exactly() {
+    let md5 = "0123456789abcdef0123456789abcdef";
+    assert!(matches!(StoredEtag::new(md5), StoredEtag::Md5(_)));
+    for etag in [
+        md5,
+        "0123456789ABCDEF0123456789ABCDEF",
+        "0123456789abcdef0123456789abcdef-12",
+        "0123456789abcdef0123456789abcdeg",
+        "\"0123456789abcdef0123456789abcde\"",
+        "",
+        "é-not-hex-at-all-but-32-bytes-ok",
+    ] {
+        assert_eq!(&*StoredEtag::new(etag).text(), etag, "{etag}");
+    }
+    assert!(matches!(
+        StoredEtag::new("0123456789ABCDEF0123456789ABCDEF"),
+        StoredEtag::Text(_)
+    ));
+}
