@@ -40,7 +40,7 @@ pub mod names;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::RwLock;
@@ -64,6 +64,13 @@ pub enum MetadataTtl {
 
 impl MetadataTtl {
     fn is_fresh(&self, checked: Instant) -> bool {
+        match self {
+            MetadataTtl::For(ttl) => checked.elapsed() < *ttl,
+            MetadataTtl::Indefinite => true,
+        }
+    }
+
+    fn is_fresh_stamp(&self, checked: Stamp) -> bool {
         match self {
             MetadataTtl::For(ttl) => checked.elapsed() < *ttl,
             MetadataTtl::Indefinite => true,
@@ -228,13 +235,62 @@ impl NodeKind {
     }
 }
 
+/// When a node was last checked against the store, in 8 bytes (an `Instant` takes 16):
+/// signed nanoseconds from a process-wide base, so moments before it (a kept listing's age)
+/// fit too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp(i64);
+
+impl Stamp {
+    /// Older than any TTL.
+    const LONG_AGO: Stamp = Stamp(i64::MIN);
+
+    fn base() -> Instant {
+        static BASE: OnceLock<Instant> = OnceLock::new();
+        *BASE.get_or_init(Instant::now)
+    }
+
+    fn at(t: Instant) -> Stamp {
+        let base = Self::base();
+        let nanos = |d: Duration| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
+        match t.checked_duration_since(base) {
+            Some(after) => Stamp(nanos(after)),
+            None => Stamp(-nanos(base.duration_since(t))),
+        }
+    }
+
+    fn elapsed(self) -> Duration {
+        let now = Stamp::at(Instant::now()).0;
+        Duration::from_nanos(u64::try_from(now.saturating_sub(self.0)).unwrap_or(0))
+    }
+}
+
+/// A modification time in 8 bytes (a `SystemTime` takes 16): nanoseconds since the Unix
+/// epoch (earlier times become the epoch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Mtime(u64);
+
+impl Mtime {
+    fn new(t: SystemTime) -> Mtime {
+        Mtime(
+            t.duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+                .unwrap_or(0),
+        )
+    }
+
+    fn system_time(self) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_nanos(self.0)
+    }
+}
+
 #[derive(Debug)]
 struct Node {
     parent: u64,
     name: Arc<str>,
     kind: NodeKind,
-    mtime: SystemTime,
-    checked: Instant,
+    mtime: Mtime,
+    checked: Stamp,
     /// Directories only.
     dir: Option<Box<DirState>>,
 }
@@ -386,8 +442,8 @@ impl Namespace {
             parent: ROOT_INO,
             name: Arc::from(""),
             kind: NodeKind::Dir,
-            mtime: now,
-            checked: Instant::now(),
+            mtime: Mtime::new(now),
+            checked: Stamp::at(Instant::now()),
             dir: Some(Box::default()),
         };
         Arc::new(Namespace {
@@ -481,7 +537,7 @@ impl Namespace {
         Attr {
             ino,
             kind: node.kind.to_kind(),
-            mtime: node.mtime,
+            mtime: node.mtime.system_time(),
         }
     }
 
@@ -586,7 +642,7 @@ impl Namespace {
         }
         if let Some(ino) = dir.child(name) {
             let child = &tree.nodes[(ino - 1) as usize];
-            if self.ttl.is_fresh(child.checked) {
+            if self.ttl.is_fresh_stamp(child.checked) {
                 return Some(Ok(Self::attr_of(ino, child)));
             }
         }
@@ -730,10 +786,10 @@ impl Namespace {
             let node = &mut tree.nodes[(ino - 1) as usize];
             if node.dir.is_some() == kind.is_dir() {
                 if !kind.is_dir() {
-                    node.mtime = mtime;
+                    node.mtime = Mtime::new(mtime);
                 }
                 node.kind = kind;
-                node.checked = now;
+                node.checked = Stamp::at(now);
                 return ino;
             }
         }
@@ -744,8 +800,8 @@ impl Namespace {
             parent,
             name: name.clone(),
             kind,
-            mtime,
-            checked: now,
+            mtime: Mtime::new(mtime),
+            checked: Stamp::at(now),
             dir: is_dir.then(Box::default),
         });
         if let Some(dir) = tree.nodes[(parent - 1) as usize].dir.as_deref_mut() {
@@ -772,8 +828,8 @@ impl Namespace {
         match result {
             Ok(meta) => {
                 node.kind = NodeKind::file(meta.size, &meta.etag);
-                node.mtime = meta.last_modified;
-                node.checked = Instant::now();
+                node.mtime = Mtime::new(meta.last_modified);
+                node.checked = Stamp::at(Instant::now());
                 Ok(Self::attr_of(ino, node))
             }
             Err(StoreError::NotFound) => Err(NamespaceError::NotFound),
@@ -786,7 +842,7 @@ impl Namespace {
     pub fn getattr_cached(&self, ino: u64) -> Option<Result<Attr, NamespaceError>> {
         let tree = self.tree.read();
         match Self::node(&tree, ino) {
-            Ok(node) if node.dir.is_some() || self.ttl.is_fresh(node.checked) => {
+            Ok(node) if node.dir.is_some() || self.ttl.is_fresh_stamp(node.checked) => {
                 Some(Ok(Self::attr_of(ino, node)))
             }
             Ok(_) => None,
@@ -869,11 +925,8 @@ impl Namespace {
         let Some(node) = tree.nodes.get_mut((ino.wrapping_sub(1)) as usize) else {
             return;
         };
-        let stale = Instant::now()
-            .checked_sub(Duration::from_secs(365 * 24 * 3600))
-            .unwrap_or_else(Instant::now);
         if node.dir.is_none() {
-            node.checked = stale;
+            node.checked = Stamp::LONG_AGO;
         }
         let parent = node.parent;
         if let Some(dir) = tree.nodes[(parent - 1) as usize].dir.as_deref_mut() {

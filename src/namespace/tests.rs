@@ -694,3 +694,29 @@ fn etags_are_kept_compact_and_given_back_exactly() {
         StoredEtag::Text(_)
     ));
 }
+
+#[test]
+fn compact_times_keep_their_order_and_meaning() {
+    let now = Instant::now();
+    assert!(Stamp::at(now).elapsed() < Duration::from_secs(60));
+    // Before the process-wide base (a kept listing's age) still fits.
+    if let Some(earlier) = now.checked_sub(Duration::from_secs(3600)) {
+        let e = Stamp::at(earlier).elapsed();
+        assert!(
+            e >= Duration::from_secs(3600) && e < Duration::from_secs(3700),
+            "{e:?}"
+        );
+    }
+    assert!(Stamp::LONG_AGO.elapsed() > Duration::from_secs(100 * 365 * 24 * 3600));
+    let ttl = MetadataTtl::For(Duration::from_secs(5));
+    assert!(ttl.is_fresh_stamp(Stamp::at(now)));
+    assert!(!ttl.is_fresh_stamp(Stamp::LONG_AGO));
+    assert!(MetadataTtl::Indefinite.is_fresh_stamp(Stamp::LONG_AGO));
+    let t = SystemTime::UNIX_EPOCH + Duration::new(1_700_000_000, 123_456_789);
+    assert_eq!(Mtime::new(t).system_time(), t);
+    let before_epoch = SystemTime::UNIX_EPOCH - Duration::from_secs(1);
+    assert_eq!(
+        Mtime::new(before_epoch).system_time(),
+        SystemTime::UNIX_EPOCH
+    );
+}
