@@ -879,12 +879,12 @@ impl Filesystem for RiffleFs {
         };
         let parent = self.ns.parent_of(ino.0);
         walk_listing(&entries, ino.0, parent, offset, |e, next| {
-            let kind = if e.is_dir {
+            let kind = if e.is_dir() {
                 FileType::Directory
             } else {
                 FileType::RegularFile
             };
-            reply.add(INodeNo(e.ino), next, kind, &*e.name)
+            reply.add(INodeNo(e.ino()), next, kind, &*e.name)
         });
         reply.ok();
     }
@@ -905,8 +905,8 @@ impl Filesystem for RiffleFs {
         let ttl = self.ttl();
         let parent = self.ns.parent_of(ino.0);
         walk_listing(&entries, ino.0, parent, offset, |e, next| {
-            let attr = self.dot_attr(e.ino);
-            reply.add(INodeNo(e.ino), next, &*e.name, &ttl, &attr, Generation(0))
+            let attr = self.dot_attr(e.ino());
+            reply.add(INodeNo(e.ino()), next, &*e.name, &ttl, &attr, Generation(0))
         });
         reply.ok();
     }
@@ -1119,11 +1119,7 @@ fn walk_listing(
     offset: u64,
     mut add: impl FnMut(&DirEntry, u64) -> bool,
 ) {
-    let dot = |name: &str, ino: u64| DirEntry {
-        name: Arc::from(name),
-        ino,
-        is_dir: true,
-    };
+    let dot = |name: &str, ino: u64| DirEntry::new(Arc::from(name), ino, true);
     let mut index = offset;
     loop {
         let entry = match index {
@@ -1280,16 +1276,12 @@ mod tests {
     #[test]
     fn listings_resume_at_any_offset() {
         let entries: Vec<DirEntry> = (0..5)
-            .map(|i| DirEntry {
-                name: Arc::from(format!("f{i}").as_str()),
-                ino: 10 + i,
-                is_dir: false,
-            })
+            .map(|i| DirEntry::new(Arc::from(format!("f{i}").as_str()), 10 + i, false))
             .collect();
         let collect = |offset: u64, room: usize| {
             let mut out = Vec::new();
             walk_listing(&entries, 2, 1, offset, |e, next| {
-                out.push((e.name.to_string(), e.ino, next));
+                out.push((e.name.to_string(), e.ino(), next));
                 out.len() == room
             });
             out

@@ -125,12 +125,42 @@ impl Attr {
     }
 }
 
-/// One entry of a directory listing.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One entry of a directory listing: 24 bytes (the kind rides in the top bit of the inode
+/// number, which never reaches it), one per listed object.
+#[derive(Clone, PartialEq, Eq)]
 pub struct DirEntry {
     pub name: Arc<str>,
-    pub ino: u64,
-    pub is_dir: bool,
+    ino_and_kind: u64,
+}
+
+const DIR_BIT: u64 = 1 << 63;
+
+impl DirEntry {
+    pub fn new(name: Arc<str>, ino: u64, is_dir: bool) -> Self {
+        debug_assert!(ino & DIR_BIT == 0);
+        DirEntry {
+            name,
+            ino_and_kind: if is_dir { ino | DIR_BIT } else { ino },
+        }
+    }
+
+    pub fn ino(&self) -> u64 {
+        self.ino_and_kind & !DIR_BIT
+    }
+
+    pub fn is_dir(&self) -> bool {
+        self.ino_and_kind & DIR_BIT != 0
+    }
+}
+
+impl std::fmt::Debug for DirEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirEntry")
+            .field("name", &self.name)
+            .field("ino", &self.ino())
+            .field("is_dir", &self.is_dir())
+            .finish()
+    }
 }
 
 /// A file ready to be read: its full key and the version that was current at open.
@@ -332,7 +362,7 @@ impl DirState {
         self.entries
             .binary_search_by(|e| e.name.as_ref().cmp(name))
             .ok()
-            .map(|i| self.entries[i].ino)
+            .map(|i| self.entries[i].ino())
     }
 
     fn set_child(&mut self, name: Arc<str>, ino: u64) {
@@ -974,7 +1004,13 @@ impl Namespace {
             dir.fanned_out = true;
             let subdirs: Vec<u64> = dir
                 .listing()
-                .map(|(entries, _)| entries.iter().filter(|e| e.is_dir).map(|e| e.ino).collect())
+                .map(|(entries, _)| {
+                    entries
+                        .iter()
+                        .filter(|e| e.is_dir())
+                        .map(|e| e.ino())
+                        .collect()
+                })
                 .unwrap_or_default();
             let mut queued = Vec::new();
             for child in subdirs {
@@ -1263,21 +1299,13 @@ impl Namespace {
                 false,
             );
             let name: Arc<str> = tree.nodes[(child - 1) as usize].name.clone();
-            entries.push(DirEntry {
-                name,
-                ino: child,
-                is_dir: true,
-            });
+            entries.push(DirEntry::new(name, child, true));
         }
         for file in &raw.files {
             let kind = NodeKind::file(file.size, &file.etag);
             let child = Self::upsert(&mut tree, ino, &file.name, kind, file.mtime, at, false);
             let name: Arc<str> = tree.nodes[(child - 1) as usize].name.clone();
-            entries.push(DirEntry {
-                name,
-                ino: child,
-                is_dir: false,
-            });
+            entries.push(DirEntry::new(name, child, false));
         }
         entries.sort_unstable_by(|a, b| a.name.cmp(&b.name));
         // Children that were not listed are gone: the listing is the new child index.

@@ -13,7 +13,7 @@ fn ns_with(keys: &[&str], page: usize, ttl: MetadataTtl) -> (Arc<MemoryStore>, A
 fn names(entries: &[DirEntry]) -> Vec<(String, bool)> {
     entries
         .iter()
-        .map(|e| (e.name.to_string(), e.is_dir))
+        .map(|e| (e.name.to_string(), e.is_dir()))
         .collect()
 }
 
@@ -33,14 +33,14 @@ async fn lists_pages_and_shows_prefixes_as_directories() {
             ("sub".into(), true)
         ]
     );
-    let big = root.iter().find(|e| &*e.name == "big").unwrap().ino;
+    let big = root.iter().find(|e| &*e.name == "big").unwrap().ino();
     let listing = ns.readdir(big).await.unwrap();
     assert_eq!(listing.len(), 25);
     assert!(
         store.count(Op::List) >= 8,
         "25 keys in pages of 4, plus the root"
     );
-    let empty = root.iter().find(|e| &*e.name == "empty").unwrap().ino;
+    let empty = root.iter().find(|e| &*e.name == "empty").unwrap().ino();
     assert!(ns.readdir(empty).await.unwrap().is_empty());
 }
 
@@ -62,7 +62,7 @@ async fn odd_keys_are_skipped_and_directory_shadows_file() {
     );
     let root = ns.readdir(ROOT_INO).await.unwrap();
     assert_eq!(names(&root), vec![("a".into(), true), ("d".into(), true)]);
-    let d = root[1].ino;
+    let d = root[1].ino();
     let entries = ns.readdir(d).await.unwrap();
     assert_eq!(
         names(&entries),
@@ -105,7 +105,7 @@ async fn lookups_use_head_and_list_and_cache_negatives() {
     // Inode numbers are stable: a listing keeps what lookups handed out.
     let listed = ns.readdir(x.ino).await.unwrap();
     assert_eq!(
-        listed.iter().find(|e| &*e.name == "file").unwrap().ino,
+        listed.iter().find(|e| &*e.name == "file").unwrap().ino(),
         f.ino
     );
     assert_eq!(ns.lookup(x.ino, "file").await.unwrap().ino, f.ino);
@@ -237,8 +237,9 @@ async fn a_superseded_file_name_moves_to_a_new_inode_and_stays_there() {
     assert_eq!(ns.supersede(old), Some(new));
     // The next listing hands out the new inode for the name, and the others keep theirs.
     let relisted = ns.readdir(dir).await.unwrap();
-    let ino_of =
-        |entries: &[DirEntry], name: &str| entries.iter().find(|e| &*e.name == name).map(|e| e.ino);
+    let ino_of = |entries: &[DirEntry], name: &str| {
+        entries.iter().find(|e| &*e.name == name).map(|e| e.ino())
+    };
     assert_eq!(ino_of(&relisted, "a.bin"), Some(new));
     assert_eq!(ino_of(&relisted, "b.bin"), ino_of(&listed, "b.bin"));
     assert!(
@@ -408,8 +409,8 @@ mod ahead_and_kept {
             let entries = ns.readdir(ino).await.expect("readdir");
             for e in entries.iter().rev() {
                 let p = format!("{path}{}", e.name);
-                if e.is_dir {
-                    stack.push((e.ino, format!("{p}/")));
+                if e.is_dir() {
+                    stack.push((e.ino(), format!("{p}/")));
                 } else {
                     files.push(p);
                 }

@@ -795,10 +795,10 @@ impl Prefetcher {
                 let start = out.inos.len() as u32;
                 let mut bytes = 0;
                 for e in entries.iter() {
-                    match self.ns.cached_attr(e.ino).map(|a| a.kind) {
-                        Ok(Kind::Dir) => next.push(e.ino),
+                    match self.ns.cached_attr(e.ino()).map(|a| a.kind) {
+                        Ok(Kind::Dir) => next.push(e.ino()),
                         Ok(Kind::File { size, .. }) => {
-                            out.inos.push(e.ino);
+                            out.inos.push(e.ino());
                             out.sizes.push(size);
                             out.dir_of.push(d);
                             bytes += size;

@@ -346,10 +346,10 @@ impl Prefetcher {
                 .opened(index, listing.len())
         };
         for entry in &listing[ahead] {
-            if entry.is_dir {
+            if entry.is_dir() {
                 continue;
             }
-            let Some(obj) = self.known_file(entry.ino) else {
+            let Some(obj) = self.known_file(entry.ino()) else {
                 continue;
             };
             if self.fetcher.is_cached(&obj) {

@@ -216,7 +216,7 @@ async fn list(
                         .map_err(|e| format!("listing {}: {e}", ns.key_of(attr.ino)))?;
                     // Reverse onto the stack so the listing order comes out first.
                     for e in entries.iter().rev() {
-                        if let Ok(child) = ns.cached_attr(e.ino) {
+                        if let Ok(child) = ns.cached_attr(e.ino()) {
                             stack.push(child);
                         }
                     }

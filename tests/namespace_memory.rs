@@ -1,0 +1,94 @@
+//! Memory per listed object: the namespace of a 250,000-object tree (ImageNet's shape: 1,000
+//! class directories of 250 JPEG names), listed completely, measured as the heap bytes the
+//! namespace holds (a counting global allocator; this test binary runs nothing else).
+//!
+//! Deterministic: the same tree gives the same allocations. The bound, 150 bytes per listed
+//! object, is what a node serving 10 million objects can afford for its names; a change that
+//! makes per-object state bigger fails here first. (Heap bytes asked for: the allocator's
+//! own rounding comes on top, so the process's RSS grows by somewhat more; the test prints
+//! that too, without judging it.)
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::sync::Arc;
+
+use rifflefs::namespace::{MetadataTtl, Namespace, ROOT_INO};
+use rifflefs::store::memory::MemoryStore;
+
+/// Counts the bytes currently allocated.
+struct Counting;
+
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+// SAFETY: every call is forwarded unchanged to the system allocator; the counter is only
+// arithmetic on the sizes it was given.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: the caller's contract is passed on as is.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE.fetch_add(
+            new_size as isize - layout.size() as isize,
+            Ordering::Relaxed,
+        );
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// The process's resident set, from /proc/self/status.
+fn rss_bytes() -> isize {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<isize>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+const DIRS: usize = 1_000;
+const FILES_PER_DIR: usize = 250;
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_listed_object_costs_the_namespace_little() {
+    let store = Arc::new(MemoryStore::new());
+    for d in 0..DIRS {
+        for f in 0..FILES_PER_DIR {
+            store.put(&format!("train/n{d:08}/n{d:08}_{f:05}.JPEG"), Vec::new());
+        }
+    }
+    let rss_before = rss_bytes();
+    let before = LIVE.load(Ordering::Relaxed);
+    let ns = Namespace::new(store.clone(), "", MetadataTtl::Indefinite);
+    let train = ns.lookup(ROOT_INO, "train").await.expect("train/");
+    let classes = ns.readdir(train.ino).await.expect("list train/");
+    assert_eq!(classes.len(), DIRS);
+    let mut files = 0;
+    for class in classes.iter() {
+        files += ns.readdir(class.ino()).await.expect("list a class").len();
+    }
+    drop(classes);
+    let held = LIVE.load(Ordering::Relaxed) - before;
+    let objects = (DIRS + files) as isize;
+    assert_eq!(files, DIRS * FILES_PER_DIR);
+    let per_object = held / objects;
+    println!(
+        "namespace of {objects} listed objects: {} MiB, {per_object} bytes per object (RSS grew by {} bytes per object)",
+        held >> 20,
+        (rss_bytes() - rss_before) / objects
+    );
+    assert!(per_object <= 150, "{per_object} bytes per listed object");
+    drop(ns);
+}
