@@ -6,7 +6,9 @@
 //! maps to the same inode across re-listings (one exception: [`Namespace::supersede`] gives a
 //! changed object a new inode while its old version is still open through passthrough).
 //! Nodes live in a `Vec` indexed by inode number (inodes are never freed: a dataset's tree is
-//! bounded, and this keeps the per-object cost near 250 bytes).
+//! bounded). A listed object costs about 150 bytes (`tests/namespace_memory.rs`): its node
+//! (80 bytes: times in 8 bytes each, an MD5 ETag in 16), its name, and its 24-byte entry in
+//! the parent's listing, which is also the parent's name index (see `DirState`).
 //!
 //! Freshness follows `--metadata-ttl`: a directory listing, a file's attributes and a negative
 //! lookup are trusted for the TTL (forever with `indefinite`), then asked again. A lookup is
