@@ -102,6 +102,13 @@ pub trait Mounter: Send + Sync + 'static {
     /// alone rather than guess.
     async fn health(&self, target: &Path, daemon: Option<DaemonId>) -> Result<Health, MountError>;
 
+    /// Whether the mounter can be asked at all (the remote one: whether the
+    /// mounter service answers). While it cannot, the supervisor pauses its
+    /// checks instead of counting every volume's check as a failure.
+    async fn available(&self) -> Result<(), MountError> {
+        Ok(())
+    }
+
     /// Identifies the daemon whose pid is in `pid_file`, if it is alive
     /// (None also when that cannot be found out).
     async fn daemon_from_pid_file(&self, pid_file: &Path) -> Option<DaemonId>;

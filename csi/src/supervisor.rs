@@ -10,7 +10,11 @@
 //! recovery fails is retried with exponential backoff (interval x 2^n, at
 //! most five minutes) so that a bucket that went away does not turn into a
 //! remount storm; targets with an operation in progress are skipped for that
-//! round.
+//! round. While the mounter itself cannot be asked (the `riffle-mounter`
+//! container restarting), rounds are skipped whole and count against no
+//! target: once it answers again, the next round (within one interval)
+//! remounts what its restart broke, instead of after a backoff that grew
+//! during the outage.
 
 use crate::volumes::{CheckOutcome, VolumeManager};
 use std::collections::HashMap;
@@ -101,8 +105,23 @@ pub async fn run(manager: Arc<VolumeManager>, interval: Duration) {
     let mut backoff = Backoff::default();
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut paused = false;
     loop {
         ticker.tick().await;
+        match manager.mounter_available().await {
+            Err(e) => {
+                if !paused {
+                    tracing::error!(error = %e, "the mounter cannot be asked; volume checks paused until it answers");
+                    paused = true;
+                }
+                continue;
+            }
+            Ok(()) if paused => {
+                tracing::info!("the mounter answers again; checking every volume");
+                paused = false;
+            }
+            Ok(()) => {}
+        }
         let records = match manager.store().list() {
             Ok(r) => r,
             Err(e) => {

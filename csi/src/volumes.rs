@@ -96,6 +96,11 @@ impl VolumeManager {
         }
     }
 
+    /// Whether the mounter can be asked (see [`Mounter::available`]).
+    pub async fn mounter_available(&self) -> Result<(), MountError> {
+        self.mounter.available().await
+    }
+
     pub fn store(&self) -> &StateStore {
         &self.store
     }

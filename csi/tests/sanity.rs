@@ -70,7 +70,7 @@ struct Fixture {
     dir: tempfile::TempDir,
     fake: FakeMounter,
     plugin: Option<RunningPlugin>,
-    _mounter: RunningService,
+    mounter: Option<RunningService>,
     csi: Csi,
 }
 
@@ -84,7 +84,7 @@ impl Fixture {
             dir,
             fake,
             plugin: Some(plugin),
-            _mounter: mounter,
+            mounter: Some(mounter),
             csi,
         }
     }
@@ -903,6 +903,58 @@ async fn supervisor_remounts_a_dead_daemon() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    f.csi.unpublish("vol", &target).await.expect("unpublish");
+}
+
+#[tokio::test]
+async fn supervisor_pauses_while_the_mounter_is_down_and_remounts_when_it_is_back() {
+    let mut f = Fixture::new().await;
+    let target = f.target("pod-mounter-restart", "data");
+    f.csi
+        .publish(publish_request(
+            "vol",
+            &target,
+            bucket("datasets"),
+            Default::default(),
+        ))
+        .await
+        .expect("publish");
+    let before = f.fake.mount_at(&target).expect("mounted").daemon.pid;
+    // The mounter container restarts: its service goes away, its daemons die.
+    f.mounter.take().expect("mounter").stop().await;
+    assert!(f.fake.kill(&target));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !log_text().contains("volume checks paused") {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no pause was logged"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Several rounds go by: none is counted against the volume.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let target_text = target.display().to_string();
+    assert!(
+        !log_text()
+            .lines()
+            .any(|l| l.contains("remount failed") && l.contains(&target_text)),
+        "a check failed against the volume while the mounter was down"
+    );
+    f.mounter = Some(serve(f.dir.path(), &f.fake).await);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = f.fake.mount_at(&target).expect("record");
+        if m.alive {
+            assert_ne!(m.daemon.pid, before);
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not remounted after the mounter came back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(log_text().contains("the mounter answers again"));
     f.csi.unpublish("vol", &target).await.expect("unpublish");
 }
 

@@ -128,6 +128,10 @@ impl Mounter for RemoteMounter {
         }
     }
 
+    async fn available(&self) -> Result<(), MountError> {
+        self.ping().await.map(|_| ())
+    }
+
     async fn daemon_from_pid_file(&self, pid_file: &Path) -> Option<DaemonId> {
         let request = Request::DaemonFromPidFile {
             pid_file: pid_file.to_path_buf(),
