@@ -84,6 +84,23 @@ pub async fn probe(path: &Path, limit: Duration) -> Probe {
     }
 }
 
+/// Lazily detaches whatever is mounted at `target`, stacked mounts included
+/// (at most 16 deep). A FUSE daemon whose mount is detached this way exits by
+/// itself once nothing uses the mount any more.
+pub fn detach_all(target: &Path) {
+    for _ in 0..16 {
+        match mount_at(target) {
+            Ok(Some(_)) => {
+                if let Err(e) = nix::mount::umount2(target, nix::mount::MntFlags::MNT_DETACH) {
+                    tracing::warn!(target = %target.display(), error = %e, "lazy unmount failed");
+                    break;
+                }
+            }
+            _ => break,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -364,19 +364,7 @@ impl Mounter for RiffleMounter {
                 }
             }
             // Detach whatever is still there, stacked mounts included.
-            for _ in 0..16 {
-                match mountinfo::mount_at(target) {
-                    Ok(Some(_)) => {
-                        if let Err(e) =
-                            nix::mount::umount2(target, nix::mount::MntFlags::MNT_DETACH)
-                        {
-                            tracing::warn!(target = %target.display(), error = %e, "lazy unmount failed");
-                            break;
-                        }
-                    }
-                    _ => break,
-                }
-            }
+            mountinfo::detach_all(target);
         }
         if let Some(id) = daemon {
             process::stop(id, self.stop_grace).await;

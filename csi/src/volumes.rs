@@ -16,7 +16,9 @@
 //!
 //! Unpublish: unmount whatever is at the target, stop the daemon, remove
 //! the target directory, then forget the record and credentials. Unknown or
-//! already removed targets are OK (idempotent).
+//! already removed targets are OK (idempotent). When the mounter cannot be
+//! reached at all, the plugin detaches the target itself, so that a pod on a
+//! node whose mounter is gone still terminates.
 //!
 //! Check (start-up reconciliation and the supervisor): a recorded target
 //! whose mount is live is adopted as it is; one whose daemon died (the mount
@@ -27,7 +29,7 @@
 
 use crate::credentials::Credentials;
 use crate::locks::KeyedLocks;
-use crate::mounter::{Health, MountError, MountRequest, Mounter};
+use crate::mounter::{Health, MountError, MountErrorKind, MountRequest, Mounter};
 use crate::settings::VolumeSettings;
 use crate::state::{StateError, StateStore, VolumeRecord};
 use std::io;
@@ -229,9 +231,22 @@ impl VolumeManager {
                     .await
             }
         };
-        let health = self.mounter.health(target, daemon).await?;
-        if health != Health::NotMounted || daemon.is_some() {
-            self.mounter.unmount(target, daemon).await?;
+        match self.mounter.health(target, daemon).await {
+            Ok(health) => {
+                if health != Health::NotMounted || daemon.is_some() {
+                    self.mounter.unmount(target, daemon).await?;
+                }
+            }
+            // The mounter is gone (its DaemonSet deleted, or down): unpublish
+            // must not wait for it, or the pod never finishes terminating.
+            // Its daemons went with it; if one still runs (the mounter process
+            // restarting inside its container), it exits once its mount is
+            // detached and unused.
+            Err(e) if e.kind == MountErrorKind::Unavailable => {
+                tracing::warn!(target = %target.display(), error = %e, "unpublishing without the mounter: detaching the target here");
+                crate::mountinfo::detach_all(target);
+            }
+            Err(e) => return Err(e.into()),
         }
         remove_target(target, record.is_some())?;
         self.store.remove(target)?;

@@ -575,7 +575,9 @@ async fn read_eventually(path: &Path, expected: &str, limit: Duration) {
 /// it; the mount on the node answers ENOTCONN; the plugin reports the
 /// mounter unreachable, and once a new mounter answers, its supervisor
 /// remounts the volume on the node (reaching pods with HostToContainer
-/// propagation and new pods). Unpublish then cleans up completely.
+/// propagation and new pods). Then a node reboot (everything but the state
+/// directory gone), and last a mounter deleted for good, with which
+/// unpublish still ends in a clean node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mounter_restart_is_reported_and_repaired() {
     let _serial = SERIAL.lock().await;
@@ -656,9 +658,12 @@ async fn a_mounter_restart_is_reported_and_repaired() {
     assert_eq!(daemons_of(&target).len(), 1);
     transcript("node reboot: the new plugin remounted the recorded volume at start; kubelet's repeated publish is OK");
 
+    // The mounter is deleted for good (its DaemonSet removed): the pod must
+    // still be able to terminate, so unpublish works without it.
+    node.mounter.take().expect("mounter").kill();
     csi.unpublish("vol-train", &target)
         .await
-        .expect("unpublish");
+        .expect("unpublish without a mounter");
     assert!(!target.exists(), "target removed");
     let deadline = Instant::now() + Duration::from_secs(20);
     while !daemons_of(&target).is_empty() {
@@ -672,5 +677,7 @@ async fn a_mounter_restart_is_reported_and_repaired() {
         .map(str::to_string)
         .collect();
     assert!(left.is_empty(), "stale mounts: {left:?}");
-    transcript("unpublish: target removed, daemon exited, no stale mount on the node");
+    transcript(
+        "mounter deleted, then unpublish: target removed, no daemon, no stale mount on the node",
+    );
 }
