@@ -89,6 +89,19 @@ impl Fixture {
         }
     }
 
+    /// Publishes bucket `datasets` as volume `id` at `target`, no secret.
+    async fn publish_datasets(&mut self, id: &str, target: &Path) {
+        self.csi
+            .publish(publish_request(
+                id,
+                target,
+                bucket("datasets"),
+                Default::default(),
+            ))
+            .await
+            .expect("publish");
+    }
+
     fn target(&self, pod: &str, volume: &str) -> PathBuf {
         kubelet_target(&self.dir.path().join("kubelet"), pod, volume)
     }
@@ -111,6 +124,25 @@ async fn serve(dir: &Path, fake: &FakeMounter) -> RunningService {
     service::start(&dir.join("mounter.sock"), Arc::new(fake.clone()))
         .await
         .expect("mounter service starts")
+}
+
+/// Waits until the fake mount at `target` is alive with a daemon other than
+/// `before` (the supervisor remounted it).
+async fn wait_remounted(fake: &FakeMounter, target: &Path, before: i32) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = fake.mount_at(target).expect("record");
+        if m.alive {
+            assert_ne!(m.daemon.pid, before);
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} not remounted in time",
+            target.display()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// A plugin using the mounter service at `dir`/mounter.sock.
@@ -879,30 +911,10 @@ async fn restart_adopts_live_mounts_and_remounts_dead_ones() {
 async fn supervisor_remounts_a_dead_daemon() {
     let mut f = Fixture::new().await;
     let target = f.target("pod", "data");
-    f.csi
-        .publish(publish_request(
-            "vol",
-            &target,
-            bucket("datasets"),
-            Default::default(),
-        ))
-        .await
-        .expect("publish");
+    f.publish_datasets("vol", &target).await;
     let before = f.fake.mount_at(&target).expect("mounted").daemon.pid;
     assert!(f.fake.kill(&target));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let m = f.fake.mount_at(&target).expect("record");
-        if m.alive {
-            assert_ne!(m.daemon.pid, before);
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not remounted in time"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_remounted(&f.fake, &target, before).await;
     f.csi.unpublish("vol", &target).await.expect("unpublish");
 }
 
@@ -910,15 +922,7 @@ async fn supervisor_remounts_a_dead_daemon() {
 async fn supervisor_pauses_while_the_mounter_is_down_and_remounts_when_it_is_back() {
     let mut f = Fixture::new().await;
     let target = f.target("pod-mounter-restart", "data");
-    f.csi
-        .publish(publish_request(
-            "vol",
-            &target,
-            bucket("datasets"),
-            Default::default(),
-        ))
-        .await
-        .expect("publish");
+    f.publish_datasets("vol", &target).await;
     let before = f.fake.mount_at(&target).expect("mounted").daemon.pid;
     // The mounter container restarts: its service goes away, its daemons die.
     f.mounter.take().expect("mounter").stop().await;
@@ -941,19 +945,7 @@ async fn supervisor_pauses_while_the_mounter_is_down_and_remounts_when_it_is_bac
         "a check failed against the volume while the mounter was down"
     );
     f.mounter = Some(serve(f.dir.path(), &f.fake).await);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let m = f.fake.mount_at(&target).expect("record");
-        if m.alive {
-            assert_ne!(m.daemon.pid, before);
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not remounted after the mounter came back"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_remounted(&f.fake, &target, before).await;
     assert!(log_text().contains("the mounter answers again"));
     f.csi.unpublish("vol", &target).await.expect("unpublish");
 }
