@@ -53,6 +53,7 @@ use std::time::{Duration, SystemTime};
 use sha2::{Digest, Sha256};
 
 use super::names::invalid_reason;
+use super::{is_lower_hex, lower_hex, lower_hex_bytes};
 
 /// The directory under the cache dir holding kept listings.
 pub const LISTINGS_DIR: &str = "listings";
@@ -238,10 +239,7 @@ pub fn clear(cache_dir: &Path) -> io::Result<Cleared> {
 
 /// Whether `etag` is lowercase hex of even length that fits the compact form.
 fn compact_etag(etag: &str) -> bool {
-    !etag.is_empty()
-        && etag.len() % 2 == 0
-        && etag.len() <= 128
-        && etag.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    !etag.is_empty() && etag.len() <= 128 && is_lower_hex(etag)
 }
 
 fn put_str16(out: &mut Vec<u8>, s: &[u8]) {
@@ -308,12 +306,7 @@ fn encode(scope: &str, prefix: &str, taken: SystemTime, listing: &RawListing) ->
         out.extend_from_slice(&nanos.to_le_bytes());
         if compact_etag(&f.etag) {
             out.push(1);
-            let raw: Vec<u8> = f
-                .etag
-                .as_bytes()
-                .chunks(2)
-                .map(|p| (hex_val(p[0]) << 4) | hex_val(p[1]))
-                .collect();
+            let raw: Vec<u8> = lower_hex_bytes(&f.etag).collect();
             put_str16(&mut out, &raw);
         } else {
             out.push(0);
@@ -323,13 +316,6 @@ fn encode(scope: &str, prefix: &str, taken: SystemTime, listing: &RawListing) ->
     let crc = crc32c::crc32c(&out);
     out.extend_from_slice(&crc.to_le_bytes());
     out
-}
-
-fn hex_val(c: u8) -> u8 {
-    match c {
-        b'0'..=b'9' => c - b'0',
-        _ => c - b'a' + 10,
-    }
 }
 
 /// Reads fields off a byte slice; every read is bounds-checked.
@@ -436,7 +422,7 @@ fn decode(bytes: &[u8], scope: &str, prefix: &str) -> Result<Option<Kept>, &'sta
             0 => std::str::from_utf8(c.str16()?)
                 .map_err(|_| "an ETag is not UTF-8")?
                 .to_string(),
-            1 => c.str16()?.iter().map(|b| format!("{b:02x}")).collect(),
+            1 => lower_hex(c.str16()?),
             _ => return Err("bad ETag kind"),
         };
         files.push(ListedFile {

@@ -65,18 +65,21 @@ pub enum MetadataTtl {
 }
 
 impl MetadataTtl {
-    fn is_fresh(&self, checked: Instant) -> bool {
+    /// Whether something checked `age()` ago is still fresh (`age` is not asked with
+    /// `indefinite`).
+    fn is_fresh_after(&self, age: impl FnOnce() -> Duration) -> bool {
         match self {
-            MetadataTtl::For(ttl) => checked.elapsed() < *ttl,
+            MetadataTtl::For(ttl) => age() < *ttl,
             MetadataTtl::Indefinite => true,
         }
     }
 
+    fn is_fresh(&self, checked: Instant) -> bool {
+        self.is_fresh_after(|| checked.elapsed())
+    }
+
     fn is_fresh_stamp(&self, checked: Stamp) -> bool {
-        match self {
-            MetadataTtl::For(ttl) => checked.elapsed() < *ttl,
-            MetadataTtl::Indefinite => true,
-        }
+        self.is_fresh_after(|| checked.elapsed())
     }
 
     /// A zero TTL: every access asks the store, so a listing is stale the moment it is taken
@@ -200,29 +203,42 @@ enum StoredEtag {
     Text(Arc<str>),
 }
 
+/// Whether `s` is lowercase hex of even length: an ETag that can be kept as the bytes it
+/// spells and given back exactly (here and in kept listings).
+fn is_lower_hex(s: &str) -> bool {
+    s.len() % 2 == 0 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// The bytes spelled by `s`, which [`is_lower_hex`] accepted.
+fn lower_hex_bytes(s: &str) -> impl Iterator<Item = u8> + '_ {
+    let digit = |c: u8| match c {
+        b'0'..=b'9' => c - b'0',
+        _ => c - b'a' + 10,
+    };
+    s.as_bytes()
+        .chunks(2)
+        .map(move |p| (digit(p[0]) << 4) | digit(p[1]))
+}
+
+/// `bytes` spelled in lowercase hex.
+fn lower_hex(bytes: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(HEX[(b >> 4) as usize] as char);
+        out.push(HEX[(b & 15) as usize] as char);
+    }
+    out
+}
+
 impl StoredEtag {
     fn new(etag: &str) -> Self {
-        let mut md5 = [0u8; 16];
-        let hex_digit = |b: u8| match b {
-            b'0'..=b'9' => Some(b - b'0'),
-            b'a'..=b'f' => Some(b - b'a' + 10),
-            _ => None,
-        };
-        if etag.len() == 32 {
-            let digits = etag.as_bytes();
-            let mut all = true;
-            for (i, byte) in md5.iter_mut().enumerate() {
-                match (hex_digit(digits[2 * i]), hex_digit(digits[2 * i + 1])) {
-                    (Some(hi), Some(lo)) => *byte = hi << 4 | lo,
-                    _ => {
-                        all = false;
-                        break;
-                    }
-                }
+        if etag.len() == 32 && is_lower_hex(etag) {
+            let mut md5 = [0u8; 16];
+            for (out, b) in md5.iter_mut().zip(lower_hex_bytes(etag)) {
+                *out = b;
             }
-            if all {
-                return StoredEtag::Md5(md5);
-            }
+            return StoredEtag::Md5(md5);
         }
         StoredEtag::Text(Arc::from(etag))
     }
@@ -230,15 +246,7 @@ impl StoredEtag {
     /// The ETag exactly as the store gave it.
     fn text(&self) -> Arc<str> {
         match self {
-            StoredEtag::Md5(md5) => {
-                const HEX: &[u8; 16] = b"0123456789abcdef";
-                let mut out = String::with_capacity(32);
-                for b in md5 {
-                    out.push(HEX[(b >> 4) as usize] as char);
-                    out.push(HEX[(b & 15) as usize] as char);
-                }
-                Arc::from(out)
-            }
+            StoredEtag::Md5(md5) => Arc::from(lower_hex(md5)),
             StoredEtag::Text(text) => text.clone(),
         }
     }
@@ -796,10 +804,9 @@ impl Namespace {
             .ok_or(NamespaceError::NotADirectory)
     }
 
-    /// Inserts or refreshes child `name` of `parent`, keeping its inode if its kind is unchanged.
-    /// The inode of child `name` of `parent` with these attributes: the known one if its
-    /// kind is the same, else a new one. With `index`, a new inode is recorded as a change to
-    /// the parent's children (a listing being applied records its children itself).
+    /// Inserts or refreshes child `name` of `parent`, keeping its inode if its kind is unchanged,
+    /// and returns the inode. With `index`, a new inode is recorded as a change to the parent's
+    /// children (a listing being applied records its children itself).
     #[allow(clippy::too_many_arguments)]
     fn upsert(
         tree: &mut Tree,
