@@ -22,7 +22,8 @@
 //!   ([`locks`]: one async mutex per target path).
 //! - [`supervisor`]: start-up reconciliation and the periodic health loop.
 //! - [`identity`], [`node`]: the gRPC services; [`server`]: the unix socket;
-//!   [`old_clients`]: a WARN for clients the HTTP/2 server rejects.
+//!   [`old_clients`]: a WARN for clients the HTTP/2 server rejects;
+//!   [`startup`]: logging and stop signals of the two binaries.
 
 pub mod credentials;
 pub mod fake;
@@ -38,6 +39,7 @@ pub mod remote;
 pub mod riffle;
 pub mod server;
 pub mod settings;
+pub mod startup;
 pub mod state;
 pub mod supervisor;
 pub mod volumes;

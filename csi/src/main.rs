@@ -90,7 +90,7 @@ async fn mounter(args: &Args) -> anyhow::Result<Arc<dyn Mounter>> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    riffle_csi::old_clients::init_logging();
+    riffle_csi::startup::init_logging();
     let args = Args::parse();
     anyhow::ensure!(
         !args.node_id.trim().is_empty(),
@@ -116,12 +116,10 @@ async fn main() -> anyhow::Result<()> {
     .await
     .context("cannot start the plugin")?;
 
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("cannot install SIGTERM handler")?;
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: stopping (mounts stay)"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping (mounts stay)"),
-    }
+    let signal = riffle_csi::startup::stop_signal()
+        .await
+        .context("cannot wait for a stop signal")?;
+    tracing::info!("{signal}: stopping (mounts stay)");
     plugin.stop().await.context("gRPC server failed")?;
     Ok(())
 }

@@ -39,7 +39,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    riffle_csi::old_clients::init_logging();
+    riffle_csi::startup::init_logging();
     let args = Args::parse();
     let mounter = args.daemons.mounter()?;
     tracing::info!(
@@ -50,12 +50,10 @@ async fn main() -> anyhow::Result<()> {
     let running = service::start(&args.socket, Arc::new(mounter))
         .await
         .context("cannot start riffle-mounter")?;
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("cannot install SIGTERM handler")?;
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: no longer serving (daemons are left running)"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: no longer serving (daemons are left running)"),
-    }
+    let signal = riffle_csi::startup::stop_signal()
+        .await
+        .context("cannot wait for a stop signal")?;
+    tracing::info!("{signal}: no longer serving (daemons are left running)");
     running.stop().await;
     Ok(())
 }

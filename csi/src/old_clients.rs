@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
 use tracing_subscriber::filter::{Filtered, Targets};
-use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+use tracing_subscriber::layer::{Context, Layer};
 use tracing_subscriber::registry::LookupSpan;
 
 /// The h2 module whose events carry the reason for a reset.
@@ -87,24 +87,6 @@ impl<S: Subscriber> Layer<S> for OldClientAlarm {
             *last = Some(now);
         }
         tracing::warn!("{}", warning(authority));
-    }
-}
-
-/// Sets up the binaries' logging: RUST_LOG (default `info`) to stderr, plus
-/// the alarm.
-pub fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let subscriber = tracing_subscriber::registry()
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
-                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-                .with_filter(filter),
-        )
-        .with(layer());
-    if tracing::subscriber::set_global_default(subscriber).is_err() {
-        eprintln!("riffle-csi: a logger was already installed");
     }
 }
 
