@@ -72,6 +72,17 @@ const MAX_STALLS: u32 = 8;
 /// inode allocation at once).
 const METADATA_TASKS: usize = 16;
 
+/// Of the [`METADATA_TASKS`] slots, those background work (prefetch, preload) may hold at
+/// once: the rest are always free for a reader's demand read. Without the split, a cold epoch
+/// whose prefetcher had a few hundred new entries queued for creation made every demand
+/// read's own entry wait behind all of them (the slots are first come, first served).
+const BACKGROUND_METADATA_TASKS: usize = METADATA_TASKS * 3 / 4;
+
+tokio::task_local! {
+    /// Set (by [`DiskCache::in_background`]) for the duration of background work.
+    static BACKGROUND: ();
+}
+
 /// A step of a block write (see the module documentation); the test hook stops before one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WriteStep {
@@ -258,6 +269,7 @@ pub struct DiskCache {
     warned_no_space: AtomicBool,
     warned_io: AtomicBool,
     metadata_slots: tokio::sync::Semaphore,
+    background_metadata_slots: tokio::sync::Semaphore,
     /// The shared lock on `DIR/lock` (held for the life of this handle).
     _dir_lock: File,
     #[cfg(test)]
@@ -458,6 +470,7 @@ impl DiskCache {
             warned_no_space: AtomicBool::new(false),
             warned_io: AtomicBool::new(false),
             metadata_slots: tokio::sync::Semaphore::new(METADATA_TASKS),
+            background_metadata_slots: tokio::sync::Semaphore::new(BACKGROUND_METADATA_TASKS),
             _dir_lock: dir_lock,
             #[cfg(test)]
             hook: Mutex::new(None),
@@ -742,11 +755,29 @@ impl DiskCache {
         }
     }
 
-    /// Runs `f` on tokio's blocking pool once one of the [`METADATA_TASKS`] slots is free.
+    /// Runs `work` as background work: the metadata tasks it causes (creating and opening
+    /// entries) take at most [`BACKGROUND_METADATA_TASKS`] of the slots, so demand reads
+    /// never queue behind them.
+    pub async fn in_background<T>(work: impl std::future::Future<Output = T>) -> T {
+        BACKGROUND.scope((), work).await
+    }
+
+    /// Runs `f` on tokio's blocking pool once one of the [`METADATA_TASKS`] slots is free
+    /// (for background work, one of its share of them: [`Self::in_background`]).
     async fn blocking<T: Send + 'static>(
         &self,
         f: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, CacheError> {
+        let _background = if BACKGROUND.try_with(|_| ()).is_ok() {
+            Some(
+                self.background_metadata_slots
+                    .acquire()
+                    .await
+                    .map_err(|_| CacheError::ShuttingDown)?,
+            )
+        } else {
+            None
+        };
         let _slot = self
             .metadata_slots
             .acquire()

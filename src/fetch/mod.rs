@@ -493,7 +493,7 @@ impl Fetcher {
         let range =
             self.block_range(&obj, first.index).start..self.block_range(&obj, last.index).end;
         let this = self.clone();
-        self.runtime.spawn(async move {
+        let work = async move {
             let run = this.serve_from_disk(&obj, run).await;
             if run.is_empty() {
                 return;
@@ -514,7 +514,14 @@ impl Fetcher {
                 this.stats.get_requests.fetch_add(1, Ordering::Relaxed);
                 this.stream_run(&obj, range, part).await;
             }
-        });
+        };
+        // Background work yields the cache's metadata slots to demand reads.
+        if priority.is_some() {
+            self.runtime
+                .spawn(crate::cache::DiskCache::in_background(work));
+        } else {
+            self.runtime.spawn(work);
+        }
     }
 
     /// Completes the blocks of `run` that the NVMe cache holds; returns the others.
