@@ -3,7 +3,7 @@
 # in one run:
 #
 #   benches/run.sh [--quick] [--debug] [--no-plots] [--systems LIST] [--direct LIST]
-#                  [--no-build] [--build-mountpoint] [W1 W2 W3 W5]
+#                  [--no-build] [--build-mountpoint] [W1 W2 W3 W4 W5]
 #
 # Builds the binaries, starts the local Ceph RGW if it is down, installs the
 # peers (s3fs, rclone) with apt when missing, generates the datasets
@@ -14,11 +14,16 @@
 # benches/python_reader.py: the *-py systems), epoch 1 (cold) and epoch 2
 # (warm; W2 adds epoch 3, a re-read; W5: three epochs per eviction policy),
 # the page cache dropped before each epoch, GETs counted at the proxy and
-# riffle's counters saved around each epoch. Prints the tables, merges them into benches/results/{quick,full}.json
+# riffle's counters saved around each epoch. W4 (listing, benches/lib/w4.sh)
+# walks its 1.1 M names instead of reading: find, stat of every file, daemon
+# RSS, then the same after a remount, LISTs and HEADs counted at the proxy. Prints the tables, merges them into benches/results/{quick,full}.json
 # and writes benches/README.md and the plots in benches/plots/. Exits
 # non-zero if any system returned wrong bytes, and with --quick also if a
 # riffle variant failed to run or hit I/O errors. Every mount is unmounted on
 # exit, failure included.
+#
+# Full run (W4's 1.1 M objects take ~12 min to upload the first time):
+#   benches/run.sh
 #
 # CI smoke test (after the debug build of the tests; ~5 min):
 #   benches/run.sh --quick --debug --no-plots
@@ -28,12 +33,13 @@ ROOT=$PWD
 
 usage() {
     cat <<USAGE
-Usage: benches/run.sh [--quick] [options] [W1 W2 W3 W5]
+Usage: benches/run.sh [--quick] [options] [W1 W2 W3 W4 W5]
 
-  --quick          scaled-down datasets (scale 0.05, W3 reads 2 s): a smoke test
-                   of a few minutes that fails on wrong bytes or a failed riffle
-                   [default workloads W1 W2 W3 W5]
-                   (without --quick: full datasets, default workloads W1 W2 W5)
+  --quick          scaled-down datasets (scale 0.05, W3 reads 2 s, W4 scale
+                   0.01): a smoke test of a few minutes that fails on wrong
+                   bytes (or a wrong W4 count) or a failed riffle
+                   [default workloads W1 W2 W3 W5; add W4 to run it]
+                   (without --quick: full datasets, default workloads W1 W2 W5 W4)
   --debug          build and run the debug profile (cargo build without
                    --release: what CI builds for the tests); also
                    RIFFLE_BENCH_PROFILE=debug
@@ -55,7 +61,11 @@ RIFFLE_BENCH_EPOCH_TIMEOUT (seconds) [quick 180, full 1200],
 RIFFLE_BENCH_GOAL_ROUNDS (rounds of the goal comparisons, each with a new
 copy: W1 copy-first, riffle + plan and riffle, W2 local disk and riffle;
 1 = only the table's rows) [quick 2, full 5],
-RIFFLE_BENCH_W3_DURATION [quick 2s, full 30s], RIFFLE_BENCH_PY_WORKERS (the
+RIFFLE_BENCH_W3_DURATION [quick 2s, full 30s], RIFFLE_BENCH_W4_SCALE [quick
+0.01, full 1], RIFFLE_BENCH_W4_TIMEOUT (seconds each W4 pass may take, per
+system) [quick 120, full 600], RIFFLE_BENCH_W4_ROUNDS (rounds of W4's goal
+comparisons: the S3 client, riffle, riffle's sequential walk) [quick 2, full
+3], RIFFLE_BENCH_PY_WORKERS (the
 Python reader's worker processes) [8], MOUNTPOINT_* (see
 benches/lib/mountpoint.sh; MOUNTPOINT_CACHE defaults to 1 here).
 USAGE
@@ -63,7 +73,7 @@ USAGE
 
 # Run order (README "Run order"): riffle-plan right after copy-first, the pair of the
 # cold-epoch goal; the table's row order is fixed elsewhere (results/render.rs).
-DEFAULT_SYSTEMS="local,local-py,copy-first,riffle-plan,s3-client,riffle,riffle-py,riffle-plan-py,riffle-nopt,riffle-listing,s3fs,rclone,mountpoint"
+DEFAULT_SYSTEMS="local,local-py,copy-first,riffle-plan,s3-client,riffle,riffle-py,riffle-plan-py,riffle-nopt,riffle-listing,riffle-seq,s3fs,rclone,mountpoint"
 MODE=full
 SYSTEMS=$DEFAULT_SYSTEMS
 DIRECT=
@@ -82,8 +92,7 @@ while [ $# -gt 0 ]; do
         --no-build) BUILD=0 ;;
         --build-mountpoint) BUILD_MOUNTPOINT=1 ;;
         -h|--help) usage; exit 0 ;;
-        [wW][1235]) WORKLOADS+=("$(echo "$1" | tr 'W' 'w')") ;;
-        [wW]4) echo "benches/run.sh: W4 has no runner yet (see benches/README.md)" >&2; exit 2 ;;
+        [wW][1-5]) WORKLOADS+=("$(echo "$1" | tr 'W' 'w')") ;;
         *) usage >&2; exit 2 ;;
     esac
     shift
@@ -103,6 +112,10 @@ if [ "$MODE" = quick ]; then
     RIFFLE_BASE_MEMORY=64M
     BUILD_MOUNTPOINT=${BUILD_MOUNTPOINT:-0}
     GOAL_ROUNDS=${RIFFLE_BENCH_GOAL_ROUNDS:-2}
+    W4_DEFAULT_SCALE=0.01
+    W4_TIMEOUT=${RIFFLE_BENCH_W4_TIMEOUT:-120}
+    W4_ROUNDS=${RIFFLE_BENCH_W4_ROUNDS:-2}
+    # W4 is not in the quick default (CI's smoke test): see benches/README.md.
     [ ${#WORKLOADS[@]} -gt 0 ] || WORKLOADS=(w1 w2 w3 w5)
 else
     SCALE=1
@@ -114,10 +127,21 @@ else
     RIFFLE_BASE_MEMORY=1G
     BUILD_MOUNTPOINT=${BUILD_MOUNTPOINT:-$BUILD}
     GOAL_ROUNDS=${RIFFLE_BENCH_GOAL_ROUNDS:-5}
-    [ ${#WORKLOADS[@]} -gt 0 ] || WORKLOADS=(w1 w2 w5)
+    W4_DEFAULT_SCALE=1
+    W4_TIMEOUT=${RIFFLE_BENCH_W4_TIMEOUT:-600}
+    # Each W4 round walks 1.1 M names three times over (the S3 client, riffle
+    # with its remount, the sequential walk): 3 rounds, not GOAL_ROUNDS.
+    W4_ROUNDS=${RIFFLE_BENCH_W4_ROUNDS:-3}
+    [ ${#WORKLOADS[@]} -gt 0 ] || WORKLOADS=(w1 w2 w5 w4)
 fi
+W4_SCALE=${RIFFLE_BENCH_W4_SCALE:-$W4_DEFAULT_SCALE}
+# RGW's memory for W4 at scale 1 (GB), for check_memory.
+W4_RGW_GB_PER_SCALE=3
 [ "$DIRECT" = none ] && DIRECT=
 [[ $GOAL_ROUNDS =~ ^[1-9][0-9]*$ ]] || { echo "benches/run.sh: RIFFLE_BENCH_GOAL_ROUNDS must be a whole number ≥ 1" >&2; exit 2; }
+[[ $W4_ROUNDS =~ ^[1-9][0-9]*$ ]] || { echo "benches/run.sh: RIFFLE_BENCH_W4_ROUNDS must be a whole number ≥ 1" >&2; exit 2; }
+[[ $W4_TIMEOUT =~ ^[1-9][0-9]*$ ]] || { echo "benches/run.sh: RIFFLE_BENCH_W4_TIMEOUT must be a whole number of seconds ≥ 1" >&2; exit 2; }
+[[ $W4_SCALE =~ ^(0?\.[0-9]*[1-9][0-9]*|1(\.0*)?)$ ]] || { echo "benches/run.sh: RIFFLE_BENCH_W4_SCALE must be in (0, 1]" >&2; exit 2; }
 ROUND=1
 SEED=${RIFFLE_BENCH_SEED:-1}
 W1_MAX_FILES=${W1_MAX_FILES-${RIFFLE_BENCH_W1_MAX_FILES:-}}
@@ -140,6 +164,8 @@ mkdir -p "$WORK"/{mnt,run,cache,local,manifests} "$LOG_DIR" "$RES_DIR"
 . "$ROOT/benches/lib/prepare.sh"
 # shellcheck source=benches/lib/workload.sh
 . "$ROOT/benches/lib/workload.sh"
+# shellcheck source=benches/lib/w4.sh
+. "$ROOT/benches/lib/w4.sh"
 # shellcheck source=benches/lib/w5.sh
 . "$ROOT/benches/lib/w5.sh"
 # The Mountpoint peer (mount_mountpoint, unmount_mountpoint, build_mountpoint).
@@ -193,6 +219,6 @@ if [ "$PLOTS" = 1 ] && [ -x benches/.venv/bin/python ]; then
     "$BIN/riffle-bench" report --results-dir benches/results --readme benches/README.md \
         --plots-dir benches/plots >/dev/null 2>&1 || true
 fi
-[ $rc = 0 ] || say "FAILED: a system returned wrong bytes, or a riffle variant failed (see above)"
+[ $rc = 0 ] || say "FAILED: a system returned wrong bytes (W4: counted wrong), or a riffle variant failed (see above)"
 say "total $((SECONDS - RUN_STARTED)) s ($((SECONDS - BUILT_AT)) s after the build)"
 exit "$rc"

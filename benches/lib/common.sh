@@ -1,5 +1,5 @@
 # Shared helpers of benches/run.sh: logging, apt installs, page-cache dropping, reading
-# results, waiting for mounts and reading a daemon's peak RSS.
+# results, waiting for mounts and reading a daemon's RSS.
 # Sourced; expects WORK and LOG_DIR to be set.
 
 say() { printf '%s %s\n' "$(date +%H:%M:%S)" "$*"; }
@@ -56,6 +56,12 @@ wait_mounted() {
 peak_rss_kb() {
     [ -n "${1:-}" ] && [ -r "/proc/$1/status" ] || return 0
     awk '/^VmHWM:/ {print $2}' "/proc/$1/status"
+}
+
+# Current RSS (VmRSS, KiB) of a live process, or nothing.
+current_rss_kb() {
+    [ -n "${1:-}" ] && [ -r "/proc/$1/status" ] || return 0
+    awk '/^VmRSS:/ {print $2}' "/proc/$1/status"
 }
 
 # Whether $1 is in the mount table; unlike `mountpoint -q`, also true for a

@@ -67,15 +67,20 @@ ensure_plot_venv() {
 
 # RGW keeps the datasets in RAM (memstore): warn when they may not fit.
 check_memory() {
-    local need=0 wl gb avail
+    local need=0 wl gb scale avail
     for wl in "$@"; do
+        scale=$SCALE
         case $wl in
             w1) gb=2.3 ;;
             w5) if [[ " $* " == *" w1 "* ]]; then gb=0; else gb=2.3; fi ;;
             w2|w3) gb=4.3 ;;
+            # 1.1 M objects of 0-64 bytes: their data is nothing, but the
+            # memstore OSD keeps each object's head and bucket index entry
+            # (W4_RGW_GB_PER_SCALE, benches/run.sh).
+            w4) gb=$W4_RGW_GB_PER_SCALE; scale=$W4_SCALE ;;
             *) gb=0 ;;
         esac
-        need=$(awk -v a="$need" -v b="$gb" -v s="$SCALE" 'BEGIN {print a + b * s}')
+        need=$(awk -v a="$need" -v b="$gb" -v s="$scale" 'BEGIN {print a + b * s}')
     done
     avail=$(awk '/^MemAvailable:/ {printf "%.1f", $2 / 1048576}' /proc/meminfo)
     say "datasets need ~${need} GB in RGW's memory; ${avail} GiB available"

@@ -6,7 +6,10 @@
 # once the mount is live, or sets NOT_RUN (a reason) and returns 1.
 # unmount_system SYSTEM MNT [TAG] unmounts, waits for the daemon to exit and
 # removes the system's cache directory (or, for many-file workloads, leaves
-# it for the end of the workload: see keep_caches).
+# it for the end of the workload: see keep_caches). With REMOUNT set,
+# mount_system mounts a riffle variant again on the cache directory its last
+# mount with that TAG left (W4's remount: unmount it without a TAG first);
+# the peers mount as always.
 #
 # The riffle variants (each a fresh mount with a fresh cache directory under
 # $WORK/cache, on local disk):
@@ -17,6 +20,8 @@
 #   riffle-listing  --cache-dir; the reader opens the files in listing order
 #                   (directory-order detection, no plan)
 #   riffle-mem      no --cache-dir: the in-memory block cache only
+#   riffle-seq (W4) --cache-dir --list-concurrency 0: no background listing,
+#                   only the directories asked for, one at a time
 #   riffle-lru, riffle-epoch (W5) --cache-dir --cache-size --eviction POLICY;
 #                   W5's riffle-plan adds --eviction plan
 # All with --metadata-ttl indefinite and --max-memory $RIFFLE_MEMORY;
@@ -57,10 +62,11 @@ mount_riffle() {
     local pidf="$WORK/run/riffle-$tag.pid" log="$LOG_DIR/$sys-$tag.log"
     local cache args=()
     cache=$(cache_dir_of "$sys" "$tag")
-    rm -rf "$cache"
+    [ -n "${REMOUNT:-}" ] || rm -rf "$cache"
     case $(base_system "$sys") in
         riffle-mem) ;;
         riffle-nopt) mkdir -p "$cache"; args+=(--cache-dir "$cache" --no-passthrough) ;;
+        riffle-seq) mkdir -p "$cache"; args+=(--cache-dir "$cache" --list-concurrency 0) ;;
         *) mkdir -p "$cache"; args+=(--cache-dir "$cache") ;;
     esac
     args+=("${RIFFLE_EXTRA_ARGS[@]}")
@@ -73,7 +79,7 @@ mount_riffle() {
     fi
     DAEMON_PID=$(cat "$pidf" 2>/dev/null || true)
     mountpoint -q "$mnt" || { NOT_RUN="failed: riffle mount returned but $mnt is not mounted"; return 1; }
-    echo "$sys: riffle mount ... --max-memory ${RIFFLE_MEMORY:-1G} ${args[*]}" >>"$LOG_DIR/mounts.log"
+    echo "$sys: riffle mount ... --max-memory ${RIFFLE_MEMORY:-1G} ${args[*]}${REMOUNT:+ (again, on the same cache directory)}" >>"$LOG_DIR/mounts.log"
 }
 
 mount_s3fs() {

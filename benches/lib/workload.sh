@@ -294,10 +294,11 @@ run_browse() {
 }
 
 # Whether a system runs in this workload (the plan and listing-order
-# variants and the Python reader's rows are W1's).
+# variants and the Python reader's rows are W1's, the sequential walk W4's).
 runs_in() {
     case $1 in
         riffle-plan|riffle-listing|*-py) [ "$WL" = w1 ] ;;
+        riffle-seq) [ "$WL" = w4 ] ;;
         *) return 0 ;;
     esac
 }
@@ -387,20 +388,21 @@ run_fuse() {
     done
 }
 
-# Generates (or finds) the dataset of $1 into $BUCKET / $MANIFEST.
+# Generates (or finds) the dataset of $1 (at scale $2, default $SCALE) into
+# $BUCKET / $MANIFEST.
 gen_dataset() {
-    "$BIN/riffle-bench" gen --workload "$1" --scale "$SCALE" --seed "$SEED" \
+    "$BIN/riffle-bench" gen --workload "$1" --scale "${2:-$SCALE}" --seed "$SEED" \
         --bucket "$BUCKET" --endpoint "$RGW_URL" --manifest "$MANIFEST" 2>>"$LOG_DIR/gen.log"
 }
 
 run_workload() {
     WL=$1
-    if [ "$WL" = w5 ]; then
-        run_w5
-        return 0
-    fi
+    case $WL in
+        w4) run_w4; return 0 ;;
+        w5) run_w5; return 0 ;;
+    esac
     TABLES=$(tables_of "$WL")
-    case $WL in w1 | w4) KEEP_CACHES=1 ;; *) KEEP_CACHES= ;; esac
+    case $WL in w1) KEEP_CACHES=1 ;; *) KEEP_CACHES= ;; esac
     BUCKET="riffle-bench-$MODE-$WL"
     MANIFEST="$WORK/manifests/$MODE-$WL.manifest"
     local started=$SECONDS date commit col endpoint sys notes=()

@@ -10,10 +10,12 @@
 //!   datasets ([`dataset`], [`content`], [`manifest`]), the parallel S3
 //!   client ([`s3`]: upload, read, copy), the file-system reader used for
 //!   every system ([`reader`]), which files an epoch reads in which order
-//!   ([`order`]), and the result tables ([`results`]).
+//!   ([`order`]), W4's walks of a mount and listings of the store
+//!   ([`listing`], [`s3::list`]), and the result tables ([`results`]).
 
 pub mod content;
 pub mod dataset;
+pub mod listing;
 pub mod manifest;
 pub mod order;
 pub mod outcome;

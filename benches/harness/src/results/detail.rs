@@ -65,6 +65,9 @@ pub fn riffle_delta(before: Option<&Value>, after: &Value) -> RiffleCounters {
         cache_objects: u(after, &["cache", "objects"]),
         cache_bytes: u(after, &["cache", "bytes"]),
         index_memory_per_object: u(after, &["cache", "index_memory_per_object"]),
+        listings: d(&["namespace", "listings"]),
+        listings_background: d(&["namespace", "listings_background"]),
+        listings_from_disk: d(&["namespace", "listings_from_disk"]),
     }
 }
 
@@ -84,6 +87,8 @@ pub fn pass_detail(result: &Path) -> anyhow::Result<Option<PassDetail>> {
     Ok(Some(PassDetail {
         store_gets,
         store_bytes,
+        store_lists: proxy.as_ref().map(|p| u(p, &["requests", "list"])),
+        store_heads: proxy.as_ref().map(|p| u(p, &["requests", "head"])),
         riffle: after.as_ref().map(|a| riffle_delta(before.as_ref(), a)),
     }))
 }
@@ -103,22 +108,23 @@ mod tests {
         assert!(pass_detail(&result).expect("none").is_none());
         std::fs::write(
             sidecar(&result, "proxy"),
-            r#"{"requests":{"total":9,"get_object":2,"get_range":5,"head":2},"bytes_down":700}"#,
+            r#"{"requests":{"total":12,"get_object":2,"get_range":5,"head":2,"list":3},"bytes_down":700}"#,
         )
         .expect("write");
         std::fs::write(
             sidecar(&result, "riffle-before"),
-            r#"{"store":{"get_requests":10},"fuse":{"opens":100,"passthrough":"enabled"}}"#,
+            r#"{"store":{"get_requests":10},"fuse":{"opens":100,"passthrough":"enabled"},"namespace":{"listings":4,"listings_from_disk":1}}"#,
         )
         .expect("write");
         std::fs::write(
             sidecar(&result, "riffle-after"),
-            r#"{"store":{"get_requests":17},"fuse":{"opens":150,"passthrough":"enabled","passthrough_opens":40},"cache":{"objects":90,"index_memory_per_object":916}}"#,
+            r#"{"store":{"get_requests":17},"fuse":{"opens":150,"passthrough":"enabled","passthrough_opens":40},"cache":{"objects":90,"index_memory_per_object":916},"namespace":{"listings":4,"listings_background":2,"listings_from_disk":12}}"#,
         )
         .expect("write");
         let d = pass_detail(&result).expect("read").expect("some");
         assert_eq!(d.store_gets, Some(7));
         assert_eq!(d.store_bytes, Some(700));
+        assert_eq!((d.store_lists, d.store_heads), (Some(3), Some(2)));
         let r = d.riffle.expect("riffle");
         assert_eq!(r.get_requests, 7);
         assert_eq!(r.opens, 50);
@@ -126,5 +132,9 @@ mod tests {
         assert_eq!(r.passthrough, "enabled");
         assert_eq!(r.cache_objects, 90);
         assert_eq!(r.index_memory_per_object, 916);
+        assert_eq!(
+            (r.listings, r.listings_background, r.listings_from_disk),
+            (0, 2, 11)
+        );
     }
 }

@@ -24,7 +24,7 @@ fn tp(rows: &[Row], table: &str, system: &str, epoch: Epoch) -> Option<f64> {
 
 /// The rows of each round: round 1 is the table's rows, then each extra
 /// round's rows, in round order.
-fn by_round(rows: &[Row], extra: &[Row]) -> Vec<Vec<Row>> {
+pub(super) fn by_round(rows: &[Row], extra: &[Row]) -> Vec<Vec<Row>> {
     let mut numbers: Vec<u32> = extra.iter().filter_map(|r| r.round).collect();
     numbers.sort_unstable();
     numbers.dedup();
@@ -40,7 +40,7 @@ fn by_round(rows: &[Row], extra: &[Row]) -> Vec<Vec<Row>> {
 }
 
 /// `value` of every round where it was measured, in round order.
-fn per_round(rounds: &[Vec<Row>], value: impl Fn(&[Row]) -> Option<f64>) -> Vec<f64> {
+pub(super) fn per_round(rounds: &[Vec<Row>], value: impl Fn(&[Row]) -> Option<f64>) -> Vec<f64> {
     rounds.iter().filter_map(|r| value(r)).collect()
 }
 
@@ -59,14 +59,14 @@ fn median(values: &[f64]) -> Option<f64> {
 /// `at_least`: the goal is `value >= goal` (else `value <= goal`, or `<`
 /// when `strict`). `values` holds one value per round that measured it;
 /// the goal is checked on their median.
-struct Goal {
-    what: String,
-    values: Vec<f64>,
-    goal: f64,
-    at_least: bool,
-    strict: bool,
-    unit: &'static str,
-    missing: String,
+pub(super) struct Goal {
+    pub(super) what: String,
+    pub(super) values: Vec<f64>,
+    pub(super) goal: f64,
+    pub(super) at_least: bool,
+    pub(super) strict: bool,
+    pub(super) unit: &'static str,
+    pub(super) missing: String,
 }
 
 impl Goal {
@@ -115,7 +115,7 @@ impl Goal {
     }
 }
 
-fn div(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+pub(super) fn div(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     match (a, b) {
         (Some(a), Some(b)) if b > 0.0 => Some(a / b),
         _ => None,
@@ -501,6 +501,7 @@ pub fn goals(table: &str, rows: &[Row], extra: &[Row]) -> Vec<String> {
             out.extend(python_goals(&rounds, rows));
         }
         "w5" => out.extend(w5_goals(rows)),
+        "w4" => out.extend(super::w4::goals(&rounds, rows)),
         "w2" => {
             // The goal is set on the warm epoch; it is also checked like for
             // like (see the note under the table): riffle's warm epoch, its
@@ -551,6 +552,7 @@ mod tests {
             warm_detail: None,
             passes: Vec::new(),
             round: None,
+            listing: None,
         }
     }
 

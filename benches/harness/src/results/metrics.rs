@@ -261,6 +261,7 @@ mod tests {
             warm_detail: None,
             passes: Vec::new(),
             round: None,
+            listing: None,
         }
     }
 

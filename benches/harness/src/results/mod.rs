@@ -8,10 +8,12 @@ pub mod machine;
 pub mod metrics;
 pub mod render;
 pub mod store;
+pub mod w4;
 pub mod w5;
 
 use serde::{Deserialize, Serialize};
 
+use crate::listing::ListPass;
 use crate::outcome::Outcome;
 
 /// With or without the latency proxy in front of RGW.
@@ -27,7 +29,7 @@ pub enum Column {
 /// One system's result in one table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Row {
-    /// Table id: `w1`, `w2`, `w3`, `w3-mmap`.
+    /// Table id: `w1`, `w2`, `w3`, `w3-mmap`, `w4`, `w5`.
     pub table: String,
     /// `local`, `copy-first`, `s3-client`, `riffle`, `s3fs`, `rclone`, ...
     pub system: String,
@@ -66,6 +68,68 @@ pub struct Row {
     /// table's own row, which is round 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub round: Option<u32>,
+    /// W4: the walks of the listing dataset (absent for other tables).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listing: Option<Listing>,
+}
+
+/// W4 (listing): one system's timed passes over the dataset's names, each
+/// with what it cost at the store. For a file system: the cold walk and the
+/// stat of every file on a fresh mount, then the same after unmounting and
+/// mounting again (riffle: on the same cache directory). For the S3
+/// client: its parallel listing, in `walk`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Listing {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub walk: Option<Step>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stat: Option<Step>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remount_walk: Option<Step>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remount_stat: Option<Step>,
+    /// The daemon's resident memory (VmRSS, KiB) right after mounting,
+    /// before the walk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rss_base_kb: Option<u64>,
+    /// Its VmRSS (KiB) after the cold walk and the stat (the row's `rss_kb`
+    /// is VmHWM then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rss_after_kb: Option<u64>,
+}
+
+/// One W4 pass and what it cost at the store (LISTs and HEADs at the
+/// proxy) and in riffle's counters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Step {
+    pub pass: ListPass,
+    #[serde(default)]
+    pub detail: PassDetail,
+}
+
+impl Listing {
+    /// Its passes in order, with their names.
+    pub fn steps(&self) -> impl Iterator<Item = (&'static str, &Step)> {
+        [
+            ("cold walk", &self.walk),
+            ("stat", &self.stat),
+            ("remount walk", &self.remount_walk),
+            ("remount stat", &self.remount_stat),
+        ]
+        .into_iter()
+        .filter_map(|(name, s)| s.as_ref().map(|s| (name, s)))
+    }
+
+    /// The daemon's RSS growth per object of the dataset over the walk and
+    /// the stat (bytes): VmRSS after them minus VmRSS right after mounting,
+    /// divided by the manifest's object count. `None` unless both were read
+    /// and the walk counted every object.
+    pub fn rss_per_object(&self) -> Option<f64> {
+        let pass = &self.walk.as_ref()?.pass;
+        let (base, after) = (self.rss_base_kb?, self.rss_after_kb?);
+        (pass.clean() && pass.expected_objects > 0)
+            .then(|| after.saturating_sub(base) as f64 * 1024.0 / pass.expected_objects as f64)
+    }
 }
 
 /// One epoch of a many-epoch row (W5).
@@ -101,6 +165,12 @@ pub struct PassDetail {
     /// Bytes the proxy sent during the epoch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store_bytes: Option<u64>,
+    /// LIST requests counted at the proxy (W4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_lists: Option<u64>,
+    /// HEAD requests counted at the proxy (W4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_heads: Option<u64>,
     /// riffle's counters over the epoch (`riffle stats --json` after minus before).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub riffle: Option<RiffleCounters>,
@@ -132,6 +202,15 @@ pub struct RiffleCounters {
     pub cache_bytes: u64,
     /// Bytes of cache index memory per cached object.
     pub index_memory_per_object: u64,
+    /// Directory listings taken from the store (`namespace.listings`), run
+    /// in the background ahead of a walk (`listings_background`), and taken
+    /// from the cache directory instead (`listings_from_disk`).
+    #[serde(default)]
+    pub listings: u64,
+    #[serde(default)]
+    pub listings_background: u64,
+    #[serde(default)]
+    pub listings_from_disk: u64,
 }
 
 impl Row {
@@ -148,14 +227,18 @@ impl Row {
             .sum();
         // Many-epoch rows repeat their first two epochs as cold and warm.
         let all: u64 = self.passes.iter().map(|p| p.outcome.mismatches).sum();
-        two.max(all)
+        // W4: a pass that counted wrong.
+        let listing = self.listing.as_ref().map_or(0, |l| {
+            l.steps().filter(|(_, s)| s.pass.wrong).count() as u64
+        });
+        two.max(all) + listing
     }
 }
 
 /// Facts about one workload's run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Meta {
-    /// `w1`, `w2`, `w3`.
+    /// `w1` ... `w5`.
     pub workload: String,
     /// `quick` or `full`.
     pub mode: String,

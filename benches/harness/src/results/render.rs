@@ -10,11 +10,12 @@ use super::store::{ModeResults, WorkloadResult};
 use super::{local_of, python_reader, tables_of, Column, Row};
 
 /// Display order of systems (the Python reader's rows last, together).
-const ORDER: [&str; 16] = [
+const ORDER: [&str; 17] = [
     "local",
     "copy-first",
     "s3-client",
     "riffle",
+    "riffle-seq",
     "riffle-nopt",
     "riffle-plan",
     "riffle-listing",
@@ -37,6 +38,7 @@ pub fn system_label(system: &str) -> String {
         "s3-client" => "S3 client, 64 in flight (reference)".into(),
         "riffle" => "riffle, no plan (disk cache, passthrough)".into(),
         "riffle-nopt" => "riffle (disk cache, no passthrough)".into(),
+        "riffle-seq" => "riffle, sequential walk (`--list-concurrency 0`)".into(),
         "riffle-plan" => "riffle + epoch plan".into(),
         "riffle-listing" => "riffle, listing order ‡".into(),
         "riffle-browse" => "riffle, browsing (1 thread, random files) §".into(),
@@ -56,6 +58,7 @@ pub fn short_label(system: &str) -> String {
         "local" => "local".into(),
         "s3-client" => "S3 client".into(),
         "riffle-nopt" => "riffle\nno passthrough".into(),
+        "riffle-seq" => "riffle\nsequential".into(),
         "riffle-plan" => "riffle\n+ plan".into(),
         "riffle-listing" => "riffle\nlisting order".into(),
         "riffle-browse" => "riffle\nbrowsing".into(),
@@ -74,6 +77,7 @@ fn table_title(table: &str) -> &'static str {
         "w2" => "W2 shards: 4 readers, whole shards in 1 MiB reads",
         "w3" => "W3 tokens: 16 threads, random 4 KiB–1 MiB pread",
         "w3-mmap" => "W3 tokens through mmap: 16 threads, random 4 KiB–1 MiB",
+        "w4" => "W4 listing: `find -type f` over every object, then a stat of every file, cold and after a remount",
         "w5" => "W5 larger than cache: W1 with a cache of half the data, 3 shuffled epochs",
         _ => "workload",
     }
@@ -116,10 +120,20 @@ fn shown_epochs(rows: &[Row]) -> Vec<Epoch> {
     epochs
 }
 
+/// What a table's numbers are, after its title.
+fn unit_note(table: &str) -> String {
+    match table {
+        "w4" => "seconds, lower is better".into(),
+        t => format!("{}, higher is better", Unit::of_table(t).label()),
+    }
+}
+
 /// The markdown table of one table id.
 pub fn table(table: &str, rows: &[Row]) -> String {
-    if table == "w5" {
-        return super::w5::table(rows);
+    match table {
+        "w4" => return super::w4::table(rows),
+        "w5" => return super::w5::table(rows),
+        _ => {}
     }
     let rows: Vec<Row> = rows.iter().filter(|r| r.table == table).cloned().collect();
     let proxy: Vec<&Row> = sorted(&rows)
@@ -230,8 +244,8 @@ fn share(part: u64, whole: u64) -> String {
 /// What each epoch cost at the store (GETs counted at the proxy) and
 /// riffle's own counters, for the proxy rows that have them.
 pub fn cost_table(table: &str, rows: &[Row]) -> Option<String> {
-    if table == "w5" {
-        return None; // its own table has the per-epoch counts
+    if table == "w4" || table == "w5" {
+        return None; // their own tables have the counts at the store
     }
     let rows: Vec<&Row> = sorted(rows)
         .into_iter()
@@ -314,12 +328,7 @@ pub fn workload_section(w: &WorkloadResult, plot: &dyn Fn(&str) -> Option<String
         if !w.rows.iter().any(|r| r.table == t) {
             continue;
         }
-        let _ = writeln!(
-            out,
-            "**{}** ({}, higher is better)\n",
-            table_title(&t),
-            Unit::of_table(&t).label()
-        );
+        let _ = writeln!(out, "**{}** ({})\n", table_title(&t), unit_note(&t));
         out.push_str(&table(&t, &w.rows));
         out.push('\n');
         let goals = super::goals::goals(&t, &w.rows, &w.rounds);
@@ -355,9 +364,16 @@ pub fn plot_tables(mode: &str, results: &ModeResults) -> Vec<PlotTable> {
             if rows.is_empty() {
                 continue;
             }
-            if t == "w5" {
-                out.push(super::w5::plot(mode, &rows, table_title(&t)));
-                continue;
+            match t.as_str() {
+                "w4" => {
+                    out.push(super::w4::plot(mode, &rows, table_title(&t)));
+                    continue;
+                }
+                "w5" => {
+                    out.push(super::w5::plot(mode, &rows, table_title(&t)));
+                    continue;
+                }
+                _ => {}
             }
             let mut points = super::metrics::plot_points(&rows, &short_label);
             points.sort_by_key(|p| rank(&p.system));
@@ -567,6 +583,7 @@ mod tests {
             warm_detail: None,
             passes: Vec::new(),
             round: None,
+            listing: None,
         }
     }
 

@@ -245,6 +245,7 @@ mod tests {
             warm_detail: None,
             passes,
             round: None,
+            listing: None,
         }
     }
 

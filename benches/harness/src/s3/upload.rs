@@ -83,8 +83,13 @@ struct Marker {
     seed: u64,
 }
 
+/// The name of the dataset marker object, right under the dataset's prefix.
+/// It is the harness's bookkeeping, not part of the dataset: W4's walks and
+/// listings leave it out of their counts ([`crate::listing`]).
+pub const MARKER_NAME: &str = ".riffle-bench.json";
+
 fn marker_key(prefix: &str) -> String {
-    format!("{prefix}.riffle-bench.json")
+    format!("{prefix}{MARKER_NAME}")
 }
 
 /// Uploads every object of `plan` that is not already there.

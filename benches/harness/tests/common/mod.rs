@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -53,12 +54,15 @@ pub struct Seen {
 type Body = UnsyncBoxBody<Bytes, Infallible>;
 
 /// A tiny S3-like server: objects in memory, `Range` honoured, `PUT`
-/// stores, `GET /bucket` lists. Bodies go out in 64 KiB frames with a
-/// `Content-Length`.
+/// stores, `GET /bucket` lists the bucket's keys as ListObjectsV2 does
+/// (`prefix`, `delimiter`, `max-keys`, `continuation-token`; pages of at
+/// most [`FakeUpstream::set_list_page`] entries). Bodies go out in 64 KiB
+/// frames with a `Content-Length`.
 pub struct FakeUpstream {
     pub addr: SocketAddr,
     pub objects: Arc<Mutex<HashMap<String, Bytes>>>,
     pub seen: Arc<Mutex<Vec<Seen>>>,
+    list_page: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -74,15 +78,22 @@ impl FakeUpstream {
         let addr = listener.local_addr().expect("fake addr");
         let objects: Arc<Mutex<HashMap<String, Bytes>>> = Arc::default();
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
-        let (o, s) = (Arc::clone(&objects), Arc::clone(&seen));
+        let list_page = Arc::new(AtomicUsize::new(1000));
+        let (o, s, l) = (
+            Arc::clone(&objects),
+            Arc::clone(&seen),
+            Arc::clone(&list_page),
+        );
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
-                let (o, s) = (Arc::clone(&o), Arc::clone(&s));
+                let (o, s, l) = (Arc::clone(&o), Arc::clone(&s), Arc::clone(&l));
                 tokio::spawn(async move {
-                    let service = service_fn(move |req| serve(Arc::clone(&o), Arc::clone(&s), req));
+                    let service = service_fn(move |req| {
+                        serve(Arc::clone(&o), Arc::clone(&s), Arc::clone(&l), req)
+                    });
                     let _ = http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
                         .await;
@@ -93,8 +104,19 @@ impl FakeUpstream {
             addr,
             objects,
             seen,
+            list_page,
             task,
         }
+    }
+
+    /// Entries (keys and common prefixes) a listing page holds at most,
+    /// whatever `max-keys` asks (1,000 by default, as S3).
+    pub fn set_list_page(&self, n: usize) {
+        self.list_page.store(n.max(1), Ordering::Relaxed);
+    }
+
+    pub fn remove(&self, key: &str) {
+        self.objects.lock().remove(key);
     }
 
     pub fn url(&self) -> String {
@@ -151,9 +173,136 @@ fn parse_range(value: &str, len: u64) -> Option<(u64, u64)> {
     (start <= end && end < len).then_some((start, end))
 }
 
+/// `%XX` and `+` decoded (query values as clients encode them).
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => {
+                let hex = std::str::from_utf8(&b[i + 1..i + 3]).ok();
+                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    Some(v) => {
+                        out.push(v);
+                        i += 3;
+                        continue;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn xml_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// A ListObjectsV2 answer for `bucket` from the objects (`bucket/key`),
+/// the continuation token being the last entry of the page before.
+fn list_bucket(
+    objects: &HashMap<String, Bytes>,
+    bucket: &str,
+    query: &str,
+    page_cap: usize,
+) -> String {
+    let param = |name: &str| {
+        query
+            .split('&')
+            .filter_map(|kv| kv.split_once('=').or(Some((kv, ""))))
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| percent_decode(v))
+    };
+    let prefix = param("prefix").unwrap_or_default();
+    let delimiter = param("delimiter").filter(|d| !d.is_empty());
+    let token = param("continuation-token");
+    let max_keys = param("max-keys")
+        .and_then(|m| m.parse::<usize>().ok())
+        .unwrap_or(1000)
+        .min(page_cap);
+    let mut keys: Vec<(String, usize)> = objects
+        .iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix(&format!("{bucket}/"))?.to_string(), v.len())))
+        .filter(|(k, _)| k.starts_with(&prefix))
+        .collect();
+    keys.sort();
+    // Keys and common prefixes in order, each prefix once.
+    let mut entries: Vec<(String, Option<usize>)> = Vec::new();
+    for (k, size) in keys {
+        let rest = &k[prefix.len()..];
+        match delimiter
+            .as_deref()
+            .and_then(|d| rest.find(d).map(|i| i + d.len()))
+        {
+            Some(end) => {
+                let p = format!("{prefix}{}", &rest[..end]);
+                if entries.last().map(|(e, _)| e) != Some(&p) {
+                    entries.push((p, None));
+                }
+            }
+            None => entries.push((k, Some(size))),
+        }
+    }
+    let start = token.map_or(0, |t| {
+        entries
+            .iter()
+            .position(|(e, _)| *e == t)
+            .map_or(entries.len(), |i| i + 1)
+    });
+    let page: Vec<&(String, Option<usize>)> = entries.iter().skip(start).take(max_keys).collect();
+    let truncated = start + page.len() < entries.len();
+    let mut xml = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<ListBucketResult \
+         xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Name>{}</Name><Prefix>{}</Prefix>\
+         <KeyCount>{}</KeyCount><MaxKeys>{max_keys}</MaxKeys><IsTruncated>{truncated}</IsTruncated>",
+        xml_escape(bucket),
+        xml_escape(&prefix),
+        page.len()
+    );
+    if let Some(d) = &delimiter {
+        xml += &format!("<Delimiter>{}</Delimiter>", xml_escape(d));
+    }
+    if truncated {
+        if let Some((last, _)) = page.last() {
+            xml += &format!(
+                "<NextContinuationToken>{}</NextContinuationToken>",
+                xml_escape(last)
+            );
+        }
+    }
+    for (e, size) in &page {
+        match size {
+            Some(n) => {
+                xml += &format!(
+                    "<Contents><Key>{}</Key><Size>{n}</Size><ETag>\"abc\"</ETag>\
+                     <LastModified>2026-01-01T00:00:00.000Z</LastModified>\
+                     <StorageClass>STANDARD</StorageClass></Contents>",
+                    xml_escape(e)
+                )
+            }
+            None => {
+                xml += &format!(
+                    "<CommonPrefixes><Prefix>{}</Prefix></CommonPrefixes>",
+                    xml_escape(e)
+                )
+            }
+        }
+    }
+    xml + "</ListBucketResult>"
+}
+
 async fn serve(
     objects: Arc<Mutex<HashMap<String, Bytes>>>,
     seen: Arc<Mutex<Vec<Seen>>>,
+    list_page: Arc<AtomicUsize>,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
     let (parts, body) = req.into_parts();
@@ -190,14 +339,18 @@ async fn serve(
             r
         }
         Method::GET if is_bucket => {
-            let keys: Vec<String> = objects.lock().keys().cloned().collect();
-            let xml = format!(
-                "<ListBucketResult>{}</ListBucketResult>",
-                keys.iter()
-                    .map(|k| format!("<Contents><Key>{k}</Key></Contents>"))
-                    .collect::<String>()
+            let xml = list_bucket(
+                &objects.lock(),
+                key.trim_end_matches('/'),
+                parts.uri.query().unwrap_or(""),
+                list_page.load(Ordering::Relaxed),
             );
-            full(StatusCode::OK, xml)
+            let mut r = full(StatusCode::OK, xml);
+            r.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                "application/xml".parse().expect("content type"),
+            );
+            r
         }
         Method::GET | Method::HEAD => {
             let Some(data) = objects.lock().get(&key).cloned() else {

@@ -6,18 +6,19 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use riffle_bench::listing::ListPass;
 use riffle_bench::manifest::Manifest;
 use riffle_bench::outcome::Outcome;
 use riffle_bench::results::detail::pass_detail;
 use riffle_bench::results::machine::Machine;
-use riffle_bench::results::{Column, Meta, Pass, Record, Row};
+use riffle_bench::results::{Column, Listing, Meta, Pass, Record, Row, Step};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
     /// Facts about one workload's run
     Meta(MetaArgs),
     /// One system's results in one table
-    Row(RowArgs),
+    Row(Box<RowArgs>),
 }
 
 #[derive(Debug, clap::Args)]
@@ -25,7 +26,7 @@ pub struct MetaArgs {
     /// The run file to append to
     #[arg(long)]
     run: PathBuf,
-    /// w1, w2 or w3
+    /// w1 ... w5
     #[arg(long)]
     workload: String,
     /// quick or full
@@ -56,7 +57,7 @@ pub struct MetaArgs {
 pub struct RowArgs {
     #[arg(long)]
     run: PathBuf,
-    /// Table id: w1, w2, w3, w3-mmap, w5
+    /// Table id: w1, w2, w3, w3-mmap, w4, w5
     #[arg(long)]
     table: String,
     #[arg(long)]
@@ -87,6 +88,25 @@ pub struct RowArgs {
     /// Daemon peak RSS, KiB
     #[arg(long)]
     rss_kb: Option<u64>,
+    /// W4: the cold walk's JSON result (`riffle-bench walk`, or the S3
+    /// client's `list-s3`), with its sidecars as for --cold
+    #[arg(long)]
+    walk: Option<PathBuf>,
+    /// W4: the stat of every file after the cold walk (`walk --stat`)
+    #[arg(long)]
+    stat: Option<PathBuf>,
+    /// W4: the walk after a remount
+    #[arg(long)]
+    remount_walk: Option<PathBuf>,
+    /// W4: the stat after a remount
+    #[arg(long)]
+    remount_stat: Option<PathBuf>,
+    /// W4: the daemon's VmRSS right after mounting, KiB
+    #[arg(long)]
+    rss_base_kb: Option<u64>,
+    /// W4: the daemon's VmRSS after the cold walk and stat, KiB
+    #[arg(long)]
+    rss_after_kb: Option<u64>,
     #[arg(long)]
     note: Option<String>,
     /// An extra round (2, 3, ...) of a goal comparison (the goal lines use
@@ -127,6 +147,14 @@ pub fn run(cmd: Command) -> anyhow::Result<()> {
                 });
             }
             let detail = |p: Option<&Path>| p.map(pass_detail).transpose().map(Option::flatten);
+            let listing = Listing {
+                walk: step(a.walk.as_deref())?,
+                stat: step(a.stat.as_deref())?,
+                remount_walk: step(a.remount_walk.as_deref())?,
+                remount_stat: step(a.remount_stat.as_deref())?,
+                rss_base_kb: a.rss_base_kb,
+                rss_after_kb: a.rss_after_kb,
+            };
             let row = Row {
                 table: a.table,
                 system: a.system,
@@ -142,6 +170,7 @@ pub fn run(cmd: Command) -> anyhow::Result<()> {
                 warm_detail: detail(a.warm.as_deref())?,
                 passes,
                 round: (a.round > 1).then_some(a.round),
+                listing: (listing != Listing::default()).then_some(listing),
             };
             append(&a.run, &Record::Row(Box::new(row)))
         }
@@ -151,7 +180,24 @@ pub fn run(cmd: Command) -> anyhow::Result<()> {
 /// A reader's JSON result; a missing or empty file means the pass did not
 /// produce one (the reader crashed), which is recorded as absent.
 fn outcome(path: Option<&Path>) -> anyhow::Result<Option<Outcome>> {
+    path.map_or(Ok(None), json::<Outcome>)
+}
+
+/// A W4 pass's JSON result with what it cost (its sidecars); a missing
+/// or empty file (the pass did not run, or crashed) is recorded as absent.
+fn step(path: Option<&Path>) -> anyhow::Result<Option<Step>> {
     let Some(path) = path else { return Ok(None) };
+    let Some(pass) = json::<ListPass>(path)? else {
+        return Ok(None);
+    };
+    Ok(Some(Step {
+        pass,
+        detail: pass_detail(path)?.unwrap_or_default(),
+    }))
+}
+
+/// The JSON value in `path`; `None` when the file is missing or empty.
+fn json<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<Option<T>> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),

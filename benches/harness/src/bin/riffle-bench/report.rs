@@ -1,12 +1,14 @@
 //! `riffle-bench report`: merge a run into the per-mode store, print its
-//! tables, write the plot data and `benches/README.md`, and with `--check`
-//! fail when any system of the run returned wrong bytes.
+//! tables and their goal lines, write the plot data and
+//! `benches/README.md`, and with `--check` fail when any system of the run
+//! returned wrong bytes (W4: counted the files wrong).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
 use riffle_bench::outcome::Outcome;
+use riffle_bench::results::goals::goals;
 use riffle_bench::results::render::{plot_tables, readme, table, MODES};
 use riffle_bench::results::store::{load, merge, read_run};
 use riffle_bench::results::{tables_of, Row};
@@ -47,10 +49,18 @@ fn required_failure(r: &Row) -> Option<String> {
         .flatten()
         .collect();
     passes.extend(r.passes.iter().map(|p| &p.outcome));
-    if passes.is_empty() {
+    // W4: every pass must finish without errors.
+    let steps: Vec<_> = r.listing.iter().flat_map(|l| l.steps()).collect();
+    for (name, s) in &steps {
+        if let Some(t) = s.pass.timed_out_s {
+            return Some(format!("the {name} timed out after {t:.0} s"));
+        }
+    }
+    if passes.is_empty() && steps.is_empty() {
         return Some("no result".into());
     }
-    let errors: u64 = passes.iter().map(|o| o.errors).sum();
+    let errors: u64 = passes.iter().map(|o| o.errors).sum::<u64>()
+        + steps.iter().map(|(_, s)| s.pass.errors).sum::<u64>();
     (errors > 0).then(|| format!("{errors} I/O errors"))
 }
 
@@ -64,6 +74,13 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             for t in tables_of(&w.meta.workload) {
                 if w.rows.iter().any(|r| r.table == t) {
                     println!("\n{} ({mode})\n\n{}", t.to_uppercase(), table(&t, &w.rows));
+                    let lines = goals(&t, &w.rows, &w.rounds);
+                    if !lines.is_empty() {
+                        println!("Goals, this run:\n");
+                        for g in lines {
+                            println!("- {g}");
+                        }
+                    }
                 }
             }
             // Extra rounds of the goal comparisons must read right too.
