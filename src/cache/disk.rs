@@ -54,11 +54,13 @@ use std::time::SystemTime;
 use bytes::Bytes;
 use parking_lot::{Condvar, Mutex};
 
-use super::entry::{self, Evicted, LoadError, OpenEntry, Use};
-use super::evict::{hashmap_bytes, EntryInfo, EvictionPolicy, LruPolicy};
+use super::entry::{self, Evicted, Files, LoadError, OpenEntry, Use};
+use super::evict::{hashmap_bytes, EntryInfo, EvictionPolicy, LruPolicy, Slot, SlotKeys};
+use super::evict_plan::PlanPolicy;
 use super::format::{self, RecordKind};
 use super::identity::{EntryKey, ObjectIdentity};
 use super::ring::{AlignedBuf, IoBuf, Ring, ALIGN};
+use super::slab::{Chunked, KeyIndex};
 use super::sys;
 use super::{scan, CacheConfig, CacheError, SizeLimit};
 
@@ -194,22 +196,180 @@ pub struct DataFile {
     pub path: PathBuf,
 }
 
-/// One known entry.
+/// One known entry: 64 bytes, in a slot of the [`Table`] (see "Memory" in the `cache` module
+/// documentation).
 #[derive(Debug, Default)]
-struct Entry {
+struct Record {
+    key: EntryKey,
     /// Bytes charged to it (including reservations of writes in progress).
     bytes: u64,
-    /// Blocks present, and whether all are.
-    blocks: u32,
-    complete: bool,
-    /// Bytes of `bytes` reserved by writes in progress.
-    reserved: u64,
+    /// Its files: closed, open and idle, or open and in use.
+    files: Files,
     pins: u32,
-    writes: u32,
-    evicting: bool,
-    open: Option<Arc<OpenEntry>>,
-    /// The open entry on which one use is held on behalf of all pins.
-    pin_use: Option<Arc<OpenEntry>>,
+    /// Writes in progress.
+    writes: u16,
+    flags: u8,
+}
+
+/// The slot holds a known entry.
+const LIVE: u8 = 1;
+/// Every block is present.
+const COMPLETE: u8 = 2;
+/// Chosen as a victim; its files are being removed.
+const EVICTING: u8 = 4;
+/// The open entry in `files` holds one use on behalf of all pins (a shared lock on its
+/// journal: no other process evicts it).
+const PIN_HELD: u8 = 8;
+
+impl Record {
+    fn flag(&self, f: u8) -> bool {
+        self.flags & f != 0
+    }
+
+    fn set(&mut self, f: u8, on: bool) {
+        if on {
+            self.flags |= f;
+        } else {
+            self.flags &= !f;
+        }
+    }
+
+    fn complete(&self) -> bool {
+        self.flag(COMPLETE)
+    }
+
+    /// Keeps the open entry as idle files if nothing uses it (see `entry`, "Idle form").
+    fn settle(&mut self) {
+        if self.pins == 0 && self.writes == 0 && !self.flag(PIN_HELD) {
+            self.files.settle();
+        }
+    }
+}
+
+/// Slots available: the policies use the two highest `u32` values as list markers.
+const MAX_SLOTS: Slot = u32::MAX - 2;
+
+/// The known entries: records in numbered slots (a slot is reused once its entry is gone), and
+/// an index from key to slot. The eviction policies name entries by slot.
+#[derive(Debug, Default)]
+struct Table {
+    records: Chunked<Record>,
+    index: KeyIndex,
+    free: Vec<Slot>,
+    /// Slots ever used: the next new one.
+    high: Slot,
+}
+
+fn key_in(records: &Chunked<Record>, at: Slot) -> EntryKey {
+    records.get(at).map_or_else(EntryKey::default, |r| r.key)
+}
+
+impl SlotKeys for Table {
+    fn key_of(&self, at: Slot) -> EntryKey {
+        key_in(&self.records, at)
+    }
+}
+
+impl Table {
+    fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    fn find(&self, key: &EntryKey) -> Option<Slot> {
+        let records = &self.records;
+        self.index.get(key, |at| key_in(records, at))
+    }
+
+    fn at(&self, at: Slot) -> Option<&Record> {
+        self.records.get(at).filter(|r| r.flag(LIVE))
+    }
+
+    fn at_mut(&mut self, at: Slot) -> Option<&mut Record> {
+        self.records.get_mut(at).filter(|r| r.flag(LIVE))
+    }
+
+    fn get(&self, key: &EntryKey) -> Option<&Record> {
+        self.at(self.find(key)?)
+    }
+
+    fn get_mut(&mut self, key: &EntryKey) -> Option<&mut Record> {
+        let at = self.find(key)?;
+        self.at_mut(at)
+    }
+
+    /// A new record for `key` (not known yet); `None` when every slot is taken.
+    fn add(&mut self, key: EntryKey) -> Option<Slot> {
+        let at = match self.free.pop() {
+            Some(at) => at,
+            None if self.high < MAX_SLOTS => {
+                self.high += 1;
+                self.high - 1
+            }
+            None => return None,
+        };
+        *self.records.grow_to(at) = Record {
+            key,
+            flags: LIVE,
+            ..Record::default()
+        };
+        let records = &self.records;
+        self.index.insert(&key, at, |s| key_in(records, s));
+        Some(at)
+    }
+
+    /// Removes the record in slot `at` and gives it back (its files are the caller's to close,
+    /// outside the state lock).
+    fn take(&mut self, at: Slot) -> Option<Record> {
+        let key = self.at(at)?.key;
+        let records = &self.records;
+        self.index.remove(&key, |s| key_in(records, s));
+        let record = std::mem::take(self.records.get_mut(at)?);
+        self.free.push(at);
+        Some(record)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Record> {
+        (0..self.high).filter_map(|at| self.at(at))
+    }
+
+    /// Heap bytes of the records, the index and the free list (not of open entries).
+    fn heap_bytes(&self) -> usize {
+        self.records.heap_bytes() + self.index.heap_bytes() + self.free.capacity() * 4
+    }
+}
+
+/// The slot of `key`, with a new record (made known to the eviction policy) if there is none;
+/// `None` only when every slot is taken. Takes the two fields rather than the whole state so
+/// callers keep using the others.
+fn known_entry(
+    table: &mut Table,
+    policy: &mut Box<dyn EvictionPolicy>,
+    key: EntryKey,
+) -> Option<Slot> {
+    if let Some(at) = table.find(&key) {
+        return Some(at);
+    }
+    let at = table.add(key)?;
+    policy.insert(
+        at,
+        &EntryInfo {
+            key,
+            bytes: 0,
+            last_used: None,
+        },
+        table,
+    );
+    Some(at)
+}
+
+/// Takes `bytes` off the reservation of `key`.
+fn unreserve(reserved: &mut HashMap<EntryKey, u64>, key: EntryKey, bytes: u64) {
+    if let Some(r) = reserved.get_mut(&key) {
+        *r = r.saturating_sub(bytes);
+        if *r == 0 {
+            reserved.remove(&key);
+        }
+    }
 }
 
 /// Whether a block read back is whole (`len` bytes) and matches its CRC32C.
@@ -217,29 +377,10 @@ fn intact(data: &[u8], len: u64, crc: u32) -> bool {
     data.len() as u64 == len && crc32c::crc32c(data) == crc
 }
 
-/// The record of `key`, created (and made known to the eviction policy) if there is none.
-/// Takes the two fields rather than the whole state so callers keep using the others.
-fn known_entry<'a>(
-    entries: &'a mut HashMap<EntryKey, Entry>,
-    policy: &mut Box<dyn EvictionPolicy>,
-    key: EntryKey,
-    id: &ObjectIdentity,
-) -> &'a mut Entry {
-    entries.entry(key).or_insert_with(|| {
-        policy.insert(&EntryInfo {
-            key,
-            identity: Some(id),
-            bytes: 0,
-            last_used: None,
-        });
-        Entry::default()
-    })
-}
-
 struct State {
-    entries: HashMap<EntryKey, Entry>,
+    table: Table,
     policy: Box<dyn EvictionPolicy>,
-    /// Entries with open files, least recently used first.
+    /// Slots of entries with open files, least recently used first.
     open_lru: LruPolicy,
     open_count: usize,
     used: u64,
@@ -247,6 +388,8 @@ struct State {
     pending: u64,
     /// Evictions in progress.
     evicting: usize,
+    /// Bytes of an entry's `bytes` reserved by its writes in progress.
+    reserved: HashMap<EntryKey, u64>,
 }
 
 type EvictedListener = Box<dyn Fn(&[EntryKey]) + Send + Sync>;
@@ -298,9 +441,7 @@ impl Reservation<'_> {
     fn commit(mut self) {
         let mut st = self.cache.state.lock();
         st.pending = st.pending.saturating_sub(self.bytes);
-        if let Some(e) = st.entries.get_mut(&self.key) {
-            e.reserved = e.reserved.saturating_sub(self.bytes);
-        }
+        unreserve(&mut st.reserved, self.key, self.bytes);
         self.done = true;
     }
 }
@@ -313,10 +454,10 @@ impl Drop for Reservation<'_> {
         let mut st = self.cache.state.lock();
         st.pending = st.pending.saturating_sub(self.bytes);
         st.used = st.used.saturating_sub(self.bytes);
-        if let Some(e) = st.entries.get_mut(&self.key) {
+        if let Some(e) = st.table.get_mut(&self.key) {
             e.bytes = e.bytes.saturating_sub(self.bytes);
-            e.reserved = e.reserved.saturating_sub(self.bytes);
         }
+        unreserve(&mut st.reserved, self.key, self.bytes);
     }
 }
 
@@ -339,7 +480,7 @@ impl Drop for WriteUse<'_> {
         }
         self.entry.release_use();
         let mut st = self.cache.state.lock();
-        if let Some(e) = st.entries.get_mut(&self.entry.key) {
+        if let Some(e) = st.table.get_mut(&self.entry.key) {
             e.writes = e.writes.saturating_sub(1);
         }
     }
@@ -373,7 +514,11 @@ impl PinGuard {
     /// again and sees the file opened.
     pub fn used(&self) {
         if let Some(cache) = self.cache.upgrade() {
-            cache.state.lock().policy.touch(self.key);
+            let mut guard = cache.state.lock();
+            let st = &mut *guard;
+            if let Some(at) = st.table.find(&self.key) {
+                st.policy.touch(at, &st.table);
+            }
         }
     }
 }
@@ -454,13 +599,14 @@ impl DiskCache {
             max_open: config.max_open_objects.max(1),
             ring,
             state: Mutex::new(State {
-                entries: HashMap::new(),
+                table: Table::default(),
                 policy,
                 open_lru: LruPolicy::new(),
                 open_count: 0,
                 used: 0,
                 pending: 0,
                 evicting: 0,
+                reserved: HashMap::new(),
             }),
             evicted: tokio::sync::Notify::new(),
             evicted_listener: Mutex::new(None),
@@ -523,24 +669,26 @@ impl DiskCache {
         let mut st = self.state.lock();
         let st = &mut *st;
         for f in found {
-            if st.entries.contains_key(&f.key) {
+            if st.table.find(&f.key).is_some() {
                 continue;
             }
-            st.policy.insert(&EntryInfo {
-                key: f.key,
-                identity: Some(&f.identity),
-                bytes: f.bytes,
-                last_used: Some(f.last_used),
-            });
+            let Some(at) = st.table.add(f.key) else {
+                break;
+            };
+            if let Some(e) = st.table.at_mut(at) {
+                e.bytes = f.bytes;
+                e.files = Files::Closed { blocks: f.blocks };
+                e.set(COMPLETE, f.complete);
+            }
             st.used += f.bytes;
-            st.entries.insert(
-                f.key,
-                Entry {
+            st.policy.insert(
+                at,
+                &EntryInfo {
+                    key: f.key,
                     bytes: f.bytes,
-                    blocks: f.blocks,
-                    complete: f.complete,
-                    ..Entry::default()
+                    last_used: Some(f.last_used),
                 },
+                &st.table,
             );
         }
     }
@@ -599,15 +747,28 @@ impl DiskCache {
         }
     }
 
-    /// The open entry of `key`, if its files are open here and it is alive.
-    fn cached_open(&self, key: EntryKey) -> Option<Arc<OpenEntry>> {
-        let mut st = self.state.lock();
-        let open = st.entries.get(&key)?.open.clone()?;
-        if open.is_dead() {
+    /// The open entry of `key` (an object of `size` bytes), if its files are open here and it
+    /// is alive; made from the idle files if need be (no I/O). The caller calls
+    /// [`Self::settle`] once done with it.
+    fn cached_open(&self, key: EntryKey, size: u64) -> Option<Arc<OpenEntry>> {
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        let at = st.table.find(&key)?;
+        let e = st.table.at_mut(at)?;
+        if e.files.is_dead() {
             return None;
         }
-        st.open_lru.touch(key);
+        let open = e.files.activate(key, size, self.block_size)?;
+        st.open_lru.use_now(at);
         Some(open)
+    }
+
+    /// After a use of `key`'s open entry (every `Arc` of it the use took dropped): keeps it as
+    /// idle files when nothing else uses it (see `entry`, "Idle form").
+    fn settle(&self, key: &EntryKey) {
+        if let Some(e) = self.state.lock().table.get_mut(key) {
+            e.settle();
+        }
     }
 
     /// Loads (or with `create`, creates) the entry of `id` and installs it.
@@ -617,7 +778,7 @@ impl DiskCache {
         key: EntryKey,
         create: bool,
     ) -> Result<Option<Arc<OpenEntry>>, CacheError> {
-        if let Some(o) = self.cached_open(key) {
+        if let Some(o) = self.cached_open(key, id.size) {
             return Ok(Some(o));
         }
         let (root, bs, direct, idc) = (
@@ -656,64 +817,76 @@ impl DiskCache {
             Err(CacheError::Busy)
         })
         .await??;
-        Ok(loaded.map(|e| self.install(id, e)))
+        Ok(loaded.map(|e| self.install(e)))
     }
 
     /// Makes a freshly opened entry the open entry of its key (or returns the one another task
-    /// installed first), and closes files of the least recently used entries beyond the cap.
-    fn install(&self, id: &ObjectIdentity, fresh: OpenEntry) -> Arc<OpenEntry> {
+    /// opened first), and closes files of the least recently used entries beyond the cap.
+    fn install(&self, fresh: OpenEntry) -> Arc<OpenEntry> {
         let key = fresh.key;
         let charged = fresh.charged_bytes();
+        let complete = fresh.blocks.lock().is_complete();
         let fresh = Arc::new(fresh);
         // Files and locks are let go only after the state lock is released (system calls).
         let mut released = None;
-        let mut closed = Vec::new();
+        let mut closed: Vec<Files> = Vec::new();
         let pinned = {
             let mut guard = self.state.lock();
             let st = &mut *guard;
-            let e = known_entry(&mut st.entries, &mut st.policy, key, id);
-            if let Some(o) = &e.open {
-                if !o.is_dead() {
-                    return o.clone();
+            let Some(at) = known_entry(&mut st.table, &mut st.policy, key) else {
+                return fresh; // every slot taken: used, but not kept
+            };
+            let Some(e) = st.table.at_mut(at) else {
+                return fresh;
+            };
+            match &e.files {
+                Files::Active(o) if !o.is_dead() => return o.clone(),
+                Files::Active(_) => {
+                    // Evicted by another process: the fresh files replace the dead ones.
+                    st.open_count -= 1;
+                    if e.flag(PIN_HELD) {
+                        released = e.files.active().cloned();
+                        e.set(PIN_HELD, false);
+                    }
                 }
-                st.open_count -= 1;
+                Files::Idle { .. } => {
+                    // Opened here meanwhile: use those files (the fresh ones are closed).
+                    if let Some(o) = e.files.activate(key, fresh.size, self.block_size) {
+                        st.open_lru.use_now(at);
+                        return o;
+                    }
+                    st.open_count -= 1; // replaced below
+                }
+                Files::Closed { .. } => {}
             }
             if charged > e.bytes {
                 st.used += charged - e.bytes;
                 e.bytes = charged;
-                st.policy.resize(key, charged);
+                st.policy.resize(at, charged);
             }
-            {
-                let b = fresh.blocks.lock();
-                e.blocks = b.present();
-                e.complete = b.is_complete();
-            }
-            if e.pin_use.as_ref().is_some_and(|o| o.is_dead()) {
-                released = e.pin_use.take();
-            }
-            let pinned = e.pins > 0 && e.pin_use.is_none();
-            closed.extend(e.open.replace(fresh.clone()));
+            e.set(COMPLETE, complete);
+            let pinned = e.pins > 0 && !e.flag(PIN_HELD);
+            closed.push(std::mem::replace(
+                &mut e.files,
+                Files::Active(fresh.clone()),
+            ));
             st.open_count += 1;
-            st.open_lru.insert(&EntryInfo {
-                key,
-                identity: None,
-                bytes: 0,
-                last_used: None,
-            });
+            st.open_lru.add(at, false);
             // Close the files of idle entries beyond the cap.
             while st.open_count > self.max_open {
-                let entries = &st.entries;
-                let Some(victim) = st.open_lru.victim(&mut |k| {
-                    k != key
-                        && entries
-                            .get(&k)
-                            .is_some_and(|e| e.pins == 0 && e.writes == 0 && e.open.is_some())
+                let table = &st.table;
+                let Some(victim) = st.open_lru.coldest(&mut |s| {
+                    s != at
+                        && table
+                            .at(s)
+                            .is_some_and(|e| e.pins == 0 && e.writes == 0 && e.files.is_open())
                 }) else {
                     break;
                 };
-                st.open_lru.remove(victim);
-                if let Some(v) = st.entries.get_mut(&victim) {
-                    closed.extend(v.open.take());
+                st.open_lru.take(victim);
+                if let Some(v) = st.table.at_mut(victim) {
+                    let blocks = v.files.blocks();
+                    closed.push(std::mem::replace(&mut v.files, Files::Closed { blocks }));
                     st.open_count -= 1;
                 }
             }
@@ -732,26 +905,39 @@ impl DiskCache {
     /// Forgets a dead open entry (evicted by another process) so the next use reloads: its
     /// files are gone, and so are the bytes charged for them (reservations in progress stay).
     fn forget_open(&self, dead: &Arc<OpenEntry>) {
-        let mut guard = self.state.lock();
-        let st = &mut *guard;
-        let key = dead.key;
-        let Some(e) = st.entries.get_mut(&key) else {
-            return;
+        let held = {
+            let mut guard = self.state.lock();
+            let st = &mut *guard;
+            let key = dead.key;
+            let Some(at) = st.table.find(&key) else {
+                return;
+            };
+            let reserved = st.reserved.get(&key).copied().unwrap_or(0);
+            let Some(e) = st.table.at_mut(at) else {
+                return;
+            };
+            if !e.files.active().is_some_and(|o| Arc::ptr_eq(o, dead)) {
+                return;
+            }
+            // Not the last reference: the caller holds `dead`.
+            e.files = Files::Closed { blocks: 0 };
+            e.set(COMPLETE, false);
+            let held = e.flag(PIN_HELD);
+            e.set(PIN_HELD, false);
+            st.used = st.used.saturating_sub(e.bytes.saturating_sub(reserved));
+            e.bytes = reserved;
+            let unused = e.bytes == 0 && e.pins == 0 && e.writes == 0;
+            st.open_count -= 1;
+            st.open_lru.take(at);
+            if unused {
+                st.table.take(at);
+                st.policy.remove(at);
+            }
+            held
         };
-        if !e.open.as_ref().is_some_and(|o| Arc::ptr_eq(o, dead)) {
-            return;
-        }
-        e.open = None;
-        e.complete = false;
-        e.blocks = 0;
-        st.used -= e.bytes - e.reserved;
-        e.bytes = e.reserved;
-        let unused = e.bytes == 0 && e.pins == 0 && e.writes == 0;
-        st.open_count -= 1;
-        st.open_lru.remove(key);
-        if unused {
-            st.entries.remove(&key);
-            st.policy.remove(key);
+        // The pins' use of the dead entry ends here; the next load takes a new one.
+        if held {
+            dead.release_use();
         }
     }
 
@@ -805,21 +991,16 @@ impl DiskCache {
         let added: u64 = appeared
             .iter()
             .map(|&i| {
-                format::block_len(entry.identity.size, self.block_size, i as u64)
-                    .next_multiple_of(4096)
+                format::block_len(entry.size, self.block_size, i as u64).next_multiple_of(4096)
                     + format::RECORD_LEN as u64
             })
             .sum();
-        let (present, complete) = {
-            let b = entry.blocks.lock();
-            (b.present(), b.is_complete())
-        };
+        let complete = entry.blocks.lock().is_complete();
         let mut st = self.state.lock();
         let st = &mut *st;
-        if let Some(e) = st.entries.get_mut(&entry.key) {
+        if let Some(e) = st.table.get_mut(&entry.key) {
             e.bytes += added;
-            e.blocks = present;
-            e.complete = complete;
+            e.set(COMPLETE, complete);
             st.used += added;
         }
         Ok(())
@@ -853,9 +1034,33 @@ impl DiskCache {
         let Some(entry) = self.load(id, key, false).await? else {
             return Ok(None);
         };
+        let read = self.read_open(id, &entry, index, len).await;
+        drop(entry);
+        // One trip to the state: the policy hears of the hit, and the entry goes idle.
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        if let Some(at) = st.table.find(&key) {
+            if matches!(read, Ok(Some(_))) {
+                st.policy.touch(at, &st.table);
+            }
+            if let Some(e) = st.table.at_mut(at) {
+                e.settle();
+            }
+        }
+        read
+    }
+
+    /// [`Self::read_inner`] once the entry is open.
+    async fn read_open(
+        &self,
+        id: &ObjectIdentity,
+        entry: &Arc<OpenEntry>,
+        index: u64,
+        len: u64,
+    ) -> Result<Option<Bytes>, CacheError> {
         let mut crc = entry.blocks.lock().crc(index);
         if crc.is_none() {
-            self.refresh(&entry).await?;
+            self.refresh(entry).await?;
             crc = entry.blocks.lock().crc(index);
         }
         let Some(crc) = crc else {
@@ -869,10 +1074,9 @@ impl DiskCache {
             Err(e) => return Err(io_err("reading a cached block", e)),
         };
         if !intact(&data, len, crc) {
-            self.drop_block(&entry, index, crc).await;
+            self.drop_block(id, entry, index, crc).await;
             return Ok(None);
         }
-        self.state.lock().policy.touch(key);
         Ok(Some(data))
     }
 
@@ -895,33 +1099,60 @@ impl DiskCache {
             return Err(done);
         };
         let key = id.entry_key();
-        let Some(entry) = self.cached_open(key) else {
-            return Err(done);
-        };
-        let Some(crc) = entry.blocks.lock().crc(index) else {
+        let Some((entry, crc)) = self.open_for_read(key, id.size, index) else {
             return Err(done);
         };
         let this = self.clone();
-        self.ring.read_then(
-            entry.file_for_reading(len),
-            index * self.block_size,
-            len as usize,
-            move |read| match read {
-                Ok(data) if intact(&data, len, crc) => {
-                    this.counters.hits.fetch_add(1, Ordering::Relaxed);
-                    this.state.lock().policy.touch(key);
-                    done(Some(data));
+        let file = entry.file_for_reading(len).clone();
+        self.ring
+            .read_then(file, index * self.block_size, len as usize, move |read| {
+                let data = match read {
+                    Ok(data) if intact(&data, len, crc) => Some(data),
+                    _ => None,
+                };
+                // The ring let go of the descriptor before calling: with this `Arc` gone,
+                // the entry can go idle.
+                drop(entry);
+                {
+                    let mut guard = this.state.lock();
+                    let st = &mut *guard;
+                    if let Some(at) = st.table.find(&key) {
+                        if data.is_some() {
+                            st.policy.touch(at, &st.table);
+                        }
+                        if let Some(e) = st.table.at_mut(at) {
+                            e.settle();
+                        }
+                    }
                 }
-                _ => done(None),
-            },
-        );
+                if data.is_some() {
+                    this.counters.hits.fetch_add(1, Ordering::Relaxed);
+                }
+                done(data);
+            });
         Ok(())
     }
 
+    /// The open entry of `key` and the CRC of its block `index`, when it is open here and the
+    /// block present (an idle entry is made an open one only then).
+    fn open_for_read(&self, key: EntryKey, size: u64, index: u64) -> Option<(Arc<OpenEntry>, u32)> {
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        let at = st.table.find(&key)?;
+        let e = st.table.at_mut(at)?;
+        if e.files.is_dead() {
+            return None;
+        }
+        let crc = e.files.crc(index)?;
+        let open = e.files.activate(key, size, self.block_size)?;
+        st.open_lru.use_now(at);
+        Some((open, crc))
+    }
+
     /// Drops a block whose bytes did not match their CRC: in memory, then in the journal.
-    async fn drop_block(&self, entry: &Arc<OpenEntry>, index: u64, crc: u32) {
+    async fn drop_block(&self, id: &ObjectIdentity, entry: &Arc<OpenEntry>, index: u64, crc: u32) {
         self.counters.crc_failures.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(key = %entry.identity.key, block = index, "cached block failed its CRC32C check; dropped, fetching it again");
+        tracing::warn!(key = %id.key, block = index, "cached block failed its CRC32C check; dropped, fetching it again");
         {
             let mut b = entry.blocks.lock();
             if b.crc(index) != Some(crc) {
@@ -931,9 +1162,8 @@ impl DiskCache {
         }
         {
             let mut st = self.state.lock();
-            if let Some(e) = st.entries.get_mut(&entry.key) {
-                e.blocks = e.blocks.saturating_sub(1);
-                e.complete = false;
+            if let Some(e) = st.table.get_mut(&entry.key) {
+                e.set(COMPLETE, false);
             }
         }
         let rec = format::encode_record(index as u32, RecordKind::Dropped);
@@ -957,7 +1187,10 @@ impl DiskCache {
         index: u64,
         data: Bytes,
     ) -> Result<(), CacheError> {
-        let result = self.write_inner(id, index, data).await;
+        let key = id.entry_key();
+        let result = self.write_inner(id, key, index, data).await;
+        // Every `Arc` of the entry the write took is gone: it can go idle.
+        self.settle(&key);
         match &result {
             Err(CacheError::Full) => {
                 self.counters.full.fetch_add(1, Ordering::Relaxed);
@@ -983,8 +1216,8 @@ impl DiskCache {
             };
             {
                 let mut st = self.state.lock();
-                match st.entries.get_mut(&key) {
-                    Some(e) if !e.evicting => e.writes += 1,
+                match st.table.get_mut(&key) {
+                    Some(e) if !e.flag(EVICTING) && e.writes < u16::MAX => e.writes += 1,
                     _ => return Err(CacheError::Busy),
                 }
             }
@@ -992,8 +1225,8 @@ impl DiskCache {
             match used {
                 Ok(Use::Acquired) => return Ok(entry),
                 other => {
-                    if let Some(e) = self.state.lock().entries.get_mut(&key) {
-                        e.writes -= 1;
+                    if let Some(e) = self.state.lock().table.get_mut(&key) {
+                        e.writes = e.writes.saturating_sub(1);
                     }
                     match other {
                         Ok(Use::Dead) => self.forget_open(&entry),
@@ -1009,6 +1242,7 @@ impl DiskCache {
     async fn write_inner(
         &self,
         id: &ObjectIdentity,
+        key: EntryKey,
         index: u64,
         data: Bytes,
     ) -> Result<(), CacheError> {
@@ -1019,7 +1253,6 @@ impl DiskCache {
                 data.len()
             )));
         }
-        let key = id.entry_key();
         self.step(WriteStep::Reserve)?;
         let entry = self.begin_write(id, key).await?;
         let mut guard = WriteUse {
@@ -1109,12 +1342,12 @@ impl DiskCache {
             // written then stayed "incomplete": no passthrough, no `is_complete`).
             let mut st = self.state.lock();
             let st = &mut *st;
-            if let Some(e) = st.entries.get_mut(&key) {
-                let b = entry.blocks.lock();
-                e.blocks = b.present();
-                e.complete = b.is_complete();
+            if let Some(at) = st.table.find(&key) {
+                if let Some(e) = st.table.at_mut(at) {
+                    e.set(COMPLETE, entry.blocks.lock().is_complete());
+                }
+                st.policy.filled(at, &st.table);
             }
-            st.policy.filled(key);
         }
         reservation.commit();
         self.counters.writes.fetch_add(1, Ordering::Relaxed);
@@ -1146,11 +1379,17 @@ impl DiskCache {
                 let over_floor = (floor + need).saturating_sub(avail);
                 let deficit = over_budget.max(over_floor);
                 if deficit == 0 {
+                    // The writer made the entry known; should it be gone, the bytes are
+                    // charged to a new record all the same (and released with it).
+                    let Some(at) = known_entry(&mut st.table, &mut st.policy, key) else {
+                        return Err(CacheError::Full);
+                    };
+                    if let Some(e) = st.table.at_mut(at) {
+                        e.bytes += need;
+                    }
                     st.used += need;
                     st.pending += need;
-                    let e = st.entries.entry(key).or_default();
-                    e.bytes += need;
-                    e.reserved += need;
+                    *st.reserved.entry(key).or_default() += need;
                     return Ok(Reservation {
                         cache: self,
                         key,
@@ -1160,21 +1399,23 @@ impl DiskCache {
                 }
                 let mut victims = Vec::new();
                 let mut freed = 0;
+                let own = st.table.find(&key);
                 while freed < deficit {
-                    let entries = &st.entries;
-                    let Some(v) = st.policy.victim(&mut |k| {
-                        k != key
-                            && entries.get(&k).is_some_and(|e| {
-                                e.pins == 0 && e.writes == 0 && !e.evicting && e.bytes > 0
+                    let table = &st.table;
+                    let Some(v) = st.policy.victim(table, &mut |s| {
+                        Some(s) != own
+                            && table.at(s).is_some_and(|e| {
+                                e.pins == 0 && e.writes == 0 && !e.flag(EVICTING) && e.bytes > 0
                             })
                     }) else {
                         break;
                     };
-                    if let Some(e) = st.entries.get_mut(&v) {
-                        e.evicting = true;
-                        freed += e.bytes;
-                    }
-                    victims.push(v);
+                    let Some(e) = st.table.at_mut(v) else {
+                        break; // a policy naming a slot it was not given: stop here
+                    };
+                    e.set(EVICTING, true);
+                    freed += e.bytes;
+                    victims.push(e.key);
                 }
                 if victims.is_empty() && st.evicting == 0 {
                     tracing::debug!(
@@ -1230,54 +1471,57 @@ impl DiskCache {
             let st = &mut *guard;
             for (key, outcome) in victims.into_iter().zip(outcomes) {
                 st.evicting -= 1;
+                let at = st.table.find(&key);
                 match outcome {
                     Ok(Evicted::Removed) | Ok(Evicted::Gone) => {
                         removed += 1;
                         gone.push(key);
-                        let mut still_pinned = false;
-                        if let Some(e) = st.entries.remove(&key) {
-                            st.used = st.used.saturating_sub(e.bytes);
-                            if let Some(o) = &e.open {
+                        let Some(at) = at else { continue };
+                        let Some(e) = st.table.at_mut(at) else {
+                            continue;
+                        };
+                        st.used = st.used.saturating_sub(e.bytes);
+                        let files = std::mem::take(&mut e.files);
+                        if files.is_open() {
+                            if let Some(o) = files.active() {
                                 o.mark_dead();
-                                st.open_count -= 1;
-                                st.open_lru.remove(key);
                             }
-                            if outcome.as_ref().ok() == Some(&Evicted::Removed) {
-                                self.counters.evictions.fetch_add(1, Ordering::Relaxed);
-                                self.counters
-                                    .evicted_bytes
-                                    .fetch_add(e.bytes, Ordering::Relaxed);
-                            }
-                            if e.pins > 0 {
-                                // Pinned while it was being evicted: keep the pin for the
-                                // entry's next life.
-                                still_pinned = true;
-                                st.entries.insert(
-                                    key,
-                                    Entry {
-                                        pins: e.pins,
-                                        ..Entry::default()
-                                    },
-                                );
-                            }
-                            dropped.push(e);
+                            st.open_count -= 1;
+                            st.open_lru.take(at);
                         }
-                        if !still_pinned {
-                            st.policy.remove(key);
+                        if outcome.as_ref().ok() == Some(&Evicted::Removed) {
+                            self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+                            self.counters
+                                .evicted_bytes
+                                .fetch_add(e.bytes, Ordering::Relaxed);
                         }
+                        if e.pins > 0 {
+                            // Pinned while it was being evicted: keep the record (and the
+                            // policy's memory of it) for the entry's next life.
+                            e.bytes = 0;
+                            e.flags = LIVE;
+                        } else {
+                            st.table.take(at);
+                            st.policy.remove(at);
+                        }
+                        dropped.push(files);
                     }
                     Ok(Evicted::InUse) => {
                         self.counters.evict_in_use.fetch_add(1, Ordering::Relaxed);
-                        if let Some(e) = st.entries.get_mut(&key) {
-                            e.evicting = false;
+                        if let Some(at) = at {
+                            if let Some(e) = st.table.at_mut(at) {
+                                e.set(EVICTING, false);
+                            }
+                            st.policy.touch(at, &st.table);
                         }
-                        st.policy.touch(key);
                     }
                     Err(err) => {
-                        if let Some(e) = st.entries.get_mut(&key) {
-                            e.evicting = false;
+                        if let Some(at) = at {
+                            if let Some(e) = st.table.at_mut(at) {
+                                e.set(EVICTING, false);
+                            }
+                            st.policy.touch(at, &st.table);
                         }
-                        st.policy.touch(key);
                         failures.push(err);
                     }
                 }
@@ -1305,8 +1549,19 @@ impl DiskCache {
     /// Whether block `index` of `id` is known here to be present (no I/O: blocks written by
     /// other processes since this process last looked are not seen; `read_block` sees them).
     pub fn has_block(&self, id: &ObjectIdentity, index: u64) -> bool {
-        self.cached_open(id.entry_key())
-            .is_some_and(|o| o.blocks.lock().crc(index).is_some())
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        let Some(at) = st.table.find(&id.entry_key()) else {
+            return false;
+        };
+        let present = st
+            .table
+            .at(at)
+            .is_some_and(|e| !e.files.is_dead() && e.files.crc(index).is_some());
+        if present {
+            st.open_lru.use_now(at);
+        }
+        present
     }
 
     /// Journal tails this handle has read back on a blocking thread.
@@ -1319,18 +1574,23 @@ impl DiskCache {
     /// [`DiskCache::status`] to look at the disk).
     pub fn is_complete(&self, id: &ObjectIdentity) -> bool {
         let st = self.state.lock();
-        st.entries
+        st.table
             .get(&id.entry_key())
-            .is_some_and(|e| e.complete && e.open.as_ref().is_none_or(|o| !o.is_dead()))
+            .is_some_and(|e| e.complete() && !e.files.is_dead())
     }
 
     /// The entry's own open data file of `id` when every block of it is present and the entry
     /// is open in this process (no I/O, no new descriptor): what a readahead reads. `None` too
-    /// when the cache's state is busy (this is only ever a hint, and never waits).
+    /// when the cache's state is busy (this is only ever a hint, and never waits). The entry
+    /// stays an open (not idle) one until its next use ends.
     pub fn open_data_file(&self, id: &ObjectIdentity) -> Option<Arc<File>> {
-        let st = self.state.try_lock()?;
-        let e = st.entries.get(&id.entry_key())?;
-        let open = e.open.as_ref().filter(|o| e.complete && !o.is_dead())?;
+        let mut st = self.state.try_lock()?;
+        let key = id.entry_key();
+        let e = st.table.get_mut(&key)?;
+        if !e.complete() || e.files.is_dead() {
+            return None;
+        }
+        let open = e.files.activate(key, id.size, self.block_size)?;
         Some(open.data.clone())
     }
 
@@ -1359,13 +1619,19 @@ impl DiskCache {
         let Some(entry) = self.load(id, key, create).await? else {
             return Ok(None);
         };
-        self.refresh(&entry).await?;
-        let b = entry.blocks.lock();
-        Ok(Some(ObjectStatus {
-            blocks_present: b.present() as u64,
-            blocks_total: b.count(),
-            complete: b.is_complete(),
-        }))
+        let refreshed = self.refresh(&entry).await;
+        let status = {
+            let b = entry.blocks.lock();
+            ObjectStatus {
+                blocks_present: b.present() as u64,
+                blocks_total: b.count(),
+                complete: b.is_complete(),
+            }
+        };
+        drop(entry);
+        self.settle(&key);
+        refreshed?;
+        Ok(Some(status))
     }
 
     /// The complete data file of `id`, opened read-only, to back FUSE passthrough
@@ -1373,16 +1639,19 @@ impl DiskCache {
     /// checked to be the object's size with no holes, so the kernel (which checks no CRC)
     /// can only read bytes this cache wrote. Pin the object for as long as the file is used.
     pub async fn open_complete(&self, id: &ObjectIdentity) -> Result<Option<DataFile>, CacheError> {
-        let Some(status) = self.status(id).await? else {
+        let key = id.entry_key();
+        let Some(entry) = self.load(id, key, false).await? else {
             return Ok(None);
         };
-        if !status.complete {
+        let refreshed = self.refresh(&entry).await;
+        let complete = entry.blocks.lock().is_complete();
+        let path = entry.key.data_path(&self.root, entry.nonce);
+        drop(entry);
+        self.settle(&key);
+        refreshed?;
+        if !complete {
             return Ok(None);
         }
-        let Some(entry) = self.cached_open(id.entry_key()) else {
-            return Ok(None);
-        };
-        let path = entry.key.data_path(&self.root, entry.nonce);
         let size = id.size;
         self.blocking(move || -> io::Result<Option<DataFile>> {
             let f = match File::open(&path) {
@@ -1407,16 +1676,22 @@ impl DiskCache {
     /// Only for entries the caller knows to be whole and good (written or verified by this
     /// process): unlike `open_complete` it does not look for holes.
     pub fn complete_data_file(&self, id: &ObjectIdentity) -> Option<DataFile> {
-        let entry = self.cached_open(id.entry_key())?;
-        if !entry.blocks.lock().is_complete() {
-            return None;
-        }
-        let file = entry.data.try_clone().ok()?;
-        // The descriptor's file size, not a path lookup: the entry's own file.
-        (file.metadata().ok()?.len() == id.size).then(|| DataFile {
-            file,
-            path: entry.key.data_path(&self.root, entry.nonce),
-        })
+        let key = id.entry_key();
+        let entry = self.cached_open(key, id.size)?;
+        let file = if entry.blocks.lock().is_complete() {
+            // The descriptor's file size, not a path lookup: the entry's own file.
+            entry
+                .data
+                .try_clone()
+                .ok()
+                .filter(|f| f.metadata().is_ok_and(|m| m.len() == id.size))
+        } else {
+            None
+        };
+        let path = entry.key.data_path(&self.root, entry.nonce);
+        drop(entry);
+        self.settle(&key);
+        file.map(|file| DataFile { file, path })
     }
 
     /// Pins the entry of `id` (creating the in-memory record if it has none yet) until the
@@ -1445,11 +1720,17 @@ impl DiskCache {
         let unheld = {
             let mut guard = self.state.lock();
             let st = &mut *guard;
-            let e = known_entry(&mut st.entries, &mut st.policy, key, id);
-            e.pins += 1;
-            let unheld = e.pin_use.is_none().then(|| e.open.clone()).flatten();
-            if is_use {
-                st.policy.touch(key);
+            let mut unheld = None;
+            if let Some(at) = known_entry(&mut st.table, &mut st.policy, key) {
+                if let Some(e) = st.table.at_mut(at) {
+                    e.pins = e.pins.saturating_add(1);
+                    if !e.flag(PIN_HELD) && !e.files.is_dead() {
+                        unheld = e.files.activate(key, id.size, self.block_size);
+                    }
+                }
+                if is_use {
+                    st.policy.touch(at, &st.table);
+                }
             }
             unheld
         };
@@ -1466,18 +1747,21 @@ impl DiskCache {
     /// or the pins are gone. The use may lock the entry's journal (a system call), so it is
     /// taken with the state lock released, and the lock is taken again only to record it.
     fn hold_for_pins(&self, open: Arc<OpenEntry>) {
+        let key = open.key;
         if open.acquire_use().ok() != Some(Use::Acquired) {
+            drop(open);
+            self.settle(&key);
             return;
         }
         let spare = {
             let mut st = self.state.lock();
-            match st.entries.get_mut(&open.key) {
+            match st.table.get_mut(&key) {
                 Some(e)
                     if e.pins > 0
-                        && e.pin_use.is_none()
-                        && e.open.as_ref().is_some_and(|o| Arc::ptr_eq(o, &open)) =>
+                        && !e.flag(PIN_HELD)
+                        && e.files.active().is_some_and(|o| Arc::ptr_eq(o, &open)) =>
                 {
-                    e.pin_use = Some(open);
+                    e.set(PIN_HELD, true);
                     None
                 }
                 _ => Some(open),
@@ -1485,29 +1769,43 @@ impl DiskCache {
         };
         if let Some(open) = spare {
             open.release_use();
+            drop(open);
+            self.settle(&key);
         }
     }
 
     fn unpin(&self, key: EntryKey) {
         let mut released = None;
         {
-            let mut st = self.state.lock();
+            let mut guard = self.state.lock();
+            let st = &mut *guard;
+            let Some(at) = st.table.find(&key) else {
+                return;
+            };
             let mut forget = false;
-            if let Some(e) = st.entries.get_mut(&key) {
+            if let Some(e) = st.table.at_mut(at) {
                 e.pins = e.pins.saturating_sub(1);
                 if e.pins == 0 {
-                    released = e.pin_use.take();
-                    forget = e.bytes == 0 && e.open.is_none() && e.writes == 0;
+                    if e.flag(PIN_HELD) {
+                        released = e.files.active().cloned();
+                        e.set(PIN_HELD, false);
+                    } else {
+                        e.settle();
+                    }
+                    forget = e.bytes == 0 && !e.files.is_open() && e.writes == 0;
                 }
             }
             if forget {
-                st.entries.remove(&key);
-                st.policy.remove(key);
+                st.table.take(at);
+                st.policy.remove(at);
             }
         }
-        // Outside the state lock: the last use unlocks the journal (a system call).
+        // Outside the state lock: the last use unlocks the journal (a system call); then the
+        // entry can go idle.
         if let Some(o) = released {
             o.release_use();
+            drop(o);
+            self.settle(&key);
         }
     }
 
@@ -1537,17 +1835,17 @@ impl DiskCache {
             index_memory,
             ..CacheStats::default()
         };
-        for e in st.entries.values() {
+        for e in st.table.iter() {
             if e.bytes > 0 {
                 s.objects += 1;
             }
-            if e.complete {
+            if e.complete() {
                 s.complete_objects += 1;
             }
             if e.pins > 0 {
                 s.pinned_objects += 1;
             }
-            s.blocks += e.blocks as u64;
+            s.blocks += e.files.blocks() as u64;
         }
         s
     }
@@ -1555,20 +1853,17 @@ impl DiskCache {
     /// Measures the in-memory index (see [`IndexMemory`]).
     pub fn index_memory(&self) -> IndexMemory {
         let st = self.state.lock();
-        let table = hashmap_bytes(
-            st.entries.capacity(),
-            std::mem::size_of::<(EntryKey, Entry)>(),
-        ) + st.policy.memory_bytes()
-            + st.open_lru.memory_bytes();
-        let open: usize = st
-            .entries
-            .values()
-            .filter_map(|e| e.open.as_ref())
-            .map(|o| o.memory_bytes())
-            .sum();
-        let n = st.entries.len().max(1) as u64;
+        let table = st.table.heap_bytes()
+            + st.policy.memory_bytes()
+            + st.open_lru.memory_bytes()
+            + hashmap_bytes(
+                st.reserved.capacity(),
+                std::mem::size_of::<(EntryKey, u64)>(),
+            );
+        let open: usize = st.table.iter().map(|e| e.files.memory_bytes()).sum();
+        let n = st.table.len().max(1) as u64;
         IndexMemory {
-            entries: st.entries.len() as u64,
+            entries: st.table.len() as u64,
             open_entries: st.open_count as u64,
             table_bytes: table as u64,
             open_bytes: open as u64,
@@ -1578,12 +1873,13 @@ impl DiskCache {
     }
 }
 
-/// What an entry whose files are closed costs in the index: its slot in the table of known
-/// entries and its node in the LRU policy (for `riffle cache stats` without a mount).
+/// What an entry costs in the index while its files are closed or idle (for `riffle cache
+/// stats` without a mount): its record, its share of the key index (5 bytes a bucket, at most
+/// 7/8 full, at least 7/16 after a growth: about 8 bytes), the default policy's per-slot state
+/// and the open-entry LRU's node. The epoch policy's sample (at most 4,096 keys, about 100–200
+/// KiB per cache) comes on top.
 pub fn closed_entry_bytes() -> u64 {
-    let table = (std::mem::size_of::<(EntryKey, Entry)>() + 1) * 8 / 7;
-    let lru = 24 + (std::mem::size_of::<(EntryKey, u32)>() + 1) * 8 / 7;
-    (table + lru) as u64
+    (std::mem::size_of::<Record>() + 8 + PlanPolicy::SLOT_BYTES + LruPolicy::SLOT_BYTES) as u64
 }
 
 /// Used by the scan for entries it found.

@@ -3,7 +3,17 @@
 //! **Block table.** One `u64` per block: 0 when absent, `PRESENT | crc32c` when the journal
 //! says the block is durably in the data file. Built by replaying the journal at load and
 //! brought up to date by replaying only the journal's new tail (other processes append to it)
-//! when a block is not found.
+//! when a block is not found. The table of an object of one block is kept inline, without an
+//! allocation.
+//!
+//! **Idle form.** An open entry that nobody uses (no pin, no write, no I/O in flight) and that
+//! has at most one block is kept by the table of known entries as [`Files::Idle`]: its three
+//! descriptors, its nonce, its block's CRC and the journal length replayed, 32 bytes inline
+//! and no allocation, instead of an [`OpenEntry`] behind an `Arc` (about 260 bytes with its
+//! descriptors' `Arc`s). A use makes it an `OpenEntry` again ([`Files::activate`]: four
+//! allocations, no system call), and the end of the use turns it back ([`Files::settle`]).
+//! Nothing about the files changes in between: the same descriptors stay open, locks and
+//! the replay mark carry over.
 //!
 //! **Creation** (no other process may ever see a half-made entry): the header is written to a
 //! private temporary file, which is then `link`ed to its final name (`link` fails if the name
@@ -23,7 +33,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -41,10 +51,44 @@ pub fn charge(len: u64) -> u64 {
     len.next_multiple_of(4096) + format::RECORD_LEN as u64
 }
 
+/// A block table: inline for an object of at most one block.
+#[derive(Debug)]
+enum Table {
+    Small { len: u8, slot: u64 },
+    Large(Box<[u64]>),
+}
+
+impl Table {
+    fn new(count: u64) -> Table {
+        if count <= 1 {
+            Table::Small {
+                len: count as u8,
+                slot: 0,
+            }
+        } else {
+            Table::Large(vec![0u64; count as usize].into_boxed_slice())
+        }
+    }
+
+    fn as_slice(&self) -> &[u64] {
+        match self {
+            Table::Small { len, slot } => &std::slice::from_ref(slot)[..*len as usize],
+            Table::Large(b) => b,
+        }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u64] {
+        match self {
+            Table::Small { len, slot } => &mut std::slice::from_mut(slot)[..*len as usize],
+            Table::Large(b) => b,
+        }
+    }
+}
+
 /// The block table and in-progress writes of one entry.
 #[derive(Debug)]
 pub struct Blocks {
-    slots: Box<[u64]>,
+    slots: Table,
     present: u32,
     /// Blocks being written by this process right now.
     pub writing: Vec<u32>,
@@ -55,7 +99,7 @@ pub struct Blocks {
 impl Blocks {
     fn new(count: u64) -> Self {
         Blocks {
-            slots: vec![0u64; count as usize].into_boxed_slice(),
+            slots: Table::new(count),
             present: 0,
             writing: Vec::new(),
             replayed_to: 0,
@@ -64,13 +108,13 @@ impl Blocks {
 
     /// The recorded CRC of block `index`, if it is present.
     pub fn crc(&self, index: u64) -> Option<u32> {
-        let v = *self.slots.get(index as usize)?;
+        let v = *self.slots.as_slice().get(index as usize)?;
         (v & PRESENT != 0).then_some(v as u32)
     }
 
     /// Applies one journal record; returns +1 / -1 / 0 for the change in present blocks.
     pub fn apply(&mut self, index: u32, kind: RecordKind) -> i32 {
-        let Some(slot) = self.slots.get_mut(index as usize) else {
+        let Some(slot) = self.slots.as_mut_slice().get_mut(index as usize) else {
             return 0;
         };
         let was = *slot & PRESENT != 0;
@@ -101,16 +145,20 @@ impl Blocks {
     }
 
     pub fn count(&self) -> u64 {
-        self.slots.len() as u64
+        self.slots.as_slice().len() as u64
     }
 
     pub fn is_complete(&self) -> bool {
-        self.present as usize == self.slots.len()
+        self.present as u64 == self.count()
     }
 
     /// Heap bytes of the table.
     pub fn heap_bytes(&self) -> usize {
-        self.slots.len() * 8 + self.writing.capacity() * 4
+        let table = match &self.slots {
+            Table::Small { .. } => 0,
+            Table::Large(b) => b.len() * 8,
+        };
+        table + self.writing.capacity() * 4
     }
 }
 
@@ -138,7 +186,9 @@ pub enum LoadError {
 /// One entry with its files open (see the module documentation).
 pub struct OpenEntry {
     pub key: EntryKey,
-    pub identity: ObjectIdentity,
+    /// The object's size (its identity is not kept: the journal header holds it, and every
+    /// caller names the object).
+    pub size: u64,
     pub block_size: u64,
     pub nonce: u64,
     /// The journal, opened for reading and appending.
@@ -150,8 +200,6 @@ pub struct OpenEntry {
     pub blocks: Mutex<Blocks>,
     users: Mutex<u32>,
     dead: AtomicBool,
-    /// Unix seconds of the last `touch` of the journal (its mtime orders the LRU at restart).
-    pub touched: AtomicU64,
 }
 
 impl std::fmt::Debug for OpenEntry {
@@ -161,12 +209,6 @@ impl std::fmt::Debug for OpenEntry {
             .field("nonce", &self.nonce)
             .finish_non_exhaustive()
     }
-}
-
-fn now_secs() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 impl OpenEntry {
@@ -233,8 +275,8 @@ impl OpenEntry {
             // The data file vanished (removed by hand): none of the journal's blocks exist.
             entry.drop_all_blocking();
         }
+        // The journal's mtime orders the entries found at the next start-up.
         let _ = sys::touch(&entry.idx);
-        entry.touched.store(now_secs(), Ordering::Relaxed);
         Ok(Some(entry))
     }
 
@@ -269,7 +311,6 @@ impl OpenEntry {
         blocks.replayed_to = header.header_len as u64;
         let entry =
             OpenEntry::assemble(key, id, &header, idx, data, &data_path, direct_io, blocks)?;
-        entry.touched.store(now_secs(), Ordering::Relaxed);
         Ok(Some(entry))
     }
 
@@ -295,7 +336,7 @@ impl OpenEntry {
         };
         Ok(OpenEntry {
             key,
-            identity: id.clone(),
+            size: id.size,
             block_size: header.block_size,
             nonce: header.nonce,
             idx: Arc::new(idx),
@@ -304,7 +345,116 @@ impl OpenEntry {
             blocks: Mutex::new(blocks),
             users: Mutex::new(0),
             dead: AtomicBool::new(false),
-            touched: AtomicU64::new(0),
+        })
+    }
+
+    /// The entry kept in `files` (which must be [`Files::Idle`]), for an object of `size`
+    /// bytes; `Err` gives the files back otherwise.
+    fn from_idle(key: EntryKey, size: u64, block_size: u64, files: Files) -> Result<Self, Files> {
+        let Files::Idle {
+            nonce,
+            idx,
+            data,
+            direct,
+            crc,
+            journal_len,
+            present,
+        } = files
+        else {
+            return Err(files);
+        };
+        let mut blocks = Blocks::new(format::block_count(size, block_size));
+        if present {
+            blocks.apply(0, RecordKind::Present(crc));
+        }
+        blocks.replayed_to = journal_len as u64;
+        Ok(OpenEntry {
+            key,
+            size,
+            block_size,
+            nonce,
+            idx: Arc::new(idx),
+            data: Arc::new(data),
+            direct: direct.map(Arc::new),
+            blocks: Mutex::new(blocks),
+            users: Mutex::new(0),
+            dead: AtomicBool::new(false),
+        })
+    }
+
+    /// Whether [`Self::into_idle`] would succeed now: alive, unused, at most one block, no
+    /// write in progress, and nobody else holding a descriptor (no I/O in flight).
+    fn can_idle(&self) -> bool {
+        let b = self.blocks.lock();
+        !self.is_dead()
+            && *self.users.lock() == 0
+            && b.count() <= 1
+            && b.writing.is_empty()
+            && b.replayed_to <= u32::MAX as u64
+            && Arc::strong_count(&self.idx) == 1
+            && Arc::strong_count(&self.data) == 1
+            && self
+                .direct
+                .as_ref()
+                .is_none_or(|d| Arc::strong_count(d) == 1)
+    }
+
+    /// The entry as [`Files::Idle`], when `this` is its only `Arc` and it qualifies
+    /// ([`Self::can_idle`]); `this` back otherwise.
+    fn into_idle(this: Arc<OpenEntry>) -> Result<Files, Arc<OpenEntry>> {
+        if Arc::strong_count(&this) != 1 || !this.can_idle() {
+            return Err(this);
+        }
+        let OpenEntry {
+            key,
+            size,
+            block_size,
+            nonce,
+            idx,
+            data,
+            direct,
+            blocks,
+            users,
+            dead,
+        } = Arc::try_unwrap(this)?;
+        let b = blocks.into_inner();
+        let rebuild = |idx: Arc<File>, data: Arc<File>, direct: Option<Arc<File>>, b: Blocks| {
+            Arc::new(OpenEntry {
+                key,
+                size,
+                block_size,
+                nonce,
+                idx,
+                data,
+                direct,
+                blocks: Mutex::new(b),
+                users,
+                dead,
+            })
+        };
+        // `can_idle` saw every descriptor held only here, and nobody can clone it since.
+        let idx = match Arc::try_unwrap(idx) {
+            Ok(f) => f,
+            Err(idx) => return Err(rebuild(idx, data, direct, b)),
+        };
+        let data = match Arc::try_unwrap(data) {
+            Ok(f) => f,
+            Err(data) => return Err(rebuild(Arc::new(idx), data, direct, b)),
+        };
+        let direct = match direct.map(Arc::try_unwrap) {
+            None => None,
+            Some(Ok(f)) => Some(f),
+            Some(Err(d)) => return Err(rebuild(Arc::new(idx), Arc::new(data), Some(d), b)),
+        };
+        let crc = b.crc(0);
+        Ok(Files::Idle {
+            nonce,
+            idx,
+            data,
+            direct,
+            crc: crc.unwrap_or(0),
+            journal_len: b.replayed_to as u32,
+            present: crc.is_some(),
         })
     }
 
@@ -426,24 +576,146 @@ impl OpenEntry {
         let mut total = b.replayed_to;
         for i in 0..b.count() {
             if b.crc(i).is_some() {
-                total += format::block_len(self.identity.size, self.block_size, i)
-                    .next_multiple_of(4096);
+                total += format::block_len(self.size, self.block_size, i).next_multiple_of(4096);
             }
         }
         total
     }
 
-    /// Heap and inline bytes of this open entry (for the index-memory measurement).
+    /// Heap bytes of this open entry (for the index-memory measurement): itself behind its
+    /// `Arc`, its block table and its descriptors' `Arc`s.
     pub fn memory_bytes(&self) -> usize {
-        let id = &self.identity;
-        std::mem::size_of::<OpenEntry>()
+        let files = 2 + usize::from(self.direct.is_some());
+        ARC_HEADER
+            + std::mem::size_of::<OpenEntry>()
             + self.blocks.lock().heap_bytes()
-            + id.endpoint.len()
-            + id.bucket.len()
-            + id.key.len()
-            + id.etag.len()
-            + 4 * 16 // Arc headers of the identity strings (shared with the caller's copies)
-            + 3 * 16 // Arc headers of the files
+            + files * (ARC_HEADER + std::mem::size_of::<File>()).next_multiple_of(8)
+    }
+}
+
+/// The two reference counts in front of an `Arc`'s value.
+const ARC_HEADER: usize = 16;
+
+/// An entry's files as the table of known entries keeps them (see the module documentation).
+#[derive(Debug)]
+pub enum Files {
+    /// Not open in this process; `blocks` are present as far as this process knows.
+    Closed { blocks: u32 },
+    /// Open and unused, an object of at most one block: the files of an [`OpenEntry`] and
+    /// its state, without the allocation. The descriptors hold no lock (no use).
+    Idle {
+        nonce: u64,
+        idx: File,
+        data: File,
+        direct: Option<File>,
+        /// Block 0's CRC32C, when `present`.
+        crc: u32,
+        /// Journal bytes replayed.
+        journal_len: u32,
+        present: bool,
+    },
+    /// Open, in use or with more than one block.
+    Active(Arc<OpenEntry>),
+}
+
+impl Default for Files {
+    fn default() -> Self {
+        Files::Closed { blocks: 0 }
+    }
+}
+
+impl Files {
+    /// Whether the files are open in this process.
+    pub fn is_open(&self) -> bool {
+        !matches!(self, Files::Closed { .. })
+    }
+
+    /// The open entry, if it is one (not made from idle files).
+    pub fn active(&self) -> Option<&Arc<OpenEntry>> {
+        match self {
+            Files::Active(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    /// Blocks present as far as this process knows.
+    pub fn blocks(&self) -> u32 {
+        match self {
+            Files::Closed { blocks } => *blocks,
+            Files::Idle { present, .. } => u32::from(*present),
+            Files::Active(o) => o.blocks.lock().present(),
+        }
+    }
+
+    /// Whether the open files belong to an entry known to be evicted.
+    pub fn is_dead(&self) -> bool {
+        self.active().is_some_and(|o| o.is_dead())
+    }
+
+    /// The recorded CRC of block `index`, when the files are open and the block present (no
+    /// allocation).
+    pub fn crc(&self, index: u64) -> Option<u32> {
+        match self {
+            Files::Closed { .. } => None,
+            Files::Idle { crc, present, .. } => (*present && index == 0).then_some(*crc),
+            Files::Active(o) => o.blocks.lock().crc(index),
+        }
+    }
+
+    /// The open entry of key `key` (an object of `size` bytes), made from idle files if need
+    /// be (allocations, no system call); `None` when the files are closed.
+    pub fn activate(
+        &mut self,
+        key: EntryKey,
+        size: u64,
+        block_size: u64,
+    ) -> Option<Arc<OpenEntry>> {
+        match self {
+            Files::Closed { .. } => None,
+            Files::Active(o) => Some(o.clone()),
+            Files::Idle { .. } => {
+                match OpenEntry::from_idle(key, size, block_size, std::mem::take(self)) {
+                    Ok(entry) => {
+                        let o = Arc::new(entry);
+                        *self = Files::Active(o.clone());
+                        Some(o)
+                    }
+                    Err(files) => {
+                        *self = files;
+                        None
+                    }
+                }
+            }
+        }
+    }
+
+    /// Turns an open entry that nobody else holds and nobody uses into idle files, when it
+    /// qualifies; returns whether the files are idle now. The caller checks that no pin or
+    /// write is counted on it.
+    pub fn settle(&mut self) -> bool {
+        match self {
+            Files::Idle { .. } => return true,
+            Files::Active(o) if Arc::strong_count(o) == 1 && o.can_idle() => {}
+            _ => return false,
+        }
+        let Files::Active(o) = std::mem::take(self) else {
+            return false;
+        };
+        match OpenEntry::into_idle(o) {
+            Ok(idle) => {
+                *self = idle;
+                true
+            }
+            Err(o) => {
+                *self = Files::Active(o);
+                false
+            }
+        }
+    }
+
+    /// Heap bytes beyond the table's slot.
+    pub fn memory_bytes(&self) -> usize {
+        self.active().map_or(0, |o| o.memory_bytes())
     }
 }
 

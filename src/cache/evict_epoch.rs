@@ -80,12 +80,17 @@
 //! [`EpochPolicy::new_epoch`] announces a boundary explicitly (the plan policy does when the
 //! plan is replaced).
 //!
+//! The sampled keys' access clocks are kept relative to the epoch's start in 32 bits, so an
+//! epoch ends after at most 2^32 accesses (about 12 hours of 100,000 file accesses a second
+//! without a single repeat).
+//!
 //! # Cost
-//! Every operation is O(1) (hash lookups and linked-list moves in a slab, `u32` links) except
+//! Every operation is O(1) (linked-list moves over the cache's slots, `u32` links) except
 //! the boundary: O(sample) ≤ O([`SAMPLE_MAX`]) once per epoch, plus the entries moved. A
-//! victim scan skips unevictable entries, so it costs O(1 + pinned). Memory: a 48-byte node
-//! and an index slot per entry (95 bytes per entry measured with `memory_bytes` at 500,000
-//! entries, against 69 for LRU), plus at most [`SAMPLE_MAX`] sampled keys (~200 KiB).
+//! victim scan skips unevictable entries, so it costs O(1 + pinned). Memory: a 24-byte node
+//! per slot ([`EpochPolicy::SLOT_BYTES`]; the key and the index are the cache's), plus at most
+//! [`SAMPLE_MAX`] sampled keys (24 bytes each and the map's slack: at most 200 KiB, 100 KiB
+//! for a sample of at most 3,584 keys).
 //!
 //! # Eviction that fails
 //! When the cache cannot remove the entry it was handed (another process uses it), it
@@ -97,8 +102,9 @@
 use std::collections::hash_map::Entry as MapEntry;
 use std::collections::HashMap;
 
-use super::evict::{hashmap_bytes, EntryInfo, EvictionPolicy};
+use super::evict::{hashmap_bytes, EntryInfo, EvictionPolicy, Slot, SlotKeys};
 use super::identity::EntryKey;
+use super::slab::Chunked;
 
 /// Touches of an entry less than this many accesses after its access began continue it.
 pub const CONTINUE_WINDOW: u64 = 64;
@@ -157,20 +163,51 @@ impl EpochClass {
 
 #[derive(Debug, Clone, Copy)]
 struct Node {
-    key: EntryKey,
     /// Towards the most recently accessed end.
     prev: u32,
     /// Towards the least recently accessed end.
     next: u32,
     /// The access clock at the last touch (lists are in this order).
     last: u64,
-    /// The access clock when the current access began.
-    start: u64,
     /// The epoch of the last access.
     ep: u32,
     /// Accesses in `ep`.
     count: u8,
+    /// `last` minus the access clock when the current access began, at most 255 (only
+    /// whether it is below [`CONTINUE_WINDOW`] matters).
+    since_start: u8,
     hot: bool,
+    /// The slot holds an entry of this policy.
+    live: bool,
+}
+
+impl Default for Node {
+    fn default() -> Self {
+        Node {
+            prev: NIL,
+            next: NIL,
+            last: 0,
+            ep: BEFORE,
+            count: 0,
+            since_start: 0,
+            hot: false,
+            live: false,
+        }
+    }
+}
+
+impl Node {
+    /// The access clock when the current access began.
+    fn start(&self) -> u64 {
+        self.last.saturating_sub(self.since_start as u64)
+    }
+
+    /// A touch at `clock` that continues the current access.
+    fn touched_at(&mut self, clock: u64) {
+        let since = clock.saturating_sub(self.last) + self.since_start as u64;
+        self.since_start = since.min(u8::MAX as u64) as u8;
+        self.last = clock;
+    }
 }
 
 /// A doubly linked list in the slab; `head` is the most recently accessed.
@@ -191,23 +228,24 @@ impl Default for Ends {
     }
 }
 
+/// A sampled key's accesses; clocks relative to the epoch's start (see [`EpochPolicy::rel`]).
 #[derive(Debug, Clone, Copy)]
 struct Sampled {
     /// Clock of the first access in this epoch.
-    first: u64,
+    first: u32,
     /// Clock of the last access.
-    last: u64,
+    last: u32,
     /// Clock of the second access in this epoch.
-    repeat_at: u64,
+    repeat_at: u32,
     count: u8,
 }
 
 /// "Evict what was just read in this epoch" (see the module documentation).
 #[derive(Debug)]
 pub struct EpochPolicy {
-    nodes: Vec<Node>,
-    free: Vec<u32>,
-    index: HashMap<EntryKey, u32>,
+    nodes: Chunked<Node>,
+    /// Entries (live nodes).
+    len: usize,
     lists: [Ends; 5],
     epoch: u32,
     /// Counts accesses (not continuation touches).
@@ -225,7 +263,7 @@ pub struct EpochPolicy {
     /// The last boundary was detected from repeats, so this epoch may end by
     /// [`FORCE_FACTOR`] (forced boundaries never follow each other).
     forcible: bool,
-    offered: Vec<EntryKey>,
+    offered: Vec<Slot>,
     boundaries: u64,
 }
 
@@ -238,9 +276,8 @@ impl Default for EpochPolicy {
 impl EpochPolicy {
     pub fn new() -> Self {
         EpochPolicy {
-            nodes: Vec::new(),
-            free: Vec::new(),
-            index: HashMap::new(),
+            nodes: Chunked::new(),
+            len: 0,
             lists: [Ends::default(); 5],
             epoch: FIRST_EPOCH,
             clock: 0,
@@ -255,12 +292,19 @@ impl EpochPolicy {
         }
     }
 
+    /// Heap bytes per slot (the sample comes on top, at most [`SAMPLE_MAX`] keys).
+    pub const SLOT_BYTES: usize = std::mem::size_of::<Node>();
+
     pub fn len(&self) -> usize {
-        self.index.len()
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
+        self.len == 0
+    }
+
+    fn live(&self, at: Slot) -> bool {
+        self.nodes.get(at).is_some_and(|n| n.live)
     }
 
     /// Epoch boundaries seen so far (detected or announced).
@@ -269,16 +313,16 @@ impl EpochPolicy {
     }
 
     /// The class of an entry, if known.
-    pub fn class(&self, key: EntryKey) -> Option<EpochClass> {
-        self.index.get(&key).map(|&i| self.class_of(i))
+    pub fn class(&self, at: Slot) -> Option<EpochClass> {
+        self.live(at).then(|| self.class_of(at))
     }
 
-    /// Keys in the order they would be evicted (for tests and diagnostics).
-    pub fn order(&self) -> Vec<EntryKey> {
+    /// Slots in the order they would be evicted (for tests and diagnostics).
+    pub fn order(&self) -> Vec<Slot> {
         let mut out = Vec::with_capacity(self.len());
         for c in EpochClass::ALL {
-            self.walk(c, |n| {
-                out.push(n.key);
+            self.walk(c, |i| {
+                out.push(i);
                 false
             });
         }
@@ -291,12 +335,12 @@ impl EpochPolicy {
         self.forcible = false;
     }
 
-    /// Keeps `key` for now without counting an access: the cache could not evict it (see
+    /// Keeps entry `at` for now without counting an access: the cache could not evict it (see
     /// "Eviction that fails"; `touch` does this by itself for victims this policy handed out).
-    pub fn hold(&mut self, key: EntryKey) {
-        self.offered.retain(|&k| k != key);
-        if let Some(&i) = self.index.get(&key) {
-            self.requeue(i);
+    pub fn hold(&mut self, at: Slot) {
+        self.offered.retain(|&k| k != at);
+        if self.live(at) {
+            self.requeue(at);
         }
     }
 
@@ -307,7 +351,7 @@ impl EpochPolicy {
     }
 
     fn class_of(&self, i: u32) -> EpochClass {
-        let n = &self.nodes[i as usize];
+        let n = &self.nodes[i];
         if n.ep.saturating_add(2) <= self.epoch {
             EpochClass::Stale
         } else if n.ep.saturating_add(1) == self.epoch {
@@ -324,12 +368,12 @@ impl EpochPolicy {
     }
 
     /// Visits a class in eviction order until `f` returns true.
-    fn walk(&self, c: EpochClass, mut f: impl FnMut(&Node) -> bool) -> bool {
+    fn walk(&self, c: EpochClass, mut f: impl FnMut(Slot) -> bool) -> bool {
         let ends = self.lists[c.idx()];
         let mut at = if c.lru_first() { ends.tail } else { ends.head };
         while at != NIL {
-            let n = &self.nodes[at as usize];
-            if f(n) {
+            let n = &self.nodes[at];
+            if f(at) {
                 return true;
             }
             at = if c.lru_first() { n.prev } else { n.next };
@@ -338,15 +382,15 @@ impl EpochPolicy {
     }
 
     fn unlink(&mut self, i: u32, c: EpochClass) {
-        let Node { prev, next, .. } = self.nodes[i as usize];
+        let Node { prev, next, .. } = self.nodes[i];
         let ends = &mut self.lists[c.idx()];
         if prev != NIL {
-            self.nodes[prev as usize].next = next;
+            self.nodes[prev].next = next;
         } else {
             ends.head = next;
         }
         if next != NIL {
-            self.nodes[next as usize].prev = prev;
+            self.nodes[next].prev = prev;
         } else {
             ends.tail = prev;
         }
@@ -356,10 +400,10 @@ impl EpochPolicy {
     fn push_head(&mut self, i: u32, c: EpochClass) {
         let ends = &mut self.lists[c.idx()];
         let old = ends.head;
-        self.nodes[i as usize].prev = NIL;
-        self.nodes[i as usize].next = old;
+        self.nodes[i].prev = NIL;
+        self.nodes[i].next = old;
         if old != NIL {
-            self.nodes[old as usize].prev = i;
+            self.nodes[old].prev = i;
         } else {
             ends.tail = i;
         }
@@ -370,10 +414,10 @@ impl EpochPolicy {
     fn push_tail(&mut self, i: u32, c: EpochClass) {
         let ends = &mut self.lists[c.idx()];
         let old = ends.tail;
-        self.nodes[i as usize].next = NIL;
-        self.nodes[i as usize].prev = old;
+        self.nodes[i].next = NIL;
+        self.nodes[i].prev = old;
         if old != NIL {
-            self.nodes[old as usize].next = i;
+            self.nodes[old].next = i;
         } else {
             ends.head = i;
         }
@@ -392,8 +436,8 @@ impl EpochPolicy {
             *d = s;
             return;
         }
-        self.nodes[s.tail as usize].next = d.head;
-        self.nodes[d.head as usize].prev = s.tail;
+        self.nodes[s.tail].next = d.head;
+        self.nodes[d.head].prev = s.tail;
         d.head = s.head;
         d.len += s.len;
     }
@@ -402,25 +446,26 @@ impl EpochPolicy {
         self.lists[EpochClass::HotDone.idx()].len + self.lists[EpochClass::HotPending.idx()].len
     }
 
-    /// A touch of entry `i` (or its insertion).
-    fn access(&mut self, i: u32) {
+    /// A touch of entry `i`, of key `key` (or its insertion).
+    fn access(&mut self, i: u32, key: EntryKey) {
         let from = self.class_of(i);
         let epoch = self.epoch;
-        let n = self.nodes[i as usize];
-        if n.ep == epoch && self.clock.saturating_sub(n.start) < CONTINUE_WINDOW {
+        let n = self.nodes[i];
+        if n.ep == epoch && self.clock.saturating_sub(n.start()) < CONTINUE_WINDOW {
             // The same access, continued: the entry moves to the front of its class (it was
             // just read: for a file fetched ahead of the reader, this is the read), but
             // nothing is counted. The window does not slide, so a file re-read every few
             // accesses still counts its reads.
-            self.nodes[i as usize].last = self.clock;
+            let clock = self.clock;
+            self.nodes[i].touched_at(clock);
             self.unlink(i, from);
             self.push_head(i, from);
             return;
         }
         self.clock += 1;
-        let may_be_hot = self.hot_len() < self.index.len() / 2;
+        let may_be_hot = self.hot_len() < self.len / 2;
         let clock = self.clock;
-        let node = &mut self.nodes[i as usize];
+        let node = &mut self.nodes[i];
         if node.ep == epoch {
             node.count = node.count.saturating_add(1);
             if node.count >= HOT_ACCESSES && !node.hot && may_be_hot {
@@ -432,28 +477,45 @@ impl EpochPolicy {
             node.ep = epoch;
             node.count = 1;
         }
-        node.start = clock;
+        node.since_start = 0;
         node.last = clock;
         self.unlink(i, from);
         let to = self.class_of(i);
         self.push_head(i, to);
-        self.observe(n.key);
+        self.observe(key);
+    }
+
+    /// `clock` relative to the epoch's start, as the sample keeps it. Exact: the sample only
+    /// holds clocks of this epoch, and an epoch lasts less than 2^32 accesses (`observe`).
+    fn rel(&self, clock: u64) -> u32 {
+        clock.saturating_sub(self.epoch_start).min(u32::MAX as u64) as u32
+    }
+
+    /// The clock that [`Self::rel`] turned into `r`.
+    fn abs(&self, r: u32) -> u64 {
+        self.epoch_start + r as u64
     }
 
     /// Feeds the boundary detector with an access of `key`.
     fn observe(&mut self, key: EntryKey) {
+        if self.clock - self.epoch_start >= u32::MAX as u64 {
+            // 2^32 accesses without a boundary: end the epoch here, so that the sample's
+            // relative clocks stay exact.
+            self.advance(self.clock);
+            self.forcible = false;
+        }
         let fp = fingerprint(key);
         if fp.leading_zeros() < self.shift {
             return;
         }
-        let clock = self.clock;
-        let min_gap = CONTINUE_WINDOW.max(self.index.len() as u64);
+        let clock = self.rel(self.clock);
+        let min_gap = CONTINUE_WINDOW.max(self.len as u64);
         match self.sample.entry(fp) {
             MapEntry::Occupied(mut o) => {
                 let s = o.get_mut();
                 let gap = clock.saturating_sub(s.last);
                 s.last = clock;
-                if gap < min_gap {
+                if (gap as u64) < min_gap {
                     // Too soon to be the next pass (see "Inferring epoch boundaries").
                     return;
                 }
@@ -476,10 +538,12 @@ impl EpochPolicy {
                     self.shift += 1;
                     let shift = self.shift;
                     self.sample.retain(|&fp, _| fp.leading_zeros() >= shift);
+                    // Half the keys are left: give back the room they took.
+                    self.sample.shrink_to_fit();
                     self.repeats = self.sample.values().filter(|s| s.count == 2).count();
                 }
                 let seen = self.sample.len() as f64 * self.scale();
-                let expected = self.prev_len.max(self.index.len() as f64);
+                let expected = self.prev_len.max(self.len as f64);
                 if self.forcible
                     && self.prev_len >= MIN_FORCE_KEYS as f64
                     && seen > FORCE_FACTOR * expected
@@ -503,7 +567,7 @@ impl EpochPolicy {
     /// without repeating: the reader moved on to other data. The epoch ended when it had seen
     /// as many as the previous one.
     fn moved_on(&mut self) {
-        let mut firsts: Vec<u64> = self.sample.values().map(|s| s.first).collect();
+        let mut firsts: Vec<u64> = self.sample.values().map(|s| self.abs(s.first)).collect();
         let k = ((self.prev_len / self.scale()).round() as usize).min(firsts.len() - 1);
         let (_, at, _) = firsts.select_nth_unstable(k);
         let boundary = (*at).max(self.epoch_start).min(self.clock);
@@ -517,7 +581,7 @@ impl EpochPolicy {
             .sample
             .values()
             .filter(|s| s.count == 2)
-            .map(|s| s.repeat_at)
+            .map(|s| self.abs(s.repeat_at))
             .collect();
         let boundary = if at.is_empty() {
             self.clock
@@ -549,7 +613,7 @@ impl EpochPolicy {
         for c in [Done, HotDone] {
             loop {
                 let i = self.lists[c.idx()].head;
-                if i == NIL || self.nodes[i as usize].last < boundary {
+                if i == NIL || self.nodes[i].last < boundary {
                     break;
                 }
                 self.unlink(i, c);
@@ -562,30 +626,40 @@ impl EpochPolicy {
         self.lists[Pending.idx()] = std::mem::take(&mut self.lists[Done.idx()]);
         self.lists[HotPending.idx()] = std::mem::take(&mut self.lists[HotDone.idx()]);
         self.epoch = self.epoch.saturating_add(1);
-        self.epoch_start = boundary;
+        let old_start = std::mem::replace(&mut self.epoch_start, boundary);
+        let abs = |r: u32| old_start + r as u64;
         self.boundaries += 1;
         // Appending at the tail, newest first, keeps the access order.
         for i in moved {
             let epoch = self.epoch;
-            let n = &mut self.nodes[i as usize];
+            let n = &mut self.nodes[i];
             n.ep = epoch;
             n.count = 1;
             let c = self.class_of(i);
             self.push_tail(i, c);
         }
-        let ended = self.sample.values().filter(|s| s.first < boundary).count();
+        let ended = self
+            .sample
+            .values()
+            .filter(|s| abs(s.first) < boundary)
+            .count();
         self.prev_len = ended as f64 * self.scale();
-        self.sample.retain(|_, s| s.last >= boundary);
+        self.sample.retain(|_, s| abs(s.last) >= boundary);
+        self.sample.shrink_to_fit();
+        // Clocks relative to the new start (every one kept is at or after it).
+        let rel = |t: u64| (t - boundary) as u32;
         for s in self.sample.values_mut() {
             // The first access since the boundary: exact for keys seen once, approximate
             // otherwise.
-            s.first = if s.first >= boundary {
-                s.first
-            } else if s.repeat_at >= boundary {
-                s.repeat_at
+            let first = if abs(s.first) >= boundary {
+                abs(s.first)
+            } else if abs(s.repeat_at) >= boundary {
+                abs(s.repeat_at)
             } else {
-                s.last
+                abs(s.last)
             };
+            s.first = rel(first);
+            s.last = rel(abs(s.last));
             s.count = 1;
             s.repeat_at = 0;
         }
@@ -601,10 +675,10 @@ impl EpochPolicy {
         self.unlink(i, from);
         let epoch = self.epoch;
         let clock = self.clock;
-        let n = &mut self.nodes[i as usize];
+        let n = &mut self.nodes[i];
         if n.hot {
             n.ep = epoch;
-            n.last = clock;
+            n.touched_at(clock);
             self.push_head(i, EpochClass::HotDone);
         } else {
             n.ep = epoch.saturating_sub(1);
@@ -625,48 +699,32 @@ impl EvictionPolicy for EpochPolicy {
         "epoch"
     }
 
-    fn insert(&mut self, info: &EntryInfo<'_>) {
-        if self.index.contains_key(&info.key) {
-            self.touch(info.key);
+    fn insert(&mut self, at: Slot, info: &EntryInfo, keys: &dyn SlotKeys) {
+        if self.live(at) {
+            self.touch(at, keys);
             return;
         }
-        let node = Node {
-            key: info.key,
-            prev: NIL,
-            next: NIL,
-            last: 0,
-            start: 0,
-            ep: BEFORE,
-            count: 0,
-            hot: false,
+        *self.nodes.grow_to(at) = Node {
+            live: true,
+            ..Node::default()
         };
-        let i = match self.free.pop() {
-            Some(i) => {
-                self.nodes[i as usize] = node;
-                i
-            }
-            None => {
-                self.nodes.push(node);
-                (self.nodes.len() - 1) as u32
-            }
-        };
-        self.index.insert(info.key, i);
+        self.len += 1;
         // Found on disk: stale, at the cold end (the scan hands entries over newest first).
-        self.push_tail(i, EpochClass::Stale);
+        self.push_tail(at, EpochClass::Stale);
         if info.last_used.is_none() {
-            self.access(i);
+            self.access(at, info.key);
         }
     }
 
-    fn touch(&mut self, key: EntryKey) {
-        let Some(&i) = self.index.get(&key) else {
+    fn touch(&mut self, at: Slot, keys: &dyn SlotKeys) {
+        if !self.live(at) {
             return;
-        };
-        if let Some(pos) = self.offered.iter().position(|&k| k == key) {
+        }
+        if let Some(pos) = self.offered.iter().position(|&k| k == at) {
             self.offered.swap_remove(pos);
-            self.requeue(i);
+            self.requeue(at);
         } else {
-            self.access(i);
+            self.access(at, keys.key_of(at));
         }
     }
 
@@ -678,67 +736,65 @@ impl EvictionPolicy for EpochPolicy {
     /// ratio 0.26 instead of 0.5 on the shuffled half-cache workload when writes lag). An
     /// entry not accessed in this epoch yet (filled by read-ahead before any open) counts as
     /// accessed now.
-    fn filled(&mut self, key: EntryKey) {
-        let Some(&i) = self.index.get(&key) else {
-            return;
-        };
-        if self.offered.contains(&key) {
+    fn filled(&mut self, at: Slot, keys: &dyn SlotKeys) {
+        if !self.live(at) || self.offered.contains(&at) {
             return;
         }
-        if self.nodes[i as usize].ep != self.epoch {
-            self.access(i);
+        if self.nodes[at].ep != self.epoch {
+            self.access(at, keys.key_of(at));
             return;
         }
-        let c = self.class_of(i);
-        self.nodes[i as usize].last = self.clock;
-        self.unlink(i, c);
-        self.push_head(i, c);
+        let c = self.class_of(at);
+        let clock = self.clock;
+        self.nodes[at].touched_at(clock);
+        self.unlink(at, c);
+        self.push_head(at, c);
     }
 
-    fn remove(&mut self, key: EntryKey) {
-        self.offered.retain(|&k| k != key);
-        if let Some(i) = self.index.remove(&key) {
-            let c = self.class_of(i);
-            self.unlink(i, c);
-            self.free.push(i);
+    fn remove(&mut self, at: Slot) {
+        self.offered.retain(|&k| k != at);
+        if self.live(at) {
+            let c = self.class_of(at);
+            self.unlink(at, c);
+            self.nodes[at] = Node::default();
+            self.len -= 1;
         }
     }
 
-    fn victim(&mut self, evictable: &mut dyn FnMut(EntryKey) -> bool) -> Option<EntryKey> {
+    fn victim(
+        &mut self,
+        _keys: &dyn SlotKeys,
+        evictable: &mut dyn FnMut(Slot) -> bool,
+    ) -> Option<Slot> {
         let mut found = None;
         for c in EpochClass::ALL {
-            if self.walk(c, |n| {
-                let ok = evictable(n.key);
+            if self.walk(c, |i| {
+                let ok = evictable(i);
                 if ok {
-                    found = Some(n.key);
+                    found = Some(i);
                 }
                 ok
             }) {
                 break;
             }
         }
-        let key = found?;
-        if !self.offered.contains(&key) {
+        let at = found?;
+        if !self.offered.contains(&at) {
             if self.offered.len() >= OFFERED_MAX {
                 self.offered.remove(0);
             }
-            self.offered.push(key);
+            self.offered.push(at);
         }
-        Some(key)
+        Some(at)
     }
 
     fn memory_bytes(&self) -> usize {
-        self.nodes.capacity() * std::mem::size_of::<Node>()
-            + self.free.capacity() * 4
-            + hashmap_bytes(
-                self.index.capacity(),
-                std::mem::size_of::<(EntryKey, u32)>(),
-            )
+        self.nodes.heap_bytes()
             + hashmap_bytes(
                 self.sample.capacity(),
                 std::mem::size_of::<(u64, Sampled)>(),
             )
-            + self.offered.capacity() * std::mem::size_of::<EntryKey>()
+            + self.offered.capacity() * std::mem::size_of::<Slot>()
     }
 }
 
@@ -757,33 +813,48 @@ mod tests {
         EntryKey(b)
     }
 
+    /// Slot `n` holds key `k(n)`.
+    struct K;
+
+    impl SlotKeys for K {
+        fn key_of(&self, at: Slot) -> EntryKey {
+            k(at)
+        }
+    }
+
     fn ins(p: &mut EpochPolicy, n: u32) {
-        p.insert(&EntryInfo {
-            key: k(n),
-            identity: None,
-            bytes: 1,
-            last_used: None,
-        });
+        p.insert(
+            n,
+            &EntryInfo {
+                key: k(n),
+                bytes: 1,
+                last_used: None,
+            },
+            &K,
+        );
     }
 
     fn ins_found(p: &mut EpochPolicy, n: u32, age_s: u64) {
-        p.insert(&EntryInfo {
-            key: k(n),
-            identity: None,
-            bytes: 1,
-            last_used: Some(SystemTime::now() - Duration::from_secs(age_s)),
-        });
+        p.insert(
+            n,
+            &EntryInfo {
+                key: k(n),
+                bytes: 1,
+                last_used: Some(SystemTime::now() - Duration::from_secs(age_s)),
+            },
+            &K,
+        );
     }
 
-    fn keys(v: &[u32]) -> Vec<EntryKey> {
-        v.iter().map(|&n| k(n)).collect()
+    fn keys(v: &[u32]) -> Vec<Slot> {
+        v.to_vec()
     }
 
     /// `count` accesses of other objects.
     fn others(p: &mut EpochPolicy, from: u32, count: u32) {
         for n in from..from + count {
             ins(p, n);
-            p.remove(k(n));
+            p.remove(n);
         }
     }
 
@@ -806,13 +877,13 @@ mod tests {
             others(&mut p, 20_000, 300);
             for n in 0..100 {
                 if as_fill {
-                    p.filled(k(n));
+                    p.filled(n, &K);
                 } else {
-                    p.touch(k(n));
+                    p.touch(n, &K);
                 }
             }
             // Read (filled) before and not since: still this epoch's, or the last one's.
-            p.class(k(150))
+            p.class(150)
         };
         assert_eq!(run(true), Some(EpochClass::Done), "one epoch so far");
         assert_eq!(
@@ -830,27 +901,27 @@ mod tests {
         }
         // All read in this epoch: the newest first.
         assert_eq!(p.order(), keys(&[4, 3, 2, 1]));
-        assert_eq!(p.class(k(1)), Some(EpochClass::Done));
+        assert_eq!(p.class(1), Some(EpochClass::Done));
         // Found on disk at start-up: stale, before everything, in the scan's order (newest
         // handed over first, so each goes to the cold end).
         ins_found(&mut p, 9, 10);
         ins_found(&mut p, 8, 20);
-        assert_eq!(p.class(k(8)), Some(EpochClass::Stale));
+        assert_eq!(p.class(8), Some(EpochClass::Stale));
         assert_eq!(p.order(), keys(&[8, 9, 4, 3, 2, 1]));
         // A found entry that is read joins this epoch.
-        p.touch(k(9));
+        p.touch(9, &K);
         assert_eq!(p.order(), keys(&[8, 9, 4, 3, 2, 1]));
-        assert_eq!(p.class(k(9)), Some(EpochClass::Done));
-        assert_eq!(p.victim(&mut |_| true), Some(k(8)));
-        p.remove(k(8));
-        assert_eq!(p.victim(&mut |_| true), Some(k(9)));
+        assert_eq!(p.class(9), Some(EpochClass::Done));
+        assert_eq!(p.victim(&K, &mut |_| true), Some(8));
+        p.remove(8);
+        assert_eq!(p.victim(&K, &mut |_| true), Some(9));
         // Pinned (not evictable) entries are skipped and keep their place.
-        assert_eq!(p.victim(&mut |key| key != k(9) && key != k(4)), Some(k(3)));
-        p.remove(k(3));
+        assert_eq!(p.victim(&K, &mut |at| at != 9 && at != 4), Some(3));
+        p.remove(3);
         assert_eq!(p.order(), keys(&[9, 4, 2, 1]));
-        assert_eq!(p.victim(&mut |_| false), None);
+        assert_eq!(p.victim(&K, &mut |_| false), None);
         for n in [9, 4, 2, 1] {
-            p.remove(k(n));
+            p.remove(n);
         }
         assert!(p.is_empty());
         assert!(p.order().is_empty());
@@ -865,13 +936,13 @@ mod tests {
         }
         p.new_epoch();
         // Read last epoch, not yet in this one: pending, after anything done in this one.
-        assert_eq!(p.class(k(1)), Some(EpochClass::Pending));
+        assert_eq!(p.class(1), Some(EpochClass::Pending));
         ins(&mut p, 4);
-        p.touch(k(2));
+        p.touch(2, &K);
         assert_eq!(p.order(), keys(&[2, 4, 3, 1]));
         p.new_epoch();
         // 1 and 3 were not read for a whole epoch: stale, least recently used first.
-        assert_eq!(p.class(k(1)), Some(EpochClass::Stale));
+        assert_eq!(p.class(1), Some(EpochClass::Stale));
         assert_eq!(p.order(), keys(&[1, 3, 2, 4]));
         assert_eq!(p.boundaries(), 2);
 
@@ -887,7 +958,7 @@ mod tests {
         let second: Vec<u32> = (0..100).map(|n| (n * 37) % 100).collect();
         let mut detected_after = None;
         for (i, &n) in second.iter().enumerate() {
-            p.touch(k(n));
+            p.touch(n, &K);
             if detected_after.is_none() && p.boundaries() == 1 {
                 detected_after = Some(i + 1);
             }
@@ -899,7 +970,7 @@ mod tests {
         assert_eq!(detected_after, Some(threshold));
         assert_eq!(p.boundaries(), 1);
         for &n in &second {
-            assert_eq!(p.class(k(n)), Some(EpochClass::Done), "{n}");
+            assert_eq!(p.class(n), Some(EpochClass::Done), "{n}");
         }
     }
 
@@ -910,24 +981,24 @@ mod tests {
         ins(&mut p, 2);
         // Block reads of an open file: one access, however many.
         for _ in 0..10 {
-            p.touch(k(1));
+            p.touch(1, &K);
         }
-        assert_eq!(p.class(k(1)), Some(EpochClass::Done));
+        assert_eq!(p.class(1), Some(EpochClass::Done));
         assert_eq!(p.order(), keys(&[1, 2]));
         // Accessed three times in one epoch, far apart: hot, evicted last.
         filler(&mut p, 100);
-        p.touch(k(1));
+        p.touch(1, &K);
         filler(&mut p, 200);
-        p.touch(k(1));
-        assert_eq!(p.class(k(1)), Some(EpochClass::HotDone));
+        p.touch(1, &K);
+        assert_eq!(p.class(1), Some(EpochClass::HotDone));
         assert_eq!(p.order(), keys(&[2, 1]));
         // Stays hot across one boundary (hot-pending), loses it after an epoch without use.
         p.new_epoch();
-        assert_eq!(p.class(k(1)), Some(EpochClass::HotPending));
+        assert_eq!(p.class(1), Some(EpochClass::HotPending));
         p.new_epoch();
-        assert_eq!(p.class(k(1)), Some(EpochClass::Stale));
-        p.touch(k(1));
-        assert_eq!(p.class(k(1)), Some(EpochClass::Done));
+        assert_eq!(p.class(1), Some(EpochClass::Stale));
+        p.touch(1, &K);
+        assert_eq!(p.class(1), Some(EpochClass::Done));
     }
 
     #[test]
@@ -938,12 +1009,12 @@ mod tests {
         }
         for round in 0..3 {
             for n in 0..10 {
-                p.touch(k(n));
+                p.touch(n, &K);
                 filler(&mut p, 1000 + round * 10_000 + n * 100);
             }
         }
         let hot = (0..10)
-            .filter(|&n| p.class(k(n)) == Some(EpochClass::HotDone))
+            .filter(|&n| p.class(n) == Some(EpochClass::HotDone))
             .count();
         assert_eq!(hot, 5);
     }
@@ -954,14 +1025,14 @@ mod tests {
         for n in 1..=3 {
             ins(&mut p, n);
         }
-        assert_eq!(p.victim(&mut |_| true), Some(k(3)));
+        assert_eq!(p.victim(&K, &mut |_| true), Some(3));
         // The cache failed to remove it (in use elsewhere) and touches it.
-        p.touch(k(3));
-        assert_eq!(p.class(k(3)), Some(EpochClass::Pending));
-        assert_eq!(p.victim(&mut |_| true), Some(k(2)));
-        p.remove(k(2));
+        p.touch(3, &K);
+        assert_eq!(p.class(3), Some(EpochClass::Pending));
+        assert_eq!(p.victim(&K, &mut |_| true), Some(2));
+        p.remove(2);
         // An ordinary touch is an access again.
-        p.touch(k(3));
+        p.touch(3, &K);
         assert_eq!(p.order(), keys(&[3, 1]));
     }
 
@@ -997,7 +1068,7 @@ mod tests {
         // One boundary at A's second pass; B never repeats, but once it has had 1.5 times as
         // many objects as the last epoch (450), its epoch ends where B began.
         assert_eq!(p.boundaries(), 2);
-        let class = |o: usize| p.class(w.keys[o]);
+        let class = |o: usize| p.class(o as u32);
         let old: Vec<usize> = (0..300).filter(|&o| class(o).is_some()).collect();
         assert!(!old.is_empty());
         assert!(old.iter().all(|&o| class(o) == Some(EpochClass::Pending)));
@@ -1007,7 +1078,7 @@ mod tests {
         let mut p = EpochPolicy::new();
         let r = simulate(&mut p, &w, &opts, &mut |_| {});
         assert_eq!(p.boundaries(), 3);
-        assert!((0..300).all(|o| p.class(w.keys[o]).is_none()));
+        assert!((0..300).all(|o| p.class(o as u32).is_none()));
         // ... so B's third pass hits what the cache can hold.
         w.epochs.push((300..800).collect());
         let r3 = simulate(&mut EpochPolicy::new(), &w, &opts, &mut |_| {});

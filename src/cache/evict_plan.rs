@@ -47,13 +47,14 @@
 //! the cache could not evict it; it is moved to the bottom of the heap (next use "now") until
 //! the oracle is asked about it again.
 
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use super::evict::{hashmap_bytes, EntryInfo, EvictionPolicy};
+use super::evict::{EntryInfo, EvictionPolicy, Slot, SlotKeys};
 use super::evict_epoch::EpochPolicy;
 use super::identity::EntryKey;
+use super::slab::Chunked;
 
 /// Entries re-checked against the oracle per `victim` call.
 pub const SWEEP: usize = 8;
@@ -97,15 +98,35 @@ impl PlanOracle for NoPlan {
     }
 }
 
+/// `next` of an entry the plan does not need.
+const NOT_NEEDED: u64 = u64::MAX;
+
+/// An entry's place in the plan partition.
 #[derive(Debug, Clone, Copy)]
-struct Slot {
-    key: EntryKey,
-    /// The next use last seen (`None`: in the inner policy).
-    next: Option<u64>,
+struct Plan {
+    /// The next use last seen ([`NOT_NEEDED`]: in the inner policy).
+    next: u64,
     stamp: u32,
     live: bool,
     /// At the bottom of the heap after a failed eviction, until the oracle is asked again.
     held: bool,
+}
+
+impl Default for Plan {
+    fn default() -> Self {
+        Plan {
+            next: NOT_NEEDED,
+            stamp: 0,
+            live: false,
+            held: false,
+        }
+    }
+}
+
+impl Plan {
+    fn next(&self) -> Option<u64> {
+        (self.next != NOT_NEEDED).then_some(self.next)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -120,21 +141,23 @@ struct HeapItem {
 pub struct PlanPolicy {
     oracle: Arc<dyn PlanOracle>,
     rest: EpochPolicy,
-    slots: Vec<Slot>,
-    free: Vec<u32>,
-    index: HashMap<EntryKey, u32>,
+    slots: Chunked<Plan>,
+    /// Live entries.
+    len: usize,
+    /// One past the highest slot ever inserted (the range the sweep and a new plan visit).
+    high: u32,
     heap: BinaryHeap<HeapItem>,
     /// Live entries in the heap partition.
     needed: usize,
     generation: u64,
-    cursor: usize,
-    offered: Vec<EntryKey>,
+    cursor: u32,
+    offered: Vec<Slot>,
 }
 
 impl std::fmt::Debug for PlanPolicy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PlanPolicy")
-            .field("entries", &self.index.len())
+            .field("entries", &self.len)
             .field("needed", &self.needed)
             .field("generation", &self.generation)
             .finish()
@@ -151,14 +174,18 @@ enum Leave {
 }
 
 impl PlanPolicy {
+    /// Heap bytes per slot, this policy's own and its inner policy's (the heap of needed
+    /// entries and the inner policy's sample come on top).
+    pub const SLOT_BYTES: usize = std::mem::size_of::<Plan>() + EpochPolicy::SLOT_BYTES;
+
     pub fn new(oracle: Arc<dyn PlanOracle>) -> Self {
         let generation = oracle.generation();
         PlanPolicy {
             oracle,
             rest: EpochPolicy::new(),
-            slots: Vec::new(),
-            free: Vec::new(),
-            index: HashMap::new(),
+            slots: Chunked::new(),
+            len: 0,
+            high: 0,
             heap: BinaryHeap::new(),
             needed: 0,
             generation,
@@ -168,11 +195,11 @@ impl PlanPolicy {
     }
 
     pub fn len(&self) -> usize {
-        self.index.len()
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
+        self.len == 0
     }
 
     /// Entries the plan still needs.
@@ -185,25 +212,30 @@ impl PlanPolicy {
         &self.rest
     }
 
-    /// Keys in the order they would be evicted, by the next uses last seen (for tests and
+    fn live(&self, at: Slot) -> bool {
+        self.slots.get(at).is_some_and(|s| s.live)
+    }
+
+    /// Slots in the order they would be evicted, by the next uses last seen (for tests and
     /// diagnostics).
-    pub fn order(&self) -> Vec<EntryKey> {
+    pub fn order(&self) -> Vec<Slot> {
         let mut out = self.rest.order();
-        let mut needed: Vec<(u64, EntryKey)> = self
-            .slots
-            .iter()
-            .filter(|s| s.live)
-            .filter_map(|s| s.next.map(|n| (n, s.key)))
+        let mut needed: Vec<(u64, Slot)> = (0..self.high)
+            .filter_map(|i| {
+                let s = self.slots.get(i)?;
+                s.live.then(|| s.next().map(|n| (n, i))).flatten()
+            })
             .collect();
         needed.sort_by(|a, b| b.cmp(a));
-        out.extend(needed.into_iter().map(|(_, k)| k));
+        out.extend(needed.into_iter().map(|(_, i)| i));
         out
     }
 
     fn push(&mut self, i: u32, next: u64) {
-        let s = &mut self.slots[i as usize];
+        let next = next.min(NOT_NEEDED - 1);
+        let s = &mut self.slots[i];
         s.stamp = s.stamp.wrapping_add(1);
-        s.next = Some(next);
+        s.next = next;
         s.held = false;
         self.heap.push(HeapItem {
             next,
@@ -213,35 +245,38 @@ impl PlanPolicy {
     }
 
     /// Moves slot `i` to where `q` (a fresh answer of the oracle) says.
-    fn place(&mut self, i: u32, q: Option<u64>, how: Leave) {
-        let s = self.slots[i as usize];
-        match (s.next, q) {
+    fn place(&mut self, i: u32, q: Option<u64>, how: Leave, keys: &dyn SlotKeys) {
+        let s = self.slots[i];
+        match (s.next(), q) {
             (Some(old), Some(new)) => {
-                if old != new || s.held {
+                if old != new.min(NOT_NEEDED - 1) || s.held {
                     self.push(i, new);
                 }
             }
             (Some(_), None) => {
-                let s = &mut self.slots[i as usize];
+                let s = &mut self.slots[i];
                 s.stamp = s.stamp.wrapping_add(1);
-                s.next = None;
+                s.next = NOT_NEEDED;
                 s.held = false;
                 self.needed -= 1;
-                self.rest.insert(&EntryInfo {
-                    key: s.key,
-                    identity: None,
-                    bytes: 0,
-                    last_used: (how == Leave::Dropped).then_some(SystemTime::UNIX_EPOCH),
-                });
+                self.rest.insert(
+                    i,
+                    &EntryInfo {
+                        key: keys.key_of(i),
+                        bytes: 0,
+                        last_used: (how == Leave::Dropped).then_some(SystemTime::UNIX_EPOCH),
+                    },
+                    keys,
+                );
             }
             (None, Some(new)) => {
-                self.rest.remove(s.key);
+                self.rest.remove(i);
                 self.needed += 1;
                 self.push(i, new);
             }
             (None, None) => {
                 if how == Leave::Used {
-                    self.rest.touch(s.key);
+                    self.rest.touch(i, keys);
                 }
             }
         }
@@ -249,7 +284,7 @@ impl PlanPolicy {
 
     /// After a plan change, re-asks the oracle about every entry (before anything else
     /// happens under the new plan). Returns whether it did.
-    fn check_generation(&mut self) -> bool {
+    fn check_generation(&mut self, keys: &dyn SlotKeys) -> bool {
         let generation = self.oracle.generation();
         if generation == self.generation {
             return false;
@@ -257,10 +292,10 @@ impl PlanPolicy {
         self.generation = generation;
         // What the new plan does not need goes first (Belady), oldest first.
         self.rest.all_stale();
-        for i in 0..self.slots.len() as u32 {
-            if self.slots[i as usize].live {
-                let q = self.oracle.next_use(self.slots[i as usize].key);
-                self.place(i, q, Leave::Dropped);
+        for i in 0..self.high {
+            if self.live(i) {
+                let q = self.oracle.next_use(keys.key_of(i));
+                self.place(i, q, Leave::Dropped, keys);
             }
         }
         self.compact();
@@ -268,23 +303,24 @@ impl PlanPolicy {
     }
 
     /// Re-asks the oracle after a plan change, and about a few entries in turn otherwise.
-    fn refresh(&mut self) {
-        if self.check_generation() {
+    fn refresh(&mut self, keys: &dyn SlotKeys) {
+        if self.check_generation(keys) {
             return;
         }
-        let n = self.slots.len();
+        let n = self.high;
         if n == 0 {
             return;
         }
-        for _ in 0..SWEEP.min(n) {
+        for _ in 0..(SWEEP as u32).min(n) {
             self.cursor = (self.cursor + 1) % n;
-            let s = self.slots[self.cursor];
+            let at = self.cursor;
+            let s = self.slots[at];
             if s.held {
                 // Held after a failed eviction: re-asked on the next round.
-                self.slots[self.cursor].held = false;
-            } else if s.live && s.next.is_some() {
-                let q = self.oracle.next_use(s.key);
-                self.place(self.cursor as u32, q, Leave::Dropped);
+                self.slots[at].held = false;
+            } else if s.live && s.next().is_some() {
+                let q = self.oracle.next_use(keys.key_of(at));
+                self.place(at, q, Leave::Dropped, keys);
             }
         }
         if self.heap.len() > 2 * self.needed + 1024 {
@@ -294,28 +330,29 @@ impl PlanPolicy {
 
     /// Rebuilds the heap from the live entries (drops stale items).
     fn compact(&mut self) {
-        let items: Vec<HeapItem> = self
-            .slots
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.live)
-            .filter_map(|(i, s)| {
-                s.next.map(|next| HeapItem {
-                    next,
-                    stamp: s.stamp,
-                    slot: i as u32,
-                })
+        let items: Vec<HeapItem> = (0..self.high)
+            .filter_map(|i| {
+                let s = self.slots.get(i)?;
+                s.live
+                    .then(|| {
+                        s.next().map(|next| HeapItem {
+                            next,
+                            stamp: s.stamp,
+                            slot: i,
+                        })
+                    })
+                    .flatten()
             })
             .collect();
         self.heap = BinaryHeap::from(items);
     }
 
-    fn offer(&mut self, key: EntryKey) {
-        if !self.offered.contains(&key) {
+    fn offer(&mut self, at: Slot) {
+        if !self.offered.contains(&at) {
             if self.offered.len() >= OFFERED_MAX {
                 self.offered.remove(0);
             }
-            self.offered.push(key);
+            self.offered.push(at);
         }
     }
 }
@@ -325,87 +362,81 @@ impl EvictionPolicy for PlanPolicy {
         "plan"
     }
 
-    fn insert(&mut self, info: &EntryInfo<'_>) {
-        if self.index.contains_key(&info.key) {
-            self.touch(info.key);
+    fn insert(&mut self, at: Slot, info: &EntryInfo, keys: &dyn SlotKeys) {
+        if self.live(at) {
+            self.touch(at, keys);
             return;
         }
-        self.check_generation();
-        let slot = Slot {
-            key: info.key,
-            next: None,
-            stamp: 0,
+        self.check_generation(keys);
+        let s = self.slots.grow_to(at);
+        // A reused slot's stale heap items must not match: a new stamp.
+        *s = Plan {
+            stamp: s.stamp.wrapping_add(1),
             live: true,
-            held: false,
+            ..Plan::default()
         };
-        let i = match self.free.pop() {
-            Some(i) => {
-                self.slots[i as usize] = Slot {
-                    stamp: self.slots[i as usize].stamp.wrapping_add(1),
-                    ..slot
-                };
-                i
-            }
-            None => {
-                self.slots.push(slot);
-                (self.slots.len() - 1) as u32
-            }
-        };
-        self.index.insert(info.key, i);
+        self.len += 1;
+        self.high = self.high.max(at + 1);
         match self.oracle.next_use(info.key) {
             Some(next) => {
                 self.needed += 1;
-                self.push(i, next);
+                self.push(at, next);
             }
-            None => self.rest.insert(info),
+            None => self.rest.insert(at, info, keys),
         }
     }
 
-    fn touch(&mut self, key: EntryKey) {
-        let Some(&i) = self.index.get(&key) else {
+    fn touch(&mut self, at: Slot, keys: &dyn SlotKeys) {
+        if !self.live(at) {
             return;
-        };
-        self.check_generation();
-        if let Some(pos) = self.offered.iter().position(|&k| k == key) {
+        }
+        self.check_generation(keys);
+        if let Some(pos) = self.offered.iter().position(|&k| k == at) {
             // Handed out as a victim and not removed: the cache could not evict it.
             self.offered.swap_remove(pos);
-            if self.slots[i as usize].next.is_some() {
+            if self.slots[at].next().is_some() {
                 // The bottom of the heap until the oracle is asked again.
-                self.push(i, 0);
-                self.slots[i as usize].held = true;
+                self.push(at, 0);
+                self.slots[at].held = true;
             } else {
-                self.rest.hold(key);
+                self.rest.hold(at);
             }
             return;
         }
-        let q = self.oracle.next_use(key);
-        self.place(i, q, Leave::Used);
+        let q = self.oracle.next_use(keys.key_of(at));
+        self.place(at, q, Leave::Used, keys);
     }
 
-    fn remove(&mut self, key: EntryKey) {
-        self.offered.retain(|&k| k != key);
-        let Some(i) = self.index.remove(&key) else {
+    fn remove(&mut self, at: Slot) {
+        self.offered.retain(|&k| k != at);
+        if !self.live(at) {
             return;
-        };
-        let s = &mut self.slots[i as usize];
+        }
+        let s = &mut self.slots[at];
         s.live = false;
         s.stamp = s.stamp.wrapping_add(1);
-        if s.next.take().is_some() {
+        let was_needed = s.next().is_some();
+        s.next = NOT_NEEDED;
+        if was_needed {
             self.needed -= 1;
         } else {
-            self.rest.remove(key);
+            self.rest.remove(at);
         }
-        self.free.push(i);
+        self.len -= 1;
     }
 
-    fn resize(&mut self, key: EntryKey, bytes: u64) {
-        self.rest.resize(key, bytes);
+    fn resize(&mut self, at: Slot, bytes: u64) {
+        self.rest.resize(at, bytes);
     }
 
-    fn victim(&mut self, evictable: &mut dyn FnMut(EntryKey) -> bool) -> Option<EntryKey> {
-        self.refresh();
+    fn victim(
+        &mut self,
+        keys: &dyn SlotKeys,
+        evictable: &mut dyn FnMut(Slot) -> bool,
+    ) -> Option<Slot> {
+        self.refresh(keys);
         // What the plan does not need goes first, in the epoch order.
-        if let Some(k) = self.rest.victim(evictable) {
+        if let Some(k) = self.rest.victim(keys, evictable) {
             return Some(k);
         }
         let mut skipped = Vec::new();
@@ -413,22 +444,22 @@ impl EvictionPolicy for PlanPolicy {
             let Some(top) = self.heap.pop() else {
                 break None;
             };
-            let s = self.slots[top.slot as usize];
+            let s = self.slots[top.slot];
             if !s.live || s.stamp != top.stamp {
                 continue; // superseded
             }
-            let q = self.oracle.next_use(s.key);
-            if q != Some(top.next) && !s.held {
+            let q = self.oracle.next_use(keys.key_of(top.slot));
+            if q.map(|q| q.min(NOT_NEEDED - 1)) != Some(top.next) && !s.held {
                 // Stale: re-place it and look again (a key no longer needed is the best victim).
-                self.place(top.slot, q, Leave::Dropped);
-                if q.is_none() && evictable(s.key) {
-                    break Some(s.key);
+                self.place(top.slot, q, Leave::Dropped, keys);
+                if q.is_none() && evictable(top.slot) {
+                    break Some(top.slot);
                 }
                 continue;
             }
             skipped.push(top);
-            if evictable(s.key) {
-                break Some(s.key);
+            if evictable(top.slot) {
+                break Some(top.slot);
             }
         };
         self.heap.extend(skipped);
@@ -440,14 +471,9 @@ impl EvictionPolicy for PlanPolicy {
 
     fn memory_bytes(&self) -> usize {
         self.rest.memory_bytes()
-            + self.slots.capacity() * std::mem::size_of::<Slot>()
-            + self.free.capacity() * 4
-            + hashmap_bytes(
-                self.index.capacity(),
-                std::mem::size_of::<(EntryKey, u32)>(),
-            )
+            + self.slots.heap_bytes()
             + self.heap.capacity() * std::mem::size_of::<HeapItem>()
-            + self.offered.capacity() * std::mem::size_of::<EntryKey>()
+            + self.offered.capacity() * std::mem::size_of::<Slot>()
     }
 }
 
@@ -473,30 +499,39 @@ mod tests {
             Fixture { keys, oracle, p }
         }
 
-        fn k(&self, o: usize) -> EntryKey {
-            self.keys[o]
+        /// Object `o` is in slot `o`.
+        fn k(&self, o: usize) -> Slot {
+            o as Slot
         }
 
-        fn ks(&self, v: &[usize]) -> Vec<EntryKey> {
-            v.iter().map(|&o| self.keys[o]).collect()
+        fn ks(&self, v: &[usize]) -> Vec<Slot> {
+            v.iter().map(|&o| o as Slot).collect()
         }
 
         fn ins(&mut self, o: usize) {
-            self.p.insert(&EntryInfo {
+            let info = EntryInfo {
                 key: self.keys[o],
-                identity: None,
                 bytes: 1,
                 last_used: None,
-            });
+            };
+            self.p.insert(o as Slot, &info, &self.keys);
         }
 
         fn ins_found(&mut self, o: usize) {
-            self.p.insert(&EntryInfo {
+            let info = EntryInfo {
                 key: self.keys[o],
-                identity: None,
                 bytes: 1,
                 last_used: Some(SystemTime::now() - Duration::from_secs(60)),
-            });
+            };
+            self.p.insert(o as Slot, &info, &self.keys);
+        }
+
+        fn touch(&mut self, o: usize) {
+            self.p.touch(o as Slot, &self.keys);
+        }
+
+        fn victim(&mut self, evictable: &mut dyn FnMut(Slot) -> bool) -> Option<Slot> {
+            self.p.victim(&self.keys, evictable)
         }
     }
 
@@ -510,23 +545,23 @@ mod tests {
         assert_eq!(f.p.needed(), 5);
         // 5 is not in the plan; then 4 (index 5), 3 (3), 2 (2), 1 (1), 0 (0).
         assert_eq!(f.p.order(), f.ks(&[5, 4, 3, 2, 1, 0]));
-        assert_eq!(f.p.victim(&mut |_| true), Some(f.k(5)));
+        assert_eq!(f.victim(&mut |_| true), Some(f.k(5)));
         f.p.remove(f.k(5));
         // Pinned entries are skipped and keep their place.
         let pinned = f.k(4);
-        assert_eq!(f.p.victim(&mut |k| k != pinned), Some(f.k(3)));
+        assert_eq!(f.victim(&mut |k| k != pinned), Some(f.k(3)));
         f.p.remove(f.k(3));
-        assert_eq!(f.p.victim(&mut |_| true), Some(f.k(4)));
-        assert_eq!(f.p.victim(&mut |_| false), None);
+        assert_eq!(f.victim(&mut |_| true), Some(f.k(4)));
+        assert_eq!(f.victim(&mut |_| false), None);
         // The reader opens 0 (index 0) and reads it: its next use is now index 4.
         f.oracle.opened(0);
-        f.p.touch(f.k(0));
+        f.touch(0);
         assert_eq!(f.p.order(), f.ks(&[4, 0, 2, 1]));
         // ... opens 1, 2, (3,) 0: 1, 2 and 0 are not needed again: epoch order (newest
         // first), before 4.
         for (i, o) in [(1, 1), (2, 2), (4, 0)] {
             f.oracle.opened(i);
-            f.p.touch(f.k(o));
+            f.touch(o);
         }
         assert_eq!(f.p.needed(), 1);
         assert_eq!(f.p.order(), f.ks(&[0, 2, 1, 4]));
@@ -562,18 +597,18 @@ mod tests {
         }
         for i in 0..4 {
             f.oracle.opened(i);
-            f.p.touch(f.k(i as usize));
+            f.touch(i as usize);
         }
         f.ins(4); // read outside the plan, recently
         assert_eq!(f.p.needed(), 0);
         // Next epoch: 3, 1 are needed; 0, 2, 4 are not, and go first, least recent first.
         f.oracle.set_plan(&[3, 5, 1]);
-        assert_eq!(f.p.victim(&mut |_| true), Some(f.k(0)));
+        assert_eq!(f.victim(&mut |_| true), Some(f.k(0)));
         assert_eq!(f.p.needed(), 2);
         assert_eq!(f.p.order(), f.ks(&[0, 2, 4, 1, 3]));
         // No plan at all: the epoch order, everything stale (least recently used first).
         f.oracle.clear();
-        assert_eq!(f.p.victim(&mut |_| true), Some(f.k(3)));
+        assert_eq!(f.victim(&mut |_| true), Some(f.k(3)));
         assert_eq!(f.p.needed(), 0);
     }
 
@@ -587,7 +622,7 @@ mod tests {
         // The reader skips 0 and 1 without the cache seeing them.
         f.oracle.opened(1);
         assert_eq!(f.p.order(), f.ks(&[2, 1, 0]));
-        let v = f.p.victim(&mut |_| true);
+        let v = f.victim(&mut |_| true);
         assert!(v == Some(f.k(0)) || v == Some(f.k(1)), "{v:?}");
         assert_eq!(f.p.needed(), 1);
         assert_eq!(f.p.order().last(), Some(&f.k(2)));
@@ -601,12 +636,12 @@ mod tests {
         for o in 0..3 {
             f.ins(o);
         }
-        assert_eq!(f.p.victim(&mut |_| true), Some(f.k(2)));
-        f.p.touch(f.k(2)); // the cache could not remove it
-        assert_eq!(f.p.victim(&mut |_| true), Some(f.k(1)));
+        assert_eq!(f.victim(&mut |_| true), Some(f.k(2)));
+        f.touch(2); // the cache could not remove it
+        assert_eq!(f.victim(&mut |_| true), Some(f.k(1)));
         f.p.remove(f.k(1));
         // Asked again (a real touch), it is in its place again.
-        f.p.touch(f.k(2));
+        f.touch(2);
         assert_eq!(f.p.order(), f.ks(&[2, 0]));
     }
 
@@ -618,19 +653,18 @@ mod tests {
         for (i, &k) in keys.iter().enumerate() {
             let info = EntryInfo {
                 key: k,
-                identity: None,
                 bytes: 1,
                 last_used: (i % 7 == 0).then(SystemTime::now),
             };
-            plan.insert(&info);
-            epoch.insert(&info);
+            plan.insert(i as Slot, &info, &keys);
+            epoch.insert(i as Slot, &info, &keys);
             if i % 3 == 0 {
-                plan.touch(keys[i / 2]);
-                epoch.touch(keys[i / 2]);
+                plan.touch((i / 2) as Slot, &keys);
+                epoch.touch((i / 2) as Slot, &keys);
             }
             if i % 5 == 0 {
-                let a = plan.victim(&mut |_| true);
-                assert_eq!(a, epoch.victim(&mut |_| true));
+                let a = plan.victim(&keys, &mut |_| true);
+                assert_eq!(a, epoch.victim(&keys, &mut |_| true));
                 if let Some(a) = a {
                     plan.remove(a);
                     epoch.remove(a);

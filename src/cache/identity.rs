@@ -73,7 +73,7 @@ impl ObjectIdentity {
 }
 
 /// The 128-bit name of a cache entry.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct EntryKey(pub [u8; 16]);
 
 impl std::fmt::Debug for EntryKey {

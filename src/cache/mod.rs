@@ -135,6 +135,7 @@ pub mod policy;
 pub mod ring;
 pub mod scan;
 pub mod simulate;
+pub mod slab;
 pub mod sys;
 
 #[cfg(test)]
@@ -153,7 +154,7 @@ use std::time::Duration;
 pub const DEFAULT_MAX_OPEN_OBJECTS: usize = 16_384;
 
 pub use disk::{CacheStats, DataFile, DiskCache, IndexMemory, ObjectStatus, PinGuard, WriteStep};
-pub use evict::{EntryInfo, EvictionPolicy, LruPolicy};
+pub use evict::{EntryInfo, EvictionPolicy, LruPolicy, Slot, SlotKeys};
 pub use evict_epoch::EpochPolicy;
 pub use evict_plan::{NoPlan, PlanOracle, PlanPolicy};
 pub use identity::{EntryKey, ObjectIdentity};

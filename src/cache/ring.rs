@@ -241,10 +241,11 @@ impl Ring {
                 sleeping: AtomicBool::new(false),
             });
             let (tx, rx) = mpsc::channel();
-            let thread_wake = wake.clone();
+            // Built here, not on the thread: its tables are allocated before `new` returns.
+            let ring_thread = RingThread::new(ring, rx, wake.clone());
             let thread = std::thread::Builder::new()
                 .name(format!("riffle-uring-{n}"))
-                .spawn(move || RingThread::new(ring, rx, thread_wake).run())?;
+                .spawn(move || ring_thread.run())?;
             lanes.push(Lane {
                 tx: Some(tx),
                 wake,
@@ -263,6 +264,7 @@ impl Ring {
     }
 
     /// Queues `op` on its file's ring; gives the request back if that ring has stopped.
+    /// (A request given back still holds its file: drop it before replying.)
     fn send(&self, op: Op, reply: Reply) -> Result<(), Request> {
         let fd = match &op {
             Op::Read { file, .. } | Op::Write { file, .. } => file.as_raw_fd(),
@@ -301,23 +303,21 @@ impl Ring {
     /// `done` runs on the ring thread with the result, so the bytes reach their user with no
     /// further thread hand-off. `done` must be short and must not block: it holds up every
     /// other operation of its ring. If the ring has stopped, `done` runs here with an error.
+    /// The ring lets go of `file` before `done` runs.
     pub fn read_then(
         &self,
-        file: &Arc<File>,
+        file: Arc<File>,
         offset: u64,
         len: usize,
         done: impl FnOnce(io::Result<Bytes>) + Send + 'static,
     ) {
-        let op = Op::Read {
-            file: file.clone(),
-            offset,
-            len,
-        };
+        let op = Op::Read { file, offset, len };
         let reply = Reply::Call(Box::new(move |out: io::Result<Done>| {
             done(out.and_then(Done::into_bytes))
         }));
-        if let Err(request) = self.send(op, reply) {
-            request.reply.send(Err(stopped()));
+        if let Err(Request { op, reply }) = self.send(op, reply) {
+            drop(op);
+            reply.send(Err(stopped()));
         }
     }
 
@@ -660,7 +660,13 @@ impl RingThread {
                         return;
                     }
                 }
-                if let Some(InFlight::Read { buf, reply, .. }) = self.slots[slot].take() {
+                if let Some(InFlight::Read {
+                    buf, reply, file, ..
+                }) = self.slots[slot].take()
+                {
+                    // The file goes before the reply: whoever gets it may find the descriptor
+                    // held by nobody else now (the cache then keeps its entry compactly).
+                    drop(file);
                     let out = match err {
                         Some(e) => Err(e),
                         None if res == 0 => Err(io::Error::new(
@@ -703,7 +709,11 @@ impl RingThread {
                         return;
                     }
                 }
-                if let Some(InFlight::Write { reply, .. }) = self.slots[slot].take() {
+                if let Some(InFlight::Write {
+                    reply, file, then, ..
+                }) = self.slots[slot].take()
+                {
+                    drop((file, then));
                     let out = match err {
                         Some(e) => Err(e),
                         None if res == 0 => Err(io::Error::from(io::ErrorKind::WriteZero)),
@@ -770,7 +780,7 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         let (go, wait_go) = std::sync::mpsc::channel::<()>();
         let held = ring.clone();
-        ring.read_then(&f, 7, 4, move |got| {
+        ring.read_then(f.clone(), 7, 4, move |got| {
             let thread = std::thread::current().name().map(str::to_string);
             let _ = wait_go.recv();
             // The last owner lets go here, on the ring thread: Drop must not join itself.

@@ -25,7 +25,7 @@ use std::time::{Duration, SystemTime};
 use super::disk::{last_used, DiskCache};
 use super::entry::remove_if_exists;
 use super::format::{self, Header};
-use super::identity::{parse_file_name, EntryKey, FileName, ObjectIdentity, OBJECTS_DIR};
+use super::identity::{parse_file_name, EntryKey, FileName, OBJECTS_DIR};
 
 /// Orphaned data files younger than this are left alone.
 const ORPHAN_GRACE: Duration = Duration::from_secs(60);
@@ -38,7 +38,6 @@ pub const BATCH: usize = 65536;
 #[derive(Debug, Clone)]
 pub struct Found {
     pub key: EntryKey,
-    pub identity: ObjectIdentity,
     pub bytes: u64,
     pub blocks: u32,
     pub complete: bool,
@@ -207,7 +206,6 @@ fn walk_leaf(
         }
         found.push(Found {
             key,
-            identity: header.identity(),
             bytes,
             blocks,
             complete,

@@ -68,7 +68,7 @@ use std::time::{Duration, SystemTime};
 
 use parking_lot::RwLock;
 
-use super::evict::{EntryInfo, EvictionPolicy};
+use super::evict::{EntryInfo, EvictionPolicy, Slot};
 use super::evict_plan::PlanOracle;
 use super::identity::{EntryKey, ObjectIdentity};
 use super::policy::{make_policy, EvictionKind};
@@ -287,7 +287,6 @@ pub fn simulate(
     observer: &mut dyn FnMut(Step),
 ) -> SimReport {
     let mut sim = Sim {
-        by_key: w.keys.iter().enumerate().map(|(i, &k)| (k, i)).collect(),
         keys: &w.keys,
         cached: vec![false; w.keys.len()],
         unread: vec![false; w.keys.len()],
@@ -302,12 +301,16 @@ pub fn simulate(
         if o >= sim.keys.len() || sim.cached[o] || sim.used >= opts.capacity {
             continue;
         }
-        policy.insert(&EntryInfo {
-            key: w.keys[o],
-            identity: None,
-            bytes: 1,
-            last_used: Some(start - Duration::from_secs(age as u64)),
-        });
+        // Object `o` is in slot `o`.
+        policy.insert(
+            o as Slot,
+            &EntryInfo {
+                key: w.keys[o],
+                bytes: 1,
+                last_used: Some(start - Duration::from_secs(age as u64)),
+            },
+            &w.keys,
+        );
         sim.cached[o] = true;
         sim.used += 1;
     }
@@ -328,20 +331,20 @@ pub fn simulate(
             });
             position += 1;
             let o = object as usize;
-            let Some(&key) = w.keys.get(o) else {
+            if o >= w.keys.len() {
                 continue;
-            };
+            }
             stats.accesses += 1;
             if sim.cached[o] {
                 stats.hits += 1;
                 sim.unread[o] = false;
-                policy.touch(key);
+                policy.touch(o as Slot, &w.keys);
             } else {
                 sim.fill(policy, o);
             }
             if sim.cached[o] {
                 for _ in 0..opts.extra_touches {
-                    policy.touch(key);
+                    policy.touch(o as Slot, &w.keys);
                 }
             }
             if opts.pinned_recent > 0 {
@@ -368,8 +371,7 @@ pub fn simulate(
 }
 
 struct Sim<'a> {
-    keys: &'a [EntryKey],
-    by_key: HashMap<EntryKey, usize>,
+    keys: &'a Vec<EntryKey>,
     cached: Vec<bool>,
     /// Prefetched and not read yet.
     unread: Vec<bool>,
@@ -383,24 +385,29 @@ impl Sim<'_> {
     /// Caches object `o` as the cache does after a miss (or a prefetch): the entry is created,
     /// victims are evicted until it fits, the block is written and the entry touched.
     fn fill(&mut self, policy: &mut dyn EvictionPolicy, o: usize) {
-        let key = self.keys[o];
-        policy.insert(&EntryInfo {
-            key,
-            identity: None,
-            bytes: 0,
-            last_used: None,
-        });
+        let keys = self.keys;
+        let at = o as Slot;
+        policy.insert(
+            at,
+            &EntryInfo {
+                key: keys[o],
+                bytes: 0,
+                last_used: None,
+            },
+            keys,
+        );
         while self.used >= self.capacity {
-            let (by_key, cached, pins) = (&self.by_key, &self.cached, &self.pins);
-            let victim = policy.victim(&mut |k| {
-                k != key && by_key.get(&k).is_some_and(|&j| cached[j] && pins[j] == 0)
+            let (cached, pins) = (&self.cached, &self.pins);
+            let victim = policy.victim(keys, &mut |s| {
+                let j = s as usize;
+                s != at && cached.get(j) == Some(&true) && pins.get(j) == Some(&0)
             });
-            let Some(v) = victim.and_then(|v| self.by_key.get(&v).copied()) else {
+            let Some(v) = victim.map(|v| v as usize) else {
                 self.report.refused += 1;
-                policy.remove(key);
+                policy.remove(at);
                 return;
             };
-            policy.remove(self.keys[v]);
+            policy.remove(v as Slot);
             self.cached[v] = false;
             self.used -= 1;
             self.report.evictions += 1;
@@ -410,7 +417,7 @@ impl Sim<'_> {
         }
         self.cached[o] = true;
         self.used += 1;
-        policy.touch(key);
+        policy.touch(at, keys);
     }
 }
 
@@ -946,13 +953,13 @@ pub(crate) mod tests {
             let oracle = Arc::new(TraceOracle::new(w.keys.clone()));
             oracle.set_plan(&w.epochs[0]);
             let mut p = make_policy(kind, Some(oracle));
-            for k in &w.keys[..objects / 2] {
-                p.insert(&EntryInfo {
+            for (o, k) in w.keys[..objects / 2].iter().enumerate() {
+                let info = EntryInfo {
                     key: *k,
-                    identity: None,
                     bytes: 1,
                     last_used: None,
-                });
+                };
+                p.insert(o as Slot, &info, &w.keys);
             }
             let mem = p.memory_bytes() as f64 / (objects / 2) as f64;
             println!(
