@@ -178,9 +178,11 @@ pub struct CacheStats {
 pub struct IndexMemory {
     pub entries: u64,
     pub open_entries: u64,
-    /// Bytes of the table of all known entries and the eviction policy.
+    /// Bytes of the table of all known entries (idle open entries included) and the
+    /// eviction policies.
     pub table_bytes: u64,
-    /// Bytes of the open entries (files, block tables, identities).
+    /// Bytes of the open entries in use or of more than one block (`Arc<OpenEntry>`s with
+    /// their block tables and descriptors' `Arc`s).
     pub open_bytes: u64,
     /// `(table_bytes + open_bytes) / entries`.
     pub per_object: u64,

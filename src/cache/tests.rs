@@ -994,8 +994,11 @@ async fn index_memory_per_cached_object() {
     assert_eq!(live.entries, n);
     assert_eq!(scanned.entries, n);
     assert!(live.open_entries <= 64);
-    assert!(scanned.per_object < 512, "{scanned:?}");
-    assert!(live.per_object < 1024, "{live:?}");
+    // 84 and 101 bytes when written (the LRU policy; objects of two blocks stay open entries
+    // of about 270 bytes while open: see `entry`, "Idle form").
+    assert!(scanned.per_object < 128, "{scanned:?}");
+    assert!(live.per_object < 160, "{live:?}");
+    assert!(dir_stats.index_memory_per_object < 160);
 }
 
 /// Throughput of the io_uring path against plain pread/pwrite on this disk. Prints, asserts
