@@ -1556,13 +1556,14 @@ impl DiskCache {
         let Some(at) = st.table.find(&id.entry_key()) else {
             return false;
         };
-        let present = st
-            .table
-            .at(at)
-            .is_some_and(|e| !e.files.is_dead() && e.files.crc(index).is_some());
-        if present {
-            st.open_lru.use_now(at);
+        let Some(e) = st.table.at(at) else {
+            return false;
+        };
+        if !e.files.is_open() || e.files.is_dead() {
+            return false;
         }
+        let present = e.files.crc(index).is_some();
+        st.open_lru.use_now(at);
         present
     }
 

@@ -9,9 +9,9 @@
 //! **Idle form.** An open entry that nobody uses (no pin, no write, no I/O in flight) and that
 //! has at most one block is kept by the table of known entries as [`Files::Idle`]: its three
 //! descriptors, its nonce, its block's CRC and the journal length replayed, 32 bytes inline
-//! and no allocation, instead of an [`OpenEntry`] behind an `Arc` (about 260 bytes with its
-//! descriptors' `Arc`s). A use makes it an `OpenEntry` again ([`Files::activate`]: four
-//! allocations, no system call), and the end of the use turns it back ([`Files::settle`]).
+//! and no allocation, instead of an [`OpenEntry`] behind an `Arc` (220–280 bytes with its
+//! descriptors' `Arc`s). A use makes it an `OpenEntry` again ([`Files::activate`]: three or
+//! four allocations, no system call), and the end of the use turns it back ([`Files::settle`]).
 //! Nothing about the files changes in between: the same descriptors stay open, locks and
 //! the replay mark carry over.
 //!

@@ -498,7 +498,7 @@ impl EpochPolicy {
 
     /// Feeds the boundary detector with an access of `key`.
     fn observe(&mut self, key: EntryKey) {
-        if self.clock - self.epoch_start >= u32::MAX as u64 {
+        if self.clock.saturating_sub(self.epoch_start) >= u32::MAX as u64 {
             // 2^32 accesses without a boundary: end the epoch here, so that the sample's
             // relative clocks stay exact.
             self.advance(self.clock);
@@ -647,7 +647,7 @@ impl EpochPolicy {
         self.sample.retain(|_, s| abs(s.last) >= boundary);
         self.sample.shrink_to_fit();
         // Clocks relative to the new start (every one kept is at or after it).
-        let rel = |t: u64| (t - boundary) as u32;
+        let rel = |t: u64| t.saturating_sub(boundary).min(u32::MAX as u64) as u32;
         for s in self.sample.values_mut() {
             // The first access since the boundary: exact for keys seen once, approximate
             // otherwise.

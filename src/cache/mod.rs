@@ -93,9 +93,9 @@
 //! - **Idle open entries inline.** An open entry nobody uses (no pin, no write, no I/O in
 //!   flight), of at most one block, lives in its record as `entry::Files::Idle`: the same
 //!   three descriptors, its nonce, its block's CRC32C and the journal length replayed, in 32
-//!   bytes, instead of an `Arc<OpenEntry>` with `Arc`'d descriptors (about 270 bytes; 450
+//!   bytes, instead of an `Arc<OpenEntry>` with `Arc`'d descriptors (220–280 bytes; 450
 //!   when it also owned the object's `ObjectIdentity`). A use turns it back into an
-//!   `OpenEntry` (four allocations, no system call: every block read is still checked
+//!   `OpenEntry` (three or four allocations, no system call: every block read is still checked
 //!   against its CRC, and pins still take the shared lock on the journal), and the end of the
 //!   use makes it idle again. Measured on the warm calls (release build, minimum of 15 runs
 //!   on a loaded machine): pin and unpin 2.74–2.85 against 2.65 µs (the journal `flock`s are
@@ -184,7 +184,7 @@ use std::time::Duration;
 /// straight from the I/O thread ([`DiskCache::read_block_on_ring`]); a closed one costs three
 /// opens and a journal read on a blocking thread first. 16,384 entries hold about 49,000
 /// descriptors, and keep a dataset of that many files warm without passthrough; idle ones of
-/// one block cost no memory beyond their record (see "Memory"), others about 270 bytes.
+/// one block cost no memory beyond their record (see "Memory"), others 220–280 bytes.
 pub const DEFAULT_MAX_OPEN_OBJECTS: usize = 16_384;
 
 pub use disk::{CacheStats, DataFile, DiskCache, IndexMemory, ObjectStatus, PinGuard, WriteStep};

@@ -995,7 +995,7 @@ async fn index_memory_per_cached_object() {
     assert_eq!(scanned.entries, n);
     assert!(live.open_entries <= 64);
     // 84 and 101 bytes when written (the LRU policy; objects of two blocks stay open entries
-    // of about 270 bytes while open: see `entry`, "Idle form").
+    // of about 272 bytes while open: see `entry`, "Idle form").
     assert!(scanned.per_object < 128, "{scanned:?}");
     assert!(live.per_object < 160, "{live:?}");
     assert!(dir_stats.index_memory_per_object < 160);
