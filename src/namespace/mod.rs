@@ -589,12 +589,7 @@ impl Namespace {
 
     /// Whether directory `ino` has a listing younger than the TTL.
     pub fn has_fresh_listing(&self, ino: u64) -> bool {
-        let tree = self.tree.read();
-        Self::node(&tree, ino)
-            .ok()
-            .and_then(|n| n.dir.as_ref())
-            .and_then(|d| d.listing())
-            .is_some_and(|(_, at)| self.ttl.is_fresh(at))
+        self.readdir_cached(ino).is_some()
     }
 
     /// Resolves a path relative to the mount root ("" is the root), component by component.
@@ -974,6 +969,14 @@ impl Namespace {
         let parent_prefix = self.dir_prefix(&tree, parent);
         drop(tree);
         self.forget_kept(&parent_prefix);
+    }
+
+    /// The entries of directory `ino` if its last listing is younger than the TTL, without
+    /// listing it (no I/O).
+    pub fn readdir_cached(&self, ino: u64) -> Option<Arc<Vec<DirEntry>>> {
+        let tree = self.tree.read();
+        let (entries, listed) = Self::node(&tree, ino).ok()?.dir.as_ref()?.listing()?;
+        self.ttl.is_fresh(listed).then(|| entries.clone())
     }
 
     /// The entries of directory `ino`, listed again when the last listing is older than the TTL.

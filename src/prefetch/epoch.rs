@@ -16,11 +16,15 @@
 //! Opens outside a plan are watched. Their parent directories' lowest common ancestor is the
 //! *candidate root* (for ImageFolder's `root/class/img` the dataset root after two opens from
 //! different classes; for a flat directory that directory). After [`MIN_OPENS_TO_BUILD`]
-//! distinct opens under a candidate, the files under it are enumerated in the background
-//! (cached listings first; directories not listed yet are listed, [`LIST_CONCURRENCY`] at a
-//! time) and become the *epoch set*, directory by directory in listing order. An open outside
-//! the set's root moves the candidate up and the set is rebuilt at the new root (opened marks
-//! are kept by inode).
+//! distinct opens under a candidate, the files under it are enumerated in the background and
+//! become the *epoch set*, directory by directory in listing order: first at once from the
+//! listings the namespace holds (every directory the reader opened a file in is among them,
+//! so fetching starts within the open that triggered it), then again once the directories not
+//! listed yet are listed, [`LIST_CONCURRENCY`] at a time (on W1's 200 directories behind the
+//! 30 ms proxy that took about a second, a second in which nothing was fetched ahead). An
+//! open outside the set's root moves the candidate up and the set is rebuilt at the new root.
+//! A new set keeps the old one's opened marks and fetched-ahead marks by inode, so nothing
+//! counted against the allowance is forgotten and nothing is fetched twice.
 //!
 //! Only the directories the reader has opened a file in (*drawn from*) are fetched, in the
 //! order it first drew from them. A job that reads some classes of a tree (a subset of the
@@ -514,12 +518,14 @@ impl EpochState {
         self.needs_rebuild = true;
     }
 
-    /// Installs a freshly enumerated set, keeping the opens seen before.
-    fn install(&mut self, mut set: EpochSet) {
+    /// Installs a freshly enumerated set, keeping the opens seen before and which files are
+    /// fetched ahead (`cap`: the bytes of a file prefetch fetches at most).
+    fn install(&mut self, mut set: EpochSet, cap: u64) {
         if let Some(old) = self.set.take() {
             for (i, ino) in old.inos.iter().enumerate() {
                 if let Some(&j) = set.index.get(ino) {
                     set.opened_at[j as usize] = old.opened_at[i];
+                    set.flags[j as usize] |= old.flags[i] & AHEAD;
                 }
             }
         }
@@ -544,8 +550,20 @@ impl EpochState {
                 self.opened_bytes += set.sizes[i];
             }
         }
+        // Files fetched ahead under the old set stay counted against the allowance (a
+        // fetch of one still running is never repeated: the fetcher shares it).
         self.ahead_bytes = 0;
         self.ahead_files = 0;
+        for i in 0..set.flags.len() {
+            if set.flags[i] & AHEAD != 0 {
+                if set.opened_at[i] > self.epoch_start {
+                    set.flags[i] &= !AHEAD;
+                } else {
+                    self.ahead_bytes += set.sizes[i].min(cap);
+                    self.ahead_files += 1;
+                }
+            }
+        }
         self.rewind();
         self.set = Some(set);
         self.needs_rebuild = true;
@@ -744,13 +762,35 @@ impl Prefetcher {
     /// One enumeration and install; the next root to enumerate if the candidate moved up
     /// meanwhile.
     async fn build_set_once(self: &Arc<Self>, root: u64) -> Option<u64> {
-        let result = self.enumerate(root).await;
+        // First the directories listed already (every one the reader opened a file in), so
+        // fetching starts now rather than after the whole tree is listed (200 directories
+        // behind a 30 ms store took a second); the full set replaces it when listed.
+        let result = match self.enumerate_listed(root) {
+            Ok((listed, true)) => Ok(listed),
+            Ok((listed, false)) => {
+                if !listed.inos.is_empty() {
+                    let mut st = self.epoch.lock();
+                    st.install(
+                        EpochSet::new(root, self.ns.relative_path(root), listed),
+                        self.config.max_file_bytes,
+                    );
+                    drop(st);
+                    self.generation.fetch_add(1, Ordering::Relaxed);
+                    self.epoch_wake.notify_one();
+                }
+                self.enumerate(root).await
+            }
+            Err(e) => Err(e),
+        };
         let rebuild = {
             let mut st = self.epoch.lock();
             st.building = None;
             match result {
                 Ok(listed) => {
-                    st.install(EpochSet::new(root, self.ns.relative_path(root), listed));
+                    st.install(
+                        EpochSet::new(root, self.ns.relative_path(root), listed),
+                        self.config.max_file_bytes,
+                    );
                     st.note = None;
                     self.stats.epoch_sets.fetch_add(1, Ordering::Relaxed);
                 }
@@ -791,37 +831,77 @@ impl Prefetcher {
                 }
                 let entries =
                     listing.map_err(|e| format!("listing {}: {e}", self.ns.key_of(dir)))?;
-                let d = out.dirs.len() as u32;
-                let start = out.inos.len() as u32;
-                let mut bytes = 0;
-                for e in entries.iter() {
-                    match self.ns.cached_attr(e.ino()).map(|a| a.kind) {
-                        Ok(Kind::Dir) => next.push(e.ino()),
-                        Ok(Kind::File { size, .. }) => {
-                            out.inos.push(e.ino());
-                            out.sizes.push(size);
-                            out.dir_of.push(d);
-                            bytes += size;
-                        }
-                        Err(_) => {}
-                    }
-                }
-                out.dirs.push(DirRange {
-                    start,
-                    end: out.inos.len() as u32,
-                    drawn: false,
-                    bytes,
-                });
+                self.add_listed(&mut out, &entries, &mut next);
                 if out.inos.len() > MAX_SET_FILES {
-                    return Err(format!(
-                        "{} holds more than {MAX_SET_FILES} files; epoch prefetch is off for it",
-                        self.ns.key_of(root)
-                    ));
+                    return Err(self.too_large(root));
                 }
             }
             level = next;
         }
         Ok(out)
+    }
+
+    /// The files under `root` in the directories whose listings the namespace holds now (no
+    /// I/O), and whether that was every directory under it. The directories a reader has
+    /// opened files in are listed already, so this set can be fetched from at once while the
+    /// rest of the tree is listed ([`Self::build_set_once`]).
+    fn enumerate_listed(&self, root: u64) -> Result<(Listed, bool), String> {
+        let mut out = Listed::default();
+        let mut complete = true;
+        let mut level = vec![root];
+        while !level.is_empty() {
+            let mut next = Vec::new();
+            for dir in level {
+                let Some(entries) = self.ns.readdir_cached(dir) else {
+                    complete = false;
+                    continue;
+                };
+                self.add_listed(&mut out, &entries, &mut next);
+                if out.inos.len() > MAX_SET_FILES {
+                    return Err(self.too_large(root));
+                }
+            }
+            level = next;
+        }
+        Ok((out, complete))
+    }
+
+    fn too_large(&self, root: u64) -> String {
+        format!(
+            "{} holds more than {MAX_SET_FILES} files; epoch prefetch is off for it",
+            self.ns.key_of(root)
+        )
+    }
+
+    /// Appends one directory's listing to `out`: its files as the next directory range, its
+    /// subdirectories to `next`.
+    fn add_listed(
+        &self,
+        out: &mut Listed,
+        entries: &[crate::namespace::DirEntry],
+        next: &mut Vec<u64>,
+    ) {
+        let d = out.dirs.len() as u32;
+        let start = out.inos.len() as u32;
+        let mut bytes = 0;
+        for e in entries.iter() {
+            match self.ns.cached_attr(e.ino()).map(|a| a.kind) {
+                Ok(Kind::Dir) => next.push(e.ino()),
+                Ok(Kind::File { size, .. }) => {
+                    out.inos.push(e.ino());
+                    out.sizes.push(size);
+                    out.dir_of.push(d);
+                    bytes += size;
+                }
+                Err(_) => {}
+            }
+        }
+        out.dirs.push(DirRange {
+            start,
+            end: out.inos.len() as u32,
+            drawn: false,
+            bytes,
+        });
     }
 
     /// Bytes the set's cached unopened files may take: 7/8 of the NVMe cache, or the
@@ -1012,7 +1092,7 @@ impl Prefetcher {
             };
             fill.started += 1;
             let this = self.clone();
-            tokio::spawn(async move { this.epoch_fetch(epoch, i, obj, key, bytes).await });
+            tokio::spawn(async move { this.epoch_fetch(epoch, (i, ino), obj, key, bytes).await });
         }
         if fill.newly_needed {
             self.generation.fetch_add(1, Ordering::Relaxed);
@@ -1023,7 +1103,7 @@ impl Prefetcher {
     async fn epoch_fetch(
         self: Arc<Self>,
         epoch: u64,
-        i: usize,
+        (i, ino): (usize, u64),
         obj: Arc<ObjectVersion>,
         key: Option<EntryKey>,
         bytes: u64,
@@ -1056,7 +1136,10 @@ impl Prefetcher {
                         let epoch_start = st.epoch_start;
                         let mut undo = false;
                         if let Some(set) = st.set.as_mut() {
-                            if set.flags.get(i).is_some_and(|f| f & AHEAD != 0)
+                            // `i` is of the set the fetch started under; a set installed
+                            // since has other indexes.
+                            if set.inos.get(i) == Some(&ino)
+                                && set.flags[i] & AHEAD != 0
                                 && set.opened_at[i] <= epoch_start
                             {
                                 set.flags[i] &= !AHEAD;

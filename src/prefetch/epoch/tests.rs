@@ -621,7 +621,7 @@ fn small_state(dirs: u32, per_dir: u32) -> EpochState {
             .collect(),
     };
     let mut st = EpochState::default();
-    st.install(EpochSet::new(1, "ds".into(), listed));
+    st.install(EpochSet::new(1, "ds".into(), listed), u64::MAX);
     for d in 0..dirs {
         st.set.as_mut().unwrap().draw_from((d * per_dir) as usize);
     }
