@@ -57,6 +57,8 @@ pub struct BodyPlan {
     pub cut: Option<PlannedCut>,
     /// Where sent bytes and injected cuts are counted.
     pub stats: Arc<Stats>,
+    /// The body of an object GET (its bytes also count as object bytes).
+    pub object_get: bool,
     /// The connection's reset switch.
     pub reset: ResetSwitch,
 }
@@ -124,7 +126,9 @@ impl BodyState {
         if let Some(left) = self.cut_left.as_mut() {
             *left -= take as u64;
         }
-        self.plan.stats.add_bytes_down(take as u64);
+        self.plan
+            .stats
+            .add_bytes_down(take as u64, self.plan.object_get);
         Some(Ok(Frame::data(piece)))
     }
 

@@ -80,6 +80,7 @@ pub async fn handle(
                 &ctx,
                 upstream,
                 is_head,
+                kind.is_get(),
                 &decision,
                 latency.bandwidth_bytes_per_sec(),
             ),
@@ -135,6 +136,7 @@ fn shape(
     ctx: &ConnContext,
     upstream: Response<Incoming>,
     is_head: bool,
+    object_get: bool,
     decision: &Decision,
     bandwidth: Option<u64>,
 ) -> Response<ProxyBody> {
@@ -157,6 +159,7 @@ fn shape(
         pacer: Arc::clone(&ctx.pacer),
         cut,
         stats: Arc::clone(&ctx.state.stats),
+        object_get,
         reset: ctx.reset.clone(),
     };
     Response::from_parts(parts, response_body(body, plan))

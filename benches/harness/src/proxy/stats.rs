@@ -19,6 +19,7 @@ pub struct Stats {
     requests: [AtomicU64; 6],
     status: [AtomicU64; 5],
     bytes_down: AtomicU64,
+    object_bytes_down: AtomicU64,
     bytes_up: AtomicU64,
     accepted: AtomicU64,
     active: AtomicU64,
@@ -76,9 +77,13 @@ impl Stats {
         self.status[class].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Response body bytes handed to the downstream connection.
-    pub fn add_bytes_down(&self, n: u64) {
+    /// Response body bytes handed to the downstream connection (`object`: of an object
+    /// GET, not a listing or an error).
+    pub fn add_bytes_down(&self, n: u64, object: bool) {
         self.bytes_down.fetch_add(n, Ordering::Relaxed);
+        if object {
+            self.object_bytes_down.fetch_add(n, Ordering::Relaxed);
+        }
     }
 
     /// Request body bytes forwarded upstream.
@@ -121,6 +126,7 @@ impl Stats {
             .chain(&self.faults)
             .chain([
                 &self.bytes_down,
+                &self.object_bytes_down,
                 &self.bytes_up,
                 &self.accepted,
                 &self.upstream_connects,
@@ -158,6 +164,7 @@ impl Stats {
                 c5xx: load(&self.status[4]),
             },
             bytes_down: load(&self.bytes_down),
+            object_bytes_down: load(&self.object_bytes_down),
             bytes_up: load(&self.bytes_up),
             connections: ConnectionCounts {
                 accepted: load(&self.accepted),
@@ -247,6 +254,9 @@ pub struct StatsSnapshot {
     pub status: StatusCounts,
     /// Response body bytes sent downstream (headers not included).
     pub bytes_down: u64,
+    /// The part of `bytes_down` that was object data (GET bodies), not listings.
+    #[serde(default)]
+    pub object_bytes_down: u64,
     /// Request body bytes forwarded upstream.
     pub bytes_up: u64,
     pub connections: ConnectionCounts,

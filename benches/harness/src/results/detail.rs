@@ -84,9 +84,15 @@ pub fn pass_detail(result: &Path) -> anyhow::Result<Option<PassDetail>> {
         .as_ref()
         .map(|p| u(p, &["requests", "get_object"]) + u(p, &["requests", "get_range"]));
     let store_bytes = proxy.as_ref().map(|p| u(p, &["bytes_down"]));
+    // Older proxies did not count object bytes apart.
+    let store_object_bytes = proxy
+        .as_ref()
+        .filter(|p| p.get("object_bytes_down").is_some())
+        .map(|p| u(p, &["object_bytes_down"]));
     Ok(Some(PassDetail {
         store_gets,
         store_bytes,
+        store_object_bytes,
         store_lists: proxy.as_ref().map(|p| u(p, &["requests", "list"])),
         store_heads: proxy.as_ref().map(|p| u(p, &["requests", "head"])),
         riffle: after.as_ref().map(|a| riffle_delta(before.as_ref(), a)),

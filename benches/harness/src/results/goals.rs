@@ -297,15 +297,28 @@ fn no_plan_goals(rounds: &[Vec<Row>], rows: &[Row]) -> Vec<Goal> {
         missing: "no proxy counts".into(),
     });
     if let Some(browse) = find(rows, table, "riffle-browse") {
+        // Object bytes (GET bodies) where the proxy counted them apart: the rule bounds what
+        // is fetched ahead and never opened. The listings beside them are what opening files
+        // in those directories costs, with or without prefetch, and are named beside the goal.
+        let detail = browse.cold_detail.as_ref();
+        let object_bytes = detail.and_then(|d| d.store_object_bytes);
         let value = browse.cold.as_ref().and_then(|o| {
-            let fetched = browse.cold_detail.as_ref()?.store_bytes? as f64;
+            let fetched = object_bytes.or(detail?.store_bytes)? as f64;
             (o.bytes > 0).then(|| fetched / o.bytes as f64)
         });
-        out.push(Goal {
-            what: format!(
+        let what = match (object_bytes, detail.and_then(|d| d.store_bytes)) {
+            (Some(objects), Some(all)) => format!(
+                "{}, object bytes fetched at the store (GET bodies; listings: {:.1} MB more) ÷ bytes read",
+                system_label("riffle-browse"),
+                all.saturating_sub(objects) as f64 / 1e6
+            ),
+            _ => format!(
                 "{}, bytes fetched at the store ÷ bytes read",
                 system_label("riffle-browse")
             ),
+        };
+        out.push(Goal {
+            what,
             values: value.into_iter().collect(),
             goal: 2.0,
             at_least: false,
@@ -885,6 +898,28 @@ mod tests {
         assert!(
             g.contains(
                 "bytes fetched at the store ÷ bytes read: **2.50×** (goal ≤ 2×): **not met**"
+            ),
+            "{g}"
+        );
+    }
+
+    #[test]
+    fn browsing_is_judged_on_object_bytes_when_the_proxy_counted_them_apart() {
+        let mut browse = row("riffle-browse", 1.0);
+        browse.cold_detail = Some(super::super::PassDetail {
+            store_bytes: Some(250_000_000),
+            store_object_bytes: Some(180_000_000),
+            ..Default::default()
+        });
+        let g = goals(
+            "w1",
+            &[row("riffle-plan", 10.0), row("riffle", 10.0), browse],
+            &[],
+        )
+        .join("\n");
+        assert!(
+            g.contains(
+                "object bytes fetched at the store (GET bodies; listings: 70.0 MB more) ÷ bytes read: **1.80×** (goal ≤ 2×): met"
             ),
             "{g}"
         );

@@ -165,6 +165,10 @@ pub struct PassDetail {
     /// Bytes the proxy sent during the epoch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store_bytes: Option<u64>,
+    /// The part of `store_bytes` that was object data (GET bodies), the rest
+    /// being listings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_object_bytes: Option<u64>,
     /// LIST requests counted at the proxy (W4).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store_lists: Option<u64>,
