@@ -45,7 +45,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -1115,24 +1115,60 @@ impl DiskCache {
                 // The ring let go of the descriptor before calling: with this `Arc` gone,
                 // the entry can go idle.
                 drop(entry);
-                {
-                    let mut guard = this.state.lock();
-                    let st = &mut *guard;
-                    if let Some(at) = st.table.find(&key) {
-                        if data.is_some() {
-                            st.policy.touch(at, &st.table);
-                        }
-                        if let Some(e) = st.table.at_mut(at) {
-                            e.settle();
-                        }
-                    }
-                }
-                if data.is_some() {
-                    this.counters.hits.fetch_add(1, Ordering::Relaxed);
-                }
+                this.finish_read(key, data.is_some());
                 done(data);
             });
         Ok(())
+    }
+
+    /// Block `index` of `id` read on the calling thread (a FUSE thread), when it is a short
+    /// block: read through the buffered descriptor, a few pages that are usually in the page
+    /// cache already or on their way (a lookup of a small cached file starts a `readahead`
+    /// of it). Waiting for them here, as a local file system's reader would, costs less than
+    /// handing the read to the ring thread and the reply back: W1's warm epoch without
+    /// passthrough went from 0.75x to 0.83-0.90x of local disk (medians of 6-12 alternated
+    /// rounds). A page-cache-only read (`RWF_NOWAIT`) found half the blocks still being read
+    /// and gave 0.78x. `None` for a whole block (read with `O_DIRECT` on the ring), one not
+    /// present or not open here, and one that fails its read or CRC check: the caller takes
+    /// [`Self::read_block_on_ring`], which reports and drops a block that fails its CRC.
+    pub fn read_short_block_here(&self, id: &ObjectIdentity, index: u64) -> Option<Bytes> {
+        let len = self.block_len(id, index).ok()?;
+        if len % ALIGN as u64 == 0 {
+            return None; // read with O_DIRECT: not through the page cache
+        }
+        let key = id.entry_key();
+        let (entry, crc) = self.open_for_read(key, id.size, index)?;
+        let mut buf = vec![0u8; len as usize];
+        let read = entry
+            .file_for_reading(len)
+            .read_at(&mut buf, index * self.block_size);
+        drop(entry);
+        let data = match read {
+            Ok(n) if intact(&buf[..n], len, crc) => Some(Bytes::from(buf)),
+            _ => None,
+        };
+        self.finish_read(key, data.is_some());
+        data
+    }
+
+    /// After a block read of `key`: a hit touches the entry for eviction and counts; either
+    /// way the entry may go idle again.
+    fn finish_read(&self, key: EntryKey, hit: bool) {
+        {
+            let mut guard = self.state.lock();
+            let st = &mut *guard;
+            if let Some(at) = st.table.find(&key) {
+                if hit {
+                    st.policy.touch(at, &st.table);
+                }
+                if let Some(e) = st.table.at_mut(at) {
+                    e.settle();
+                }
+            }
+        }
+        if hit {
+            self.counters.hits.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// The open entry of `key` and the CRC of its block `index`, when it is open here and the

@@ -45,11 +45,13 @@
 //! a per-block `fdatasync`; 14–15 s against 9–11 s without). A block's journal record goes
 //! to the ring chained to the block's write ([`ring::Ring::write_then`]): one round trip.
 //! Metadata work (opening, creating and linking files, replaying journals, unlinking evicted
-//! entries) runs on tokio's blocking pool, at most 16 tasks at a time per cache. The only
-//! system calls made on the caller's thread are ones that never wait for the disk:
-//! non-blocking lock operations (`flock`/`fcntl` with `LOCK_NB`/`F_OFD_SETLK`) and `fstat` on
-//! open descriptors, and one `statvfs` per block write (the free-space guard); none is made
-//! while the cache's state lock is held.
+//! entries) runs on tokio's blocking pool, at most 16 tasks at a time per cache. The system
+//! calls made on the caller's thread are ones that never wait for the disk (non-blocking lock
+//! operations: `flock`/`fcntl` with `LOCK_NB`/`F_OFD_SETLK`; `fstat` on open descriptors; one
+//! `statvfs` per block write, the free-space guard), and one exception asked for by name:
+//! [`DiskCache::read_short_block_here`] reads an object's short last block with `pread` on
+//! the calling FUSE thread, as a local file system's reader waits for its own read (measured
+//! there). None is made while the cache's state lock is held.
 //!
 //! Measured on the development VM's virtio disk (release build, 512 MiB in 1 MiB blocks, on
 //! a loaded 2-core machine, so ranges; `cargo test --release -p rifflefs --lib

@@ -1254,3 +1254,36 @@ async fn interleaved_writers_each_learn_every_block() {
         }
     }
 }
+
+/// The short block of an object is read on the caller's thread with its CRC checked; a whole
+/// (`O_DIRECT`) block, a missing block and a block whose bytes no longer match their CRC are
+/// left to the ring path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_block_is_read_on_the_callers_thread_only_when_intact() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path();
+    let cache = open(root, 64 << 20);
+    let small = obj("small", 3000);
+    let big = obj("big", BS + 700);
+    write_all_blocks(&cache, &small).await;
+    write_all_blocks(&cache, &big).await;
+    assert_eq!(
+        cache.read_short_block_here(&small, 0),
+        Some(content(&small, 0))
+    );
+    assert_eq!(cache.read_short_block_here(&big, 1), Some(content(&big, 1)));
+    assert_eq!(cache.read_short_block_here(&big, 0), None, "O_DIRECT block");
+    assert_eq!(cache.read_short_block_here(&obj("absent", 3000), 0), None);
+    let hits = cache.stats().hits;
+    assert!(hits >= 2, "hits counted: {hits}");
+    let data = OpenOptions::new()
+        .write(true)
+        .open(data_path(root, &small))
+        .expect("data file");
+    data.write_all_at(b"\xde\xad", 100).expect("flip");
+    drop(data);
+    assert_eq!(cache.read_short_block_here(&small, 0), None, "CRC mismatch");
+    // The ring path reports and drops it.
+    assert_eq!(cache.read_block(&small, 0).await.expect("read"), None);
+    assert_eq!(cache.stats().crc_failures, 1);
+}

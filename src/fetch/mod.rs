@@ -298,23 +298,34 @@ impl Fetcher {
             return done(None);
         }
         let slice = (range.start - index * bs) as usize..(range.end - index * bs) as usize;
-        let on_disk = disk
-            .cache
-            .read_block_on_ring(&disk.identity(obj), index, move |data| {
-                let Some(data) = data else {
-                    return done(None);
-                };
-                this.stats.block_misses.fetch_add(1, Ordering::Relaxed);
-                this.stats.disk_hits.fetch_add(1, Ordering::Relaxed);
-                // Kept in memory like any block read from disk: the kernel's reads are smaller
-                // than a block, and the next ones of this block are then served at once.
-                let part = data.slice(slice);
-                this.cache.insert(key, data);
-                done(Some(part));
-            });
+        let id = disk.identity(obj);
+        // A short block (a small file) is read right here, on the FUSE thread.
+        if let Some(data) = disk.cache.read_short_block_here(&id, index) {
+            return done(Some(self.disk_block_read(key, data, slice)));
+        }
+        let on_disk = disk.cache.read_block_on_ring(&id, index, move |data| {
+            let Some(data) = data else {
+                return done(None);
+            };
+            done(Some(this.disk_block_read(key, data, slice)));
+        });
         if let Err(done) = on_disk {
             done(None);
         }
+    }
+
+    /// A demand read's block read from the NVMe cache: counted, kept in memory when the read
+    /// took only part of it (the kernel's reads of a large file are smaller than a block, and
+    /// the next ones of this block are then served at once; a read of a whole small file has
+    /// no next one), and the part `slice` returned.
+    fn disk_block_read(&self, key: BlockKey, data: Bytes, slice: Range<usize>) -> Bytes {
+        self.stats.block_misses.fetch_add(1, Ordering::Relaxed);
+        self.stats.disk_hits.fetch_add(1, Ordering::Relaxed);
+        let part = data.slice(slice);
+        if part.len() < data.len() {
+            self.cache.insert(key, data);
+        }
+        part
     }
 
     /// Fetches `blocks` of `obj` at background priority and waits until they are in (cached
