@@ -8,43 +8,16 @@
 //! own rounding comes on top, so the process's RSS grows by somewhat more; the test prints
 //! that too, without judging it.)
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, Ordering};
 use std::sync::Arc;
 
 use rifflefs::namespace::{MetadataTtl, Namespace, ROOT_INO};
 use rifflefs::store::memory::MemoryStore;
 
-/// Counts the bytes currently allocated.
-struct Counting;
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: every call is forwarded unchanged to the system allocator; the counter is only
-// arithmetic on the sizes it was given.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: the caller's contract is passed on as is.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(
-            new_size as isize - layout.size() as isize,
-            Ordering::Relaxed,
-        );
-        // SAFETY: as above.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+#[path = "common/counting_alloc.rs"]
+mod counting_alloc;
 
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
+static ALLOCATOR: counting_alloc::Counting = counting_alloc::Counting;
 
 /// The process's resident set, from /proc/self/status.
 fn rss_bytes() -> isize {
@@ -70,7 +43,7 @@ async fn a_listed_object_costs_the_namespace_little() {
         }
     }
     let rss_before = rss_bytes();
-    let before = LIVE.load(Ordering::Relaxed);
+    let before = counting_alloc::live();
     let ns = Namespace::new(store.clone(), "", MetadataTtl::Indefinite);
     let train = ns.lookup(ROOT_INO, "train").await.expect("train/");
     let classes = ns.readdir(train.ino).await.expect("list train/");
@@ -80,7 +53,7 @@ async fn a_listed_object_costs_the_namespace_little() {
         files += ns.readdir(class.ino()).await.expect("list a class").len();
     }
     drop(classes);
-    let held = LIVE.load(Ordering::Relaxed) - before;
+    let held = counting_alloc::live() - before;
     let objects = (DIRS + files) as isize;
     assert_eq!(files, DIRS * FILES_PER_DIR);
     let per_object = held / objects;

@@ -269,6 +269,28 @@ pub enum Record {
     Row(Box<Row>),
 }
 
+/// The notes under a table: a line `- LABEL: NOTE` for each row that has a note, after a
+/// blank line; nothing when no row has one.
+pub fn push_row_notes<'a>(
+    out: &mut String,
+    rows: impl IntoIterator<Item = &'a Row>,
+    label: impl Fn(&str) -> String,
+) {
+    let notes: Vec<String> = rows
+        .into_iter()
+        .filter_map(|r| {
+            r.note
+                .as_ref()
+                .map(|n| format!("- {}: {n}", label(&r.system)))
+        })
+        .collect();
+    if !notes.is_empty() {
+        out.push('\n');
+        out.push_str(&notes.join("\n"));
+        out.push('\n');
+    }
+}
+
 /// Whether a row is read by the Python reader (`benches/python_reader.py`,
 /// a DataLoader-like multi-process reader) instead of `riffle-bench read-fs`:
 /// the `SYSTEM-py` rows of W1 (`local-py`, `riffle-py`, `riffle-plan-py`).

@@ -376,19 +376,7 @@ pub fn table(rows: &[Row]) -> String {
         });
         let _ = writeln!(out, "| {} |", cells.join(" | "));
     }
-    let notes: Vec<String> = rows
-        .iter()
-        .filter_map(|r| {
-            r.note
-                .as_ref()
-                .map(|n| format!("- {}: {n}", label(&r.system)))
-        })
-        .collect();
-    if !notes.is_empty() {
-        out.push('\n');
-        out.push_str(&notes.join("\n"));
-        out.push('\n');
-    }
+    super::push_row_notes(&mut out, rows.iter().copied(), label);
     out
 }
 
