@@ -13,14 +13,13 @@
 //! Bounds and priorities:
 //! - **Concurrency.** At most [`FanoutConfig::concurrency`] background listings run at once
 //!   (64 by default). By Little's law the directories listed per second are the listings in
-//!   flight divided by a LIST's latency, and a busy store's latency grows with its load. On
-//!   W4's 1.1-million-object bucket on RGW behind the 30 ms proxy, one LIST at a time took
-//!   47 ms (the walk with `--list-concurrency 0`: 52.5 s for 1,104 LISTs); with 16 in flight
-//!   the walk took 17.4 s (63 LISTs a second, each taking 0.25 s as RGW filled up), and the
-//!   parallel S3 client with 64 in flight 11.6 s (95 a second, RGW's limit here). 64 matches
-//!   that reference and stays below `--max-inflight` (256), whose GETs demand reads use. A
-//!   listing of many pages holds its slot until its last page: it pages on without waiting
-//!   for a reader.
+//!   flight divided by a LIST's latency, and that latency grows with the bucket: 30 ms for a
+//!   directory of a small bucket behind the proxy, but 0.7 s for a page of 1,000 keys of
+//!   W4's 1.1-million-object bucket on RGW (the parallel S3 client's 64 listings in flight
+//!   took 11.6 s for its 1,104 LISTs; riffle's walk with 16 took 52.5 s, 4.5 times as long,
+//!   with each LIST as slow as the client's). 64 matches the S3 client's reference and stays
+//!   below `--max-inflight` (256), whose GETs demand reads use. A listing of many pages holds
+//!   its slot until its last page: it pages on without waiting for a reader.
 //! - **Demand first.** Readers never wait for a slot: a `readdir` or lookup lists at once; a
 //!   queued background listing that finds the directory listed (fresh) or being listed when its
 //!   slot comes up does nothing, and a reader that finds a background listing under way
