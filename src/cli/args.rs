@@ -139,7 +139,7 @@ pub struct MountArgs {
 
     /// Directory listings run in the background at once when a directory is read (its
     /// subdirectories are listed ahead of a walk); 0 lists only what is asked for
-    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(0..=256))]
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(0..=256))]
     pub list_concurrency: u32,
 
     /// Concurrent GET requests at most, for the whole mount

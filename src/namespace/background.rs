@@ -12,14 +12,9 @@
 //!
 //! Bounds and priorities:
 //! - **Concurrency.** At most [`FanoutConfig::concurrency`] background listings run at once
-//!   (64 by default). By Little's law the directories listed per second are the listings in
-//!   flight divided by a LIST's latency, and that latency grows with the bucket: 30 ms for a
-//!   directory of a small bucket behind the proxy, but 0.7 s for a page of 1,000 keys of
-//!   W4's 1.1-million-object bucket on RGW (the parallel S3 client's 64 listings in flight
-//!   took 11.6 s for its 1,104 LISTs; riffle's walk with 16 took 52.5 s, 4.5 times as long,
-//!   with each LIST as slow as the client's). 64 matches the S3 client's reference and stays
-//!   below `--max-inflight` (256), whose GETs demand reads use. A listing of many pages holds
-//!   its slot until its last page: it pages on without waiting for a reader.
+//!   (16 by default: at 30 ms per LIST that is ~530 directories a second, more than a walker
+//!   can use, while leaving the store's connections to demand requests). A listing of many
+//!   pages holds its slot until its last page: it pages on without waiting for a reader.
 //! - **Demand first.** Readers never wait for a slot: a `readdir` or lookup lists at once; a
 //!   queued background listing that finds the directory listed (fresh) or being listed when its
 //!   slot comes up does nothing, and a reader that finds a background listing under way
@@ -56,7 +51,7 @@ pub struct FanoutConfig {
 impl Default for FanoutConfig {
     fn default() -> Self {
         FanoutConfig {
-            concurrency: 64,
+            concurrency: 16,
             max_queued: 4096,
         }
     }
