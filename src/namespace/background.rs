@@ -15,6 +15,12 @@
 //!   (16 by default: at 30 ms per LIST that is ~530 directories a second, more than a walker
 //!   can use, while leaving the store's connections to demand requests). A listing of many
 //!   pages holds its slot until its last page: it pages on without waiting for a reader.
+//!   Measured on W4's 1.1-million-object bucket (RGW behind the 30 ms proxy): one LIST at a
+//!   time took 47 ms (the walk with `--list-concurrency 0`: 52.5 s for 1,104 LISTs), 16 in
+//!   flight 17.4 s (the parallel S3 client with 64: 11.6 s, RGW's limit of about 95 LISTs a
+//!   second here); with 64 in flight the walk took 16.0 s against the client's 11.2 s, and the
+//!   daemon's RSS after it grew by 200 bytes per object instead of 168 (64 pages of 1,000
+//!   keys being parsed at once), so 16 stays the default.
 //! - **Demand first.** Readers never wait for a slot: a `readdir` or lookup lists at once; a
 //!   queued background listing that finds the directory listed (fresh) or being listed when its
 //!   slot comes up does nothing, and a reader that finds a background listing under way
