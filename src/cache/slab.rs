@@ -15,6 +15,11 @@
 //!   full counting removed buckets; the tag makes a probe that is not the key cost one byte
 //!   read, not a read of the slot. Keys are hashed with `std`'s randomly seeded SipHash, like
 //!   the `HashMap` it replaces, so crafted object names cannot pile keys into one probe run.
+//!   Why not `hashbrown::HashTable<u32>`, which has the same 5-byte buckets: under the
+//!   cache's churn (entries evicted and new ones added at a steady count) it grows to twice
+//!   the buckets once it is more than half full, where this one rebuilds in place (measured:
+//!   81,936 against 40,976 bytes for 6,000 keys after 30,000 replacements, the
+//!   `key_index_stays_small` test run against both).
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
