@@ -10,6 +10,7 @@ pub mod cli;
 pub mod control;
 pub mod fetch;
 pub mod fs;
+pub mod heap_trim;
 pub mod metrics;
 pub mod namespace;
 pub mod prefetch;

@@ -58,7 +58,7 @@ use parking_lot::Mutex;
 use crate::cache::EntryKey;
 use crate::fetch::{DiskTier, FetchError, Fetcher, ObjectVersion};
 use crate::metrics::fuse_ops::{FuseOp, FuseOps};
-use crate::namespace::{Attr, DirEntry, Kind, Namespace, NamespaceError, OpenTarget};
+use crate::namespace::{Attr, DirEntry, Kind, Namespace, NamespaceError, OpenTarget, Stat};
 use crate::prefetch::Prefetcher;
 use crate::reader::{FileReader, ReadAheadConfig};
 use crate::store::StoreError;
@@ -320,18 +320,31 @@ impl RiffleFs {
     }
 
     fn file_attr(config: &FsConfig, attr: &Attr) -> FileAttr {
-        let (kind, size, perm, nlink) = match &attr.kind {
-            Kind::Dir => (FileType::Directory, 0, config.dir_mode, 2),
-            Kind::File { size, .. } => (FileType::RegularFile, *size, config.file_mode, 1),
+        let size = match &attr.kind {
+            Kind::Dir => None,
+            Kind::File { size, .. } => Some(*size),
+        };
+        let stat = Stat {
+            size,
+            mtime: attr.mtime,
+        };
+        Self::stat_attr(config, attr.ino, stat)
+    }
+
+    /// The attributes of inode `ino` as FUSE shows them (a directory when `stat.size` is `None`).
+    fn stat_attr(config: &FsConfig, ino: u64, stat: Stat) -> FileAttr {
+        let (kind, size, perm, nlink) = match stat.size {
+            None => (FileType::Directory, 0, config.dir_mode, 2),
+            Some(size) => (FileType::RegularFile, size, config.file_mode, 1),
         };
         FileAttr {
-            ino: INodeNo(attr.ino),
+            ino: INodeNo(ino),
             size,
             blocks: size.div_ceil(512),
-            atime: attr.mtime,
-            mtime: attr.mtime,
-            ctime: attr.mtime,
-            crtime: attr.mtime,
+            atime: stat.mtime,
+            mtime: stat.mtime,
+            ctime: stat.mtime,
+            crtime: stat.mtime,
             kind,
             perm,
             nlink,
@@ -484,15 +497,6 @@ impl RiffleFs {
             self.device.clone(),
             self.status.clone(),
         ));
-    }
-
-    fn dot_attr(&self, ino: u64) -> FileAttr {
-        let attr = self.ns.cached_attr(ino).unwrap_or(Attr {
-            ino,
-            kind: Kind::Dir,
-            mtime: SystemTime::UNIX_EPOCH,
-        });
-        Self::file_attr(&self.config, &attr)
     }
 }
 
@@ -904,9 +908,15 @@ impl Filesystem for RiffleFs {
         };
         let ttl = self.ttl();
         let parent = self.ns.parent_of(ino.0);
-        walk_listing(&entries, ino.0, parent, offset, |e, next| {
-            let attr = self.dot_attr(e.ino());
-            reply.add(INodeNo(e.ino()), next, &*e.name, &ttl, &attr, Generation(0))
+        self.ns.with_stats(|stat| {
+            walk_listing(&entries, ino.0, parent, offset, |e, next| {
+                let stat = stat(e.ino()).unwrap_or(Stat {
+                    size: None,
+                    mtime: SystemTime::UNIX_EPOCH,
+                });
+                let attr = Self::stat_attr(&self.config, e.ino(), stat);
+                reply.add(INodeNo(e.ino()), next, &*e.name, &ttl, &attr, Generation(0))
+            })
         });
         reply.ok();
     }

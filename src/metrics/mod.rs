@@ -135,6 +135,7 @@ impl StatsSource for MountMetrics {
                 "listings_from_disk": listings.from_disk,
                 "listings_kept": listings.kept_written,
                 "listings_kept_ignored": listings.kept_ignored,
+                "heap_trims": crate::heap_trim::trims(),
             },
         })
     }

@@ -176,6 +176,7 @@ pub const STATS: &[StatSpec] = &[
     spec("namespace.listings_from_disk", "riffle_namespace_listings_from_disk", Counter, None, "Directory listings taken from the cache directory instead of the store."),
     spec("namespace.listings_kept", "riffle_namespace_listings_kept", Counter, None, "Directory listings written to the cache directory."),
     spec("namespace.listings_kept_ignored", "riffle_namespace_listings_kept_ignored", Counter, None, "Kept listings found torn or unreadable and not used."),
+    spec("namespace.heap_trims", "riffle_namespace_heap_trims", Counter, None, "Times freed heap memory was given back to the system after a burst of listings."),
 ];
 
 /// JSON fields deliberately not exported (identity, not measurements).

@@ -124,6 +124,14 @@ pub struct Attr {
     pub mtime: SystemTime,
 }
 
+/// What `stat` shows of a node, without its ETag ([`Namespace::with_stats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stat {
+    /// `None` for a directory.
+    pub size: Option<u64>,
+    pub mtime: SystemTime,
+}
+
 impl Attr {
     pub fn is_dir(&self) -> bool {
         matches!(self.kind, Kind::Dir)
@@ -585,6 +593,23 @@ impl Namespace {
     pub fn cached_attr(&self, ino: u64) -> Result<Attr, NamespaceError> {
         let tree = self.tree.read();
         Self::node(&tree, ino).map(|n| Self::attr_of(ino, n))
+    }
+
+    /// Calls `f` with a reader of each node's size (`None` for a directory) and mtime, all
+    /// under one read lock and without building the ETag text: what a `readdirplus` reply of
+    /// thousands of entries needs (an unknown inode reads as `None`).
+    pub fn with_stats<R>(&self, f: impl FnOnce(&dyn Fn(u64) -> Option<Stat>) -> R) -> R {
+        let tree = self.tree.read();
+        let stat = |ino: u64| {
+            Self::node(&tree, ino).ok().map(|n| Stat {
+                size: match &n.kind {
+                    NodeKind::Dir => None,
+                    NodeKind::File { size, .. } => Some(*size),
+                },
+                mtime: n.mtime.system_time(),
+            })
+        };
+        f(&stat)
     }
 
     /// Whether directory `ino` has a listing younger than the TTL.
@@ -1327,6 +1352,8 @@ impl Namespace {
             dir.ever_listed = true;
             dir.fanned_out = false;
         }
+        drop(tree);
+        crate::heap_trim::trim_soon();
         Some(entries)
     }
 }
