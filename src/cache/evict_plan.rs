@@ -30,6 +30,10 @@
 //! does not need all become stale in the inner policy, so they go first, least recently used
 //! first.
 //!
+//! Stale items are dropped by rebuilding the heap once they outnumber the live ones by more
+//! than an eighth of the entries (so at most ~2 bytes per cached object are stale items,
+//! whether or not the cache ever evicts).
+//!
 //! Cost: `touch` is one oracle lookup plus O(log n); `victim` is O(log n) amortised, plus
 //! O(log n) per unevictable entry at the top of the heap (pinned files are few), plus
 //! [`SWEEP`] lookups. The alternative — sampling a few dozen random entries per eviction and
@@ -242,6 +246,19 @@ impl PlanPolicy {
             stamp: s.stamp,
             slot: i,
         });
+        self.compact_if_stale();
+    }
+
+    /// Drops the heap's stale items once they outnumber its live ones by more than an
+    /// eighth of the slots (plus a small floor); checked whenever an item is pushed or goes
+    /// stale. A compaction visits every slot, and at least a sixteenth of the slots' worth of
+    /// pushes or leaves come between two of them, so each costs O(1) amortised; the stale
+    /// items, 16 bytes each, stay below 2 bytes per cached object. Without this, a cache that
+    /// never evicts (W1's) would keep one stale item per use for ever.
+    fn compact_if_stale(&mut self) {
+        if self.heap.len() > 2 * self.needed + self.high as usize / 8 + 64 {
+            self.compact();
+        }
     }
 
     /// Moves slot `i` to where `q` (a fresh answer of the oracle) says.
@@ -259,6 +276,7 @@ impl PlanPolicy {
                 s.next = NOT_NEEDED;
                 s.held = false;
                 self.needed -= 1;
+                self.compact_if_stale();
                 self.rest.insert(
                     i,
                     &EntryInfo {
@@ -323,9 +341,7 @@ impl PlanPolicy {
                 self.place(at, q, Leave::Dropped, keys);
             }
         }
-        if self.heap.len() > 2 * self.needed + 1024 {
-            self.compact();
-        }
+        self.compact_if_stale();
     }
 
     /// Rebuilds the heap from the live entries (drops stale items).
@@ -344,6 +360,7 @@ impl PlanPolicy {
                     .flatten()
             })
             .collect();
+        // `collect` sized the vector to the live items: the capacity of a larger heap goes.
         self.heap = BinaryHeap::from(items);
     }
 
@@ -532,6 +549,37 @@ mod tests {
 
         fn victim(&mut self, evictable: &mut dyn FnMut(Slot) -> bool) -> Option<Slot> {
             self.p.victim(&self.keys, evictable)
+        }
+    }
+
+    #[test]
+    fn stale_heap_items_stay_bounded_in_a_cache_that_never_evicts() {
+        // W1's shape: every object is needed when it is cached (fetched ahead of the
+        // reader), then used once per epoch; the cache is large enough to never evict.
+        let n = 6000;
+        let mut f = Fixture::new(n);
+        let order: Vec<u32> = (0..n as u32).collect();
+        for epoch in 0..3 {
+            f.oracle.set_plan(&order);
+            for o in 0..n {
+                if epoch == 0 {
+                    f.ins(o);
+                } else {
+                    f.touch(o);
+                }
+            }
+            for o in 0..n {
+                f.oracle.opened(o as u64);
+                f.touch(o);
+                let bound = 2 * f.p.needed() + n / 8 + 64;
+                assert!(f.p.heap.len() <= bound, "{} > {bound}", f.p.heap.len());
+            }
+            assert_eq!(f.p.needed(), 0);
+            // Its memory: a few bytes per object of stale items, not one item per use.
+            assert!(
+                f.p.heap.capacity() * 16 <= 2 * (n / 8 + 64) * 16,
+                "epoch {epoch}"
+            );
         }
     }
 
