@@ -71,9 +71,12 @@ check_memory() {
     for wl in "$@"; do
         scale=$SCALE
         case $wl in
-            w1) gb=2.3 ;;
-            w5) if [[ " $* " == *" w1 "* ]]; then gb=0; else gb=2.3; fi ;;
-            w2|w3) gb=4.3 ;;
+            # The memstore OSD holds ~1.8x the data: with W1, W2 and W3
+            # (10.8 GB) in it, its RSS reached 19.3 GB and the kernel's OOM
+            # killer ended it (2026-11-27).
+            w1) gb=4.1 ;;
+            w5) if [[ " $* " == *" w1 "* ]]; then gb=0; else gb=4.1; fi ;;
+            w2|w3) gb=7.7 ;;
             # 1.1 M objects of 0-64 bytes: their data is nothing, but the
             # memstore OSD keeps each object's head and bucket index entry
             # (W4_RGW_GB_PER_SCALE, benches/run.sh).
@@ -85,7 +88,7 @@ check_memory() {
     avail=$(awk '/^MemAvailable:/ {printf "%.1f", $2 / 1048576}' /proc/meminfo)
     say "datasets need ~${need} GB in RGW's memory; ${avail} GiB available"
     if awk -v n="$need" -v a="$avail" 'BEGIN {exit !(n + 3 > a)}'; then
-        warn "memory is tight: RGW holds the datasets in RAM"
+        warn "memory is tight: RGW holds the datasets in RAM (buckets of earlier runs too: deploy/local/rgw.sh down && deploy/local/rgw.sh up empties it)"
     fi
 }
 
