@@ -68,7 +68,7 @@ fn disk_cache(c: &mut Criterion) {
     let rt = runtime();
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cc = CacheConfig::new(dir.path(), SizeLimit::Bytes(4 << 30));
-    cc.min_free_fraction = 0.0;
+    cc.min_free = SizeLimit::Bytes(0);
     let cache = DiskCache::open(cc).expect("cache");
     let id = ObjectIdentity::new("bench", "bucket", "obj", "etag", 256 * BLOCK);
     let block = bytes::Bytes::from(vec![42u8; BLOCK as usize]);

@@ -65,7 +65,9 @@ RIFFLE_BENCH_W3_DURATION [quick 2s, full 30s], RIFFLE_BENCH_W4_SCALE [quick
 0.01, full 1], RIFFLE_BENCH_W4_TIMEOUT (seconds each W4 pass may take, per
 system) [quick 120, full 600], RIFFLE_BENCH_W4_ROUNDS (rounds of W4's goal
 comparisons: the S3 client, riffle, riffle's sequential walk) [quick 2, full
-3], RIFFLE_BENCH_PY_WORKERS (the
+3], RIFFLE_BENCH_CACHE_MIN_FREE (riffle's --cache-min-free: the caches
+are scratch, bounded by the datasets; rclone and s3fs keep no floor) [1G],
+RIFFLE_BENCH_PY_WORKERS (the
 Python reader's worker processes) [8], MOUNTPOINT_* (see
 benches/lib/mountpoint.sh; MOUNTPOINT_CACHE defaults to 1 here).
 USAGE
@@ -148,6 +150,7 @@ SEED=${RIFFLE_BENCH_SEED:-1}
 W1_MAX_FILES=${W1_MAX_FILES-${RIFFLE_BENCH_W1_MAX_FILES:-}}
 W5_MAX_FILES=${W5_MAX_FILES-${RIFFLE_BENCH_W5_MAX_FILES:-}}
 RIFFLE_EXTRA_ARGS=()
+RIFFLE_CACHE_MIN_FREE=${RIFFLE_BENCH_CACHE_MIN_FREE:-1G}
 export MOUNTPOINT_CACHE=${MOUNTPOINT_CACHE:-1}
 
 WORK=${RIFFLE_BENCH_WORK:-$ROOT/benches/.work}

@@ -56,6 +56,8 @@ fn cached_data_costs_no_gets_across_epochs_and_a_sigkill() {
     let opts = [
         "--cache-dir",
         cache,
+        "--cache-min-free",
+        "0",
         "--metadata-ttl",
         "indefinite",
         "--max-memory",
@@ -334,4 +336,41 @@ fn a_small_open_file_limit_shrinks_what_is_kept_open_instead_of_failing() {
         "{}",
         mount.log_text()
     );
+}
+
+/// With the filesystem's free space at the floor the cache keeps (`--cache-min-free`), reads
+/// still return the object's bytes from the store, nothing is written to the cache, the
+/// refusals are counted, and the log says why once (not once per block).
+#[test]
+fn a_cache_filesystem_at_its_free_space_floor_serves_reads_and_says_why() {
+    let endpoint = need_rgw!();
+    let (bucket, objects) = dataset(&endpoint, "cache-floor");
+    let cache_dir = tempfile::tempdir().unwrap();
+    let opts = [
+        "--cache-dir",
+        cache_dir.path().to_str().unwrap(),
+        // More than any test machine has free.
+        "--cache-min-free",
+        "99.9%",
+        "--metadata-ttl",
+        "indefinite",
+    ];
+    let mount = Mount::new(&endpoint, &format!("s3://{bucket}"), &opts);
+    read_all(&mount, &objects);
+    read_all(&mount, &objects);
+    let s = stats(&mount);
+    assert_eq!(s["cache"]["write_bytes"], 0, "{s}");
+    assert_eq!(complete_objects(&s), 0, "{s}");
+    assert!(
+        s["cache"]["free_floor_refusals"].as_u64().unwrap_or(0) > 0,
+        "{s}"
+    );
+    assert!(s["cache"]["min_free"].as_u64().unwrap_or(0) > 0, "{s}");
+    assert_eq!(s["cache"]["io_errors"], 0, "{s}");
+    let log = mount.log_text();
+    let lines = log
+        .lines()
+        .filter(|l| l.contains("--cache-min-free"))
+        .count();
+    assert!((1..=2).contains(&lines), "{log}");
 }

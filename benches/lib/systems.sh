@@ -24,7 +24,8 @@
 #                   only the directories asked for, one at a time
 #   riffle-lru, riffle-epoch (W5) --cache-dir --cache-size --eviction POLICY;
 #                   W5's riffle-plan adds --eviction plan
-# All with --metadata-ttl indefinite and --max-memory $RIFFLE_MEMORY;
+# All with --metadata-ttl indefinite and --max-memory $RIFFLE_MEMORY, and those
+# with a cache with --cache-min-free $RIFFLE_CACHE_MIN_FREE;
 # RIFFLE_EXTRA_ARGS (an array, set by W5) is appended.
 #
 # SYSTEM-py (W1: local-py, riffle-py, riffle-plan-py) is SYSTEM read by the
@@ -62,6 +63,7 @@ mount_riffle() {
     local pidf="$WORK/run/riffle-$tag.pid" log="$LOG_DIR/$sys-$tag.log"
     local cache args=()
     cache=$(cache_dir_of "$sys" "$tag")
+    [ "$(base_system "$sys")" = riffle-mem ] && cache="
     [ -n "${REMOUNT:-}" ] || rm -rf "$cache"
     case $(base_system "$sys") in
         riffle-mem) ;;
@@ -73,7 +75,7 @@ mount_riffle() {
     rm -f "$pidf"
     if ! "$BIN/riffle" mount "s3://$bucket" "$mnt" --endpoint-url "$endpoint" \
         --force-path-style --metadata-ttl indefinite --max-memory "${RIFFLE_MEMORY:-1G}" \
-        "${args[@]}" --log-file "$log" --pid-file "$pidf" >>"$LOG_DIR/$sys-$tag.out" 2>&1; then
+        "${args[@]}" ${cache:+--cache-min-free "$RIFFLE_CACHE_MIN_FREE"} --log-file "$log" --pid-file "$pidf" >>"$LOG_DIR/$sys-$tag.out" 2>&1; then
         NOT_RUN="failed: riffle mount failed ($(tail -n1 "$LOG_DIR/$sys-$tag.out" 2>/dev/null))"
         return 1
     fi
@@ -150,10 +152,9 @@ unmount_system() {
 # creation of the next system's cold epoch (perf, riffle's cold epoch right
 # after such a removal: a third of the daemon's samples were ext4 skipping
 # recently deleted inodes, recently_deleted/find_inode_bit). Set for
-# many-file workloads (KEEP_CACHES=1), and only while more than riffle's own
-# free-space floor (5% of the file system, below which its cache stops
-# writing) plus 10 GB stays available: W1's and W5's caches take a few GB in
-# all. (A quarter of the file system free, the earlier rule, never held on
+# many-file workloads (KEEP_CACHES=1), and only while more than 5% of the
+# file system (riffle's default free-space floor) plus 10 GB stays available:
+# W1's and W5's caches take a few GB in all. (A quarter of the file system free, the earlier rule, never held on
 # this VM's disk, whose size counts far more than what is available, so the
 # caches were removed between systems after all.)
 keep_caches() {

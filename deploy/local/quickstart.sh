@@ -19,6 +19,9 @@
 #   RIFFLE_QUICKSTART_BUCKET         bucket of the sample [riffle-quickstart]
 #   RIFFLE_QUICKSTART_DROP_CACHES    1: drop the page cache before each epoch, as benches/ do [1]
 #   RIFFLE_QUICKSTART_PROFILE        cargo profile to build and use: release or debug [release]
+#   RIFFLE_QUICKSTART_CACHE_MIN_FREE free space the cache leaves on its disk (--cache-min-free) [256M]:
+#                                    the sample is small, so the 5% a real mount keeps by default
+#                                    would stop a nearly full disk from caching it
 #   RIFFLE_BIN_DIR                   use riffle, riffle-bench, riffle-proxy from here; build nothing
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -31,6 +34,7 @@ BANDWIDTH=${RIFFLE_QUICKSTART_BANDWIDTH_MBPS:-100}
 THREADS=${RIFFLE_QUICKSTART_THREADS:-8}
 DROP_CACHES=${RIFFLE_QUICKSTART_DROP_CACHES:-1}
 PROFILE=${RIFFLE_QUICKSTART_PROFILE:-release}
+CACHE_MIN_FREE=${RIFFLE_QUICKSTART_CACHE_MIN_FREE:-256M}
 MNT=$WORK/mnt
 CACHE=$WORK/cache
 LOCAL=$WORK/local
@@ -115,7 +119,7 @@ echo "S3 endpoint $PROXY_URL -> $RGW_URL (counters at http://$PROXY_CONTROL/stat
 
 say "mounting s3://$BUCKET at $MNT with an NVMe cache in $CACHE"
 "$RIFFLE" mount "s3://$BUCKET" "$MNT" --endpoint-url "$PROXY_URL" --force-path-style \
-    --metadata-ttl indefinite --cache-dir "$CACHE" \
+    --metadata-ttl indefinite --cache-dir "$CACHE" --cache-min-free "$CACHE_MIN_FREE" \
     --log-file "$WORK/riffle.log" --pid-file "$WORK/riffle.pid"
 echo "mounted; daemon pid $(cat "$WORK/riffle.pid"), log $WORK/riffle.log"
 
@@ -173,7 +177,7 @@ eval "\$(bash $ROOT/deploy/local/rgw.sh env)"
 $RIFFLE unmount $MNT
 $RIFFLE cache clear --cache-dir $CACHE
 $RIFFLE mount s3://$BUCKET $MNT --endpoint-url $PROXY_URL --force-path-style \\
-    --metadata-ttl indefinite --cache-dir $CACHE --log-file $WORK/riffle.log --pid-file $WORK/riffle.pid
+    --metadata-ttl indefinite --cache-dir $CACHE --cache-min-free $CACHE_MIN_FREE --log-file $WORK/riffle.log --pid-file $WORK/riffle.pid
 $BENCH plan --manifest $MANIFEST --seed $SEED --epoch 1 --out $WORK/epoch1.plan
 $RIFFLE plan $MNT $WORK/epoch1.plan
 $BENCH read-fs --root $MNT --manifest $MANIFEST --pattern w1 --threads $THREADS --seed $SEED --epoch 1 \\

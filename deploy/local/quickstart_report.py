@@ -155,6 +155,10 @@ def main():
     w(f"  cache.complete_objects {num(st['warm']['cache']['complete_objects'])} of {num(len(entries))} files "
       f"whole in the cache ({mb(st['warm']['cache']['bytes'])} in {a.cache_dir}); "
       f"fuse.passthrough {mode}")
+    refused = st['warm']['cache'].get('free_floor_refusals', 0)
+    if refused:
+        w(f"  cache.free_floor_refusals {num(refused)}: the cache's filesystem is down to the "
+          f"{mb(st['warm']['cache'].get('min_free', 0))} it keeps free (--cache-min-free), so blocks were not cached")
     w("")
     w("Try next:")
     w(f"  a plan:     bash {a.try_plan}   # the cold epoch again, empty cache, its order given to riffle "

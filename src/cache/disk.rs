@@ -35,7 +35,7 @@
 //! **Budget.** `used` is the sum of the entries' charged bytes (4 KiB-rounded data plus
 //! journal) as far as this process knows: the start-up scan, entries it loaded, and its own
 //! reservations. A reservation succeeds only when `used + need <= limit` and the file system
-//! keeps `min_free_fraction` free after it (`statvfs`, less bytes reserved but not yet
+//! keeps `min_free` free after it (`statvfs`, less bytes reserved but not yet
 //! written); otherwise victims chosen by the [`EvictionPolicy`] are removed until it fits, or
 //! the write is refused with [`CacheError::Full`]. Bytes are released only after the files are
 //! unlinked, so the bytes on disk never exceed `used`, and `used` never exceeds `limit`.
@@ -132,6 +132,8 @@ struct Counters {
     evicted_bytes: AtomicU64,
     evict_in_use: AtomicU64,
     full: AtomicU64,
+    /// Of `full`: refused because the filesystem's free space is at the floor kept free.
+    free_floor: AtomicU64,
     no_space_errors: AtomicU64,
     io_errors: AtomicU64,
     /// Journal tails read back on a blocking thread.
@@ -166,6 +168,11 @@ pub struct CacheStats {
     pub evict_in_use: u64,
     /// Writes refused because nothing could be evicted.
     pub full: u64,
+    /// Of `full`: refused because the filesystem's free space is at the floor kept free
+    /// (`--cache-min-free`), whatever the cache's own budget.
+    pub free_floor_refusals: u64,
+    /// Bytes of the filesystem always left free.
+    pub min_free: u64,
     pub no_space_errors: u64,
     pub io_errors: u64,
     pub scan_complete: bool,
@@ -401,7 +408,10 @@ pub struct DiskCache {
     root: PathBuf,
     block_size: u64,
     limit: u64,
-    min_free_fraction: f64,
+    /// Bytes of the filesystem always left free (`CacheConfig::min_free`, resolved at open).
+    min_free: u64,
+    /// Whether the first write refused at the free-space floor has been logged.
+    floor_warned: AtomicBool,
     direct_io: bool,
     max_open: usize,
     ring: Ring,
@@ -586,17 +596,28 @@ impl DiskCache {
         let root = config.dir.clone();
         let dir_lock = super::prepare_dir(&root, config.block_size)?;
         let space = sys::fs_space(&root).map_err(|e| io_err("statvfs of the cache dir", e))?;
-        let limit = match config.max_bytes {
+        let resolve = |size: SizeLimit| match size {
             SizeLimit::Bytes(b) => b,
             SizeLimit::Percent(p) => (space.total as f64 * p / 100.0) as u64,
         };
+        let limit = resolve(config.max_bytes);
+        let min_free = resolve(config.min_free);
+        if space.avail <= min_free {
+            tracing::warn!(
+                dir = %root.display(),
+                free = space.avail,
+                keep_free = min_free,
+                "the cache's filesystem has no more free space than it must keep free (--cache-min-free): nothing is cached until space is freed there or the floor is lowered"
+            );
+        }
         let ring = Ring::new(config.ring_threads).map_err(|e| io_err("starting io_uring", e))?;
         tracing::info!(dir = %root.display(), limit, block_size = config.block_size, policy = policy.name(), direct_io = config.direct_io, "disk cache opened");
         let cache = Arc::new(DiskCache {
             root,
             block_size: config.block_size,
             limit,
-            min_free_fraction: config.min_free_fraction,
+            min_free,
+            floor_warned: AtomicBool::new(false),
             direct_io: config.direct_io,
             max_open: config.max_open_objects.max(1),
             ring,
@@ -1412,7 +1433,7 @@ impl DiskCache {
                 let mut guard = self.state.lock();
                 let st = &mut *guard;
                 let over_budget = (st.used + need).saturating_sub(self.limit);
-                let floor = (space.total as f64 * self.min_free_fraction) as u64;
+                let floor = self.min_free;
                 let avail = space.avail.saturating_sub(st.pending);
                 let over_floor = (floor + need).saturating_sub(avail);
                 let deficit = over_budget.max(over_floor);
@@ -1463,6 +1484,17 @@ impl DiskCache {
                         avail,
                         "cache full: nothing can be evicted"
                     );
+                    if over_floor > 0 {
+                        self.counters.free_floor.fetch_add(1, Ordering::Relaxed);
+                        if !self.floor_warned.swap(true, Ordering::Relaxed) {
+                            tracing::warn!(
+                                dir = %self.root.display(),
+                                free = avail,
+                                keep_free = floor,
+                                "the cache's filesystem is down to the free space it must keep (--cache-min-free): blocks are served but not cached (counted in cache.free_floor_refusals)"
+                            );
+                        }
+                    }
                     return Err(CacheError::Full);
                 }
                 st.evicting += victims.len();
@@ -1868,6 +1900,8 @@ impl DiskCache {
             evicted_bytes: get(&c.evicted_bytes),
             evict_in_use: get(&c.evict_in_use),
             full: get(&c.full),
+            free_floor_refusals: get(&c.free_floor),
+            min_free: self.min_free,
             no_space_errors: get(&c.no_space_errors),
             io_errors: get(&c.io_errors),
             scan_complete: *self.scan_done.lock(),

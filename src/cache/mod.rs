@@ -65,7 +65,7 @@
 //!
 //! # Budget and eviction
 //! [`CacheConfig::max_bytes`] is bytes or a percentage of the cache filesystem, and every
-//! reservation also keeps [`CacheConfig::min_free_fraction`] (5%) of the filesystem free.
+//! reservation also keeps [`CacheConfig::min_free`] (5% by default) of the filesystem free.
 //! Eviction removes whole objects in the order of an [`EvictionPolicy`] (`plan` by default:
 //! [`policy`]; [`evict`] explains the trait), skipping entries that are pinned ([`DiskCache::pin`] — an
 //! open file), being written, or in use in another process. When nothing can go, the write is
@@ -213,8 +213,10 @@ pub struct CacheConfig {
     /// Bytes per block: a power of two from 4 KiB to 64 MiB (1 MiB by default). Must equal the
     /// fetcher's block size and the block size the directory was created with.
     pub block_size: u64,
-    /// The share of the filesystem always left free (0.05).
-    pub min_free_fraction: f64,
+    /// Space always left free on the cache's filesystem: bytes, or a share of its size (5%).
+    /// The cache stores nothing more (it evicts first) once the filesystem's free space would
+    /// fall below it.
+    pub min_free: SizeLimit,
     /// Use `O_DIRECT` for whole blocks where the filesystem supports it (true).
     pub direct_io: bool,
     /// io_uring threads (1 is plenty for one NVMe device).
@@ -230,7 +232,7 @@ impl CacheConfig {
             dir: dir.into(),
             max_bytes,
             block_size: 1 << 20,
-            min_free_fraction: 0.05,
+            min_free: SizeLimit::Percent(5.0),
             direct_io: true,
             ring_threads: 1,
             max_open_objects: DEFAULT_MAX_OPEN_OBJECTS,
@@ -244,11 +246,12 @@ impl CacheConfig {
                 "block size {bs}: must be a power of two from 4 KiB to 64 MiB"
             )));
         }
-        if !(0.0..1.0).contains(&self.min_free_fraction) {
-            return Err(CacheError::Invalid(format!(
-                "min_free_fraction {} must be in [0, 1)",
-                self.min_free_fraction
-            )));
+        if let SizeLimit::Percent(p) = self.min_free {
+            if !(0.0..100.0).contains(&p) {
+                return Err(CacheError::Invalid(format!(
+                    "free space kept {p}% must be at least 0 and below 100"
+                )));
+            }
         }
         if let SizeLimit::Percent(p) = self.max_bytes {
             if !(p > 0.0 && p <= 100.0) {

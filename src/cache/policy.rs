@@ -134,7 +134,7 @@ mod tests {
             let dir = tempfile::tempdir().expect("tempdir");
             let mut config = CacheConfig::new(dir.path(), SizeLimit::Bytes(capacity * (BS + 4096)));
             config.block_size = BS;
-            config.min_free_fraction = 0.0;
+            config.min_free = SizeLimit::Bytes(0);
             let oracle = Arc::new(TraceOracle::new(w.keys.clone()));
             let policy = make_policy(kind, Some(oracle.clone()));
             let cache = DiskCache::open_with_policy(config, policy).expect("open");

@@ -20,7 +20,7 @@ const BS: u64 = 64 << 10;
 fn config(dir: &Path, limit: u64) -> CacheConfig {
     let mut c = CacheConfig::new(dir, SizeLimit::Bytes(limit));
     c.block_size = BS;
-    c.min_free_fraction = 0.0;
+    c.min_free = SizeLimit::Bytes(0);
     c
 }
 
@@ -598,7 +598,7 @@ async fn enospc_on_a_tiny_tmpfs_is_a_typed_failure_and_the_cache_goes_on() {
     drop(cache);
     // And the guard: with 5% to keep free on a 2 MiB disk, a fill stops short of ENOSPC.
     let mut cfg = config(&root, 100 << 20);
-    cfg.min_free_fraction = 0.05;
+    cfg.min_free = SizeLimit::Percent(5.0);
     let cache = DiskCache::open(cfg).expect("open");
     cache.wait_for_scan();
     let mut refused = false;
@@ -1025,7 +1025,7 @@ async fn throughput_io_uring_versus_pread_pwrite() {
 
     // 1. Through the cache (io_uring, O_DIRECT, a journal record per block).
     let mut cfg = CacheConfig::new(dir.path().join("c"), SizeLimit::Bytes(4 << 30));
-    cfg.min_free_fraction = 0.0;
+    cfg.min_free = SizeLimit::Bytes(0);
     let cache = DiskCache::open(cfg).expect("open");
     let id = ObjectIdentity::new("e", "b", "k", "t", total);
     for depth in [1usize, 16] {

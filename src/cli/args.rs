@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use super::size::{parse_bytes, parse_size, SizeSpec};
+use super::size::{parse_bytes, parse_free_space, parse_size, SizeSpec};
 use super::source::Source;
 use crate::cache::EvictionKind;
 use crate::namespace::MetadataTtl;
@@ -156,9 +156,14 @@ pub struct MountArgs {
     pub cache_dir: Option<PathBuf>,
 
     /// Most bytes the cache may hold: a size (500G) or a share of its filesystem (90%);
-    /// 5% of the filesystem is always left free
+    /// --cache-min-free of the filesystem is always left free
     #[arg(long, value_name = "SIZE|N%", default_value = "90%", value_parser = parse_size, requires = "cache_dir")]
     pub cache_size: SizeSpec,
+
+    /// Free space always left on the cache's filesystem: a size (20G, 0) or a share of it
+    /// (5%); below it the cache evicts, then stops caching (reads still work)
+    #[arg(long, value_name = "SIZE|N%", default_value = "5%", value_parser = parse_free_space, requires = "cache_dir")]
+    pub cache_min_free: SizeSpec,
 
     /// How the cache chooses what to evict: `plan` (the epoch plan's furthest-next-use first,
     /// `epoch` order for the rest), `epoch` (what was read this epoch goes first: beats LRU on

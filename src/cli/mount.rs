@@ -147,6 +147,10 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
                 SizeSpec::Percent(p) => SizeLimit::Percent(p),
             };
             let mut cc = CacheConfig::new(dir, limit);
+            cc.min_free = match args.cache_min_free {
+                SizeSpec::Bytes(b) => SizeLimit::Bytes(b),
+                SizeSpec::Percent(p) => SizeLimit::Percent(p),
+            };
             cc.block_size = fetch_config.block_size;
             cc.max_open_objects = budget.open_entries;
             let policy = make_policy(args.eviction, Some(oracle.clone()));

@@ -64,6 +64,23 @@ pub fn parse_size(s: &str) -> Result<SizeSpec, String> {
     Ok(SizeSpec::Bytes(bytes as u64))
 }
 
+/// Parses free space to keep: a size, or a percentage from 0 up to (not including) 100.
+pub fn parse_free_space(s: &str) -> Result<SizeSpec, String> {
+    if let Some(p) = s.trim().strip_suffix('%') {
+        let v: f64 = p
+            .trim()
+            .parse()
+            .map_err(|_| format!("'{s}' is not a percentage"))?;
+        if !(0.0..100.0).contains(&v) {
+            return Err(format!(
+                "'{s}': a percentage of free space must be at least 0 and below 100"
+            ));
+        }
+        return Ok(SizeSpec::Percent(v));
+    }
+    parse_size(s)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -81,5 +98,10 @@ mod tests {
         assert!(parse_size("0%").is_err());
         assert!(parse_size("101%").is_err());
         assert!(parse_bytes("50%").is_err());
+        assert_eq!(parse_free_space("0"), Ok(SizeSpec::Bytes(0)));
+        assert_eq!(parse_free_space("0%"), Ok(SizeSpec::Percent(0.0)));
+        assert_eq!(parse_free_space("20G"), Ok(SizeSpec::Bytes(20 << 30)));
+        assert!(parse_free_space("100%").is_err());
+        assert!(parse_free_space("-1%").is_err());
     }
 }

@@ -123,7 +123,7 @@ pub struct Fetcher {
     store: Arc<dyn ObjectStore>,
     config: FetchConfig,
     cache: BlockCache,
-    inflight: Mutex<HashMap<BlockKey, Waiter>>,
+    inflight: Arc<Mutex<HashMap<BlockKey, Waiter>>>,
     requests: Arc<Semaphore>,
     memory: Arc<Semaphore>,
     background_limit: Arc<Semaphore>,
@@ -144,6 +144,27 @@ enum Slot {
     Wait(Waiter),
 }
 
+/// A fetched block's entry left in the in-flight table while the block is written to the NVMe
+/// cache; dropping it (the write over, or never started) removes the entry, unless another
+/// has taken its place.
+struct WriteBehind {
+    table: Arc<Mutex<HashMap<BlockKey, Waiter>>>,
+    key: BlockKey,
+    waiter: Waiter,
+}
+
+impl Drop for WriteBehind {
+    fn drop(&mut self) {
+        let mut table = self.table.lock();
+        if table
+            .get(&self.key)
+            .is_some_and(|w| Shared::ptr_eq(w, &self.waiter))
+        {
+            table.remove(&self.key);
+        }
+    }
+}
+
 impl Fetcher {
     /// `disk` is the NVMe cache tier, if the mount has one.
     pub fn new(
@@ -162,7 +183,7 @@ impl Fetcher {
         Arc::new(Fetcher {
             store,
             cache: BlockCache::new(config.block_cache_bytes),
-            inflight: Mutex::new(HashMap::new()),
+            inflight: Arc::new(Mutex::new(HashMap::new())),
             requests: Arc::new(Semaphore::new(config.max_inflight)),
             background_limit: Arc::new(Semaphore::new((config.max_inflight * 3 / 4).max(1))),
             preload_limit: Arc::new(Semaphore::new((config.max_inflight / 2).max(1))),
@@ -555,7 +576,7 @@ impl Fetcher {
             match result {
                 Ok(Some(data)) => {
                     self.stats.disk_hits.fetch_add(1, Ordering::Relaxed);
-                    self.complete(obj, block, Ok(data));
+                    self.complete(obj, block, Ok(data), false);
                 }
                 _ => missing.push(block),
             }
@@ -565,8 +586,16 @@ impl Fetcher {
     }
 
     /// Hands a fetched block to the NVMe cache; waits while `WRITE_PERMITS` writes are in
-    /// flight, which slows the GET down rather than buffering without bound.
-    async fn persist(&self, obj: &Arc<ObjectVersion>, index: u64, data: Bytes) {
+    /// flight, which slows the GET down rather than buffering without bound. `writing` (from
+    /// [`Self::complete`]) keeps the block's finished entry in the in-flight table until the
+    /// write is over, however it ends.
+    async fn persist(
+        &self,
+        obj: &Arc<ObjectVersion>,
+        index: u64,
+        data: Bytes,
+        writing: Option<WriteBehind>,
+    ) {
         let Some(disk) = &self.disk else {
             return;
         };
@@ -579,6 +608,7 @@ impl Fetcher {
         tokio::spawn(async move {
             let _permit = permit;
             let _hold = hold;
+            let _writing = writing;
             if disk.cache.write_block(&id, index, data).await.is_ok() {
                 disk.wrote(&id);
             }
@@ -625,8 +655,8 @@ impl Fetcher {
                             if let Some(block) = pending.next() {
                                 let index = block.index;
                                 let data = std::mem::take(&mut buf).freeze();
-                                self.complete(obj, block, Ok(data.clone()));
-                                self.persist(obj, index, data).await;
+                                let writing = self.complete(obj, block, Ok(data.clone()), true);
+                                self.persist(obj, index, data, writing).await;
                             }
                         }
                     }
@@ -670,21 +700,48 @@ impl Fetcher {
                 Bytes::copy_from_slice(&data[lo..hi])
             });
             let index = block.index;
-            self.complete(obj, block, out.clone());
+            let writing = self.complete(obj, block, out.clone(), true);
             if let Ok(data) = out {
-                self.persist(obj, index, data).await;
+                self.persist(obj, index, data, writing).await;
             }
         }
     }
 
     /// Publishes one block: into the cache, out of the in-flight table, to its waiters.
-    fn complete(&self, obj: &Arc<ObjectVersion>, block: NewBlock, out: BlockResult) {
+    ///
+    /// A fetched block about to be written to the NVMe cache (`to_disk`, with a disk tier)
+    /// stays in the table, resolved, until the write is over (the returned [`WriteBehind`]):
+    /// the memory cache may drop or refuse a block at once (it admits by frequency), and a
+    /// block in neither the table, memory nor the disk would be fetched a second time.
+    fn complete(
+        &self,
+        obj: &Arc<ObjectVersion>,
+        block: NewBlock,
+        out: BlockResult,
+        to_disk: bool,
+    ) -> Option<WriteBehind> {
         let key = (obj.clone(), block.index);
         if let Ok(data) = &out {
             self.cache.insert(key.clone(), data.clone());
         }
-        self.inflight.lock().remove(&key);
+        let writing = {
+            let mut inflight = self.inflight.lock();
+            match inflight.get(&key) {
+                Some(waiter) if to_disk && out.is_ok() && self.disk.is_some() => {
+                    Some(WriteBehind {
+                        table: self.inflight.clone(),
+                        waiter: waiter.clone(),
+                        key,
+                    })
+                }
+                _ => {
+                    inflight.remove(&key);
+                    None
+                }
+            }
+        };
         let _ = block.done.send(out);
+        writing
     }
 
     /// Waits for a GET slot and buffer memory; background work first takes a slot of its

@@ -241,7 +241,7 @@ mod with_disk {
     fn disk_fetcher(store: &Arc<MemoryStore>, dir: &std::path::Path) -> Arc<Fetcher> {
         let mut cc = CacheConfig::new(dir, SizeLimit::Bytes(64 << 20));
         cc.block_size = DBS;
-        cc.min_free_fraction = 0.0;
+        cc.min_free = SizeLimit::Bytes(0);
         let cache = DiskCache::open(cc).unwrap();
         let tier = Arc::new(DiskTier::new(cache, "http://test", "bucket"));
         let config = FetchConfig {
@@ -295,6 +295,58 @@ mod with_disk {
         );
         assert_eq!(store.count(Op::Get), gets, "served from the NVMe cache");
         assert_eq!(f.stats().disk_hits.load(Ordering::Relaxed), 11);
+    }
+
+    /// A block the memory cache does not keep (here it keeps nothing) is not fetched again
+    /// while its write to the NVMe cache is still going on: the finished fetch stays in the
+    /// in-flight table until the write is over.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_block_being_written_to_disk_is_not_fetched_again() {
+        use crate::cache::disk::HookAction;
+        use crate::cache::WriteStep;
+        use std::sync::atomic::AtomicBool;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(MemoryStore::new());
+        let body = data(3 * DBS as usize, 14);
+        let obj = version(&store, "k", &body);
+        let f = disk_fetcher(&store, dir.path());
+        // Every block write stops before its data until `go` is set.
+        let go = Arc::new(AtomicBool::new(false));
+        let held = Arc::new(AtomicU64::new(0));
+        let (g, h) = (go.clone(), held.clone());
+        f.disk()
+            .unwrap()
+            .cache()
+            .set_write_hook(Some(Arc::new(move |step| {
+                if step == WriteStep::WriteData {
+                    h.fetch_add(1, Ordering::SeqCst);
+                    // Bounded, so that a failing test ends instead of holding the runtime.
+                    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+                    while !g.load(Ordering::SeqCst) && std::time::Instant::now() < until {
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
+                }
+                HookAction::Continue
+            })));
+        let len = body.len() as u64;
+        assert_eq!(&f.read(&obj, 0..len).await.unwrap()[..], &body[..]);
+        crate::test_support::eventually("a block write to start", || {
+            held.load(Ordering::SeqCst) > 0
+        })
+        .await;
+        assert_eq!(store.count(Op::Get), 1);
+        // The writes are held: the blocks are in neither the memory nor the disk cache.
+        assert_eq!(&f.read(&obj, 0..len).await.unwrap()[..], &body[..]);
+        assert_eq!(store.count(Op::Get), 1, "fetched again while being written");
+        go.store(true, Ordering::SeqCst);
+        wait_complete(&f, &obj).await;
+        f.disk().unwrap().cache().set_write_hook(None);
+        assert_eq!(&f.read(&obj, 0..len).await.unwrap()[..], &body[..]);
+        assert_eq!(store.count(Op::Get), 1);
+        assert!(
+            f.inflight.lock().is_empty(),
+            "write-behind entries released"
+        );
     }
 
     #[tokio::test]
@@ -534,7 +586,7 @@ mod larger_than_cache {
             }));
         }
         let mut cc = CacheConfig::new(dir.path(), SizeLimit::Bytes(total / 2));
-        cc.min_free_fraction = 0.0;
+        cc.min_free = SizeLimit::Bytes(0);
         let cache = DiskCache::open_with_policy(cc, make_policy(kind, None)).unwrap();
         let tier = Arc::new(DiskTier::new(cache, "http://test", "bucket"));
         let config = FetchConfig {

@@ -86,6 +86,8 @@ impl StatsSource for MountMetrics {
                 "evictions": c.evictions,
                 "evicted_bytes": c.evicted_bytes,
                 "full": c.full,
+                "free_floor_refusals": c.free_floor_refusals,
+                "min_free": c.min_free,
                 "no_space_errors": c.no_space_errors,
                 "io_errors": c.io_errors,
                 "index_memory_per_object": c.index_memory.per_object,

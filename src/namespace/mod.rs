@@ -1206,9 +1206,8 @@ impl Namespace {
             MetadataTtl::For(ttl) if age < ttl => Instant::now().checked_sub(age)?,
             MetadataTtl::For(_) => return None,
         };
-        let entries = self.apply_raw(ino, &found.listing, at, true)?;
-        self.counts.from_disk.fetch_add(1, Ordering::Relaxed);
-        Some(entries)
+        // Counted in `listing_stats().from_disk` by `apply_raw`, under the tree's lock.
+        self.apply_raw(ino, &found.listing, at, true)
     }
 
     /// Writes a listing just taken from the store to disk in the background (at most
@@ -1351,6 +1350,12 @@ impl Namespace {
             dir.set_listing(entries.clone(), at);
             dir.ever_listed = true;
             dir.fanned_out = false;
+        }
+        if if_unlisted {
+            // A kept listing: counted before a reader can see its entries, so a walk that
+            // saw them also sees the count (a listing applied in the background, ahead of
+            // the walker, is otherwise counted after the walker has moved on).
+            self.counts.from_disk.fetch_add(1, Ordering::Relaxed);
         }
         drop(tree);
         crate::heap_trim::trim_soon();

@@ -96,7 +96,7 @@ fn disk_tier(dir: &std::path::Path) -> Arc<crate::fetch::DiskTier> {
     use crate::cache::{CacheConfig, DiskCache, SizeLimit};
     let mut cc = CacheConfig::new(dir, SizeLimit::Bytes(64 << 20));
     cc.block_size = 4096;
-    cc.min_free_fraction = 0.0;
+    cc.min_free = SizeLimit::Bytes(0);
     Arc::new(crate::fetch::DiskTier::new(
         DiskCache::open(cc).unwrap(),
         "http://t",

@@ -48,7 +48,7 @@ fn setup(dirs: usize, per_dir: usize, size: u64, cache_bytes: Option<u64>, epoch
             let dir = tempfile::tempdir().unwrap();
             let mut cc = CacheConfig::new(dir.path(), SizeLimit::Bytes(bytes));
             cc.block_size = BLOCK;
-            cc.min_free_fraction = 0.0;
+            cc.min_free = SizeLimit::Bytes(0);
             let policy = make_policy(
                 EvictionKind::Plan,
                 Some(oracle.clone() as Arc<dyn PlanOracle>),
@@ -67,9 +67,7 @@ fn setup(dirs: usize, per_dir: usize, size: u64, cache_bytes: Option<u64>, epoch
             block_size: BLOCK,
             max_inflight: 64,
             // With an NVMe cache, keep the memory tier small so that the disk limit is what
-            // the tests exercise, but large enough to hold blocks until their write-behind to
-            // the disk completes (a block in neither would be fetched again: a fetcher matter,
-            // not the scheduler's).
+            // the tests exercise.
             block_cache_bytes: if cache_bytes.is_some() {
                 1 << 20
             } else {
