@@ -63,7 +63,6 @@ mount_riffle() {
     local pidf="$WORK/run/riffle-$tag.pid" log="$LOG_DIR/$sys-$tag.log"
     local cache args=()
     cache=$(cache_dir_of "$sys" "$tag")
-    [ "$(base_system "$sys")" = riffle-mem ] && cache="
     [ -n "${REMOUNT:-}" ] || rm -rf "$cache"
     case $(base_system "$sys") in
         riffle-mem) ;;
@@ -71,11 +70,12 @@ mount_riffle() {
         riffle-seq) mkdir -p "$cache"; args+=(--cache-dir "$cache" --list-concurrency 0) ;;
         *) mkdir -p "$cache"; args+=(--cache-dir "$cache") ;;
     esac
+    [ "$(base_system "$sys")" = riffle-mem ] || args+=(--cache-min-free "$RIFFLE_CACHE_MIN_FREE")
     args+=("${RIFFLE_EXTRA_ARGS[@]}")
     rm -f "$pidf"
     if ! "$BIN/riffle" mount "s3://$bucket" "$mnt" --endpoint-url "$endpoint" \
         --force-path-style --metadata-ttl indefinite --max-memory "${RIFFLE_MEMORY:-1G}" \
-        "${args[@]}" ${cache:+--cache-min-free "$RIFFLE_CACHE_MIN_FREE"} --log-file "$log" --pid-file "$pidf" >>"$LOG_DIR/$sys-$tag.out" 2>&1; then
+        "${args[@]}" --log-file "$log" --pid-file "$pidf" >>"$LOG_DIR/$sys-$tag.out" 2>&1; then
         NOT_RUN="failed: riffle mount failed ($(tail -n1 "$LOG_DIR/$sys-$tag.out" 2>/dev/null))"
         return 1
     fi
