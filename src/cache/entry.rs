@@ -4,7 +4,13 @@
 //! says the block is durably in the data file. Built by replaying the journal at load and
 //! brought up to date by replaying only the journal's new tail (other processes append to it)
 //! when a block is not found. The table of an object of one block is kept inline, without an
-//! allocation.
+//! allocation. A third bit, `VERIFIED`, marks a block this process has read back from the
+//! data file with a matching CRC. Such a block may be read again in part, without its CRC
+//! (the trust FUSE passthrough gives a whole file once every block is known good). Blocks
+//! written here are not marked: a block is checked the first time it is read from disk, so
+//! bytes that went bad between the write and that read are never served. The mark lives only
+//! as long as the open entry, and a record from another process that changes the block's
+//! CRC clears it.
 //!
 //! **Idle form.** An open entry that nobody uses (no pin, no write, no I/O in flight) and that
 //! has at most one block is kept by the table of known entries as [`Files::Idle`]: its three
@@ -44,6 +50,7 @@ use super::ring::ALIGN;
 use super::sys::{self, Lock};
 
 const PRESENT: u64 = 1 << 32;
+const VERIFIED: u64 = 1 << 33;
 
 /// Disk bytes an entry is charged for one block of `len` bytes: the data rounded up to the
 /// file system's 4 KiB allocation unit, plus its journal record.
@@ -120,7 +127,8 @@ impl Blocks {
         let was = *slot & PRESENT != 0;
         match kind {
             RecordKind::Present(crc) => {
-                *slot = PRESENT | crc as u64;
+                let same = was && *slot as u32 == crc;
+                *slot = PRESENT | crc as u64 | if same { *slot & VERIFIED } else { 0 };
                 if was {
                     0
                 } else {
@@ -142,6 +150,25 @@ impl Blocks {
 
     pub fn present(&self) -> u32 {
         self.present
+    }
+
+    /// Whether block `index` is present and known good to this process (see the module
+    /// documentation).
+    pub fn is_verified(&self, index: u64) -> bool {
+        self.slots
+            .as_slice()
+            .get(index as usize)
+            .is_some_and(|v| v & (PRESENT | VERIFIED) == PRESENT | VERIFIED)
+    }
+
+    /// Marks block `index` known good, if it is still present with CRC `crc` (the one its
+    /// bytes were checked against, or computed from).
+    pub fn set_verified(&mut self, index: u64, crc: u32) {
+        if let Some(slot) = self.slots.as_mut_slice().get_mut(index as usize) {
+            if *slot & PRESENT != 0 && *slot as u32 == crc {
+                *slot |= VERIFIED;
+            }
+        }
     }
 
     pub fn count(&self) -> u64 {

@@ -1287,3 +1287,78 @@ async fn a_short_block_is_read_on_the_callers_thread_only_when_intact() {
     assert_eq!(cache.read_block(&small, 0).await.expect("read"), None);
     assert_eq!(cache.stats().crc_failures, 1);
 }
+
+/// Bytes `range` of `id` read in part (`read_verified_on_ring`): `None` when refused.
+async fn verified_read(
+    cache: &Arc<DiskCache>,
+    id: &ObjectIdentity,
+    range: std::ops::Range<u64>,
+) -> Option<Option<Bytes>> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    match cache.read_verified_on_ring(id, range, move |d| {
+        let _ = tx.send(d);
+    }) {
+        Ok(()) => Some(rx.await.expect("done runs")),
+        Err(_) => None,
+    }
+}
+
+/// Blocks are read in part, without a CRC, only once this handle has read them whole and
+/// checked them (whoever wrote them: this handle, or another process); a block that failed
+/// its check never is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_known_good_blocks_are_read_in_part() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = open(dir.path(), 64 << 20);
+    let id = obj("tokens.bin", 3 * BS + 100);
+    let all = whole(&id);
+    write_all_blocks(&a, &id).await;
+    // Written here, not yet read back: checked at the first read.
+    assert!(verified_read(&a, &id, 0..10).await.is_none());
+    assert_eq!(read_all_blocks(&a, &id).await, all);
+    let across = BS / 2..2 * BS + 10;
+    let got = verified_read(&a, &id, across.clone())
+        .await
+        .expect("known good");
+    assert_eq!(
+        got.as_deref(),
+        Some(&all[across.start as usize..across.end as usize])
+    );
+    let tail = 3 * BS + 1..3 * BS + 100;
+    let got = verified_read(&a, &id, tail.clone())
+        .await
+        .expect("known good");
+    assert_eq!(got.as_deref(), Some(&all[tail.start as usize..]));
+    assert_eq!(a.stats().verified_reads, 2);
+    // Nothing past the end, nothing empty.
+    assert!(verified_read(&a, &id, 3 * BS..3 * BS + 101).await.is_none());
+    assert!(verified_read(&a, &id, 5..5).await.is_none());
+
+    // Another handle on the directory (another process): nothing it has not checked itself.
+    let b = open(dir.path(), 64 << 20);
+    assert!(verified_read(&b, &id, 0..10).await.is_none());
+    for i in 0..2 {
+        assert_eq!(b.read_block(&id, i).await.unwrap(), Some(content(&id, i)));
+    }
+    let first_two = 10..2 * BS - 10;
+    let got = verified_read(&b, &id, first_two.clone())
+        .await
+        .expect("checked by b");
+    assert_eq!(
+        got.as_deref(),
+        Some(&all[first_two.start as usize..first_two.end as usize])
+    );
+    assert!(
+        verified_read(&b, &id, BS..2 * BS + 1).await.is_none(),
+        "block 2 unchecked"
+    );
+
+    // Block 2 corrupted on disk: its check fails, it is dropped, and never read in part.
+    let path = data_path(dir.path(), &id);
+    let mut raw = fs::read(&path).unwrap();
+    raw[(2 * BS + 50) as usize] ^= 0xff;
+    fs::write(&path, raw).unwrap();
+    assert_eq!(b.read_block(&id, 2).await.unwrap(), None);
+    assert!(verified_read(&b, &id, 2 * BS..2 * BS + 10).await.is_none());
+    assert!(verified_read(&b, &id, 0..10).await.is_some());
+}

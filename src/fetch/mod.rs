@@ -281,9 +281,11 @@ impl Fetcher {
     }
 
     /// A demand read of `range` (clamped to the object) served without a task when it needs
-    /// no request to the store and no metadata I/O: at once when every block is in memory, or
-    /// from one block of the NVMe cache whose entry is open, with `done` run on the cache's
-    /// I/O thread as soon as the bytes are read and verified. Otherwise (anything missing,
+    /// no request to the store and no metadata I/O: at once when every block is in memory;
+    /// from the NVMe cache's data file, just the bytes of `range`, when its blocks are known
+    /// good to this process ([`DiskCache::read_verified_on_ring`]); or from one block of the
+    /// NVMe cache whose entry is open, with `done` run on the cache's I/O thread as soon as
+    /// the bytes are read and verified. Otherwise (anything missing,
     /// several blocks not all in memory, a failed or mismatched disk read) `done` gets `None`
     /// and the caller takes the task path, [`Fetcher::read`], which fetches, waits, and deals
     /// with errors. Calls `done` exactly once, possibly before returning.
@@ -307,9 +309,31 @@ impl Fetcher {
             self.stats.block_hits.fetch_add(n, Ordering::Relaxed);
             return done(Some(self.assemble(range, blocks.start, &parts)));
         }
-        let (Some(disk), 1) = (&self.disk, blocks.end - blocks.start) else {
+        let Some(disk) = &self.disk else {
             return done(None);
         };
+        // Blocks known good: just the bytes asked for, through the page cache. Not a short
+        // block alone (a small file): that is read on the FUSE thread below, which costs less
+        // than the hand-off to the I/O thread and back.
+        let one_block = blocks.end - blocks.start == 1;
+        let short = {
+            let block = self.block_range(obj, blocks.start);
+            (block.end - block.start) % crate::cache::ring::ALIGN as u64 != 0
+        };
+        let done = if one_block && short {
+            done
+        } else {
+            let Err(done) =
+                disk.cache
+                    .read_verified_on_ring(&disk.identity(obj), range.clone(), done)
+            else {
+                return;
+            };
+            done
+        };
+        if !one_block {
+            return done(None);
+        }
         let index = blocks.start;
         let this = self.clone();
         let key = (obj.clone(), index);

@@ -422,9 +422,10 @@ mod with_disk {
         cache_whole(&f, &obj).await;
         let gets = store.count(Op::Get);
         let hits = f.stats().disk_hits.load(Ordering::Relaxed);
-        // One whole block and part of one: from the NVMe cache (this fetcher keeps no blocks
-        // in memory), answered on the cache's I/O thread; the short last block (a small file's
-        // only block) is read on the calling thread itself.
+        // One whole block, then part of it again: from the NVMe cache (this fetcher keeps no
+        // blocks in memory), answered on the cache's I/O thread, the second time as just the
+        // bytes asked for (the first read checked the block); the short last block (a small
+        // file's only block) is read on the calling thread itself.
         let caller = std::thread::current().name().map(str::to_string);
         for (range, on_ring) in [
             (DBS..2 * DBS, true),
@@ -445,9 +446,19 @@ mod with_disk {
                 assert_eq!(thread, caller, "{range:?}");
             }
         }
-        assert_eq!(f.stats().disk_hits.load(Ordering::Relaxed), hits + 3);
-        // A read across two blocks that are not in memory takes the task path.
+        assert_eq!(f.stats().disk_hits.load(Ordering::Relaxed), hits + 2);
+        assert_eq!(f.disk().unwrap().cache().stats().verified_reads, 1);
+        // A read across two blocks that are not in memory, one never read from disk yet,
+        // takes the task path; once both were checked, it is read in part on the I/O thread.
         assert_eq!(quick(&f, &obj, DBS - 1..DBS + 1).await.0, None);
+        assert!(quick(&f, &obj, 0..DBS).await.0.is_some());
+        let (got, thread) = quick(&f, &obj, DBS - 1..DBS + 1).await;
+        assert_eq!(
+            got.as_deref(),
+            Some(&body[DBS as usize - 1..DBS as usize + 1])
+        );
+        assert!(thread.is_some_and(|t| t.starts_with("riffle-uring")));
+        assert_eq!(f.disk().unwrap().cache().stats().verified_reads, 2);
         assert_eq!(store.count(Op::Get), gets, "no request to the store");
     }
 

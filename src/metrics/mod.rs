@@ -86,6 +86,7 @@ impl StatsSource for MountMetrics {
                 "evictions": c.evictions,
                 "evicted_bytes": c.evicted_bytes,
                 "full": c.full,
+                "verified_reads": c.verified_reads,
                 "free_floor_refusals": c.free_floor_refusals,
                 "min_free": c.min_free,
                 "no_space_errors": c.no_space_errors,

@@ -120,6 +120,7 @@ pub const STATS: &[StatSpec] = &[
     spec("cache.evictions", "riffle_cache_evictions", Counter, None, "Objects evicted from the disk cache."),
     spec("cache.evicted_bytes", "riffle_cache_evicted", Counter, BYTES, "Bytes evicted from the disk cache."),
     spec("cache.full", "riffle_cache_full_refusals", Counter, None, "Disk cache writes refused because nothing could be evicted."),
+    spec("cache.verified_reads", "riffle_cache_verified_reads", Counter, None, "Disk cache reads of blocks known good served as just the bytes asked for (no whole-block read and CRC check)."),
     spec("cache.free_floor_refusals", "riffle_cache_free_floor_refusals", Counter, None, "Disk cache writes refused because the cache filesystem is down to the free space kept (--cache-min-free)."),
     spec("cache.min_free", "riffle_cache_min_free", Gauge, BYTES, "Bytes of the cache filesystem always left free (--cache-min-free)."),
     spec("cache.no_space_errors", "riffle_cache_no_space_errors", Counter, None, "Disk cache writes that failed with ENOSPC."),
