@@ -1464,10 +1464,13 @@ impl DiskCache {
         entry.skip_own_record(index as u32);
 
         self.step(WriteStep::Publish)?;
-        entry
-            .blocks
-            .lock()
-            .apply(index as u32, RecordKind::Present(crc));
+        {
+            // Written here from bytes just fetched: known good to this process, as
+            // passthrough trusts a file whose blocks this daemon wrote.
+            let mut b = entry.blocks.lock();
+            b.apply(index as u32, RecordKind::Present(crc));
+            b.set_verified(index, crc);
+        }
         {
             // The block table is read again under the state lock: two writers of one entry
             // publish in either order, and the one that publishes last must not replace the
@@ -1692,6 +1695,19 @@ impl DiskCache {
 
     /// Whether block `index` of `id` is known here to be present (no I/O: blocks written by
     /// other processes since this process last looked are not seen; `read_block` sees them).
+    /// Whether blocks `blocks` of `id` are all present and known good to this process, in an
+    /// entry open here (no I/O): [`Self::read_verified_on_ring`] would serve them.
+    pub fn blocks_verified(&self, id: &ObjectIdentity, blocks: std::ops::Range<u64>) -> bool {
+        let st = self.state.lock();
+        st.table
+            .get(&id.entry_key())
+            .and_then(|e| e.files.active())
+            .is_some_and(|o| {
+                let b = o.blocks.lock();
+                !o.is_dead() && blocks.clone().all(|i| b.is_verified(i))
+            })
+    }
+
     pub fn has_block(&self, id: &ObjectIdentity, index: u64) -> bool {
         let mut guard = self.state.lock();
         let st = &mut *guard;

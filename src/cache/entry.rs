@@ -4,13 +4,13 @@
 //! says the block is durably in the data file. Built by replaying the journal at load and
 //! brought up to date by replaying only the journal's new tail (other processes append to it)
 //! when a block is not found. The table of an object of one block is kept inline, without an
-//! allocation. A third bit, `VERIFIED`, marks a block this process has read back from the
-//! data file with a matching CRC. Such a block may be read again in part, without its CRC
-//! (the trust FUSE passthrough gives a whole file once every block is known good). Blocks
-//! written here are not marked: a block is checked the first time it is read from disk, so
-//! bytes that went bad between the write and that read are never served. The mark lives only
-//! as long as the open entry, and a record from another process that changes the block's
-//! CRC clears it.
+//! allocation. A third bit, `VERIFIED`, marks a block this process knows to be good: it wrote
+//! the block itself from bytes it had just fetched, or it read the block back from the data
+//! file and its CRC matched. Such a block may be read in part, without its CRC: the trust
+//! FUSE passthrough gives a whole file whose blocks are all known good, block by block. A
+//! block that went bad while no process that checked it had it open (a crash, a power loss,
+//! another process) is checked before it is trusted. The mark lives only as long as the open
+//! entry, and a record from another process that changes the block's CRC clears it.
 //!
 //! **Idle form.** An open entry that nobody uses (no pin, no write, no I/O in flight) and that
 //! has at most one block is kept by the table of known entries as [`Files::Idle`]: its three

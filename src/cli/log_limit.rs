@@ -213,10 +213,12 @@ mod tests {
 
     fn site(level: Level) -> &'static Metadata<'static> {
         // Two distinct callsites need two distinct `static`s; a macro makes one per use.
+        // The callsite is not zero-sized: distinct zero-sized statics may share an address,
+        // and with it an `Identifier`.
         macro_rules! make {
-            ($lvl:expr) => {{
-                struct Cs;
-                static CS: Cs = Cs;
+            ($lvl:expr, $n:expr) => {{
+                struct Cs(#[allow(dead_code)] u8);
+                static CS: Cs = Cs($n);
                 static META: Metadata<'static> = Metadata::new(
                     "event src/x.rs:1",
                     "rifflefs::x",
@@ -237,9 +239,9 @@ mod tests {
             }};
         }
         match level {
-            Level::WARN => make!(Level::WARN),
-            Level::DEBUG => make!(Level::DEBUG),
-            _ => make!(Level::ERROR),
+            Level::WARN => make!(Level::WARN, 1),
+            Level::DEBUG => make!(Level::DEBUG, 2),
+            _ => make!(Level::ERROR, 3),
         }
     }
 

@@ -418,8 +418,21 @@ impl Fetcher {
     }
 
     /// Starts fetching the missing blocks of `blocks` if the budgets allow it right now.
+    /// Blocks the NVMe cache holds and has already checked are left alone: a read of them
+    /// takes just its bytes from the cache file's page cache ([`Self::read_quick`]), so
+    /// reading them ahead into memory (a whole block and a CRC each) would only cost.
     pub fn prefetch(self: &Arc<Self>, obj: &Arc<ObjectVersion>, blocks: Range<u64>) {
-        let blocks = blocks.start..blocks.end.min(self.block_count(obj));
+        let mut blocks = blocks.start..blocks.end.min(self.block_count(obj));
+        if let Some(disk) = &self.disk {
+            let id = disk.identity(obj);
+            while !blocks.is_empty()
+                && disk
+                    .cache
+                    .blocks_verified(&id, blocks.start..blocks.start + 1)
+            {
+                blocks.start += 1;
+            }
+        }
         if blocks.is_empty() {
             return;
         }

@@ -420,6 +420,10 @@ mod with_disk {
         assert_eq!(quick(&f, &obj, 0..DBS).await.0, None);
         assert_eq!(store.count(Op::Get), 0);
         cache_whole(&f, &obj).await;
+        // A restarted daemon, which has checked none of the blocks yet (a daemon trusts the
+        // blocks it wrote itself); reading block 2 opens the cache entry.
+        let f = disk_fetcher(&store, dir.path());
+        f.read(&obj, 2 * DBS..2 * DBS + 1).await.unwrap();
         let gets = store.count(Op::Get);
         let hits = f.stats().disk_hits.load(Ordering::Relaxed);
         // One whole block, then part of it again: from the NVMe cache (this fetcher keeps no
@@ -462,14 +466,53 @@ mod with_disk {
         assert_eq!(store.count(Op::Get), gets, "no request to the store");
     }
 
+    /// Read-ahead leaves alone the blocks the NVMe cache has checked already (a read of them
+    /// takes its bytes from the cache file), and reads ahead the ones it has not.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn read_ahead_skips_blocks_the_cache_has_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(MemoryStore::new());
+        let body = data(4 * DBS as usize, 15);
+        let obj = version(&store, "k", &body);
+        cache_whole(&disk_fetcher(&store, dir.path()), &obj).await;
+        // A restarted daemon: it has checked none of the blocks yet.
+        let f = disk_fetcher(&store, dir.path());
+        let gets = store.count(Op::Get);
+        let cache = f.disk().unwrap().cache().clone();
+        let disk_reads = || cache.stats().hits + cache.stats().misses;
+        // Blocks 0 and 1 read back and checked; 2 and 3 not yet.
+        for i in 0..2 {
+            f.read(&obj, i * DBS..(i + 1) * DBS).await.unwrap();
+        }
+        let before = disk_reads();
+        let id = f.disk().unwrap().identity(&obj);
+        f.prefetch(&obj, 0..2);
+        f.prefetch(&obj, 0..4);
+        crate::test_support::eventually("blocks 2 and 3 read ahead", || {
+            cache.blocks_verified(&id, 0..4) && f.inflight.lock().is_empty()
+        })
+        .await;
+        assert_eq!(
+            disk_reads(),
+            before + 2,
+            "checked blocks are not read ahead"
+        );
+        assert_eq!(store.count(Op::Get), gets);
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_quick_read_of_a_corrupted_block_returns_nothing_and_the_task_path_refetches() {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(MemoryStore::new());
         let body = data(2 * DBS as usize, 14);
         let obj = version(&store, "k", &body);
+        cache_whole(&disk_fetcher(&store, dir.path()), &obj).await;
+        // A restarted daemon (which has checked block 0 only) finds block 1 gone bad.
         let f = disk_fetcher(&store, dir.path());
-        cache_whole(&f, &obj).await;
+        assert_eq!(
+            &f.read(&obj, 0..DBS).await.unwrap()[..],
+            &body[..DBS as usize]
+        );
         let raw = std::fs::OpenOptions::new()
             .write(true)
             .open(the_data_file(dir.path()))
