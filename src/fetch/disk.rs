@@ -14,7 +14,7 @@
 //! every block itself from bytes it just fetched, or it has read the whole file back and every
 //! block's CRC matched (done in the background at the first open after a restart; that open
 //! and any before the check finishes are served by the daemon). Corruption that appears after
-//! that point is not caught, as the daemon path does not catch it in a block it has already
+//! that point is not caught, as the daemon path does not catch it in a block it wrote or has
 //! read back and checked (it reads such blocks in part, without the CRC: `cache::entry`).
 //!
 //! Objects this daemon completes or verifies are announced on a bounded channel
