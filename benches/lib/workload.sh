@@ -242,7 +242,7 @@ run_s3_client() {
 note_of() {
     case $1 in
         riffle) echo "no plan, no flags beyond the cache (what unchanged training code gets): a fresh mount with a fresh --cache-dir on local disk; epoch prefetch on (the default); files complete in the cache are opened with FUSE passthrough; --max-memory $RIFFLE_MEMORY" ;;
-        riffle-nopt) echo "as riffle, with --no-passthrough (what kernels before 6.9 and mounts without CAP_SYS_ADMIN get): every read the page cache cannot answer goes through the daemon (and its CRC check)" ;;
+        riffle-nopt) echo "as riffle, with --no-passthrough (what kernels before 6.9 and mounts without CAP_SYS_ADMIN get): every read the page cache cannot answer goes through the daemon, which checks a cached block's CRC once before it trusts it (blocks it wrote itself are trusted, as with passthrough)" ;;
         riffle-plan) echo "as riffle, plus \`riffle plan MNT FILE\` right before each epoch with the exact order the reader opens (\`riffle-bench plan\`, the reader's own order function); setting it is not timed (it takes milliseconds)" ;;
         riffle-listing) echo "‡ this row's reader opens the files in listing order (sorted paths, directory by directory) instead of a shuffle; otherwise as riffle, no plan: riffle's directory-order detection prefetches" ;;
         local-py) echo "the Python reader (benches/python_reader.py: $PY_WORKERS worker processes, each file opened, read whole with f.read() and closed, like a DataLoader's workers; zlib CRC-32 of every file checked) on local disk's copy, right after read-fs's epochs; the Python rows' ÷ local columns divide by this row" ;;
