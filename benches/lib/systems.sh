@@ -154,9 +154,10 @@ unmount_system() {
 # recently deleted inodes, recently_deleted/find_inode_bit). Set for
 # many-file workloads (KEEP_CACHES=1), and only while more than 5% of the
 # file system (riffle's default free-space floor) plus 10 GB stays available:
-# W1's and W5's caches take a few GB in all. (A quarter of the file system free, the earlier rule, never held on
-# this VM's disk, whose size counts far more than what is available, so the
-# caches were removed between systems after all.)
+# W1's and W5's caches take a few GB in all. (A quarter of the file system
+# free, the earlier rule, never held on this VM's disk, whose size counts far
+# more than what is available, so the caches were removed between systems
+# after all.)
 keep_caches() {
     [ -n "${KEEP_CACHES:-}" ] || return 1
     local total avail

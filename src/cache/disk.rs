@@ -387,6 +387,12 @@ fn unreserve(reserved: &mut HashMap<EntryKey, u64>, key: EntryKey, bytes: u64) {
 }
 
 /// Whether a block read back is whole (`len` bytes) and matches its CRC32C.
+/// How many blocks at the start of `blocks` are known good (`VERIFIED`) in `open`.
+fn verified_prefix_of(open: &OpenEntry, blocks: std::ops::Range<u64>) -> u64 {
+    let b = open.blocks.lock();
+    blocks.take_while(|&i| b.is_verified(i)).count() as u64
+}
+
 fn intact(data: &[u8], len: u64, crc: u32) -> bool {
     data.len() as u64 == len && crc32c::crc32c(data) == crc
 }
@@ -1221,10 +1227,7 @@ impl DiskCache {
                 return Err(done);
             };
             if open.is_dead()
-                || !{
-                    let b = open.blocks.lock();
-                    blocks.clone().all(|i| b.is_verified(i))
-                }
+                || verified_prefix_of(&open, blocks.clone()) < blocks.end - blocks.start
             {
                 return Err(done);
             }
@@ -1693,21 +1696,18 @@ impl DiskCache {
         *self.evicted_listener.lock() = Some(Box::new(listener));
     }
 
-    /// Whether block `index` of `id` is known here to be present (no I/O: blocks written by
-    /// other processes since this process last looked are not seen; `read_block` sees them).
-    /// Whether blocks `blocks` of `id` are all present and known good to this process, in an
-    /// entry open here (no I/O): [`Self::read_verified_on_ring`] would serve them.
-    pub fn blocks_verified(&self, id: &ObjectIdentity, blocks: std::ops::Range<u64>) -> bool {
+    /// How many blocks at the start of `blocks` are present and known good to this process,
+    /// in an entry open here (no I/O): those [`Self::read_verified_on_ring`] would serve.
+    pub fn verified_prefix(&self, id: &ObjectIdentity, blocks: std::ops::Range<u64>) -> u64 {
         let st = self.state.lock();
-        st.table
-            .get(&id.entry_key())
-            .and_then(|e| e.files.active())
-            .is_some_and(|o| {
-                let b = o.blocks.lock();
-                !o.is_dead() && blocks.clone().all(|i| b.is_verified(i))
-            })
+        match st.table.get(&id.entry_key()).and_then(|e| e.files.active()) {
+            Some(open) if !open.is_dead() => verified_prefix_of(open, blocks),
+            _ => 0,
+        }
     }
 
+    /// Whether block `index` of `id` is known here to be present (no I/O: blocks written by
+    /// other processes since this process last looked are not seen; `read_block` sees them).
     pub fn has_block(&self, id: &ObjectIdentity, index: u64) -> bool {
         let mut guard = self.state.lock();
         let st = &mut *guard;

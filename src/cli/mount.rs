@@ -142,15 +142,12 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
     let disk = match &args.cache_dir {
         None => None,
         Some(dir) => {
-            let limit = match args.cache_size {
+            let size_limit = |spec| match spec {
                 SizeSpec::Bytes(b) => SizeLimit::Bytes(b),
                 SizeSpec::Percent(p) => SizeLimit::Percent(p),
             };
-            let mut cc = CacheConfig::new(dir, limit);
-            cc.min_free = match args.cache_min_free {
-                SizeSpec::Bytes(b) => SizeLimit::Bytes(b),
-                SizeSpec::Percent(p) => SizeLimit::Percent(p),
-            };
+            let mut cc = CacheConfig::new(dir, size_limit(args.cache_size));
+            cc.min_free = size_limit(args.cache_min_free);
             cc.block_size = fetch_config.block_size;
             cc.max_open_objects = budget.open_entries;
             let policy = make_policy(args.eviction, Some(oracle.clone()));

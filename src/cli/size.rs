@@ -27,14 +27,21 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
     }
 }
 
+/// The number of `s` if it is written as a percentage (`N%`), parsed.
+fn percentage(s: &str) -> Option<Result<f64, String>> {
+    let p = s.trim().strip_suffix('%')?;
+    Some(
+        p.trim()
+            .parse()
+            .map_err(|_| format!("'{s}' is not a percentage")),
+    )
+}
+
 /// Parses a size or a percentage.
 pub fn parse_size(s: &str) -> Result<SizeSpec, String> {
     let t = s.trim();
-    if let Some(p) = t.strip_suffix('%') {
-        let v: f64 = p
-            .trim()
-            .parse()
-            .map_err(|_| format!("'{s}' is not a percentage"))?;
+    if let Some(v) = percentage(s) {
+        let v = v?;
         if !(v > 0.0 && v <= 100.0) {
             return Err(format!(
                 "'{s}': a percentage must be above 0 and at most 100"
@@ -66,11 +73,8 @@ pub fn parse_size(s: &str) -> Result<SizeSpec, String> {
 
 /// Parses free space to keep: a size, or a percentage from 0 up to (not including) 100.
 pub fn parse_free_space(s: &str) -> Result<SizeSpec, String> {
-    if let Some(p) = s.trim().strip_suffix('%') {
-        let v: f64 = p
-            .trim()
-            .parse()
-            .map_err(|_| format!("'{s}' is not a percentage"))?;
+    if let Some(v) = percentage(s) {
+        let v = v?;
         if !(0.0..100.0).contains(&v) {
             return Err(format!(
                 "'{s}': a percentage of free space must be at least 0 and below 100"

@@ -424,14 +424,9 @@ impl Fetcher {
     pub fn prefetch(self: &Arc<Self>, obj: &Arc<ObjectVersion>, blocks: Range<u64>) {
         let mut blocks = blocks.start..blocks.end.min(self.block_count(obj));
         if let Some(disk) = &self.disk {
-            let id = disk.identity(obj);
-            while !blocks.is_empty()
-                && disk
-                    .cache
-                    .blocks_verified(&id, blocks.start..blocks.start + 1)
-            {
-                blocks.start += 1;
-            }
+            blocks.start += disk
+                .cache
+                .verified_prefix(&disk.identity(obj), blocks.clone());
         }
         if blocks.is_empty() {
             return;

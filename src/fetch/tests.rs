@@ -489,7 +489,7 @@ mod with_disk {
         f.prefetch(&obj, 0..2);
         f.prefetch(&obj, 0..4);
         crate::test_support::eventually("blocks 2 and 3 read ahead", || {
-            cache.blocks_verified(&id, 0..4) && f.inflight.lock().is_empty()
+            cache.verified_prefix(&id, 0..4) == 4 && f.inflight.lock().is_empty()
         })
         .await;
         assert_eq!(
