@@ -47,6 +47,8 @@ pub enum SettingsError {
         attribute: &'static str,
         option: String,
     },
+    #[error("cacheMinFree (cache-min-free) applies to the node cache; set cacheSize as well")]
+    MinFreeWithoutCache,
 }
 
 /// The kind of value a setting takes; decides validation and how the flag
@@ -71,6 +73,9 @@ enum Kind {
     Size,
     /// A byte size or a percentage such as 80%.
     SizeOrPercent,
+    /// Free space the cache leaves on its filesystem: 0, a size, or a
+    /// percentage below 100%.
+    FreeSpace,
     /// An absolute path on the node.
     AbsPath,
     /// error|warn|info|debug|trace.
@@ -143,6 +148,12 @@ const OPTIONS: &[OptionSpec] = &[
         Some("cache-size"),
         "cache-size",
         Kind::SizeOrPercent,
+    ),
+    opt(
+        "cacheMinFree",
+        Some("cache-min-free"),
+        "cache-min-free",
+        Kind::FreeSpace,
     ),
     opt("prefetchPlan", None, "prefetch-plan", Kind::AbsPath),
     opt("preload", Some("preload"), "preload", Kind::Bool),
@@ -257,6 +268,9 @@ impl VolumeSettings {
                 names: unknown_flags.join(", "),
                 supported: supported.join(", "),
             });
+        }
+        if options.contains_key("cache-min-free") && !options.contains_key("cache-size") {
+            return Err(SettingsError::MinFreeWithoutCache);
         }
         Ok(Self {
             bucket,
@@ -461,6 +475,17 @@ fn canonical(
                 bad("expected a size such as 500GiB or a percentage such as 80%")
             }
         }
+        Kind::FreeSpace => {
+            let percent_ok = value
+                .strip_suffix('%')
+                .and_then(|n| n.parse::<u8>().ok())
+                .is_some_and(|n| n < 100);
+            if value == "0" || percent_ok || is_size(value) {
+                Ok(Some(value.to_string()))
+            } else {
+                bad("expected 0 (none), a size such as 10GiB or a percentage below 100% such as 5%")
+            }
+        }
         Kind::AbsPath => {
             if Path::new(value).is_absolute() {
                 Ok(Some(value.to_string()))
@@ -650,6 +675,44 @@ mod tests {
         let c = VolumeSettings::parse(&attrs(&[("bucket", "abc"), ("prefix", "x")]), &[])
             .expect("valid");
         assert_ne!(a.digest("v1"), c.digest("v1"));
+    }
+
+    #[test]
+    fn cache_min_free_is_checked_and_needs_the_cache() {
+        let s = VolumeSettings::parse(
+            &attrs(&[
+                ("bucket", "abc"),
+                ("cacheSize", "1GiB"),
+                ("cacheMinFree", "0"),
+            ]),
+            &[],
+        )
+        .expect("valid");
+        assert!(flags(&s).contains(&"--cache-min-free=0".to_string()));
+        let s = VolumeSettings::parse(
+            &attrs(&[("bucket", "abc"), ("cacheSize", "1GiB")]),
+            &["cache_min_free=10%".into()],
+        )
+        .expect("valid");
+        assert!(flags(&s).contains(&"--cache-min-free=10%".to_string()));
+        for bad in ["100%", "-1", "lots", "5 %"] {
+            let err = VolumeSettings::parse(
+                &attrs(&[
+                    ("bucket", "abc"),
+                    ("cacheSize", "1GiB"),
+                    ("cacheMinFree", bad),
+                ]),
+                &[],
+            )
+            .expect_err(bad);
+            assert!(
+                matches!(err, SettingsError::InvalidValue { .. }),
+                "{bad}: {err}"
+            );
+        }
+        let err = VolumeSettings::parse(&attrs(&[("bucket", "abc"), ("cacheMinFree", "0")]), &[])
+            .expect_err("no cache");
+        assert_eq!(err, SettingsError::MinFreeWithoutCache);
     }
 
     #[test]

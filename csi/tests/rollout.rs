@@ -238,6 +238,9 @@ impl Node {
             ("logLevel", "debug"),
             // The node cache, so that warm opens go through passthrough.
             ("cacheSize", "64MiB"),
+            // No free-space floor: a CI machine's disk may have less than
+            // the default 5% free, and then the cache stores nothing.
+            ("cacheMinFree", "0"),
         ])
     }
 
