@@ -529,16 +529,25 @@ impl EpochState {
                 }
             }
         }
-        let outside: Vec<(u64, u64)> = self.outside.drain().collect();
-        for (ino, seq) in std::mem::take(&mut self.pending_opens)
-            .into_iter()
-            .chain(outside)
-        {
-            if let Some(&j) = set.index.get(&ino) {
-                let j = j as usize;
-                set.opened_at[j] = set.opened_at[j].max(seq);
+        // Opens of files the new set lacks stay where they were: a set installed from the
+        // listings at hand may lack a directory the reader opened a file in (its listing was
+        // still under way), and the full set that follows must count that open, or the file
+        // would be fetched ahead again in the epoch it was read in.
+        let pending = std::mem::take(&mut self.pending_opens);
+        for (ino, seq) in pending {
+            match set.index.get(&ino) {
+                Some(&j) => set.opened_at[j as usize] = set.opened_at[j as usize].max(seq),
+                None if self.building.is_some() => self.pending_opens.push((ino, seq)),
+                None => {}
             }
         }
+        self.outside.retain(|ino, seq| match set.index.get(ino) {
+            Some(&j) => {
+                set.opened_at[j as usize] = set.opened_at[j as usize].max(*seq);
+                false
+            }
+            None => true,
+        });
         self.opened_files = 0;
         self.opened_bytes = 0;
         for i in 0..set.opened_at.len() {

@@ -295,6 +295,52 @@ async fn a_shuffled_epoch_that_fits_fetches_every_file_once_and_later_opens_hit(
     assert_eq!(json["opened_files"], 400);
 }
 
+/// A set installed from the listings at hand may lack a directory the reader has opened a
+/// file in (its listing still under way): that open is kept, and the full set counts it, so
+/// the file is not fetched ahead again in the epoch it was read in.
+#[test]
+fn an_open_missing_from_a_partial_set_counts_in_the_full_one() {
+    fn listed(inos: &[u64]) -> Listed {
+        let n = inos.len();
+        Listed {
+            inos: inos.to_vec(),
+            sizes: vec![10; n],
+            dir_of: vec![0; n],
+            dirs: vec![DirRange {
+                start: 0,
+                end: n as u32,
+                drawn: false,
+                bytes: 10 * n as u64,
+            }],
+        }
+    }
+    let mut st = EpochState::default();
+    for (ino, seq) in [(100, 1), (200, 2), (300, 3)] {
+        st.outside.insert(ino, seq);
+        st.pending_opens.push((ino, seq));
+    }
+    st.seq = 3;
+    st.building = Some(1);
+    // The listings at hand: 200's directory only.
+    st.install(EpochSet::new(1, "ds".into(), listed(&[200, 201])), 1 << 20);
+    assert_eq!(st.opened_files, 1);
+    // The full enumeration: 100's directory too (300 is outside the root).
+    st.building = None;
+    st.install(
+        EpochSet::new(1, "ds".into(), listed(&[100, 101, 200, 201])),
+        1 << 20,
+    );
+    let set = st.set.as_ref().unwrap();
+    let opened: Vec<u64> = (0..set.inos.len())
+        .filter(|&i| set.opened_at[i] > 0)
+        .map(|i| set.inos[i])
+        .collect();
+    assert_eq!(opened, vec![100, 200]);
+    assert_eq!(st.opened_files, 2);
+    assert!(st.pending_opens.is_empty());
+    assert_eq!(st.outside.keys().copied().collect::<Vec<_>>(), vec![300]);
+}
+
 /// A set twice the size of the cache: the prefetch room comes from files opened in this
 /// epoch, nothing is fetched twice in an epoch (a file fetched ahead stays until it is
 /// opened), and from the second epoch on about half the set is fetched per epoch.
