@@ -13,16 +13,32 @@
 //! not once per read. Without the NVMe cache, the window is capped at a quarter of the memory
 //! cache, so what is read ahead is still there when the reader gets to it.
 //!
+//! # Cached files
+//! With the NVMe cache, blocks it holds and has checked are left where they are for short
+//! runs: a random reader's request (and the few the kernel's own read-ahead adds to it) takes
+//! just its bytes from the cache file ([`Fetcher::prefetch`] skips them). Once a run passes
+//! [`LONG_RUN_BYTES`] (more than the kernel's read-ahead makes of a random read) it is a
+//! stream, and waiting for one cache-file read per request would leave the disk idle between
+//! them: the window is then read into memory as well, cached blocks included
+//! ([`Fetcher::prefetch_stream`]), and the blocks the reader has passed are dropped from memory
+//! again ([`Fetcher::drop_behind`]; the kernel's page cache holds what it read), so a stream
+//! holds about its window in memory, not the file.
+//!
 //! The reader only decides what to read ahead ([`FileReader::begin_read`]); the FUSE layer then
 //! serves the bytes through the fetcher.
 
 use std::ops::Range;
 use std::sync::Arc;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use parking_lot::Mutex;
 
 use crate::cache::PinGuard;
 use crate::fetch::{Fetcher, ObjectVersion};
+
+/// Bytes a sequential run reads before it counts as a stream (see the module documentation).
+pub const LONG_RUN_BYTES: u64 = 4 << 20;
 
 /// Read-ahead tuning.
 #[derive(Debug, Clone, Copy)]
@@ -53,6 +69,8 @@ pub struct ReadAhead {
     /// The largest useful single request (a GET part).
     step: u64,
     reads: u64,
+    /// Where the current sequential run began.
+    run_start: u64,
 }
 
 impl ReadAhead {
@@ -67,6 +85,7 @@ impl ReadAhead {
             window: 0,
             requested_to: 0,
             reads: 0,
+            run_start: 0,
         }
     }
 
@@ -88,6 +107,7 @@ impl ReadAhead {
             self.next = self.next.max(range.end);
         } else {
             self.window = 0;
+            self.run_start = range.start;
             self.next = range.end;
             self.requested_to = range.end;
             return range.end..range.end;
@@ -107,6 +127,16 @@ impl ReadAhead {
     pub fn window(&self) -> u64 {
         self.window
     }
+
+    /// Bytes read sequentially so far in the current run (0 after a jump: a jump starts a
+    /// run of the read that made it).
+    pub fn run_len(&self) -> u64 {
+        if self.window == 0 {
+            0
+        } else {
+            self.next.saturating_sub(self.run_start)
+        }
+    }
 }
 
 /// See the module documentation.
@@ -114,6 +144,8 @@ pub struct FileReader {
     object: Arc<ObjectVersion>,
     fetcher: Arc<Fetcher>,
     read_ahead: Mutex<ReadAhead>,
+    /// Blocks below this one were dropped from memory behind a stream.
+    dropped_to: AtomicU64,
     /// Keeps the object's NVMe cache entry from eviction while the file is open.
     _pin: Option<PinGuard>,
 }
@@ -141,6 +173,7 @@ impl FileReader {
             object,
             fetcher,
             read_ahead: Mutex::new(ReadAhead::new(config, tolerance, step)),
+            dropped_to: AtomicU64::new(0),
             _pin: pin,
         }
     }
@@ -159,12 +192,26 @@ impl FileReader {
         if offset >= end {
             return end..end;
         }
-        let ahead = self.read_ahead.lock().observe(offset..end, size);
+        let (ahead, stream) = {
+            let mut ra = self.read_ahead.lock();
+            let ahead = ra.observe(offset..end, size);
+            (ahead, ra.run_len() >= LONG_RUN_BYTES)
+        };
         // A block the read-ahead starts inside of is this read's last block (which the read
         // itself fetches) or was requested with the previous window: start at the next one.
         let bs = self.fetcher.config().block_size;
         let blocks = ahead.start.div_ceil(bs)..ahead.end.div_ceil(bs);
-        if !blocks.is_empty() {
+        if stream {
+            if !blocks.is_empty() {
+                self.fetcher.prefetch_stream(&self.object, blocks);
+            }
+            // The blocks wholly before this read are behind the reader.
+            let behind = offset / bs;
+            let from = self.dropped_to.fetch_max(behind, Ordering::Relaxed);
+            if from < behind {
+                self.fetcher.drop_behind(&self.object, from..behind);
+            }
+        } else if !blocks.is_empty() {
             self.fetcher.prefetch(&self.object, blocks);
         }
         offset..end
@@ -176,6 +223,31 @@ mod tests {
     use super::*;
 
     const MIB: u64 = 1 << 20;
+
+    /// A run becomes a stream only past LONG_RUN_BYTES of sequential reads; what the kernel's
+    /// read-ahead makes of a random read (a request and the next one) does not; a jump ends it.
+    #[test]
+    fn a_run_is_a_stream_only_when_long() {
+        let mut ra = ReadAhead::new(ReadAheadConfig::default(), MIB, 8 * MIB);
+        let size = 1 << 30;
+        // Random reads, each followed by the kernel's read-ahead of the next MiB.
+        for at in [700 * MIB, 3 * MIB, 512 * MIB, 90 * MIB] {
+            ra.observe(at..at + MIB, size);
+            assert_eq!(ra.run_len(), 0);
+            ra.observe(at + MIB..at + 2 * MIB, size);
+            assert!(ra.run_len() < LONG_RUN_BYTES, "{}", ra.run_len());
+        }
+        // A sequential reader from a jump on.
+        let mut at = 200 * MIB;
+        ra.observe(at..at + MIB, size);
+        while ra.run_len() < LONG_RUN_BYTES {
+            at += MIB;
+            ra.observe(at..at + MIB, size);
+            assert!(at < 200 * MIB + 2 * LONG_RUN_BYTES);
+        }
+        ra.observe(10 * MIB..11 * MIB, size);
+        assert_eq!(ra.run_len(), 0);
+    }
 
     #[test]
     fn window_grows_while_sequential_and_resets_on_jumps() {

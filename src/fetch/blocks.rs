@@ -40,6 +40,12 @@ impl BlockCache {
         }
     }
 
+    pub fn remove(&self, key: &BlockKey) {
+        if let Some(c) = &self.inner {
+            c.invalidate(key);
+        }
+    }
+
     /// Bytes held (after pending maintenance runs).
     pub fn weighted_size(&self) -> u64 {
         self.inner.as_ref().map_or(0, |c| {

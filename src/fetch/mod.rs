@@ -322,6 +322,10 @@ impl Fetcher {
         };
         let done = if one_block && short {
             done
+        } else if self.any_in_flight(obj, blocks.clone()) {
+            // Being read ahead into memory (a long sequential run): wait for that rather than
+            // read the same bytes from disk a second time.
+            return done(None);
         } else {
             let Err(done) =
                 disk.cache
@@ -357,6 +361,14 @@ impl Fetcher {
         if let Err(done) = on_disk {
             done(None);
         }
+    }
+
+    /// Whether a block of `blocks` is being fetched or read from disk.
+    fn any_in_flight(&self, obj: &Arc<ObjectVersion>, blocks: Range<u64>) -> bool {
+        let inflight = self.inflight.lock();
+        blocks
+            .into_iter()
+            .any(|i| inflight.contains_key(&(obj.clone(), i)))
     }
 
     /// A demand read's block read from the NVMe cache: counted, kept in memory when the read
@@ -432,6 +444,34 @@ impl Fetcher {
             return;
         }
         self.claim(obj, blocks, Mode::ReadAhead);
+    }
+
+    /// Starts reading `blocks` ahead into memory, the known-good cached ones included: for a
+    /// long sequential run, where each of the reader's next requests would otherwise wait for
+    /// its own read of the cache file. Blocks on disk are read whole with direct I/O (no copy
+    /// through the page cache) as far ahead as the budgets allow; blocks the reader has passed
+    /// go again with [`Self::drop_behind`].
+    pub fn prefetch_stream(self: &Arc<Self>, obj: &Arc<ObjectVersion>, blocks: Range<u64>) {
+        let blocks = blocks.start..blocks.end.min(self.block_count(obj));
+        if !blocks.is_empty() {
+            self.claim(obj, blocks, Mode::ReadAhead);
+        }
+    }
+
+    /// Forgets the memory copies of `blocks` that the NVMe cache holds and has checked: a
+    /// sequential reader has passed them (the kernel's page cache has what it read), and a
+    /// later read of one takes its bytes from the cache file. Blocks only in memory stay.
+    pub fn drop_behind(&self, obj: &Arc<ObjectVersion>, blocks: Range<u64>) {
+        let Some(disk) = &self.disk else {
+            return;
+        };
+        let blocks = blocks.start..blocks.end.min(self.block_count(obj));
+        let known_good = disk
+            .cache
+            .verified_prefix(&disk.identity(obj), blocks.clone());
+        for index in blocks.start..blocks.start + known_good {
+            self.cache.remove(&(obj.clone(), index));
+        }
     }
 
     /// Finds or starts every block of `blocks`. Demand and background claims start GETs that

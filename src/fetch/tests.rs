@@ -239,6 +239,15 @@ mod with_disk {
     const DBS: u64 = 4096;
 
     fn disk_fetcher(store: &Arc<MemoryStore>, dir: &std::path::Path) -> Arc<Fetcher> {
+        disk_fetcher_with_memory(store, dir, 0)
+    }
+
+    /// [`disk_fetcher`] with a memory cache of `block_cache_bytes`.
+    fn disk_fetcher_with_memory(
+        store: &Arc<MemoryStore>,
+        dir: &std::path::Path,
+        block_cache_bytes: u64,
+    ) -> Arc<Fetcher> {
         let mut cc = CacheConfig::new(dir, SizeLimit::Bytes(64 << 20));
         cc.block_size = DBS;
         cc.min_free = SizeLimit::Bytes(0);
@@ -246,7 +255,7 @@ mod with_disk {
         let tier = Arc::new(DiskTier::new(cache, "http://test", "bucket"));
         let config = FetchConfig {
             block_size: DBS,
-            block_cache_bytes: 0,
+            block_cache_bytes,
             ..small()
         };
         Fetcher::new(
@@ -498,6 +507,51 @@ mod with_disk {
             "checked blocks are not read ahead"
         );
         assert_eq!(store.count(Op::Get), gets);
+    }
+
+    /// A stream reads ahead into memory the blocks the cache has checked as well (no GET), and
+    /// the blocks it has passed leave memory again, except those only memory holds.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stream_reads_checked_blocks_ahead_and_drops_them_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(MemoryStore::new());
+        let body = data(4 * DBS as usize, 16);
+        let obj = version(&store, "k", &body);
+        let f = disk_fetcher_with_memory(&store, dir.path(), 64 * DBS);
+        cache_whole(&f, &obj).await;
+        let id = f.disk().unwrap().identity(&obj);
+        let cache = f.disk().unwrap().cache().clone();
+        assert_eq!(cache.verified_prefix(&id, 0..4), 4);
+        for i in 0..4 {
+            f.cache.remove(&(obj.clone(), i));
+        }
+        let gets = store.count(Op::Get);
+        let hits = cache.stats().hits;
+        f.prefetch_stream(&obj, 0..4);
+        crate::test_support::eventually("blocks read ahead into memory", || {
+            f.inflight.lock().is_empty() && (0..4).all(|i| f.cache.get(&(obj.clone(), i)).is_some())
+        })
+        .await;
+        assert_eq!(cache.stats().hits, hits + 4, "read from the cache file");
+        assert_eq!(store.count(Op::Get), gets, "no GET");
+        for i in 0..4 {
+            let got = f.cache.get(&(obj.clone(), i)).unwrap();
+            assert_eq!(
+                &got[..],
+                &body[(i * DBS) as usize..((i + 1) * DBS) as usize]
+            );
+        }
+        f.drop_behind(&obj, 0..2);
+        assert!((0..2).all(|i| f.cache.get(&(obj.clone(), i)).is_none()));
+        assert!((2..4).all(|i| f.cache.get(&(obj.clone(), i)).is_some()));
+        // A block the cache does not hold stays in memory: it is the only copy here.
+        let other = version(&store, "only-in-memory", &body[..DBS as usize]);
+        f.cache.insert(
+            (other.clone(), 0),
+            Bytes::from(body[..DBS as usize].to_vec()),
+        );
+        f.drop_behind(&other, 0..1);
+        assert!(f.cache.get(&(other.clone(), 0)).is_some());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
