@@ -295,6 +295,27 @@ async fn a_shuffled_epoch_that_fits_fetches_every_file_once_and_later_opens_hit(
     assert_eq!(json["opened_files"], 400);
 }
 
+/// Early in an epoch that is not trusted, epoch fetches in flight stay within a few per
+/// reader thread (its opens are misses waiting for the same store); from RAMP_FILES opens on,
+/// and in a trusted epoch, the full concurrency.
+#[test]
+fn epoch_fetches_ramp_up_with_the_opens() {
+    let mut st = EpochState::default();
+    assert_eq!(st.concurrency(64), RAMP_PARALLEL);
+    st.parallel_now = 8;
+    assert_eq!(st.concurrency(64), 8 * RAMP_PARALLEL);
+    assert_eq!(st.concurrency(4), 4);
+    st.opened_files = RAMP_FILES - 1;
+    assert_eq!(st.concurrency(64), 8 * RAMP_PARALLEL);
+    st.opened_files = RAMP_FILES;
+    assert_eq!(st.concurrency(64), 64);
+    st.opened_files = 0;
+    st.trust = Trust::Trusted;
+    assert_eq!(st.concurrency(64), 64);
+    st.trust = Trust::BackedOff;
+    assert_eq!(st.concurrency(64), 8 * RAMP_PARALLEL);
+}
+
 /// A set installed from the listings at hand may lack a directory the reader has opened a
 /// file in (its listing still under way): that open is kept, and the full set counts it, so
 /// the file is not fetched ahead again in the epoch it was read in.
