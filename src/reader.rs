@@ -28,9 +28,8 @@
 //! serves the bytes through the fetcher.
 
 use std::ops::Range;
-use std::sync::Arc;
-
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 

@@ -465,10 +465,7 @@ fn canonical(
             }
         }
         Kind::SizeOrPercent => {
-            let percent_ok = value
-                .strip_suffix('%')
-                .and_then(|n| n.parse::<u8>().ok())
-                .is_some_and(|n| (1..=100).contains(&n));
+            let percent_ok = percent(value).is_some_and(|n| (1..=100).contains(&n));
             if percent_ok || is_size(value) {
                 Ok(Some(value.to_string()))
             } else {
@@ -476,10 +473,7 @@ fn canonical(
             }
         }
         Kind::FreeSpace => {
-            let percent_ok = value
-                .strip_suffix('%')
-                .and_then(|n| n.parse::<u8>().ok())
-                .is_some_and(|n| n < 100);
+            let percent_ok = percent(value).is_some_and(|n| n < 100);
             if value == "0" || percent_ok || is_size(value) {
                 Ok(Some(value.to_string()))
             } else {
@@ -498,6 +492,11 @@ fn canonical(
             _ => bad("expected error, warn, info, debug or trace"),
         },
     }
+}
+
+/// The whole number of a percentage such as "80%".
+fn percent(value: &str) -> Option<u8> {
+    value.strip_suffix('%')?.parse().ok()
 }
 
 /// "123", "1.5GiB", "512M", "2gb": a number and an optional binary or

@@ -386,13 +386,13 @@ fn unreserve(reserved: &mut HashMap<EntryKey, u64>, key: EntryKey, bytes: u64) {
     }
 }
 
-/// Whether a block read back is whole (`len` bytes) and matches its CRC32C.
 /// How many blocks at the start of `blocks` are known good (`VERIFIED`) in `open`.
 fn verified_prefix_of(open: &OpenEntry, blocks: std::ops::Range<u64>) -> u64 {
     let b = open.blocks.lock();
     blocks.take_while(|&i| b.is_verified(i)).count() as u64
 }
 
+/// Whether a block read back is whole (`len` bytes) and matches its CRC32C.
 fn intact(data: &[u8], len: u64, crc: u32) -> bool {
     data.len() as u64 == len && crc32c::crc32c(data) == crc
 }

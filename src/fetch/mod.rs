@@ -320,12 +320,13 @@ impl Fetcher {
             let block = self.block_range(obj, blocks.start);
             (block.end - block.start) % crate::cache::ring::ALIGN as u64 != 0
         };
+        if self.any_in_flight(obj, blocks.clone()) {
+            // Being fetched or read from disk already (read-ahead, or a stream's window read
+            // into memory): wait for that rather than read the same bytes a second time.
+            return done(None);
+        }
         let done = if one_block && short {
             done
-        } else if self.any_in_flight(obj, blocks.clone()) {
-            // Being read ahead into memory (a long sequential run): wait for that rather than
-            // read the same bytes from disk a second time.
-            return done(None);
         } else {
             let Err(done) =
                 disk.cache
@@ -341,11 +342,6 @@ impl Fetcher {
         let index = blocks.start;
         let this = self.clone();
         let key = (obj.clone(), index);
-        if self.inflight.lock().contains_key(&key) {
-            // Being fetched or read from disk already (read-ahead): wait for that instead
-            // of reading the block a second time.
-            return done(None);
-        }
         let slice = (range.start - index * bs) as usize..(range.end - index * bs) as usize;
         let id = disk.identity(obj);
         // A short block (a small file) is read right here, on the FUSE thread.
@@ -433,17 +429,13 @@ impl Fetcher {
     /// Blocks the NVMe cache holds and has already checked are left alone: a read of them
     /// takes just its bytes from the cache file's page cache ([`Self::read_quick`]), so
     /// reading them ahead into memory (a whole block and a CRC each) would only cost.
-    pub fn prefetch(self: &Arc<Self>, obj: &Arc<ObjectVersion>, blocks: Range<u64>) {
-        let mut blocks = blocks.start..blocks.end.min(self.block_count(obj));
+    pub fn prefetch(self: &Arc<Self>, obj: &Arc<ObjectVersion>, mut blocks: Range<u64>) {
         if let Some(disk) = &self.disk {
             blocks.start += disk
                 .cache
                 .verified_prefix(&disk.identity(obj), blocks.clone());
         }
-        if blocks.is_empty() {
-            return;
-        }
-        self.claim(obj, blocks, Mode::ReadAhead);
+        self.prefetch_stream(obj, blocks);
     }
 
     /// Starts reading `blocks` ahead into memory, the known-good cached ones included: for a
