@@ -43,9 +43,9 @@
 //! victims.
 
 use std::collections::HashMap;
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -711,7 +711,10 @@ impl DiskCache {
             };
             if let Some(e) = st.table.at_mut(at) {
                 e.bytes = f.bytes;
-                e.files = Files::Closed { blocks: f.blocks };
+                e.files = Files::Closed {
+                    blocks: f.blocks,
+                    one_block: None,
+                };
                 e.set(COMPLETE, f.complete);
             }
             st.used += f.bytes;
@@ -919,8 +922,7 @@ impl DiskCache {
                 };
                 st.open_lru.take(victim);
                 if let Some(v) = st.table.at_mut(victim) {
-                    let blocks = v.files.blocks();
-                    closed.push(std::mem::replace(&mut v.files, Files::Closed { blocks }));
+                    closed.push(v.files.close());
                     st.open_count -= 1;
                 }
             }
@@ -954,7 +956,7 @@ impl DiskCache {
                 return;
             }
             // Not the last reference: the caller holds `dead`.
-            e.files = Files::Closed { blocks: 0 };
+            e.files = Files::default();
             e.set(COMPLETE, false);
             let held = e.flag(PIN_HELD);
             e.set(PIN_HELD, false);
@@ -1173,7 +1175,9 @@ impl DiskCache {
             return None; // read with O_DIRECT: not through the page cache
         }
         let key = id.entry_key();
-        let (entry, crc) = self.open_for_read(key, id.size, index)?;
+        let Some((entry, crc)) = self.open_for_read(key, id.size, index) else {
+            return self.read_closed_block(key, len);
+        };
         let mut buf = vec![0u8; len as usize];
         let read = entry
             .file_for_reading(len)
@@ -1188,6 +1192,25 @@ impl DiskCache {
         drop(entry);
         self.finish_read(key, data.is_some());
         data
+    }
+
+    /// [`Self::read_short_block_here`] of an entry whose files are closed, by the data file's
+    /// name and against the CRC kept for it ([`entry::OneBlock`]); `None` (the caller reloads
+    /// the entry) when it has none, the file is gone, or the bytes fail the check.
+    fn read_closed_block(&self, key: EntryKey, len: u64) -> Option<Bytes> {
+        let one = self.closed_one_block(key)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(key.data_path(&self.root, one.nonce))
+            .ok()?;
+        let mut buf = vec![0u8; len as usize];
+        let intact = matches!(file.read_at(&mut buf, 0), Ok(n) if intact(&buf[..n], len, one.crc));
+        drop(file);
+        if intact {
+            self.finish_read(key, true);
+        }
+        intact.then(|| Bytes::from(buf))
     }
 
     /// Reads bytes `range` of `id` (within the object) straight from its data file, through
@@ -1753,6 +1776,21 @@ impl DiskCache {
         }
         let open = e.files.activate(key, id.size, self.block_size)?;
         Some(open.data.clone())
+    }
+
+    /// The data file of `id` when its entry's files are closed here and it is an object of
+    /// one block, present (see [`entry::OneBlock`]): what a readahead opens by name. No I/O;
+    /// `None` too when the cache's state is busy (a hint never waits).
+    pub fn closed_data_path(&self, id: &ObjectIdentity) -> Option<PathBuf> {
+        let key = id.entry_key();
+        let one = self.closed_one_block(key)?;
+        Some(key.data_path(&self.root, one.nonce))
+    }
+
+    fn closed_one_block(&self, key: EntryKey) -> Option<entry::OneBlock> {
+        let st = self.state.try_lock()?;
+        let e = st.table.get(&key)?;
+        e.complete().then(|| e.files.closed_one_block()).flatten()
     }
 
     /// Loads the entry of `id` from disk if needed (catching up with other processes) and

@@ -626,8 +626,13 @@ const ARC_HEADER: usize = 16;
 /// An entry's files as the table of known entries keeps them (see the module documentation).
 #[derive(Debug)]
 pub enum Files {
-    /// Not open in this process; `blocks` are present as far as this process knows.
-    Closed { blocks: u32 },
+    /// Not open in this process; `blocks` are present as far as this process knows. For an
+    /// object of one block that was present when its files were closed, `one_block` keeps
+    /// what reading it back needs without the journal ([`OneBlock`]).
+    Closed {
+        blocks: u32,
+        one_block: Option<OneBlock>,
+    },
     /// Open and unused, an object of at most one block: the files of an [`OpenEntry`] and
     /// its state, without the allocation. The descriptors hold no lock (no use).
     Idle {
@@ -645,9 +650,26 @@ pub enum Files {
     Active(Arc<OpenEntry>),
 }
 
+/// What an entry of one present block keeps once its files are closed (beyond the cap on
+/// open entries): the name of its data file and its block's CRC32C, in the space the idle
+/// form's descriptors took (the record does not grow). A reader can then open the data file
+/// by name and check the bytes against the CRC, one `open` and one `pread` as a local file
+/// system's reader makes, instead of reopening the entry (two opens, a journal read and a
+/// journal `touch`, on a blocking thread). Bytes that fail the check, or a data file that is
+/// gone (evicted by another process, which names a new entry's data file with a new nonce),
+/// send the reader back to the entry's own path, which reloads it and drops a bad block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OneBlock {
+    pub nonce: u64,
+    pub crc: u32,
+}
+
 impl Default for Files {
     fn default() -> Self {
-        Files::Closed { blocks: 0 }
+        Files::Closed {
+            blocks: 0,
+            one_block: None,
+        }
     }
 }
 
@@ -668,7 +690,7 @@ impl Files {
     /// Blocks present as far as this process knows.
     pub fn blocks(&self) -> u32 {
         match self {
-            Files::Closed { blocks } => *blocks,
+            Files::Closed { blocks, .. } => *blocks,
             Files::Idle { present, .. } => u32::from(*present),
             Files::Active(o) => o.blocks.lock().present(),
         }
@@ -737,6 +759,33 @@ impl Files {
                 *self = Files::Active(o);
                 false
             }
+        }
+    }
+
+    /// Closes the files (the descriptors are closed when the returned value is dropped),
+    /// keeping what an idle entry of one present block needs to be read back ([`OneBlock`]).
+    pub fn close(&mut self) -> Files {
+        let blocks = self.blocks();
+        let one_block = match self {
+            Files::Idle {
+                nonce,
+                crc,
+                present: true,
+                ..
+            } => Some(OneBlock {
+                nonce: *nonce,
+                crc: *crc,
+            }),
+            _ => None,
+        };
+        std::mem::replace(self, Files::Closed { blocks, one_block })
+    }
+
+    /// The data file's nonce and the block's CRC of a closed entry of one present block.
+    pub fn closed_one_block(&self) -> Option<OneBlock> {
+        match self {
+            Files::Closed { one_block, .. } => *one_block,
+            _ => None,
         }
     }
 

@@ -1288,6 +1288,58 @@ async fn a_short_block_is_read_on_the_callers_thread_only_when_intact() {
     assert_eq!(cache.stats().crc_failures, 1);
 }
 
+/// An entry of one block whose files were closed (more cached objects than open entries) is
+/// read back on the caller's thread by its data file's name, checked against the CRC kept in
+/// its record, without reopening the entry; a changed data file, and one that is gone, send
+/// the reader back to the entry's own path (which reloads, then drops a bad block).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_entry_of_one_block_is_read_by_name_and_checked() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path();
+    let mut cfg = config(root, 64 << 20);
+    cfg.max_open_objects = 2;
+    let cache = DiskCache::open(cfg).expect("open");
+    cache.wait_for_scan();
+    let ids: Vec<_> = (0..6)
+        .map(|i| obj(&format!("small-{i}"), 3000 + i))
+        .collect();
+    for id in &ids {
+        write_all_blocks(&cache, id).await;
+    }
+    assert!(cache.index_memory().open_entries <= 2);
+    let (first, second) = (&ids[0], &ids[1]);
+    let path = cache
+        .closed_data_path(first)
+        .expect("closed, one block known");
+    assert_eq!(path, data_path(root, first));
+    let replays = cache.journal_replays();
+    let hits = cache.stats().hits;
+    assert_eq!(
+        cache.read_short_block_here(first, 0),
+        Some(content(first, 0))
+    );
+    assert_eq!(cache.stats().hits, hits + 1);
+    assert_eq!(cache.journal_replays(), replays, "read without the journal");
+    assert!(cache.closed_data_path(first).is_some(), "still closed");
+
+    // A flipped byte: refused here; the entry's own path reloads it and drops the block.
+    let data = OpenOptions::new()
+        .write(true)
+        .open(data_path(root, second))
+        .expect("data file");
+    data.write_all_at(b"\xde\xad", 10).expect("flip");
+    drop(data);
+    assert_eq!(cache.read_short_block_here(second, 0), None, "CRC mismatch");
+    assert_eq!(cache.read_block(second, 0).await.expect("read"), None);
+    assert_eq!(cache.stats().crc_failures, 1);
+
+    // The data file gone behind the cache's back: refused, never an error or wrong bytes.
+    let third = &ids[2];
+    let gone = cache.closed_data_path(third).expect("closed");
+    fs::remove_file(&gone).expect("remove");
+    assert_eq!(cache.read_short_block_here(third, 0), None);
+}
+
 /// Bytes `range` of `id` read in part (`read_verified_on_ring`): `None` when refused.
 async fn verified_read(
     cache: &Arc<DiskCache>,

@@ -479,8 +479,12 @@ impl RiffleFs {
         if self.fetcher.in_memory(&object) {
             return;
         }
-        if let Some(file) = disk.cache().open_data_file(&disk.identity(&object)) {
+        let id = disk.identity(&object);
+        if let Some(file) = disk.cache().open_data_file(&id) {
             lookahead.run(lookahead.job_open(file, object.size));
+        } else if let Some(path) = disk.cache().closed_data_path(&id) {
+            // Its files were closed (more cached files than open entries): by name.
+            lookahead.run(lookahead.job(Arc::new(path), object.size));
         }
     }
 
