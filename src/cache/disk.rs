@@ -713,7 +713,7 @@ impl DiskCache {
                 e.bytes = f.bytes;
                 e.files = Files::Closed {
                     blocks: f.blocks,
-                    one_block: None,
+                    one_block: f.one_block,
                 };
                 e.set(COMPLETE, f.complete);
             }

@@ -23,7 +23,7 @@ use std::sync::Weak;
 use std::time::{Duration, SystemTime};
 
 use super::disk::{last_used, DiskCache};
-use super::entry::remove_if_exists;
+use super::entry::{remove_if_exists, OneBlock};
 use super::format::{self, Header};
 use super::identity::{parse_file_name, EntryKey, FileName, OBJECTS_DIR};
 
@@ -42,6 +42,9 @@ pub struct Found {
     pub blocks: u32,
     pub complete: bool,
     pub last_used: SystemTime,
+    /// For an object of one block, present: its data file's nonce and CRC, so it can be read
+    /// by name before its entry is opened (see `entry::OneBlock`).
+    pub one_block: Option<OneBlock>,
 }
 
 /// Totals of a walk.
@@ -180,11 +183,22 @@ fn walk_leaf(
         };
         let count = header.block_count();
         let mut present = vec![false; count as usize];
+        let mut first_crc = 0;
         let replay = format::replay(
             &buf[header.header_len.min(buf.len())..],
             header.header_len as u64,
             count,
-            |i, k| present[i as usize] = matches!(k, format::RecordKind::Present(_)),
+            |i, k| {
+                present[i as usize] = match k {
+                    format::RecordKind::Present(crc) => {
+                        if i == 0 {
+                            first_crc = crc;
+                        }
+                        true
+                    }
+                    _ => false,
+                }
+            },
         );
         sum.garbage_bytes += replay.garbage;
         let mut bytes = buf.len() as u64;
@@ -210,6 +224,10 @@ fn walk_leaf(
             blocks,
             complete,
             last_used: last_used(&meta),
+            one_block: (count == 1 && complete).then_some(OneBlock {
+                nonce: header.nonce,
+                crc: first_crc,
+            }),
         });
     }
     for (key, nonce, path) in data {

@@ -1298,7 +1298,7 @@ async fn a_closed_entry_of_one_block_is_read_by_name_and_checked() {
     let root = dir.path();
     let mut cfg = config(root, 64 << 20);
     cfg.max_open_objects = 2;
-    let cache = DiskCache::open(cfg).expect("open");
+    let cache = DiskCache::open(cfg.clone()).expect("open");
     cache.wait_for_scan();
     let ids: Vec<_> = (0..6)
         .map(|i| obj(&format!("small-{i}"), 3000 + i))
@@ -1338,6 +1338,21 @@ async fn a_closed_entry_of_one_block_is_read_by_name_and_checked() {
     let gone = cache.closed_data_path(third).expect("closed");
     fs::remove_file(&gone).expect("remove");
     assert_eq!(cache.read_short_block_here(third, 0), None);
+
+    // After a restart, the start-up scan gives every small complete entry the same.
+    drop(cache);
+    let cache = DiskCache::open(cfg).expect("reopen");
+    cache.wait_for_scan();
+    let fourth = &ids[3];
+    assert_eq!(
+        cache.closed_data_path(fourth),
+        Some(data_path(root, fourth))
+    );
+    assert_eq!(
+        cache.read_short_block_here(fourth, 0),
+        Some(content(fourth, 0))
+    );
+    assert_eq!(cache.journal_replays(), 0);
 }
 
 /// Bytes `range` of `id` read in part (`read_verified_on_ring`): `None` when refused.
