@@ -386,6 +386,13 @@ fn unreserve(reserved: &mut HashMap<EntryKey, u64>, key: EntryKey, bytes: u64) {
     }
 }
 
+/// What a closed entry of one present block keeps for reading it by name (see
+/// `entry::OneBlock`), when `key` is one.
+fn closed_one_block(table: &Table, key: EntryKey) -> Option<entry::OneBlock> {
+    let e = table.get(&key)?;
+    e.complete().then(|| e.files.closed_one_block()).flatten()
+}
+
 /// How many blocks at the start of `blocks` are known good (`VERIFIED`) in `open`.
 fn verified_prefix_of(open: &OpenEntry, blocks: std::ops::Range<u64>) -> u64 {
     let b = open.blocks.lock();
@@ -1198,7 +1205,7 @@ impl DiskCache {
     /// name and against the CRC kept for it ([`entry::OneBlock`]); `None` (the caller reloads
     /// the entry) when it has none, the file is gone, or the bytes fail the check.
     fn read_closed_block(&self, key: EntryKey, len: u64) -> Option<Bytes> {
-        let one = self.closed_one_block(key)?;
+        let one = closed_one_block(&self.state.lock().table, key)?;
         let file = OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_CLOEXEC)
@@ -1783,14 +1790,9 @@ impl DiskCache {
     /// `None` too when the cache's state is busy (a hint never waits).
     pub fn closed_data_path(&self, id: &ObjectIdentity) -> Option<PathBuf> {
         let key = id.entry_key();
-        let one = self.closed_one_block(key)?;
-        Some(key.data_path(&self.root, one.nonce))
-    }
-
-    fn closed_one_block(&self, key: EntryKey) -> Option<entry::OneBlock> {
         let st = self.state.try_lock()?;
-        let e = st.table.get(&key)?;
-        e.complete().then(|| e.files.closed_one_block()).flatten()
+        let one = closed_one_block(&st.table, key)?;
+        Some(key.data_path(&self.root, one.nonce))
     }
 
     /// Loads the entry of `id` from disk if needed (catching up with other processes) and

@@ -24,6 +24,7 @@ pub use args::{Cli, Command};
 
 /// Entry point of the `riffle` binary; returns the process exit code.
 pub fn main() -> i32 {
+    crate::heap_trim::limit_arenas();
     let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if fstab::is_helper_form(&argv) {
         let lossy = argv
