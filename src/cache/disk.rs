@@ -43,9 +43,9 @@
 //! victims.
 
 use std::collections::HashMap;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -402,6 +402,16 @@ fn verified_prefix_of(open: &OpenEntry, blocks: std::ops::Range<u64>) -> u64 {
 /// Whether a block read back is whole (`len` bytes) and matches its CRC32C.
 fn intact(data: &[u8], len: u64, crc: u32) -> bool {
     data.len() as u64 == len && crc32c::crc32c(data) == crc
+}
+
+/// `len` bytes of `file` at `offset` read on the calling thread, when they are all there and
+/// match `crc`.
+fn read_checked(file: &File, offset: u64, len: u64, crc: u32) -> Option<Bytes> {
+    let mut buf = vec![0u8; len as usize];
+    match file.read_at(&mut buf, offset) {
+        Ok(n) if intact(&buf[..n], len, crc) => Some(Bytes::from(buf)),
+        _ => None,
+    }
 }
 
 struct State {
@@ -1185,14 +1195,12 @@ impl DiskCache {
         let Some((entry, crc)) = self.open_for_read(key, id.size, index) else {
             return self.read_closed_block(key, len);
         };
-        let mut buf = vec![0u8; len as usize];
-        let read = entry
-            .file_for_reading(len)
-            .read_at(&mut buf, index * self.block_size);
-        let data = match read {
-            Ok(n) if intact(&buf[..n], len, crc) => Some(Bytes::from(buf)),
-            _ => None,
-        };
+        let data = read_checked(
+            entry.file_for_reading(len),
+            index * self.block_size,
+            len,
+            crc,
+        );
         if data.is_some() {
             entry.blocks.lock().set_verified(index, crc);
         }
@@ -1206,18 +1214,13 @@ impl DiskCache {
     /// the entry) when it has none, the file is gone, or the bytes fail the check.
     fn read_closed_block(&self, key: EntryKey, len: u64) -> Option<Bytes> {
         let one = closed_one_block(&self.state.lock().table, key)?;
-        let file = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(key.data_path(&self.root, one.nonce))
-            .ok()?;
-        let mut buf = vec![0u8; len as usize];
-        let intact = matches!(file.read_at(&mut buf, 0), Ok(n) if intact(&buf[..n], len, one.crc));
+        let file = File::open(key.data_path(&self.root, one.nonce)).ok()?;
+        let data = read_checked(&file, 0, len, one.crc);
         drop(file);
-        if intact {
+        if data.is_some() {
             self.finish_read(key, true);
         }
-        intact.then(|| Bytes::from(buf))
+        data
     }
 
     /// Reads bytes `range` of `id` (within the object) straight from its data file, through
