@@ -7,7 +7,7 @@
 //! changed object a new inode while its old version is still open through passthrough).
 //! Nodes live in a `Vec` indexed by inode number (inodes are never freed: a dataset's tree is
 //! bounded). A listed object costs about 150 bytes (`tests/namespace_memory.rs`): its node
-//! (80 bytes: times in 8 bytes each, an MD5 ETag in 16), its name, and its 24-byte entry in
+//! (72 bytes: times in 8 bytes each, an MD5 ETag in 16, a directory's state behind a pointer), its name, and its 24-byte entry in
 //! the parent's listing, which is also the parent's name index (see `DirState`).
 //!
 //! Freshness follows `--metadata-ttl`: a directory listing, a file's attributes and a negative
@@ -271,16 +271,6 @@ impl NodeKind {
     fn is_dir(&self) -> bool {
         matches!(self, NodeKind::Dir)
     }
-
-    fn to_kind(&self) -> Kind {
-        match self {
-            NodeKind::Dir => Kind::Dir,
-            NodeKind::File { size, etag } => Kind::File {
-                size: *size,
-                etag: etag.text(),
-            },
-        }
-    }
 }
 
 /// When a node was last checked against the store, in 8 bytes (an `Instant` takes 16):
@@ -332,15 +322,59 @@ impl Mtime {
     }
 }
 
+/// One node of the tree: 72 bytes (a directory's state lives behind a pointer, in the place
+/// a file's size and ETag take).
 #[derive(Debug)]
 struct Node {
     parent: u64,
     name: Arc<str>,
-    kind: NodeKind,
+    body: Body,
     mtime: Mtime,
     checked: Stamp,
-    /// Directories only.
-    dir: Option<Box<DirState>>,
+}
+
+/// What a node holds by kind.
+#[derive(Debug)]
+enum Body {
+    Dir(Box<DirState>),
+    File { size: u64, etag: StoredEtag },
+}
+
+impl Node {
+    fn dir(&self) -> Option<&DirState> {
+        match &self.body {
+            Body::Dir(dir) => Some(dir),
+            Body::File { .. } => None,
+        }
+    }
+
+    fn dir_mut(&mut self) -> Option<&mut DirState> {
+        match &mut self.body {
+            Body::Dir(dir) => Some(dir),
+            Body::File { .. } => None,
+        }
+    }
+
+    fn is_dir(&self) -> bool {
+        matches!(self.body, Body::Dir(_))
+    }
+
+    fn kind(&self) -> Kind {
+        match &self.body {
+            Body::Dir(_) => Kind::Dir,
+            Body::File { size, etag } => Kind::File {
+                size: *size,
+                etag: etag.text(),
+            },
+        }
+    }
+
+    /// Sets a file's size and ETag (nothing for a directory).
+    fn set_file(&mut self, kind: NodeKind) {
+        if let (Body::File { .. }, NodeKind::File { size, etag }) = (&self.body, kind) {
+            self.body = Body::File { size, etag };
+        }
+    }
 }
 
 /// A directory's children and listing.
@@ -489,10 +523,9 @@ impl Namespace {
         let root = Node {
             parent: ROOT_INO,
             name: Arc::from(""),
-            kind: NodeKind::Dir,
+            body: Body::Dir(Box::default()),
             mtime: Mtime::new(now),
             checked: Stamp::at(Instant::now()),
-            dir: Some(Box::default()),
         };
         Arc::new(Namespace {
             store,
@@ -584,7 +617,7 @@ impl Namespace {
     fn attr_of(ino: u64, node: &Node) -> Attr {
         Attr {
             ino,
-            kind: node.kind.to_kind(),
+            kind: node.kind(),
             mtime: node.mtime.system_time(),
         }
     }
@@ -602,9 +635,9 @@ impl Namespace {
         let tree = self.tree.read();
         let stat = |ino: u64| {
             Self::node(&tree, ino).ok().map(|n| Stat {
-                size: match &n.kind {
-                    NodeKind::Dir => None,
-                    NodeKind::File { size, .. } => Some(*size),
+                size: match &n.body {
+                    Body::Dir(_) => None,
+                    Body::File { size, .. } => Some(*size),
                 },
                 mtime: n.mtime.system_time(),
             })
@@ -652,7 +685,7 @@ impl Namespace {
         let tree = self.tree.read();
         let node = Self::node(&tree, ino).ok()?;
         let parent = Self::node(&tree, node.parent).ok()?;
-        let (entries, _) = parent.dir.as_ref()?.listing()?;
+        let (entries, _) = parent.dir()?.listing()?;
         let i = entries
             .binary_search_by(|e| e.name.as_ref().cmp(node.name.as_ref()))
             .ok()?;
@@ -689,7 +722,7 @@ impl Namespace {
             Ok(node) => node,
             Err(e) => return Some(Err(e)),
         };
-        let Some(dir) = node.dir.as_ref() else {
+        let Some(dir) = node.dir() else {
             return Some(Err(NamespaceError::NotADirectory));
         };
         if let Some((_, listed)) = dir.listing() {
@@ -726,8 +759,7 @@ impl Namespace {
             }
             let node = Self::node(&tree, parent)?;
             let listed_before = node
-                .dir
-                .as_ref()
+                .dir()
                 .ok_or(NamespaceError::NotADirectory)?
                 .listing()
                 .map(|(_, at)| at);
@@ -819,8 +851,7 @@ impl Namespace {
         tree.nodes
             .get_mut((ino - 1) as usize)
             .ok_or(NamespaceError::NotFound)?
-            .dir
-            .as_deref_mut()
+            .dir_mut()
             .ok_or(NamespaceError::NotADirectory)
     }
 
@@ -838,32 +869,33 @@ impl Namespace {
         index: bool,
     ) -> u64 {
         let existing = tree.nodes[(parent - 1) as usize]
-            .dir
-            .as_ref()
+            .dir()
             .and_then(|d| d.child(name));
         if let Some(ino) = existing {
             let node = &mut tree.nodes[(ino - 1) as usize];
-            if node.dir.is_some() == kind.is_dir() {
+            if node.is_dir() == kind.is_dir() {
                 if !kind.is_dir() {
                     node.mtime = Mtime::new(mtime);
                 }
-                node.kind = kind;
+                node.set_file(kind);
                 node.checked = Stamp::at(now);
                 return ino;
             }
         }
         let ino = tree.nodes.len() as u64 + 1;
         let name: Arc<str> = Arc::from(name);
-        let is_dir = kind.is_dir();
+        let body = match kind {
+            NodeKind::Dir => Body::Dir(Box::default()),
+            NodeKind::File { size, etag } => Body::File { size, etag },
+        };
         tree.nodes.push(Node {
             parent,
             name: name.clone(),
-            kind,
+            body,
             mtime: Mtime::new(mtime),
             checked: Stamp::at(now),
-            dir: is_dir.then(Box::default),
         });
-        if let Some(dir) = tree.nodes[(parent - 1) as usize].dir.as_deref_mut() {
+        if let Some(dir) = tree.nodes[(parent - 1) as usize].dir_mut() {
             dir.missing.remove(&name);
             if index {
                 dir.set_child(name, ino);
@@ -886,7 +918,7 @@ impl Namespace {
             .ok_or(NamespaceError::NotFound)?;
         match result {
             Ok(meta) => {
-                node.kind = NodeKind::file(meta.size, &meta.etag);
+                node.set_file(NodeKind::file(meta.size, &meta.etag));
                 node.mtime = Mtime::new(meta.last_modified);
                 node.checked = Stamp::at(Instant::now());
                 Ok(Self::attr_of(ino, node))
@@ -901,7 +933,7 @@ impl Namespace {
     pub fn getattr_cached(&self, ino: u64) -> Option<Result<Attr, NamespaceError>> {
         let tree = self.tree.read();
         match Self::node(&tree, ino) {
-            Ok(node) if node.dir.is_some() || self.ttl.is_fresh_stamp(node.checked) => {
+            Ok(node) if node.is_dir() || self.ttl.is_fresh_stamp(node.checked) => {
                 Some(Ok(Self::attr_of(ino, node)))
             }
             Ok(_) => None,
@@ -943,17 +975,22 @@ impl Namespace {
     pub fn supersede(&self, ino: u64) -> Option<u64> {
         let mut tree = self.tree.write();
         let node = Self::node(&tree, ino).ok()?;
-        if node.dir.is_some() {
+        if node.is_dir() {
             return None; // directories (the root among them) keep their inodes
         }
         let (parent, name) = (node.parent, node.name.clone());
+        let Body::File { size, etag } = &node.body else {
+            return None;
+        };
         let successor = Node {
             parent,
             name: name.clone(),
-            kind: node.kind.clone(),
+            body: Body::File {
+                size: *size,
+                etag: etag.clone(),
+            },
             mtime: node.mtime,
             checked: node.checked,
-            dir: None,
         };
         let new_ino = tree.nodes.len() as u64 + 1;
         let dir = Self::dir_mut(&mut tree, parent).ok()?;
@@ -984,11 +1021,11 @@ impl Namespace {
         let Some(node) = tree.nodes.get_mut((ino.wrapping_sub(1)) as usize) else {
             return;
         };
-        if node.dir.is_none() {
+        if !node.is_dir() {
             node.checked = Stamp::LONG_AGO;
         }
         let parent = node.parent;
-        if let Some(dir) = tree.nodes[(parent - 1) as usize].dir.as_deref_mut() {
+        if let Some(dir) = tree.nodes[(parent - 1) as usize].dir_mut() {
             dir.listed_at = None;
         }
         let parent_prefix = self.dir_prefix(&tree, parent);
@@ -1000,7 +1037,7 @@ impl Namespace {
     /// listing it (no I/O).
     pub fn readdir_cached(&self, ino: u64) -> Option<Arc<Vec<DirEntry>>> {
         let tree = self.tree.read();
-        let (entries, listed) = Self::node(&tree, ino).ok()?.dir.as_ref()?.listing()?;
+        let (entries, listed) = Self::node(&tree, ino).ok()?.dir()?.listing()?;
         self.ttl.is_fresh(listed).then(|| entries.clone())
     }
 
@@ -1024,7 +1061,7 @@ impl Namespace {
         let fanned_out = |tree: &Tree| {
             Self::node(tree, ino)
                 .ok()
-                .and_then(|n| n.dir.as_ref())
+                .and_then(|n| n.dir())
                 .is_none_or(|d| d.fanned_out || d.listed_at.is_none())
         };
         if fanned_out(&self.tree.read()) {
@@ -1053,7 +1090,7 @@ impl Namespace {
             for child in subdirs {
                 let fresh = Self::node(&tree, child)
                     .ok()
-                    .and_then(|n| n.dir.as_ref())
+                    .and_then(|n| n.dir())
                     .and_then(|d| d.listing())
                     .is_some_and(|(_, at)| self.ttl.is_fresh(at));
                 if fresh {
@@ -1099,7 +1136,7 @@ impl Namespace {
             let (prefix, listed_before) = {
                 let tree = self.tree.read();
                 let node = Self::node(&tree, ino)?;
-                let dir = node.dir.as_ref().ok_or(NamespaceError::NotADirectory)?;
+                let dir = node.dir().ok_or(NamespaceError::NotADirectory)?;
                 if let Some((entries, listed)) = dir.listing() {
                     if self.ttl.is_fresh(listed) {
                         return Ok(entries.clone());
@@ -1141,7 +1178,7 @@ impl Namespace {
         ino: u64,
         before: Option<Instant>,
     ) -> Option<Arc<Vec<DirEntry>>> {
-        let (entries, at) = Self::node(tree, ino).ok()?.dir.as_ref()?.listing()?;
+        let (entries, at) = Self::node(tree, ino).ok()?.dir()?.listing()?;
         before
             .is_none_or(|before| at > before)
             .then(|| entries.clone())
@@ -1184,7 +1221,7 @@ impl Namespace {
         }
         {
             let tree = self.tree.read();
-            if Self::node(&tree, ino).ok()?.dir.as_ref()?.ever_listed {
+            if Self::node(&tree, ino).ok()?.dir()?.ever_listed {
                 return None;
             }
         }
@@ -1318,7 +1355,7 @@ impl Namespace {
         if_unlisted: bool,
     ) -> Option<Arc<Vec<DirEntry>>> {
         let mut tree = self.tree.write();
-        let dir = Self::node(&tree, ino).ok()?.dir.as_ref()?;
+        let dir = Self::node(&tree, ino).ok()?.dir()?;
         if if_unlisted && dir.ever_listed {
             return None;
         }
@@ -1346,7 +1383,7 @@ impl Namespace {
         entries.sort_unstable_by(|a, b| a.name.cmp(&b.name));
         // Children that were not listed are gone: the listing is the new child index.
         let entries = Arc::new(entries);
-        if let Some(dir) = tree.nodes[(ino - 1) as usize].dir.as_deref_mut() {
+        if let Some(dir) = tree.nodes[(ino - 1) as usize].dir_mut() {
             dir.set_listing(entries.clone(), at);
             dir.ever_listed = true;
             dir.fanned_out = false;

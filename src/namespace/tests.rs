@@ -721,3 +721,9 @@ fn compact_times_keep_their_order_and_meaning() {
         SystemTime::UNIX_EPOCH
     );
 }
+
+#[test]
+fn a_node_takes_seventy_two_bytes() {
+    // The per-object budget (`tests/namespace_memory.rs`) counts on it.
+    assert_eq!(std::mem::size_of::<super::Node>(), 72);
+}
