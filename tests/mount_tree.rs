@@ -151,6 +151,52 @@ fn mounted_tree_equals_the_bucket_listing() {
     assert!(log.contains("skipping object"), "{log}");
 }
 
+/// A walk that only wants names (`d_type`) gets no attributes from directory reads, so the
+/// kernel makes no inodes for its files; a walk that stats every file is recognised after one
+/// directory and gets them (module `fs::dirplus`). Sizes are right either way.
+#[test]
+fn a_names_walk_gets_names_only_and_a_stat_walk_gets_attributes() {
+    let endpoint = need_rgw!();
+    let data = dataset(&endpoint);
+    let mount = Mount::new(&endpoint, &format!("s3://{}", data.bucket), &[]);
+    let shown = walk(&mount.path);
+    assert_eq!(shown, expected_tree(data).into_iter().collect::<Vec<_>>());
+    let after_walk = stats(&mount);
+    let fuse = &after_walk["fuse"];
+    assert_eq!(fuse["dir_reads_with_attrs"], 0, "{fuse}");
+    assert!(
+        fuse["dir_reads_names_only"].as_u64().unwrap() >= 20,
+        "{fuse}"
+    );
+    assert_eq!(fuse["dir_reads_mode"], "names", "{fuse}");
+
+    drop_page_cache();
+    let sizes: std::collections::HashMap<&str, usize> = data
+        .small
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.len()))
+        .collect();
+    for d in 0..20 {
+        let dir = format!("spread/d{d:02}");
+        for entry in std::fs::read_dir(mount.join(&dir)).unwrap() {
+            let entry = entry.unwrap();
+            let key = format!("{dir}/{}", entry.file_name().to_string_lossy());
+            assert_eq!(
+                entry.metadata().unwrap().len(),
+                sizes[key.as_str()] as u64,
+                "{key}"
+            );
+        }
+    }
+    let after_stat = stats(&mount);
+    let fuse = &after_stat["fuse"];
+    assert!(
+        fuse["dir_reads_with_attrs"].as_u64().unwrap() >= 18,
+        "{fuse}"
+    );
+    assert_eq!(fuse["dir_reads_mode"], "attributes", "{fuse}");
+}
+
 #[test]
 fn every_small_file_has_the_objects_bytes() {
     let endpoint = need_rgw!();

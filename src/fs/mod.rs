@@ -37,6 +37,7 @@
 //! `fsyncdir` succeeds (nothing to write).
 
 mod backings;
+pub mod dirplus;
 mod lookahead;
 mod preopen;
 
@@ -109,6 +110,8 @@ pub struct FsStatus {
     pub passthrough_mode: Mutex<String>,
     /// Readaheads of small cached files started by lookups ([`lookahead`]).
     pub lookahead: Arc<LookaheadStats>,
+    /// Whether directory reads carry attributes ([`dirplus`]).
+    pub dirplus: dirplus::DirPlus,
 }
 
 /// See the module documentation.
@@ -557,6 +560,9 @@ impl Filesystem for RiffleFs {
             let _timer = timer;
             match answer {
                 Ok(attr) => {
+                    if !attr.is_dir() {
+                        self.status.dirplus.looked_up_file(parent.0);
+                    }
                     let read_ahead = self.look_ahead(&attr);
                     reply.entry(
                         &self.ttl(),
@@ -576,10 +582,16 @@ impl Filesystem for RiffleFs {
         let ns = self.ns.clone();
         let config = self.config.clone();
         let ttl = self.ttl();
+        let status = self.status.clone();
         self.runtime.spawn(async move {
             let _timer = timer;
             match ns.lookup(parent.0, &name).await {
-                Ok(attr) => reply.entry(&ttl, &Self::file_attr(&config, &attr), Generation(0)),
+                Ok(attr) => {
+                    if !attr.is_dir() {
+                        status.dirplus.looked_up_file(parent.0);
+                    }
+                    reply.entry(&ttl, &Self::file_attr(&config, &attr), Generation(0))
+                }
                 Err(e) => reply.error(ns_errno(&e)),
             }
         });
@@ -912,8 +924,17 @@ impl Filesystem for RiffleFs {
         };
         let ttl = self.ttl();
         let parent = self.ns.parent_of(ino.0);
+        // The first read of a directory gives only `.` and `..` to a reader that wants names
+        // (module `dirplus`); `walk_listing` stops after them, at offset 2.
+        let names_only = offset == 0 && {
+            let files = entries.iter().filter(|e| !e.is_dir()).count() as u64;
+            self.status.dirplus.first_read(ino.0, files) == dirplus::FirstRead::NamesOnly
+        };
         self.ns.with_stats(|stat| {
             walk_listing(&entries, ino.0, parent, offset, |e, next| {
+                if names_only && next > 2 {
+                    return true;
+                }
                 let stat = stat(e.ino()).unwrap_or(Stat {
                     size: None,
                     mtime: SystemTime::UNIX_EPOCH,

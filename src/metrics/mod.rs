@@ -113,6 +113,9 @@ impl StatsSource for MountMetrics {
                 "lookup_readaheads": load(&self.fs.lookahead.requested),
                 "lookup_readaheads_failed": load(&self.fs.lookahead.failed),
                 "passthrough": self.fs.passthrough_mode.lock().clone(),
+                "dir_reads_with_attrs": load(&self.fs.dirplus.with_attrs),
+                "dir_reads_names_only": load(&self.fs.dirplus.names_only),
+                "dir_reads_mode": if self.fs.dirplus.stat_mode() { "attributes" } else { "names" },
             },
             "cache": cache,
             "blocks": {

@@ -106,6 +106,8 @@ pub const STATS: &[StatSpec] = &[
     spec("fuse.backings_opened_ahead", "riffle_fuse_backings_opened_ahead", Counter, None, "Backing files registered with the kernel as objects completed in the cache, before any open."),
     spec("fuse.lookup_readaheads", "riffle_fuse_lookup_readaheads", Counter, None, "Readaheads of small cached files' cache files started because a lookup named them."),
     spec("fuse.lookup_readaheads_failed", "riffle_fuse_lookup_readaheads_failed", Counter, None, "Lookup readaheads that failed (the cache file was gone)."),
+    spec("fuse.dir_reads_with_attrs", "riffle_fuse_dir_reads_with_attrs", Counter, None, "First reads of a directory answered with every entry's attributes (readdirplus), for readers that stat what they list."),
+    spec("fuse.dir_reads_names_only", "riffle_fuse_dir_reads_names_only", Counter, None, "First reads of a directory answered with names only, for readers that do not stat what they list."),
     spec("fuse.passthrough", "riffle_fuse_passthrough_enabled", Kind::Equals("enabled"), None, "1 if FUSE passthrough is in use, else 0 (see riffle stats for the reason)."),
     spec("cache.objects", "riffle_cache_objects", Gauge, None, "Objects with bytes in the disk cache."),
     spec("cache.complete_objects", "riffle_cache_complete_objects", Gauge, None, "Objects whose every block is in the disk cache."),
