@@ -24,6 +24,11 @@
 //! task. `flush` answers ENOSYS once, so the kernel stops sending it (a read-only file system has
 //! nothing to flush) and `close` costs no round trip.
 //!
+//! Directory handles answer `readdirplus` with every entry's attributes only when the mount's
+//! readers `stat` what they list; a reader that wants names (`find -type f`, `os.walk`) gets
+//! `.` and `..` at the first read and the names through `readdir`, so the kernel makes no
+//! inode per file (module [`dirplus`]).
+//!
 //! Every other operation is answered here too, at once and without a log line, because fuser's
 //! defaults write a warning per request and some arrive once per file: Python's `open()` asks
 //! `isatty()` (an `ioctl(TCGETS)`) on every file it opens, so a data loader sends one `ioctl`
