@@ -26,11 +26,7 @@
 //!   slot comes up does nothing, and a reader that finds a background listing under way
 //!   follows it rather than listing twice. So each directory is listed once.
 //! - **Not the whole bucket.** Only directories that are read fan out, one level: a background
-//!   listing does not itself start more. A directory is also fanned out when a reader that
-//!   opens files by path, without `readdir` (a sampler with a file list), has started the
-//!   listings of two of its subdirectories with lookups: it is spreading over them (a shuffled
-//!   epoch over `train/<class>/`), and the class directories it has not reached yet are
-//!   listed ahead instead of one LIST round trip before the first open in each. Mounting the root of a 10^7-object bucket and running
+//!   listing does not itself start more. Mounting the root of a 10^7-object bucket and running
 //!   `ls` lists the root's subdirectories, not the bucket; a walk goes as deep as the walker.
 //!   At most [`FanoutConfig::max_queued`] directories (4,096) are queued or being listed at
 //!   once; subdirectories beyond that are not queued (a reader lists them when it gets there).

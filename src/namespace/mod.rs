@@ -21,9 +21,7 @@
 //! directory in the background: readers that open files by path without listing first
 //! (a sampler with a file list) then pay one LIST per directory instead of a HEAD and a LIST
 //! per file. Lookups in that directory while its listing runs wait for it when it fits in one
-//! page, and concurrent `readdir`s share it (module `listings`). Once lookups have started the
-//! listings of two subdirectories of one directory this way, the rest of its subdirectories
-//! are listed ahead as if it had been read (module [`background`]).
+//! page, and concurrent `readdir`s share it (module `listings`).
 //!
 //! When a directory is read, its subdirectories are listed in the background, a bounded
 //! number at once and below demand requests, so a walk of many directories costs about the
@@ -43,7 +41,7 @@ mod listings;
 pub mod names;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -400,14 +398,7 @@ struct DirState {
     ever_listed: bool,
     /// The subdirectories of the current listing were queued for background listings.
     fanned_out: bool,
-    /// Subdirectories whose listing a lookup started (counted up to [`DESCENTS_TO_FAN_OUT`],
-    /// never reset: the reader's way of reading this directory, not of one listing).
-    descents: AtomicU8,
 }
-
-/// Lookups that start listings in this many subdirectories of a directory list the rest of
-/// its subdirectories ahead too ([`Namespace::lookup`]).
-const DESCENTS_TO_FAN_OUT: u8 = 2;
 
 impl DirState {
     /// The valid listing and when it was made.
@@ -773,30 +764,20 @@ impl Namespace {
                 .listing()
                 .map(|(_, at)| at);
             let prefix = self.dir_prefix(&tree, parent);
-            let mut fan_out_grandparent = false;
             let follower = match lists.then(|| self.listings.claim(parent)) {
                 Some(Claim::Lead(lead)) => {
                     let this = self.clone();
                     let dir_prefix = prefix.clone();
                     tokio::spawn(async move {
-                        match this.list_dir(parent, &dir_prefix, Some(lead)).await {
-                            // Readers descended into its subdirectories before it was listed.
-                            Ok(_) if this.descended(parent) => this.fan_out(parent),
-                            Ok(_) => {}
-                            Err(e) => tracing::debug!(error = %e, "background listing failed"),
+                        if let Err(e) = this.list_dir(parent, &dir_prefix, Some(lead)).await {
+                            tracing::debug!(error = %e, "background listing failed");
                         }
                     });
-                    fan_out_grandparent = Self::count_descent(&tree, node.parent, parent);
                     None
                 }
                 Some(Claim::Follow(f)) => Some((f, listed_before)),
                 None => None,
             };
-            if fan_out_grandparent {
-                let grandparent = node.parent;
-                drop(tree);
-                self.fan_out(grandparent);
-            }
             (prefix, follower)
         };
         if let Some((follower, listed_before)) = follower {
@@ -839,39 +820,6 @@ impl Namespace {
                 Ok(Self::attr_of(ino, &tree.nodes[(ino - 1) as usize]))
             }
         }
-    }
-
-    /// Counts a lookup that started the listing of `dir`, a subdirectory of `parent`; true when
-    /// that makes [`DESCENTS_TO_FAN_OUT`]: a reader opening files by path (a sampler with a
-    /// file list, no `readdir`) is spreading over `parent`'s subdirectories, so their listings
-    /// are started ahead as a `readdir` of `parent` would (module [`background`]).
-    fn count_descent(tree: &Tree, parent: u64, dir: u64) -> bool {
-        if parent == dir {
-            return false; // the root
-        }
-        let Some(state) = Self::node(tree, parent).ok().and_then(Node::dir) else {
-            return false;
-        };
-        let _ = state
-            .descents
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                (n < DESCENTS_TO_FAN_OUT).then_some(n + 1)
-            });
-        // Without a listing yet, the lookup that started it fans out when it is in.
-        Self::descended_into(state) && !state.fanned_out && state.listed_at.is_some()
-    }
-
-    fn descended_into(state: &DirState) -> bool {
-        state.descents.load(Ordering::Relaxed) >= DESCENTS_TO_FAN_OUT
-    }
-
-    /// Whether lookups started listings in [`DESCENTS_TO_FAN_OUT`] subdirectories of `ino`.
-    fn descended(&self, ino: u64) -> bool {
-        let tree = self.tree.read();
-        Self::node(&tree, ino)
-            .ok()
-            .and_then(Node::dir)
-            .is_some_and(Self::descended_into)
     }
 
     /// HEAD `prefix+name` and LIST `prefix+name/` concurrently.

@@ -487,58 +487,6 @@ mod ahead_and_kept {
         assert_eq!(mem.count(Op::List), 1);
     }
 
-    /// A reader that opens files by path (no `readdir`): its lookups in two class
-    /// directories start the listings of every class directory, each listed once.
-    #[tokio::test(start_paused = true)]
-    async fn lookups_spreading_over_subdirectories_list_the_siblings_ahead() {
-        let (mem, _) = tree(20, 3, 1000);
-        mem.set_latency(Duration::from_millis(30));
-        let ns =
-            Namespace::with_options(mem.clone(), "", MetadataTtl::Indefinite, options(4, None));
-        let open = |path: &'static str| {
-            let ns = ns.clone();
-            async move {
-                let mut ino = ROOT_INO;
-                for part in path.split('/') {
-                    ino = ns.lookup(ino, part).await.expect(path).ino;
-                }
-                ino
-            }
-        };
-        open("train/c005/img001.jpg").await;
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let train = ns.lookup(ROOT_INO, "train").await.unwrap().ino;
-        let classes = ns.readdir_cached(train).expect("train/ listed");
-        let listed = |ns: &Namespace| {
-            classes
-                .iter()
-                .filter(|c| ns.has_fresh_listing(c.ino()))
-                .count()
-        };
-        assert_eq!(listed(&ns), 1, "one descent lists only its own directory");
-        open("train/c012/img000.jpg").await;
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        assert_eq!(
-            listed(&ns),
-            20,
-            "the second descent lists the siblings ahead"
-        );
-        let lists_after = mem.count(Op::List);
-        // Every file of every class is now a lookup without a request.
-        for c in 0..20 {
-            for f in 0..3 {
-                let class = ns.lookup(train, &format!("c{c:03}")).await.unwrap().ino;
-                ns.lookup(class, &format!("img{f:03}.jpg")).await.unwrap();
-            }
-        }
-        assert_eq!(mem.count(Op::List), lists_after);
-        assert_eq!(
-            mem.count(Op::Head),
-            4,
-            "the probes of the first two files' lookups"
-        );
-    }
-
     #[tokio::test(start_paused = true)]
     async fn errors_and_503s_in_background_listings_lose_no_entry() {
         let (mem, keys) = tree(30, 4, 1000);
