@@ -126,6 +126,18 @@ fn warm_epochs_without_passthrough_read_exact_bytes_every_way_within_the_memory_
     );
     assert_eq!(s["fuse"]["passthrough_opens"], 0);
     assert_eq!(s["fuse"]["passthrough"], "off (--no-passthrough)");
+    // The reads above came in requests of up to 1 MiB: the mount's read-ahead window (its
+    // backing device's read_ahead_kb, 128 by default) was raised at mount (tests run as root).
+    assert_eq!(s["fuse"]["kernel_read_ahead"], "1024 KiB", "{s}");
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let device = mountinfo
+        .lines()
+        .rev()
+        .filter(|l| l.split(' ').nth(4) == mount.path.to_str())
+        .find_map(|l| l.split(' ').nth(2))
+        .expect("the mount in mountinfo");
+    let window = std::fs::read_to_string(format!("/sys/class/bdi/{device}/read_ahead_kb")).unwrap();
+    assert_eq!(window.trim(), "1024");
     assert_eq!(s["cache"]["crc_failures"], 0);
     assert!(s["blocks"]["disk_hits"].as_u64().unwrap() > 0, "{s}");
     let memory = s["blocks"]["memory_cache_bytes"].as_u64().unwrap();

@@ -37,6 +37,10 @@ use crate::store::retry::{RetryPolicy, RetryingStore};
 use crate::store::s3::{S3Config, S3Store};
 use crate::store::{ObjectStore, StoreError};
 
+/// The kernel's read-ahead for the mount's files: asked for at `INIT` and set as the mount's
+/// backing-device window (`fs::bdi`), so reads served by the daemon come in 1 MiB requests.
+const KERNEL_READ_AHEAD: u32 = 1 << 20;
+
 /// How long the start-up LIST may take in all (retries included).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -202,11 +206,11 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
             file_mode: args.file_mode,
             dir_mode: args.dir_mode,
             read_ahead: ReadAheadConfig::default(),
-            kernel_read_ahead: 1 << 20,
+            kernel_read_ahead: KERNEL_READ_AHEAD,
             passthrough: !args.no_passthrough,
             lookup_readahead: args.lookup_readahead,
         },
-        fs_status,
+        fs_status.clone(),
     );
 
     let mut config = fuser::Config::default();
@@ -235,6 +239,17 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
     let fuse_device = fs.fuse_device();
     let mut session = fuser::Session::new(fs, &mountpoint, &config)
         .map_err(|e| anyhow!("cannot mount at {}: {e}", mountpoint.display()))?;
+    let read_ahead = match crate::fs::bdi::set_read_ahead(&mountpoint, KERNEL_READ_AHEAD) {
+        Ok(path) => {
+            tracing::debug!(path = %path.display(), "kernel read-ahead window set");
+            format!("{} KiB", KERNEL_READ_AHEAD / 1024)
+        }
+        Err(e) => {
+            tracing::info!(error = %e, "kernel read-ahead window left at the kernel's default");
+            format!("the kernel's default, 128 KiB ({e})")
+        }
+    };
+    *fs_status.kernel_read_ahead.lock() = read_ahead;
     match session.as_fd().try_clone_to_owned() {
         Ok(fd) => {
             let _ = fuse_device.set(Arc::new(fd));

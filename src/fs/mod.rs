@@ -42,6 +42,7 @@
 //! `fsyncdir` succeeds (nothing to write).
 
 mod backings;
+pub mod bdi;
 pub mod dirplus;
 mod lookahead;
 mod preopen;
@@ -117,6 +118,8 @@ pub struct FsStatus {
     pub lookahead: Arc<LookaheadStats>,
     /// Whether directory reads carry attributes ([`dirplus`]).
     pub dirplus: dirplus::DirPlus,
+    /// The kernel's read-ahead window for the mount's files, and why ([`bdi`]).
+    pub kernel_read_ahead: Mutex<String>,
 }
 
 /// See the module documentation.

@@ -116,6 +116,7 @@ impl StatsSource for MountMetrics {
                 "dir_reads_with_attrs": load(&self.fs.dirplus.with_attrs),
                 "dir_reads_names_only": load(&self.fs.dirplus.names_only),
                 "dir_reads_mode": if self.fs.dirplus.stat_mode() { "attributes" } else { "names" },
+                "kernel_read_ahead": self.fs.kernel_read_ahead.lock().clone(),
             },
             "cache": cache,
             "blocks": {
