@@ -266,11 +266,16 @@ mod with_disk {
         )
     }
 
+    /// Waits until `obj` is complete in the NVMe cache and its write-behind entries (which
+    /// hold buffer budget) have left the in-flight table: the cache counts a block as written
+    /// a moment before the entry is released.
     async fn wait_complete(f: &Fetcher, obj: &ObjectVersion) {
         let tier = f.disk().unwrap();
         let id = tier.identity(obj);
-        crate::test_support::eventually("the cache to complete", || tier.cache().is_complete(&id))
-            .await;
+        crate::test_support::eventually("the cache to complete", || {
+            tier.cache().is_complete(&id) && f.inflight.lock().is_empty()
+        })
+        .await;
     }
 
     fn version(store: &MemoryStore, key: &str, body: &[u8]) -> Arc<ObjectVersion> {
