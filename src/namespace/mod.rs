@@ -6,9 +6,10 @@
 //! maps to the same inode across re-listings (one exception: [`Namespace::supersede`] gives a
 //! changed object a new inode while its old version is still open through passthrough).
 //! Nodes live in a `Vec` indexed by inode number (inodes are never freed: a dataset's tree is
-//! bounded). A listed object costs about 150 bytes (`tests/namespace_memory.rs`): its node
-//! (72 bytes: times in 8 bytes each, an MD5 ETag in 16, a directory's state behind a pointer), its name, and its 24-byte entry in
-//! the parent's listing, which is also the parent's name index (see `DirState`).
+//! bounded). A listed object costs about 140 bytes (`tests/namespace_memory.rs`): its node
+//! (72 bytes: times in 8 bytes each, an MD5 ETag in 16, a directory's state behind a
+//! pointer), its name, and its 24-byte entry in the parent's listing, which is also the
+//! parent's name index (see `DirState`).
 //!
 //! Freshness follows `--metadata-ttl`: a directory listing, a file's attributes and a negative
 //! lookup are trusted for the TTL (forever with `indefinite`), then asked again. A lookup is
@@ -975,13 +976,10 @@ impl Namespace {
     pub fn supersede(&self, ino: u64) -> Option<u64> {
         let mut tree = self.tree.write();
         let node = Self::node(&tree, ino).ok()?;
-        if node.is_dir() {
-            return None; // directories (the root among them) keep their inodes
-        }
-        let (parent, name) = (node.parent, node.name.clone());
         let Body::File { size, etag } = &node.body else {
-            return None;
+            return None; // directories (the root among them) keep their inodes
         };
+        let (parent, name) = (node.parent, node.name.clone());
         let successor = Node {
             parent,
             name: name.clone(),
