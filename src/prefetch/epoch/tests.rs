@@ -379,7 +379,7 @@ async fn a_set_twice_the_cache_fetches_nothing_twice_in_an_epoch() {
                 hits += 1;
             }
             s.check_bounds();
-            // Prefetch adds only below the room (7/8 of the cache); what a boundary finds
+            // Prefetch adds only below the room (15/16 of the cache); what a boundary finds
             // cached from the last epoch may fill the rest.
             let needed = s.prefetch.epoch.lock().needed_bytes;
             assert!(
@@ -400,7 +400,7 @@ async fn a_set_twice_the_cache_fetches_nothing_twice_in_an_epoch() {
                 "epoch {epoch}: {} of {files} files fetched",
                 per_key.len()
             );
-            // At least the files kept on disk from the last epoch (7/8 of the cache).
+            // At least the files kept on disk from the last epoch (15/16 of the cache).
             assert!(
                 hits >= files * 2 / 5,
                 "epoch {epoch}: only {hits} of {files} opens hit"
