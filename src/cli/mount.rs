@@ -24,7 +24,7 @@ use crate::cache::{
 use crate::control;
 use crate::control::MountControl;
 use crate::fetch::{DiskTier, FetchConfig, Fetcher};
-use crate::fs::{FsConfig, FsStatus, RiffleFs};
+use crate::fs::{mountinfo, FsConfig, FsStatus, RiffleFs};
 use crate::metrics::fuse_ops::FuseOps;
 use crate::metrics::{serve_metrics, MountMetrics};
 use crate::namespace::background::FanoutConfig;
@@ -413,51 +413,16 @@ pub fn mount_state(path: &Path) -> anyhow::Result<MountState> {
     };
     let info = std::fs::read_to_string("/proc/self/mountinfo")
         .context("cannot read /proc/self/mountinfo")?;
-    let target = abs.to_string_lossy();
-    let mut found = None;
-    for line in info.lines() {
-        let mut fields = line.split(' ');
-        let Some(mount_point) = fields.nth(4) else {
-            continue;
-        };
-        if unescape_mountinfo(mount_point) != target {
-            continue;
-        }
-        let fstype = line
-            .split(" - ")
-            .nth(1)
-            .and_then(|rest| rest.split(' ').next())
-            .unwrap_or("")
-            .to_string();
-        found = Some(fstype); // the last match is the one on top
-    }
-    let Some(fstype) = found else {
+    let Some(entry) = mountinfo::find(&info, &abs) else {
         return Ok(MountState::NotMounted);
     };
+    let fstype = entry.fstype.to_string();
     // statfs always reaches the daemon (stat may be answered from the kernel's attribute
     // cache even when the daemon is gone).
     match nix::sys::statfs::statfs(&abs) {
         Err(nix::errno::Errno::ENOTCONN) => Ok(MountState::Dead),
         _ => Ok(MountState::Mounted { fstype }),
     }
-}
-
-fn unescape_mountinfo(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 4 <= bytes.len() {
-            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 4], 8) {
-                out.push(v);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Checks the mountpoint and returns its absolute path.
@@ -494,13 +459,6 @@ fn check_mountpoint(path: &Path) -> anyhow::Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn mountinfo_escapes_are_decoded() {
-        assert_eq!(unescape_mountinfo(r"/mnt/with\040space"), "/mnt/with space");
-        assert_eq!(unescape_mountinfo("/plain"), "/plain");
-        assert_eq!(unescape_mountinfo(r"/a\134b"), r"/a\b");
-    }
 
     #[test]
     fn mountpoint_checks_give_reasons() {

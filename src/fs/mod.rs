@@ -45,6 +45,7 @@ mod backings;
 pub mod bdi;
 pub mod dirplus;
 mod lookahead;
+pub mod mountinfo;
 mod preopen;
 
 use std::collections::HashMap;
