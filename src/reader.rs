@@ -149,7 +149,9 @@ impl ReadAhead {
 /// passthrough (16 shards of 256 MiB read whole by 4 readers in 1 MiB reads, page cache dropped
 /// before each epoch, one warm mount per window, alternated over 6 rounds, two runs): 16 MiB
 /// read 1,328 and 1,847 MB/s (medians), 64 MiB 1,136 and 1,602 (+17%, +15%); 8 MiB 1,332 and
-/// 1,762, 32 MiB 1,230. The daemon's peak RSS did not change: it is reached in the cold epoch.
+/// 1,762, 32 MiB 1,230. Two more runs, one build of each with the order rotated every round
+/// (8 and 10 rounds): 1,167 against 1,177 (−1%) and 1,238 against 933 (+33%). The daemon's
+/// peak RSS did not change: it is reached in the cold epoch.
 pub const CACHED_STREAM_WINDOW: u64 = 16 << 20;
 
 /// The read-ahead configuration of one open file. Without the NVMe cache, blocks read ahead
