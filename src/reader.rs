@@ -199,7 +199,7 @@ impl FileReader {
         let config = window_for(
             config,
             fetcher.disk().is_some(),
-            fetcher.disk().is_some() && fetcher.is_cached(&object),
+            fetcher.whole_on_disk(&object),
             fc.block_cache_bytes,
         );
         FileReader {

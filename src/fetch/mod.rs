@@ -419,7 +419,7 @@ impl Fetcher {
     }
 
     /// Whether every block of `obj` is known to be in the NVMe cache (no I/O).
-    fn whole_on_disk(&self, obj: &ObjectVersion) -> bool {
+    pub fn whole_on_disk(&self, obj: &ObjectVersion) -> bool {
         self.disk
             .as_ref()
             .is_some_and(|d| d.cache.is_complete(&d.identity(obj)))
