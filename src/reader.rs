@@ -196,10 +196,14 @@ impl FileReader {
     ) -> Self {
         let fc = fetcher.config();
         let (tolerance, step) = (fc.block_size, fc.block_size * fc.max_part_blocks);
+        // A file no larger than the short window reads the same with either window (read-ahead
+        // stops at the object's end), so only a larger one asks the cache, whose state lock
+        // every small file's open would otherwise take once more.
+        let cached_on_open = object.size > CACHED_STREAM_WINDOW && fetcher.whole_on_disk(&object);
         let config = window_for(
             config,
             fetcher.disk().is_some(),
-            fetcher.whole_on_disk(&object),
+            cached_on_open,
             fc.block_cache_bytes,
         );
         FileReader {
