@@ -118,6 +118,7 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
                 ..FanoutConfig::default()
             }),
             kept,
+            node_log: None,
         },
     );
     let fds = fd_limit::raise_to_hard_limit().unwrap_or(1024);

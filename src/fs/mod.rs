@@ -42,6 +42,7 @@
 //! `fsyncdir` succeeds (nothing to write).
 
 mod backings;
+pub mod handover;
 pub mod bdi;
 pub mod dirplus;
 mod lookahead;

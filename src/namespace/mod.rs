@@ -57,6 +57,13 @@ use names::{invalid_reason, SkipLog};
 /// The root directory's inode number (FUSE's).
 pub const ROOT_INO: u64 = 1;
 
+/// Told of every node the tree creates, in inode order, under the tree's lock (the FUSE
+/// connection handover keeps them, so that a successor daemon rebuilds the same inode
+/// numbers: `fs::handover::nodes`).
+pub trait NodeLog: Send + Sync {
+    fn created(&self, ino: u64, parent: u64, is_dir: bool, name: &str);
+}
+
 /// How long metadata is trusted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MetadataTtl {
@@ -80,7 +87,7 @@ impl MetadataTtl {
     }
 
     fn is_fresh_stamp(&self, checked: Stamp) -> bool {
-        self.is_fresh_after(|| checked.elapsed())
+        checked != Stamp::NEVER && self.is_fresh_after(|| checked.elapsed())
     }
 
     /// A zero TTL: every access asks the store, so a listing is stale the moment it is taken
@@ -283,6 +290,9 @@ struct Stamp(i64);
 impl Stamp {
     /// Older than any TTL.
     const LONG_AGO: Stamp = Stamp(i64::MIN);
+    /// Never checked in this process (a node taken over from a predecessor daemon): stale
+    /// under any TTL, `indefinite` too.
+    const NEVER: Stamp = Stamp(i64::MIN + 1);
 
     fn base() -> Instant {
         static BASE: OnceLock<Instant> = OnceLock::new();
@@ -437,10 +447,23 @@ impl DirState {
     }
 }
 
-#[derive(Debug)]
 struct Tree {
     /// Index `ino - 1`.
     nodes: Vec<Node>,
+    /// Told of each node added ([`NodeLog`]).
+    log: Option<Arc<dyn NodeLog>>,
+}
+
+impl Tree {
+    /// Adds `node` as the next inode and returns its number.
+    fn push(&mut self, node: Node) -> u64 {
+        let ino = self.nodes.len() as u64 + 1;
+        if let Some(log) = &self.log {
+            log.created(ino, node.parent, node.is_dir(), &node.name);
+        }
+        self.nodes.push(node);
+        ino
+    }
 }
 
 /// See the module documentation.
@@ -457,13 +480,24 @@ pub struct Namespace {
     counts: Arc<ListingCounts>,
 }
 
+/// A node as a predecessor daemon created it ([`Namespace::restore`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoredNode {
+    pub ino: u64,
+    pub parent: u64,
+    pub is_dir: bool,
+    pub name: String,
+}
+
 /// What a [`Namespace`] does beyond listing on demand.
-#[derive(Debug, Default, Clone)]
+#[derive(Default, Clone)]
 pub struct NamespaceOptions {
     /// List the subdirectories of directories being read in the background.
     pub fanout: Option<FanoutConfig>,
     /// Keep listings on disk and use kept ones (after [`KeptListings::grant_access`]).
     pub kept: Option<Arc<KeptListings>>,
+    /// Told of every node created ([`NodeLog`]).
+    pub node_log: Option<Arc<dyn NodeLog>>,
 }
 
 /// Listing counters (for `riffle stats`).
@@ -532,7 +566,10 @@ impl Namespace {
             store,
             root_prefix: root_prefix.to_string(),
             ttl,
-            tree: RwLock::new(Tree { nodes: vec![root] }),
+            tree: RwLock::new(Tree {
+                nodes: vec![root],
+                log: options.node_log,
+            }),
             skipped: SkipLog::default(),
             mount_time: now,
             listings: Listings::default(),
@@ -540,6 +577,48 @@ impl Namespace {
             kept: options.kept,
             counts: Arc::default(),
         })
+    }
+
+    /// Rebuilds the nodes a predecessor daemon handed out, with the same inode numbers
+    /// (`records` in inode order, from 2), on a namespace that has created none yet. Their
+    /// attributes are unknown: every restored file is asked about again at its next use, as
+    /// after its TTL, and every restored directory is listed again when read.
+    pub fn restore(&self, records: impl IntoIterator<Item = RestoredNode>) -> Result<(), String> {
+        let mut tree = self.tree.write();
+        if tree.nodes.len() != 1 {
+            return Err(format!("{} nodes exist already", tree.nodes.len()));
+        }
+        let epoch = Mtime::new(self.mount_time);
+        for record in records {
+            let ino = tree.nodes.len() as u64 + 1;
+            if record.ino != ino || record.parent == 0 || record.parent >= ino {
+                return Err(format!(
+                    "node {} (parent {}) out of order at inode {ino}",
+                    record.ino, record.parent
+                ));
+            }
+            let body = if record.is_dir {
+                Body::Dir(Box::default())
+            } else {
+                Body::File {
+                    size: 0,
+                    etag: StoredEtag::Text(Arc::from("")),
+                }
+            };
+            let name: Arc<str> = Arc::from(record.name);
+            tree.nodes.push(Node {
+                parent: record.parent,
+                name: name.clone(),
+                body,
+                mtime: epoch,
+                checked: Stamp::NEVER,
+            });
+            match tree.nodes[(record.parent - 1) as usize].dir_mut() {
+                Some(dir) => dir.set_child(name, ino),
+                None => return Err(format!("parent {} of node {ino} is a file", record.parent)),
+            }
+        }
+        Ok(())
     }
 
     /// One LIST of the mount root with this namespace's store (its credentials); on success,
@@ -883,13 +962,12 @@ impl Namespace {
                 return ino;
             }
         }
-        let ino = tree.nodes.len() as u64 + 1;
         let name: Arc<str> = Arc::from(name);
         let body = match kind {
             NodeKind::Dir => Body::Dir(Box::default()),
             NodeKind::File { size, etag } => Body::File { size, etag },
         };
-        tree.nodes.push(Node {
+        let ino = tree.push(Node {
             parent,
             name: name.clone(),
             body,
@@ -998,7 +1076,7 @@ impl Namespace {
         }
         dir.set_child(name, new_ino);
         dir.listed_at = None;
-        tree.nodes.push(successor);
+        tree.push(successor);
         let parent_prefix = self.dir_prefix(&tree, parent);
         drop(tree);
         self.forget_kept(&parent_prefix);

@@ -397,6 +397,7 @@ mod ahead_and_kept {
                 ..FanoutConfig::default()
             }),
             kept,
+            ..NamespaceOptions::default()
         }
     }
 
@@ -558,6 +559,7 @@ mod ahead_and_kept {
         let no_fanout = NamespaceOptions {
             fanout: None,
             kept: Some(kept),
+            ..NamespaceOptions::default()
         };
         let unchecked =
             Namespace::with_options(mem.clone(), "", MetadataTtl::Indefinite, no_fanout);

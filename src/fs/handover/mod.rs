@@ -1,0 +1,211 @@
+//! Handing a live FUSE connection to a successor daemon, so that a crash, an OOM kill or an
+//! upgrade of the daemon costs no read.
+//!
+//! The kernel keeps a FUSE connection while any descriptor of its `/dev/fuse` file is open,
+//! and while no daemon reads it, callers' requests wait instead of failing. So a copy of the
+//! descriptor lives in a process that does not die with the daemon: the **keeper**
+//! (`cli::keeper`, the small parent of a `riffle mount --restart` daemon). When the daemon
+//! dies, the keeper starts a successor, which takes the descriptor back and serves the same
+//! connection. Everything the successor must know to answer requests as its predecessor
+//! would is kept beside the descriptor, in shared memory that survives the daemon:
+//! - the **INIT parameters** ([`InitParams`]): the kernel sends `FUSE_INIT` once per
+//!   connection, so the successor configures itself from what was negotiated then (notably
+//!   whether passthrough is on) instead of from a handshake;
+//! - the **node journal** ([`nodes`]): the kernel names files by the inode numbers it was
+//!   given, and the successor rebuilds the same numbers for the same paths, without a
+//!   request to the store (attributes are then asked again, as after a TTL);
+//! - the **handle table** ([`handles`]): every open file handle with its object version and
+//!   passthrough backing id, so a handle opened before the handover keeps reading the same
+//!   version (or fails with EIO if it changed, never a blend), and new opens of an inode a
+//!   passthrough handle still holds reuse that backing id.
+//!
+//! Requests the dead daemon had read but not answered stay on the kernel's processing list;
+//! the successor asks the kernel to queue them again (`FUSE_NOTIFY_RESEND`, Linux 6.9+,
+//! announced by `FUSE_HAS_RESEND` at INIT), and answers them like any other: every request of
+//! a read-only file system may be answered twice-asked. For that, all the daemon's threads
+//! read the one descriptor the keeper holds (no per-thread clones, whose processing lists
+//! the kernel would end with `ECONNABORTED` when the daemon's copy closes). On a kernel
+//! without resend, requests in flight at the crash wait until the connection ends: the
+//! successor refuses to resume and the mount ends as it does without a keeper.
+//!
+//! The bundle (descriptor, journal, table) moves between processes over a unix socket with
+//! `SCM_RIGHTS`, in a line protocol with a version ([`protocol`]).
+
+pub mod handles;
+pub mod nodes;
+pub mod protocol;
+pub mod shared;
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+
+use fuser::{InitFlags, Version};
+use serde::{Deserialize, Serialize};
+
+pub use handles::{HandleRecord, HandleTable};
+pub use nodes::NodeJournal;
+
+/// What was negotiated at the connection's `FUSE_INIT`, saved for successors.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InitParams {
+    /// The kernel's FUSE ABI (major, minor).
+    pub abi: (u32, u32),
+    /// Capabilities the kernel offered.
+    pub offered: u64,
+    /// Capabilities the daemon asked for; in force are `offered & requested`.
+    pub requested: u64,
+    /// The riffle version that made the connection.
+    pub made_by: String,
+}
+
+impl InitParams {
+    pub fn kernel_abi(&self) -> Version {
+        Version(self.abi.0, self.abi.1)
+    }
+
+    /// Whether `flag` is in force on the connection.
+    pub fn enabled(&self, flag: InitFlags) -> bool {
+        InitFlags::from_bits_retain(self.offered & self.requested).contains(flag)
+    }
+
+    /// Whether the kernel can requeue requests a dead daemon had read (`FUSE_NOTIFY_RESEND`).
+    pub fn kernel_resends(&self) -> bool {
+        InitFlags::from_bits_retain(self.offered).contains(InitFlags::FUSE_HAS_RESEND)
+    }
+}
+
+/// The state a daemon keeps for its successors (see the module documentation).
+pub struct Handover {
+    pub nodes: std::sync::Arc<NodeJournal>,
+    pub handles: std::sync::Arc<HandleTable>,
+}
+
+/// What a successor takes over.
+pub struct Resumed {
+    pub fuse: OwnedFd,
+    pub nodes: NodeJournal,
+    pub handles: HandleTable,
+    pub params: InitParams,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HandoverError {
+    #[error(transparent)]
+    Nodes(#[from] nodes::JournalError),
+    #[error(transparent)]
+    Handles(#[from] handles::TableError),
+    #[error("INIT parameters: {0}")]
+    Params(String),
+    #[error(transparent)]
+    Protocol(#[from] protocol::ProtocolError),
+    #[error("cannot ask the kernel to resend requests: {0}")]
+    Resend(std::io::Error),
+}
+
+impl Handover {
+    pub fn create() -> Result<Handover, HandoverError> {
+        Ok(Handover {
+            nodes: std::sync::Arc::new(NodeJournal::create()?),
+            handles: std::sync::Arc::new(HandleTable::create()?),
+        })
+    }
+
+    /// Saves the INIT parameters (at the connection's first INIT).
+    pub fn save_params(&self, params: &InitParams) -> Result<(), HandoverError> {
+        let json = serde_json::to_vec(params).map_err(|e| HandoverError::Params(e.to_string()))?;
+        self.handles.set_params(&json)?;
+        Ok(())
+    }
+
+    /// The descriptors to give the keeper, in protocol order.
+    pub fn fds<'a>(&'a self, fuse: BorrowedFd<'a>) -> [BorrowedFd<'a>; 3] {
+        [fuse, self.nodes.region().fd(), self.handles.region().fd()]
+    }
+}
+
+impl Resumed {
+    /// The bundle received from a keeper: `[fuse, nodes, handles]`.
+    pub fn from_fds(fds: Vec<OwnedFd>) -> Result<Resumed, HandoverError> {
+        let [fuse, nodes, handles]: [OwnedFd; 3] = fds.try_into().map_err(|v: Vec<OwnedFd>| {
+            HandoverError::Params(format!("expected 3 descriptors, got {}", v.len()))
+        })?;
+        let nodes = NodeJournal::open(nodes)?;
+        let handles = HandleTable::open(handles)?;
+        let json = handles.params()?;
+        let params: InitParams =
+            serde_json::from_slice(&json).map_err(|e| HandoverError::Params(e.to_string()))?;
+        Ok(Resumed {
+            fuse,
+            nodes,
+            handles,
+            params,
+        })
+    }
+}
+
+/// `FUSE_NOTIFY_RESEND` from `linux/fuse.h`.
+const FUSE_NOTIFY_RESEND: i32 = 7;
+
+/// Asks the kernel to queue again every request that was read from the connection but not
+/// answered (they come back with bit 63 set in their `unique`).
+pub fn request_resend(fuse: impl AsFd) -> Result<(), HandoverError> {
+    // struct fuse_out_header { u32 len; i32 error (the notify code); u64 unique (0) }
+    let mut header = [0u8; 16];
+    header[..4].copy_from_slice(&16u32.to_ne_bytes());
+    header[4..8].copy_from_slice(&FUSE_NOTIFY_RESEND.to_ne_bytes());
+    // SAFETY: a write of 16 bytes from a live buffer to a descriptor we hold.
+    let n = unsafe {
+        libc::write(
+            fuse.as_fd().as_raw_fd(),
+            header.as_ptr().cast(),
+            header.len(),
+        )
+    };
+    if n == 16 {
+        Ok(())
+    } else {
+        Err(HandoverError::Resend(std::io::Error::last_os_error()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn init_params_survive_the_table_and_say_what_is_in_force() {
+        let handover = Handover::create().unwrap();
+        let params = InitParams {
+            abi: (7, 41),
+            offered: (InitFlags::FUSE_PASSTHROUGH | InitFlags::FUSE_HAS_RESEND).bits(),
+            requested: InitFlags::FUSE_PASSTHROUGH.bits(),
+            made_by: "riffle 0.1.0".into(),
+        };
+        handover.save_params(&params).unwrap();
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        drop(b);
+        let fds = vec![
+            OwnedFd::from(a),
+            handover.nodes.region().fd().try_clone_to_owned().unwrap(),
+            handover.handles.region().fd().try_clone_to_owned().unwrap(),
+        ];
+        let resumed = Resumed::from_fds(fds).unwrap();
+        assert_eq!(resumed.params, params);
+        assert!(resumed.params.enabled(InitFlags::FUSE_PASSTHROUGH));
+        assert!(!resumed.params.enabled(InitFlags::FUSE_HAS_RESEND));
+        assert!(resumed.params.kernel_resends());
+        assert_eq!(resumed.params.kernel_abi(), Version(7, 41));
+    }
+
+    #[test]
+    fn a_bundle_without_saved_params_is_refused() {
+        let handover = Handover::create().unwrap();
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let fds = vec![
+            OwnedFd::from(a),
+            handover.nodes.region().fd().try_clone_to_owned().unwrap(),
+            handover.handles.region().fd().try_clone_to_owned().unwrap(),
+        ];
+        assert!(Resumed::from_fds(fds).is_err());
+        assert!(Resumed::from_fds(Vec::new()).is_err());
+    }
+}
