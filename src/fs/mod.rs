@@ -72,6 +72,7 @@ use crate::prefetch::Prefetcher;
 use crate::reader::{FileReader, ReadAheadConfig};
 use crate::store::StoreError;
 use backings::KeptBackings;
+use handover::{HandleRecord, HandleTable, InitParams};
 use lookahead::Lookahead;
 pub use lookahead::LookaheadStats;
 pub use preopen::FuseDevice;
@@ -156,6 +157,8 @@ struct Handles {
     cached_opens: Mutex<HashMap<u64, u32>>,
     /// Backing files kept for reopening, per cache entry.
     kept: KeptBackings<EntryKey, Arc<KernelBacking>>,
+    /// Where open file handles are recorded for a successor daemon ([`handover`]).
+    table: std::sync::OnceLock<Arc<HandleTable>>,
 }
 
 /// The passthrough handles open on one inode: how many, the object version they read and
@@ -176,10 +179,36 @@ impl Handles {
             backing_by_ino: Mutex::default(),
             cached_opens: Mutex::default(),
             kept: KeptBackings::new(KEPT_BACKINGS_MAX, kept_gauge),
+            table: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Records open handle `fh` for a successor daemon (before the open is answered).
+    fn record(&self, fh: u64, ino: u64, etag: &str, backing: Option<u32>) {
+        let Some(table) = self.table.get() else {
+            return;
+        };
+        let size = self
+            .files
+            .lock()
+            .get(&fh)
+            .map_or(0, |reader| reader.object().size);
+        let record = HandleRecord {
+            fh,
+            ino,
+            size,
+            etag: etag.to_string(),
+            backing,
+        };
+        if !table.record(&record) {
+            tracing::warn!(fh, ino, "handle not recorded for a successor daemon (table full or ETag too long); it will fail with EIO after a handover");
         }
     }
 
     fn release(&self, fh: u64, ino: u64) {
+        if let Some(table) = self.table.get() {
+            table.release(fh);
+        }
         self.files.lock().remove(&fh);
         if self.backing_by_fh.lock().remove(&fh).is_some() {
             let mut inodes = self.backing_by_ino.lock();
@@ -246,6 +275,7 @@ impl Handles {
     /// Answers the open of `fh` (of `ino` at version `etag`) as served by the daemon, keeping
     /// the kernel's cached pages when they belong to this same version.
     fn reply_served_by_daemon(&self, ino: u64, fh: u64, etag: &Arc<str>, reply: ReplyOpen) {
+        self.record(fh, ino, etag, None);
         *self.cached_opens.lock().entry(ino).or_default() += 1;
         let flags = if self.remember_etag(ino, etag) {
             FopenFlags::FOPEN_KEEP_CACHE
@@ -374,7 +404,78 @@ impl RiffleFs {
     }
 
     fn new_fh(&self) -> u64 {
-        self.next_fh.fetch_add(1, Ordering::Relaxed)
+        match self.handles.table.get() {
+            Some(table) => table.next_fh(),
+            None => self.next_fh.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// The listing behind directory handle `fh`. A handle this process did not open was opened
+    /// by a predecessor daemon ([`handover`]): the directory is listed again (on this thread,
+    /// once per such handle) and the handle keeps that listing.
+    fn dir_handle(&self, ino: u64, fh: u64) -> Result<Arc<Vec<DirEntry>>, Errno> {
+        if let Some(entries) = self.handles.dirs.lock().get(&fh).cloned() {
+            return Ok(entries);
+        }
+        if self.handles.table.get().is_none() {
+            return Err(Errno::EBADF);
+        }
+        let entries = self
+            .runtime
+            .block_on(self.ns.readdir(ino))
+            .map_err(|e| ns_errno(&e))?;
+        self.handles.dirs.lock().insert(fh, entries.clone());
+        Ok(entries)
+    }
+
+    /// Records every open file handle in `table` from now on, and takes its handle numbers
+    /// from it, so a successor daemon can serve them ([`handover`]). Before the session runs.
+    pub fn keep_handles_in(&self, table: Arc<HandleTable>) {
+        let _ = self.handles.table.set(table);
+    }
+
+    /// Configures the file system from a connection's saved INIT parameters instead of an
+    /// INIT (a successor daemon: the kernel never sends INIT twice), and takes over the file
+    /// handles its predecessor left open. Before the session runs.
+    pub fn adopt(&mut self, params: &InitParams, table: Arc<HandleTable>) {
+        let negotiated = if params.enabled(InitFlags::FUSE_PASSTHROUGH) {
+            Ok(())
+        } else {
+            Err("off (not negotiated by the daemon that made this connection)".to_string())
+        };
+        self.configure(negotiated);
+        tracing::info!(abi = ?params.kernel_abi(), made_by = %params.made_by, "FUSE session taken over");
+        let live = table.live();
+        self.keep_handles_in(table);
+        let _runtime = self.runtime.enter();
+        let opener = self.opener();
+        let (mut files, mut passthrough) = (0, 0);
+        for handle in live {
+            let object = Arc::new(ObjectVersion {
+                key: Arc::from(self.ns.key_of(handle.ino)),
+                etag: Arc::from(handle.etag.as_str()),
+                size: handle.size,
+            });
+            match handle.backing {
+                Some(id) => {
+                    // SAFETY: the predecessor registered `id` on this connection, and it
+                    // stays registered until unmount (nothing here closes it).
+                    let backing = Arc::new(unsafe { BackingId::detached(id) });
+                    // Later opens of the inode at this version reply with the same id (the
+                    // kernel allows one backing file per inode), as long as one is open.
+                    self.handles
+                        .passthrough_opened(handle.ino, handle.fh, &object.etag, &backing);
+                    passthrough += 1;
+                }
+                None => {
+                    opener.start(handle.ino, handle.fh, 0, object.clone());
+                    *self.handles.cached_opens.lock().entry(handle.ino).or_default() += 1;
+                    self.handles.remember_etag(handle.ino, &object.etag);
+                    files += 1;
+                }
+            }
+        }
+        tracing::info!(files, passthrough, "file handles taken over from the predecessor");
     }
 
     /// Where the mount puts a duplicate of the session's `/dev/fuse` descriptor once the
@@ -501,6 +602,28 @@ impl RiffleFs {
         }
     }
 
+    /// Sets passthrough and the lookup readahead up, given whether the connection has
+    /// passthrough (`Err`: why not); at INIT, or from a predecessor's INIT parameters.
+    fn configure(&mut self, negotiated: Result<(), String>) {
+        let mode = if !self.config.passthrough {
+            "off (--no-passthrough)".to_string()
+        } else if self.fetcher.disk().is_none() {
+            "off (no --cache-dir)".to_string()
+        } else if let Err(why) = negotiated {
+            why
+        } else {
+            self.passthrough.store(true, Ordering::Relaxed);
+            self.start_preopen();
+            "enabled".to_string()
+        };
+        // With passthrough or without it (see `look_ahead` and `look_ahead_for_daemon`).
+        if self.config.lookup_readahead > 0 && self.fetcher.disk().is_some() {
+            self.lookahead = Some(Lookahead::new(self.status.lookahead.clone()));
+        }
+        tracing::info!(passthrough = %mode, "FUSE passthrough");
+        *self.status.passthrough_mode.lock() = mode;
+    }
+
     /// Starts opening backing ids ahead for objects as they complete in the cache.
     fn start_preopen(&self) {
         let Some(disk) = self.fetcher.disk() else {
@@ -528,35 +651,41 @@ impl Filesystem for RiffleFs {
                 tracing::debug!(?flag, "kernel does not offer this FUSE capability");
             }
         }
-        let mode = if !self.config.passthrough {
-            "off (--no-passthrough)".to_string()
-        } else if self.fetcher.disk().is_none() {
-            "off (no --cache-dir)".to_string()
+        let negotiated = if !self.config.passthrough || self.fetcher.disk().is_none() {
+            Ok(()) // `configure` says why it is off
         } else if config
             .add_capabilities(InitFlags::FUSE_PASSTHROUGH)
             .is_err()
         {
-            format!(
+            Err(format!(
                 "unsupported by this kernel (Linux {}; passthrough needs 6.9+)",
                 kernel_release()
-            )
+            ))
         } else if let Err(e) = config.set_max_stack_depth(2) {
-            format!("unsupported (stack depth {e})")
+            Err(format!("unsupported (stack depth {e})"))
         } else {
-            self.passthrough.store(true, Ordering::Relaxed);
-            self.start_preopen();
-            "enabled".to_string()
+            Ok(())
         };
-        // With passthrough or without it (see `look_ahead` and `look_ahead_for_daemon`).
-        if self.config.lookup_readahead > 0 && self.fetcher.disk().is_some() {
-            self.lookahead = Some(Lookahead::new(self.status.lookahead.clone()));
-        }
-        tracing::info!(passthrough = %mode, "FUSE passthrough");
-        *self.status.passthrough_mode.lock() = mode;
+        self.configure(negotiated);
         let _ = config.set_max_readahead(self.config.kernel_read_ahead);
         let _ = config.set_max_background(64);
         let _ = config.set_congestion_threshold(48);
         tracing::info!(abi = ?config.kernel_abi(), "FUSE session initialised");
+        if let Some(table) = self.handles.table.get() {
+            let abi = config.kernel_abi();
+            let params = InitParams {
+                abi: (abi.0, abi.1),
+                offered: config.capabilities().bits(),
+                requested: config.requested().bits(),
+                made_by: format!("riffle {}", env!("CARGO_PKG_VERSION")),
+            };
+            let saved = serde_json::to_vec(&params)
+                .map_err(std::io::Error::other)
+                .and_then(|json| table.set_params(&json).map_err(std::io::Error::other));
+            if let Err(e) = saved {
+                tracing::warn!(error = %e, "INIT parameters not saved; a successor daemon cannot take this mount over");
+            }
+        }
         Ok(())
     }
 
@@ -903,9 +1032,9 @@ impl Filesystem for RiffleFs {
         mut reply: ReplyDirectory,
     ) {
         let _timer = self.ops.start(FuseOp::Readdir);
-        let Some(entries) = self.handles.dirs.lock().get(&fh.0).cloned() else {
-            reply.error(Errno::EBADF);
-            return;
+        let entries = match self.dir_handle(ino.0, fh.0) {
+            Ok(entries) => entries,
+            Err(e) => return reply.error(e),
         };
         let parent = self.ns.parent_of(ino.0);
         walk_listing(&entries, ino.0, parent, offset, |e, next| {
@@ -928,9 +1057,9 @@ impl Filesystem for RiffleFs {
         mut reply: ReplyDirectoryPlus,
     ) {
         let _timer = self.ops.start(FuseOp::Readdirplus);
-        let Some(entries) = self.handles.dirs.lock().get(&fh.0).cloned() else {
-            reply.error(Errno::EBADF);
-            return;
+        let entries = match self.dir_handle(ino.0, fh.0) {
+            Ok(entries) => entries,
+            Err(e) => return reply.error(e),
         };
         let ttl = self.ttl();
         let parent = self.ns.parent_of(ino.0);
@@ -1218,6 +1347,7 @@ impl Opener {
         backing: &Arc<BackingId>,
         reply: ReplyOpen,
     ) {
+        self.handles.record(fh, ino, etag, Some(backing.id()));
         self.handles.passthrough_opened(ino, fh, etag, backing);
         self.status
             .passthrough_opens
