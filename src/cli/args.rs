@@ -239,6 +239,20 @@ pub struct MountArgs {
     /// Internal: the pipe on which a daemon reports readiness to `riffle mount`
     #[arg(long, hide = true, env = "RIFFLE_READY_FD")]
     pub ready_fd: Option<i32>,
+
+    /// Keep the mount across crashes of the daemon (SIGKILL, OOM kill, panic): a small keeper
+    /// process holds the FUSE connection and starts a successor daemon that takes it over,
+    /// so readers wait instead of failing (needs Linux 6.9+ for requests in flight)
+    #[arg(long)]
+    pub restart: bool,
+
+    /// Internal: the daemon's socket to its keeper (`--restart`)
+    #[arg(long, hide = true, env = "RIFFLE_KEEPER_FD")]
+    pub keeper_fd: Option<i32>,
+
+    /// Internal: take the mount over from the keeper instead of mounting
+    #[arg(long, hide = true, env = "RIFFLE_RESUME")]
+    pub resume: bool,
 }
 
 #[derive(Debug, Clone, Args)]

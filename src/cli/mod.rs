@@ -9,6 +9,7 @@ pub mod args;
 mod daemon;
 mod fd_limit;
 mod fstab;
+mod keeper;
 mod log_limit;
 mod logging;
 mod mount;

@@ -5,7 +5,7 @@
 //! dead FUSE mount); then one LIST of the prefix proves the endpoint answers, the bucket exists
 //! and the credentials work (bounded by a timeout); only then is the filesystem mounted.
 
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,6 +16,7 @@ use fuser::{MountOption, SessionACL};
 use super::args::MountArgs;
 use super::daemon::{self, Readiness};
 use super::fd_limit::{self, Budget};
+use super::keeper;
 use super::size::SizeSpec;
 use super::{logging, one_line};
 use crate::cache::{
@@ -24,12 +25,13 @@ use crate::cache::{
 use crate::control;
 use crate::control::MountControl;
 use crate::fetch::{DiskTier, FetchConfig, Fetcher};
+use crate::fs::handover::{protocol, request_resend, Handover, InitParams, Resumed};
 use crate::fs::{mountinfo, FsConfig, FsStatus, RiffleFs};
 use crate::metrics::fuse_ops::FuseOps;
 use crate::metrics::{serve_metrics, MountMetrics};
 use crate::namespace::background::FanoutConfig;
 use crate::namespace::kept::KeptListings;
-use crate::namespace::{Namespace, NamespaceOptions};
+use crate::namespace::{Namespace, NamespaceOptions, NodeLog};
 use crate::prefetch::plan::Plan;
 use crate::prefetch::{Oracle, PrefetchConfig, Prefetcher};
 use crate::reader::ReadAheadConfig;
@@ -53,6 +55,9 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
         };
         return daemon::spawn_and_wait(&log, !given);
     }
+    if args.restart && args.keeper_fd.is_none() {
+        return keeper::run(&args);
+    }
     let mut readiness = Readiness::from_fd(args.ready_fd);
     let result = serve(&args, &mut readiness);
     if let Err(e) = &result {
@@ -63,6 +68,8 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     result
 }
 
+/// The daemon: checks, builds the stack, mounts (or takes a live mount over from its
+/// keeper), serves until unmounted, then shuts down.
 fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
     logging::init(&logging::LogConfig {
         level: &args.log_level,
@@ -77,7 +84,30 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
             (args.block_size * 4) >> 20
         );
     }
-    let mountpoint = check_mountpoint(&args.mountpoint)?;
+    let keeper = args.keeper_fd.filter(|fd| *fd > 2).map(|fd| {
+        // SAFETY: the keeper handed this descriptor down for exactly this use; used once.
+        unsafe { OwnedFd::from_raw_fd(fd) }
+    });
+    let takeover = match (&keeper, args.resume) {
+        (Some(keeper), true) => Some(take_over(keeper)?),
+        (None, true) => bail!("--resume needs a keeper (riffle mount --restart starts one)"),
+        (_, false) => None,
+    };
+    let mountpoint = match &takeover {
+        // The mount is there and alive: it is the one taken over.
+        Some(_) => std::fs::canonicalize(&args.mountpoint)
+            .with_context(|| format!("cannot resolve {}", args.mountpoint.display()))?,
+        None => check_mountpoint(&args.mountpoint)?,
+    };
+    let handover = match (&keeper, &takeover) {
+        (Some(_), None) => Some(Handover::create().context("cannot set up the handover state")?),
+        _ => None,
+    };
+    let node_log: Option<Arc<dyn NodeLog>> = match (&handover, &takeover) {
+        (Some(h), _) => Some(h.nodes.clone()),
+        (_, Some(t)) => Some(t.nodes.clone()),
+        _ => None,
+    };
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cores.clamp(2, 8))
@@ -85,7 +115,46 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
+    let mut stack = build(args, &runtime, node_log)?;
+    let session = match takeover {
+        Some(takeover) => adopt(args, &mut stack, takeover)?,
+        None => mount(
+            args,
+            &mountpoint,
+            &mut stack,
+            keeper.as_ref(),
+            handover.as_ref(),
+        )?,
+    };
+    serve_until_unmounted(args, &mountpoint, stack, session, runtime, readiness)
+}
 
+/// What a mount serves with, built before it mounts.
+struct Stack {
+    ns: Arc<Namespace>,
+    prefetch: Arc<Prefetcher>,
+    metrics: Arc<MountMetrics>,
+    fuse_ops: Arc<FuseOps>,
+    fs_status: Arc<FsStatus>,
+    fs: Option<RiffleFs>,
+    fuse_device: crate::fs::FuseDevice,
+    flush_on_exit: Option<Arc<DiskTier>>,
+}
+
+/// The session and how to end it.
+struct Mounted {
+    session: fuser::Session<RiffleFs>,
+    /// A taken-over session has no mount handle of its own: it unmounts by path.
+    taken_over: bool,
+}
+
+/// The store (probed: endpoint, bucket and credentials answer), namespace, cache, fetcher,
+/// prefetcher and the FUSE adapter.
+fn build(
+    args: &MountArgs,
+    runtime: &tokio::runtime::Runtime,
+    node_log: Option<Arc<dyn NodeLog>>,
+) -> anyhow::Result<Stack> {
     let s3 = S3Config {
         bucket: args.source.bucket.clone(),
         endpoint_url: args.endpoint_url.clone(),
@@ -118,7 +187,7 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
                 ..FanoutConfig::default()
             }),
             kept,
-            node_log: None,
+            node_log,
         },
     );
     let fds = fd_limit::raise_to_hard_limit().unwrap_or(1024);
@@ -196,7 +265,7 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
     });
     let fuse_ops = FuseOps::new();
     let fs = RiffleFs::new(
-        ns,
+        ns.clone(),
         fetcher,
         prefetch.clone(),
         fuse_ops.clone(),
@@ -213,7 +282,22 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
         },
         fs_status.clone(),
     );
+    Ok(Stack {
+        ns,
+        prefetch,
+        metrics,
+        fuse_ops,
+        fs_status,
+        fuse_device: fs.fuse_device(),
+        fs: Some(fs),
+        flush_on_exit,
+    })
+}
 
+/// fuser's session settings. With a keeper, every thread reads the one descriptor the keeper
+/// also holds (`fs::handover`): a per-thread clone would die with the daemon and take the
+/// requests it had read with it (`ECONNABORTED`).
+fn session_config(args: &MountArgs, with_keeper: bool) -> fuser::Config {
     let mut config = fuser::Config::default();
     config.mount_options = vec![
         MountOption::FSName("riffle".into()),
@@ -236,11 +320,29 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
         SessionACL::Owner
     };
     config.n_threads = Some(args.fuse_threads as usize);
-    config.clone_fd = true;
-    let fuse_device = fs.fuse_device();
-    let mut session = fuser::Session::new(fs, &mountpoint, &config)
+    config.clone_fd = !with_keeper;
+    config
+}
+
+/// Mounts (the kernel's INIT happens here) and, with a keeper, gives it the connection.
+fn mount(
+    args: &MountArgs,
+    mountpoint: &Path,
+    stack: &mut Stack,
+    keeper: Option<&OwnedFd>,
+    handover: Option<&Handover>,
+) -> anyhow::Result<Mounted> {
+    let fs = stack
+        .fs
+        .take()
+        .context("the file system was already mounted")?;
+    if let Some(handover) = handover {
+        fs.keep_handles_in(handover.handles.clone());
+    }
+    let config = session_config(args, keeper.is_some());
+    let session = fuser::Session::new(fs, mountpoint, &config)
         .map_err(|e| anyhow!("cannot mount at {}: {e}", mountpoint.display()))?;
-    let read_ahead = match crate::fs::bdi::set_read_ahead(&mountpoint, KERNEL_READ_AHEAD) {
+    let read_ahead = match crate::fs::bdi::set_read_ahead(mountpoint, KERNEL_READ_AHEAD) {
         Ok(path) => {
             tracing::debug!(path = %path.display(), "kernel read-ahead window set");
             format!("{} KiB", KERNEL_READ_AHEAD / 1024)
@@ -250,37 +352,138 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
             format!("the kernel's default, 128 KiB ({e})")
         }
     };
-    *fs_status.kernel_read_ahead.lock() = read_ahead;
+    *stack.fs_status.kernel_read_ahead.lock() = read_ahead;
+    if let (Some(keeper), Some(handover)) = (keeper, handover) {
+        give_to_keeper(keeper, handover, &session);
+    }
+    Ok(Mounted {
+        session,
+        taken_over: false,
+    })
+}
+
+/// Gives the keeper a copy of the connection and the handover state, when the kernel can
+/// resend requests in flight; otherwise a crash would leave them waiting forever, so the
+/// mount goes without (as without `--restart`).
+fn give_to_keeper(keeper: &OwnedFd, handover: &Handover, session: &fuser::Session<RiffleFs>) {
+    let params = handover
+        .handles
+        .params()
+        .ok()
+        .and_then(|json| serde_json::from_slice::<InitParams>(&json).ok());
+    match params {
+        Some(params) if params.kernel_resends() => {
+            match protocol::hold(keeper.as_fd(), &handover.fds(session.as_fd())) {
+                Ok(()) => tracing::info!(
+                    "the keeper holds the FUSE connection: a crash of this daemon costs no read"
+                ),
+                Err(e) => {
+                    tracing::error!(error = %e, "the keeper did not take the FUSE connection; a crash of this daemon will end the mount")
+                }
+            }
+        }
+        Some(_) => tracing::warn!(
+            kernel = %crate::fs::kernel_release(),
+            "--restart needs Linux 6.9+ (FUSE_NOTIFY_RESEND, to replay the requests a dead daemon had read); this mount ends if its daemon dies"
+        ),
+        None => tracing::error!(
+            "the INIT parameters were not saved; a crash of this daemon will end the mount"
+        ),
+    }
+}
+
+/// Takes the mount over from the keeper: the connection, its INIT parameters, and the
+/// predecessor's inodes.
+fn take_over(keeper: &OwnedFd) -> anyhow::Result<Resumed> {
+    let fds =
+        protocol::take(keeper.as_fd()).context("cannot take the mount over from the keeper")?;
+    let resumed = Resumed::from_fds(fds).context("cannot take the mount over")?;
+    Ok(resumed)
+}
+
+/// Serves a connection taken over from a dead predecessor: the same inodes and handles,
+/// configured from the saved INIT parameters.
+fn adopt(args: &MountArgs, stack: &mut Stack, takeover: Resumed) -> anyhow::Result<Mounted> {
+    let records = takeover
+        .nodes
+        .records()
+        .context("cannot read the predecessor's inodes")?;
+    let nodes = records.len();
+    stack
+        .ns
+        .restore(records)
+        .map_err(|e| anyhow!("cannot rebuild the predecessor's inodes: {e}"))?;
+    let mut fs = stack
+        .fs
+        .take()
+        .context("the file system was already mounted")?;
+    fs.adopt(&takeover.params, takeover.handles.clone());
+    tracing::info!(inodes = nodes, "took the mount over from the keeper");
+    let session = fuser::Session::from_fd_initialized(
+        fs,
+        takeover.fuse,
+        session_config(args, true).acl,
+        session_config(args, true),
+        takeover.params.kernel_abi(),
+    );
+    *stack.fs_status.kernel_read_ahead.lock() =
+        "set by the daemon that mounted (taken over)".to_string();
+    Ok(Mounted {
+        session,
+        taken_over: true,
+    })
+}
+
+/// Starts the control socket, metrics and prefetch, reports readiness, serves until the file
+/// system is unmounted, then flushes the cache.
+fn serve_until_unmounted(
+    args: &MountArgs,
+    mountpoint: &Path,
+    stack: Stack,
+    mounted: Mounted,
+    runtime: tokio::runtime::Runtime,
+    readiness: &mut Readiness,
+) -> anyhow::Result<()> {
+    let Mounted {
+        mut session,
+        taken_over,
+    } = mounted;
     match session.as_fd().try_clone_to_owned() {
         Ok(fd) => {
-            let _ = fuse_device.set(Arc::new(fd));
+            let _ = stack.fuse_device.set(Arc::new(fd));
             // (Until then, backing ids are only opened at open time.)
         }
         Err(e) => tracing::debug!(error = %e, "cannot duplicate /dev/fuse; no backing ids ahead"),
     }
+    let prefetch = stack.prefetch.clone();
     let (_control, _metrics_server) = {
         let _in_runtime = runtime.enter();
         prefetch.start();
-        if args.preload {
+        if args.preload && !taken_over {
             let id = prefetch.warm(Vec::new());
             tracing::info!(job = id, "preloading the whole mount in the background");
         }
         let handler = Arc::new(MountControl {
-            stats: metrics,
+            stats: stack.metrics.clone(),
             prefetch: prefetch.clone(),
         });
         let metrics_server = args
             .metrics_addr
-            .map(|addr| serve_metrics(addr, handler.clone(), fuse_ops.clone()))
+            .map(|addr| serve_metrics(addr, handler.clone(), stack.fuse_ops.clone()))
             .transpose()?;
-        (control::serve(&mountpoint, handler)?, metrics_server)
+        (control::serve(mountpoint, handler)?, metrics_server)
     };
     let mut unmounter = session.unmount_callable();
-    let mount_path = mountpoint.clone();
+    let mount_path = mountpoint.to_path_buf();
     runtime.spawn(async move {
         wait_for_stop_signal().await;
         tracing::info!("stop signal received; unmounting {}", mount_path.display());
-        if let Err(e) = unmounter.unmount() {
+        let result = if taken_over {
+            super::unmount::unmount(&mount_path, false)
+        } else {
+            unmounter.unmount().map_err(anyhow::Error::from)
+        };
+        if let Err(e) = result {
             tracing::warn!(error = %e, "unmount failed");
         }
     });
@@ -289,18 +492,25 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
         std::fs::write(pid_file, format!("{}\n", std::process::id()))
             .with_context(|| format!("cannot write pid file {}", pid_file.display()))?;
     }
+    if taken_over {
+        // Everything is in place to answer: the requests the predecessor had read come again.
+        if let Err(e) = request_resend(session.as_fd()) {
+            tracing::error!(error = %e, "requests the predecessor had read may wait until unmount");
+        }
+    }
     tracing::info!(
         source = %args.source,
         mountpoint = %mountpoint.display(),
         pid = std::process::id(),
         daemon = readiness.is_daemon(),
+        taken_over,
         "mounted"
     );
     readiness.ready();
     let result = session.run();
     tracing::info!("unmounted {}; exiting", mountpoint.display());
     prefetch.shutdown();
-    if let Some(disk) = flush_on_exit {
+    if let Some(disk) = stack.flush_on_exit {
         if !runtime.block_on(disk.flush(Duration::from_secs(30))) {
             tracing::warn!(
                 "cache writes still in flight after 30 s; some blocks will be fetched again"

@@ -42,9 +42,9 @@
 //! `fsyncdir` succeeds (nothing to write).
 
 mod backings;
-pub mod handover;
 pub mod bdi;
 pub mod dirplus;
+pub mod handover;
 mod lookahead;
 pub mod mountinfo;
 mod preopen;
@@ -300,7 +300,7 @@ impl Handles {
 }
 
 /// The running kernel's release (`uname -r`), for saying why passthrough is off.
-fn kernel_release() -> String {
+pub fn kernel_release() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|r| r.trim().to_string())
         .unwrap_or_else(|_| "unknown".into())
@@ -469,13 +469,22 @@ impl RiffleFs {
                 }
                 None => {
                     opener.start(handle.ino, handle.fh, 0, object.clone());
-                    *self.handles.cached_opens.lock().entry(handle.ino).or_default() += 1;
+                    *self
+                        .handles
+                        .cached_opens
+                        .lock()
+                        .entry(handle.ino)
+                        .or_default() += 1;
                     self.handles.remember_etag(handle.ino, &object.etag);
                     files += 1;
                 }
             }
         }
-        tracing::info!(files, passthrough, "file handles taken over from the predecessor");
+        tracing::info!(
+            files,
+            passthrough,
+            "file handles taken over from the predecessor"
+        );
     }
 
     /// Where the mount puts a duplicate of the session's `/dev/fuse` descriptor once the

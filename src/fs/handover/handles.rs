@@ -85,7 +85,7 @@ impl HandleTable {
     /// A table a predecessor kept; its live slots are taken over as they are.
     pub fn open(fd: std::os::fd::OwnedFd) -> Result<HandleTable, TableError> {
         let region = Region::open(fd, RESERVE)?;
-        if region.len() < HEADER
+        if region.size() < HEADER
             || region.word(OFF_MAGIC).load(Ordering::Acquire) != MAGIC
             || region.word(OFF_FORMAT).load(Ordering::Relaxed) != FORMAT
         {
@@ -95,7 +95,7 @@ impl HandleTable {
             region,
             slots: Mutex::default(),
         };
-        let capacity = (table.region.len() - HEADER) / SLOT;
+        let capacity = (table.region.size() - HEADER) / SLOT;
         let mut slots = table.slots.lock();
         for slot in 0..capacity {
             let fh = table.slot_word(slot, 0).load(Ordering::Acquire);
@@ -178,10 +178,13 @@ impl HandleTable {
         };
         let base = HEADER + slot * SLOT;
         self.slot_word(slot, 8).store(record.ino, Ordering::Relaxed);
-        self.slot_word(slot, 16).store(record.size, Ordering::Relaxed);
+        self.slot_word(slot, 16)
+            .store(record.size, Ordering::Relaxed);
         let backing = u64::from(record.backing.unwrap_or(0));
-        self.slot_word(slot, 24)
-            .store(backing | ((record.etag.len() as u64) << 32), Ordering::Relaxed);
+        self.slot_word(slot, 24).store(
+            backing | ((record.etag.len() as u64) << 32),
+            Ordering::Relaxed,
+        );
         self.region.write(base + 32, record.etag.as_bytes());
         self.slot_word(slot, 0).store(record.fh, Ordering::Release);
         slots.by_fh.insert(record.fh, slot);

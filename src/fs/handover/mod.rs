@@ -82,8 +82,8 @@ pub struct Handover {
 /// What a successor takes over.
 pub struct Resumed {
     pub fuse: OwnedFd,
-    pub nodes: NodeJournal,
-    pub handles: HandleTable,
+    pub nodes: std::sync::Arc<NodeJournal>,
+    pub handles: std::sync::Arc<HandleTable>,
     pub params: InitParams,
 }
 
@@ -128,8 +128,8 @@ impl Resumed {
         let [fuse, nodes, handles]: [OwnedFd; 3] = fds.try_into().map_err(|v: Vec<OwnedFd>| {
             HandoverError::Params(format!("expected 3 descriptors, got {}", v.len()))
         })?;
-        let nodes = NodeJournal::open(nodes)?;
-        let handles = HandleTable::open(handles)?;
+        let nodes = std::sync::Arc::new(NodeJournal::open(nodes)?);
+        let handles = std::sync::Arc::new(HandleTable::open(handles)?);
         let json = handles.params()?;
         let params: InitParams =
             serde_json::from_slice(&json).map_err(|e| HandoverError::Params(e.to_string()))?;

@@ -30,7 +30,6 @@ const OFF_BROKEN: u64 = 32;
 /// Address space reserved for the journal: about 100 million objects.
 pub const RESERVE: usize = 4 << 30;
 
-
 /// See the module documentation.
 pub struct NodeJournal {
     region: Region,
@@ -62,7 +61,7 @@ impl NodeJournal {
     /// A journal a predecessor wrote (from the keeper).
     pub fn open(fd: std::os::fd::OwnedFd) -> Result<NodeJournal, JournalError> {
         let region = Region::open(fd, RESERVE)?;
-        if region.len() < HEADER
+        if region.size() < HEADER
             || region.word(OFF_MAGIC).load(Ordering::Acquire) != MAGIC
             || region.word(OFF_FORMAT).load(Ordering::Relaxed) != FORMAT
         {
@@ -127,10 +126,10 @@ impl NodeJournal {
         head[9..].copy_from_slice(&len.to_le_bytes());
         self.region.write(end, &head);
         self.region.write(end + 11, name.as_bytes());
+        self.region.word(OFF_COUNT).fetch_add(1, Ordering::Release);
         self.region
-            .word(OFF_COUNT)
-            .fetch_add(1, Ordering::Release);
-        self.region.word(OFF_END).store(end + size, Ordering::Release);
+            .word(OFF_END)
+            .store(end + size, Ordering::Release);
         Ok(())
     }
 }

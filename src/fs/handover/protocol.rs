@@ -9,6 +9,7 @@
 //!   closes, so a successor that dies mid-handover frees it), or `NONE 1` when nothing is
 //!   held.
 //! - Anything else, or another version: `ERR 1 <reason>`; the asker stops.
+//!
 //! The version lets an old keeper and a new daemon (or the reverse) detect that they do not
 //! speak the same protocol and fail with a clear reason instead of misreading each other.
 
@@ -103,7 +104,11 @@ pub fn pair() -> Result<(OwnedFd, OwnedFd), ProtocolError> {
 }
 
 /// Sends `message` with `fds` attached.
-pub fn send(socket: BorrowedFd<'_>, message: &Message, fds: &[BorrowedFd<'_>]) -> Result<(), ProtocolError> {
+pub fn send(
+    socket: BorrowedFd<'_>,
+    message: &Message,
+    fds: &[BorrowedFd<'_>],
+) -> Result<(), ProtocolError> {
     let line = message.line();
     let raw: Vec<RawFd> = fds.iter().map(|fd| fd.as_raw_fd()).collect();
     let iov = [IoSlice::new(line.as_bytes())];
@@ -130,7 +135,11 @@ pub fn recv(socket: BorrowedFd<'_>) -> Result<(Message, Vec<OwnedFd>), ProtocolE
             if let ControlMessageOwned::ScmRights(received) = cmsg {
                 // SAFETY: the kernel just installed these descriptors for us; nothing else
                 // owns them.
-                fds.extend(received.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+                fds.extend(
+                    received
+                        .into_iter()
+                        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+                );
             }
         }
         (msg.bytes, fds)
@@ -184,11 +193,19 @@ impl Holder {
     /// The held `/dev/fuse` descriptor.
     pub fn fuse(&self) -> Option<BorrowedFd<'_>> {
         use std::os::fd::AsFd;
-        self.bundle.as_ref().and_then(|b| b.first()).map(|fd| fd.as_fd())
+        self.bundle
+            .as_ref()
+            .and_then(|b| b.first())
+            .map(|fd| fd.as_fd())
     }
 
     /// Answers one message from client `client`; returns the reply and what to attach.
-    pub fn answer(&mut self, client: u64, message: Message, fds: Vec<OwnedFd>) -> (Message, Vec<OwnedFd>) {
+    pub fn answer(
+        &mut self,
+        client: u64,
+        message: Message,
+        fds: Vec<OwnedFd>,
+    ) -> (Message, Vec<OwnedFd>) {
         match message {
             Message::Hold if fds.len() == BUNDLE_FDS => {
                 // A daemon holds a lease on what it gave.
@@ -197,7 +214,10 @@ impl Holder {
                 (Message::Ok, Vec::new())
             }
             Message::Hold => (
-                Message::Err(format!("HOLD needs {BUNDLE_FDS} descriptors, got {}", fds.len())),
+                Message::Err(format!(
+                    "HOLD needs {BUNDLE_FDS} descriptors, got {}",
+                    fds.len()
+                )),
                 Vec::new(),
             ),
             Message::Take => match (&self.bundle, self.lease) {
@@ -211,11 +231,17 @@ impl Holder {
                             self.lease = Some(client);
                             (Message::Give, copies)
                         }
-                        Err(e) => (Message::Err(format!("cannot copy a descriptor: {e}")), Vec::new()),
+                        Err(e) => (
+                            Message::Err(format!("cannot copy a descriptor: {e}")),
+                            Vec::new(),
+                        ),
                     }
                 }
             },
-            other => (Message::Err(format!("unexpected '{}'", other.line())), Vec::new()),
+            other => (
+                Message::Err(format!("unexpected '{}'", other.line())),
+                Vec::new(),
+            ),
         }
     }
 
@@ -296,7 +322,10 @@ mod tests {
             Message::parse("TAKE 2"),
             Err(ProtocolError::Version(2))
         ));
-        assert!(matches!(Message::parse("HELLO"), Err(ProtocolError::Unexpected(_))));
+        assert!(matches!(
+            Message::parse("HELLO"),
+            Err(ProtocolError::Unexpected(_))
+        ));
         let mut holder = Holder::default();
         let (reply, _) = holder.answer(1, Message::Hold, Vec::new());
         assert!(matches!(reply, Message::Err(r) if r.contains("needs 3")));
@@ -314,7 +343,10 @@ mod tests {
                 let _ = recv(keeper.as_fd());
                 drop(keeper); // dies before answering
             });
-            assert!(matches!(take(successor.as_fd()), Err(ProtocolError::Closed)));
+            assert!(matches!(
+                take(successor.as_fd()),
+                Err(ProtocolError::Closed)
+            ));
         });
     }
 }

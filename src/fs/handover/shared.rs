@@ -74,7 +74,8 @@ impl Region {
         if ptr == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        let base = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::other("mmap gave null"))?;
+        let base =
+            NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::other("mmap gave null"))?;
         Ok(Region {
             fd,
             base,
@@ -89,13 +90,13 @@ impl Region {
     }
 
     /// The file's size now.
-    pub fn len(&self) -> u64 {
+    pub fn size(&self) -> u64 {
         self.len.load(Ordering::Acquire)
     }
 
     /// Makes the file at least `needed` bytes long (in whole steps).
     pub fn ensure(&self, needed: u64) -> io::Result<()> {
-        if needed <= self.len() {
+        if needed <= self.size() {
             return Ok(());
         }
         if needed > self.reserve as u64 {
@@ -113,7 +114,10 @@ impl Region {
 
     /// The 8-byte word at `offset` (8-aligned, inside the file) as an atomic.
     pub fn word(&self, offset: u64) -> &AtomicU64 {
-        assert!(offset % 8 == 0 && offset + 8 <= self.len(), "word {offset} out of bounds");
+        assert!(
+            offset % 8 == 0 && offset + 8 <= self.size(),
+            "word {offset} out of bounds"
+        );
         // SAFETY: in bounds of the mapped file (checked), 8-aligned (the mapping is
         // page-aligned), and AtomicU64 has the layout of u64; shared memory is exactly what
         // atomics are for.
@@ -122,7 +126,10 @@ impl Region {
 
     /// Copies `bytes` into the region at `offset` (inside the file).
     pub fn write(&self, offset: u64, bytes: &[u8]) {
-        assert!(offset + bytes.len() as u64 <= self.len(), "write out of bounds");
+        assert!(
+            offset + bytes.len() as u64 <= self.size(),
+            "write out of bounds"
+        );
         // SAFETY: in bounds (checked); the caller owns this range (see the type's Sync note).
         unsafe {
             std::ptr::copy_nonoverlapping(
@@ -135,7 +142,7 @@ impl Region {
 
     /// Copies `out.len()` bytes at `offset` out of the region; false if out of bounds.
     pub fn read(&self, offset: u64, out: &mut [u8]) -> bool {
-        if offset + out.len() as u64 > self.len() {
+        if offset + out.len() as u64 > self.size() {
             return false;
         }
         // SAFETY: in bounds (checked).
@@ -179,7 +186,7 @@ mod tests {
         let copy = region.fd().try_clone_to_owned().unwrap();
         drop(region);
         let again = Region::open(copy, 8 << 20).unwrap();
-        assert_eq!(again.len(), 3 << 20);
+        assert_eq!(again.size(), 3 << 20);
         assert_eq!(again.word(8).load(Ordering::Acquire), 42);
         let mut out = [0u8; 5];
         assert!(again.read((3 << 20) - 5, &mut out));
