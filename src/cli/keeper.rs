@@ -8,7 +8,7 @@
 //! the keeper holds that copy, the kernel keeps the connection even when the daemon dies:
 //! readers' requests wait instead of failing. When the daemon dies (a signal: SIGKILL, an
 //! OOM kill, a panic's abort; or a non-zero exit), the keeper starts a successor with
-//! `RIFFLE_RESUME=1`, which takes the bundle back over the socket (`TAKE`), rebuilds the
+//! `RIFFLE_RESUME=true`, which takes the bundle back over the socket (`TAKE`), rebuilds the
 //! inodes and handles, asks the kernel to resend what the dead daemon had read but not
 //! answered, and serves on. The cache on disk is reused, so nothing is fetched again.
 //!
@@ -57,8 +57,22 @@ extern "C" fn pass_signal_on(signal: libc::c_int) {
     }
 }
 
+/// Says something to the keeper's standard error and to the daemon's log file (where an
+/// operator looks; a background keeper's standard error goes nowhere).
+fn note(log_file: Option<&std::path::Path>, line: &str) {
+    eprintln!("riffle keeper: {line}");
+    if let Some(path) = log_file {
+        use std::io::Write;
+        if let Ok(mut file) = std::fs::OpenOptions::new().append(true).open(path) {
+            let now = humantime::format_rfc3339_micros(std::time::SystemTime::now());
+            let _ = writeln!(file, "{now}  WARN riffle keeper: {line}");
+        }
+    }
+}
+
 /// Runs the keeper until the mount ends; see the module documentation.
 pub fn run(args: &MountArgs) -> anyhow::Result<()> {
+    let log = args.log_file.as_deref();
     let mut readiness = Readiness::from_fd(args.ready_fd);
     for signal in [nix::sys::signal::SIGTERM, nix::sys::signal::SIGINT] {
         let action = nix::sys::signal::SigAction::new(
@@ -92,7 +106,7 @@ pub fn run(args: &MountArgs) -> anyhow::Result<()> {
             bail!("the riffle daemon {how} before mounting");
         }
         if !connection_alive(&holder) {
-            eprintln!("riffle keeper: the daemon {how} and the mount is gone; exiting");
+            note(log, &format!("the daemon {how} and the mount is gone; exiting"));
             return Ok(());
         }
         if started.elapsed() >= STARTED_AFTER {
@@ -101,6 +115,7 @@ pub fn run(args: &MountArgs) -> anyhow::Result<()> {
         failures += 1;
         if failures > MAX_FAILED_STARTS {
             holder.lock().clear();
+            note(log, &format!("the daemon {how}; giving the mount up"));
             bail!(
                 "the riffle daemon {how}; {MAX_FAILED_STARTS} successors in a row failed, \
                  giving the mount up (readers now get ENOTCONN)"
@@ -108,13 +123,14 @@ pub fn run(args: &MountArgs) -> anyhow::Result<()> {
         }
         let pause = Duration::from_millis(100 * (1u64 << (failures - 1).min(6)))
             .min(Duration::from_secs(5));
-        eprintln!(
-            "riffle keeper: the daemon {how}; starting a successor to take the mount over{}",
-            if failures > 1 {
-                format!(" (attempt {failures}, after {} ms)", pause.as_millis())
-            } else {
-                String::new()
-            }
+        let attempt = if failures > 1 {
+            format!(" (attempt {failures}, after {} ms)", pause.as_millis())
+        } else {
+            String::new()
+        };
+        note(
+            log,
+            &format!("the daemon {how}; starting a successor to take the mount over{attempt}"),
         );
         if failures > 1 {
             std::thread::sleep(pause);
@@ -138,7 +154,7 @@ fn run_daemon(
     }
     cmd.env("RIFFLE_KEEPER_FD", theirs.as_raw_fd().to_string());
     if resume {
-        cmd.env("RIFFLE_RESUME", "1").env_remove("RIFFLE_READY_FD");
+        cmd.env("RIFFLE_RESUME", "true").env_remove("RIFFLE_READY_FD");
         cmd.stdin(Stdio::null());
     }
     let inherit = theirs.as_raw_fd();

@@ -41,6 +41,88 @@ pub struct LogConfig<'a> {
 }
 
 pub fn init(config: &LogConfig<'_>) -> anyhow::Result<()> {
+    init_with(config, false).map(|_| ())
+}
+
+/// [`init`] for a daemon taking a live mount over (`--restart`): the log file is opened only
+/// when [`LogOpener::open`] is called, once the mount is served again. Opening scans the log
+/// file's directory (for rotated files) and looks at every entry there; when the mountpoint is
+/// one of them, that look waits for the daemon that serves it, which is this one. Lines
+/// logged until then are kept in memory (at most [`DEFERRED_MAX`] bytes).
+pub fn init_deferred(config: &LogConfig<'_>) -> anyhow::Result<LogOpener> {
+    init_with(config, true)
+}
+
+/// Log bytes kept in memory before a deferred log file is opened.
+pub const DEFERRED_MAX: usize = 1 << 20;
+
+/// Opens a deferred log file ([`init_deferred`]).
+pub struct LogOpener(Option<(Deferred, std::path::PathBuf, u64, usize)>);
+
+impl LogOpener {
+    /// Opens the log file on a thread of its own (it may wait for the mount to answer) and
+    /// writes what was logged so far to it.
+    pub fn open(self) {
+        let Some((deferred, path, max_size, keep)) = self.0 else {
+            return;
+        };
+        let spawned = std::thread::Builder::new()
+            .name("riffle-log-open".into())
+            .spawn(move || match rotating_file(&path, max_size, keep) {
+                Ok(mut file) => {
+                    use std::io::Write;
+                    let mut state = deferred.lock();
+                    let _ = file.write_all(&state.pending);
+                    state.pending = Vec::new();
+                    state.file = Some(file);
+                }
+                Err(e) => eprintln!("riffle: {e:#}"),
+            });
+        if let Err(e) = spawned {
+            eprintln!("riffle: cannot open the log file: {e}");
+        }
+    }
+}
+
+/// A log file opened later; lines before that wait in memory.
+#[derive(Clone, Default)]
+struct Deferred(Arc<std::sync::Mutex<DeferredState>>);
+
+#[derive(Default)]
+struct DeferredState {
+    pending: Vec<u8>,
+    file: Option<FileRotate<AppendCount>>,
+}
+
+impl Deferred {
+    fn lock(&self) -> std::sync::MutexGuard<'_, DeferredState> {
+        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl std::io::Write for Deferred {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut state = self.lock();
+        match &mut state.file {
+            Some(file) => file.write(buf),
+            None => {
+                if state.pending.len() + buf.len() <= DEFERRED_MAX {
+                    state.pending.extend_from_slice(buf);
+                }
+                Ok(buf.len())
+            }
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match &mut self.lock().file {
+            Some(file) => file.flush(),
+            None => Ok(()),
+        }
+    }
+}
+
+fn init_with(config: &LogConfig<'_>, deferred: bool) -> anyhow::Result<LogOpener> {
     let level = config.level;
     let filter = EnvFilter::try_new(format!(
         "warn,rifflefs={level},riffle={level},aws_config=warn,aws_smithy_runtime=warn,aws_sdk_s3=warn,hyper=warn,fuser=warn,fuser::session=error"
@@ -49,7 +131,25 @@ pub fn init(config: &LogConfig<'_>) -> anyhow::Result<()> {
     let limit = Arc::new(RateLimit::new(BURST, PERIOD));
     let filter = filter.and(RateLimitFilter(limit.clone()));
     let layer = tracing_subscriber::fmt::layer().with_target(false);
+    let mut opener = LogOpener(None);
     let result = match config.file {
+        Some(path) if deferred => {
+            let writer = Deferred::default();
+            opener = LogOpener(Some((
+                writer.clone(),
+                path.to_path_buf(),
+                config.max_size,
+                config.keep,
+            )));
+            tracing_subscriber::registry()
+                .with(
+                    layer
+                        .with_ansi(false)
+                        .with_writer(move || writer.clone())
+                        .with_filter(filter),
+                )
+                .try_init()
+        }
         Some(path) => {
             let writer = rotating_file(path, config.max_size, config.keep)?;
             tracing_subscriber::registry()
@@ -69,7 +169,7 @@ pub fn init(config: &LogConfig<'_>) -> anyhow::Result<()> {
     if let Err(e) = limit.spawn_reporter() {
         tracing::warn!(error = %e, "no thread for the log's summary lines");
     }
-    Ok(())
+    Ok(opener)
 }
 
 /// A log file at `path` (appended to) that rotates when a write takes it past `max_size` bytes,

@@ -71,12 +71,19 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
 /// The daemon: checks, builds the stack, mounts (or takes a live mount over from its
 /// keeper), serves until unmounted, then shuts down.
 fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
-    logging::init(&logging::LogConfig {
+    let log_config = logging::LogConfig {
         level: &args.log_level,
         file: args.log_file.as_deref(),
         max_size: args.log_max_size,
         keep: usize::from(args.log_keep),
-    })?;
+    };
+    // A successor must not touch the mount before it serves it (see `init_deferred`).
+    let log_opener = if args.resume {
+        Some(logging::init_deferred(&log_config)?)
+    } else {
+        logging::init(&log_config)?;
+        None
+    };
     if args.block_size * 4 > args.max_memory {
         bail!(
             "--max-memory must be at least 4 blocks (--block-size {} needs --max-memory {}M or more)",
@@ -94,8 +101,10 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
         (_, false) => None,
     };
     let mountpoint = match &takeover {
-        // The mount is there and alive: it is the one taken over.
-        Some(_) => std::fs::canonicalize(&args.mountpoint)
+        // The mount is there and alive: it is the one taken over. Nothing may touch it until
+        // this process serves it (a stat of the mountpoint would wait for this very daemon),
+        // so the path is made absolute without asking the file system.
+        Some(_) => std::path::absolute(&args.mountpoint)
             .with_context(|| format!("cannot resolve {}", args.mountpoint.display()))?,
         None => check_mountpoint(&args.mountpoint)?,
     };
@@ -126,7 +135,7 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
             handover.as_ref(),
         )?,
     };
-    serve_until_unmounted(args, &mountpoint, stack, session, runtime, readiness)
+    serve_until_unmounted(args, &mountpoint, stack, session, runtime, readiness, log_opener)
 }
 
 /// What a mount serves with, built before it mounts.
@@ -443,6 +452,7 @@ fn serve_until_unmounted(
     mounted: Mounted,
     runtime: tokio::runtime::Runtime,
     readiness: &mut Readiness,
+    log_opener: Option<logging::LogOpener>,
 ) -> anyhow::Result<()> {
     let Mounted {
         mut session,
@@ -507,6 +517,10 @@ fn serve_until_unmounted(
         "mounted"
     );
     readiness.ready();
+    if let Some(opener) = log_opener {
+        // Opened once the session's threads answer (the open may look at the mount).
+        opener.open();
+    }
     let result = session.run();
     tracing::info!("unmounted {}; exiting", mountpoint.display());
     prefetch.shutdown();
