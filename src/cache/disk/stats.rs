@@ -5,8 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::table::Record;
 use super::DiskCache;
-use crate::cache::evict::{hashmap_bytes, EvictionPolicy, LruPolicy};
-use crate::cache::evict_plan::PlanPolicy;
+use crate::cache::evict::{hashmap_bytes, EvictionPolicy, LruPolicy, PlanPolicy};
 use crate::cache::identity::EntryKey;
 
 /// Counters since this handle was opened.
