@@ -173,7 +173,8 @@ pub mod identity;
 pub mod ops;
 pub mod ring;
 pub mod scan;
-pub mod simulate;
+#[cfg(test)]
+pub(crate) mod simulate;
 pub mod slab;
 pub mod sys;
 
