@@ -67,7 +67,7 @@
 //! [`CacheConfig::max_bytes`] is bytes or a percentage of the cache filesystem, and every
 //! reservation also keeps [`CacheConfig::min_free`] (5% by default) of the filesystem free.
 //! Eviction removes whole objects in the order of an [`EvictionPolicy`] (`plan` by default:
-//! [`policy`]; [`evict`] explains the trait), skipping entries that are pinned ([`DiskCache::pin`] — an
+//! [`evict::policy`]; [`evict`] explains the trait), skipping entries that are pinned ([`DiskCache::pin`] — an
 //! open file), being written, or in use in another process. When nothing can go, the write is
 //! refused with [`CacheError::Full`] and the caller serves the bytes it fetched anyway.
 //!
@@ -168,15 +168,13 @@
 pub mod disk;
 pub mod entry;
 pub mod evict;
-pub mod evict_epoch;
-pub mod evict_plan;
 pub mod format;
 pub mod identity;
 pub mod ops;
-pub mod policy;
 pub mod ring;
 pub mod scan;
-pub mod simulate;
+#[cfg(test)]
+pub(crate) mod simulate;
 pub mod slab;
 pub mod sys;
 
@@ -199,12 +197,12 @@ use std::time::Duration;
 pub const DEFAULT_MAX_OPEN_OBJECTS: usize = 16_384;
 
 pub use disk::{CacheStats, DataFile, DiskCache, IndexMemory, ObjectStatus, PinGuard, WriteStep};
-pub use evict::{EntryInfo, EvictionPolicy, LruPolicy, Slot, SlotKeys};
-pub use evict_epoch::EpochPolicy;
-pub use evict_plan::{NoPlan, PlanOracle, PlanPolicy};
+pub use evict::{
+    make_policy, EntryInfo, EpochPolicy, EvictionKind, EvictionPolicy, LruPolicy, NoPlan,
+    PlanOracle, PlanPolicy, Slot, SlotKeys, UnknownEvictionKind,
+};
 pub use identity::{EntryKey, ObjectIdentity};
 pub use ops::{clear_dir, stats_dir, ClearReport, DirStats};
-pub use policy::{make_policy, EvictionKind, UnknownEvictionKind};
 
 /// The cache's byte budget.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -19,10 +19,8 @@ use std::fs;
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::sync::Weak;
 use std::time::{Duration, SystemTime};
 
-use super::disk::{last_used, DiskCache};
 use super::entry::{remove_if_exists, OneBlock};
 use super::format::{self, Header};
 use super::identity::{parse_file_name, EntryKey, FileName, OBJECTS_DIR};
@@ -65,16 +63,10 @@ pub struct WalkSummary {
     pub garbage_bytes: u64,
 }
 
-/// The background start-up scan: feeds batches to the cache until it is dropped.
-pub fn run(root: &Path, cache: Weak<DiskCache>) {
-    let result = walk(root, true, &mut |batch| match cache.upgrade() {
-        Some(c) => {
-            c.add_scanned(batch);
-            true
-        }
-        None => false,
-    });
-    match result {
+/// The background start-up scan: hands each batch to `feed` until it returns false (the cache
+/// was dropped), and logs how the walk ended.
+pub fn run(root: &Path, feed: &mut dyn FnMut(Vec<Found>) -> bool) {
+    match walk(root, true, feed) {
         Ok(s) => tracing::info!(
             entries = s.entries,
             bytes = s.bytes,
@@ -86,9 +78,11 @@ pub fn run(root: &Path, cache: Weak<DiskCache>) {
             tracing::warn!(error = %e, "cache scan failed; entries not found are loaded on use")
         }
     }
-    if let Some(c) = cache.upgrade() {
-        c.finish_scan();
-    }
+}
+
+/// An entry's last use in earlier runs: its journal's mtime.
+fn last_used(meta: &fs::Metadata) -> SystemTime {
+    meta.modified().unwrap_or(SystemTime::UNIX_EPOCH)
 }
 
 fn older_than(meta: &fs::Metadata, age: Duration) -> bool {

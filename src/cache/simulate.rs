@@ -68,10 +68,8 @@ use std::time::{Duration, SystemTime};
 
 use parking_lot::RwLock;
 
-use super::evict::{EntryInfo, EvictionPolicy, Slot};
-use super::evict_plan::PlanOracle;
+use super::evict::{make_policy, EntryInfo, EvictionKind, EvictionPolicy, PlanOracle, Slot};
 use super::identity::{EntryKey, ObjectIdentity};
-use super::policy::{make_policy, EvictionKind};
 
 /// A small seeded generator (SplitMix64): stable across versions, unlike `rand`'s.
 #[derive(Debug, Clone)]

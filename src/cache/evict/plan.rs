@@ -55,10 +55,9 @@ use std::collections::BinaryHeap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use super::evict::{EntryInfo, EvictionPolicy, Slot, SlotKeys};
-use super::evict_epoch::EpochPolicy;
-use super::identity::EntryKey;
-use super::slab::Chunked;
+use super::{EntryInfo, EpochPolicy, EvictionPolicy, Slot, SlotKeys};
+use crate::cache::identity::EntryKey;
+use crate::cache::slab::Chunked;
 
 /// Entries re-checked against the oracle per `victim` call.
 pub const SWEEP: usize = 8;
@@ -498,9 +497,9 @@ impl EvictionPolicy for PlanPolicy {
 mod tests {
     use std::time::{Duration, SystemTime};
 
-    use super::super::evict_epoch::EpochClass;
-    use super::super::simulate::{TraceOracle, Workload};
+    use super::super::EpochClass;
     use super::*;
+    use crate::cache::simulate::{TraceOracle, Workload};
 
     struct Fixture {
         keys: Vec<EntryKey>,

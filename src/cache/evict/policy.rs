@@ -6,7 +6,7 @@
 //! | `epoch` | stale, then read in this epoch newest first, then read last epoch, hot last ([`EpochPolicy`]) |
 //! | `plan`  | not needed by the plan (in the `epoch` order), then furthest next use ([`PlanPolicy`]); exactly `epoch` while the oracle reports nothing |
 //!
-//! Measured hit ratios are in [`super::simulate`]'s documentation. The default is `plan`:
+//! Measured hit ratios are in `cache::simulate`'s documentation (a unit-test tool). The default is `plan`:
 //! with a plan it is Belady (optimal on W5, and far ahead wherever the order is not a single
 //! shuffle), without one it is `epoch` (W5: 0.4995 of a possible 0.5 against LRU's 0.15–0.16;
 //! about LRU's ratio on workloads without epochs, Zipf 0.671 against 0.674), and it protects
@@ -16,9 +16,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use super::evict::{EvictionPolicy, LruPolicy};
-use super::evict_epoch::EpochPolicy;
-use super::evict_plan::{PlanOracle, PlanPolicy};
+use super::{EpochPolicy, EvictionPolicy, LruPolicy, PlanOracle, PlanPolicy};
 
 /// An eviction policy, by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -77,7 +75,7 @@ impl FromStr for EvictionKind {
     }
 }
 
-/// The policy of `kind`, to hand to [`super::DiskCache::open_with_policy`].
+/// The policy of `kind`, to hand to [`crate::cache::DiskCache::open_with_policy`].
 ///
 /// `oracle` is the prefetch scheduler's view of the epoch plan; only `Plan` uses it, and
 /// `Plan` without one is `Epoch` (there is nothing else to go by).
@@ -94,7 +92,7 @@ pub fn make_policy(
 
 #[cfg(test)]
 mod tests {
-    use super::super::evict_plan::NoPlan;
+    use super::super::NoPlan;
     use super::*;
 
     #[test]
@@ -120,8 +118,8 @@ mod tests {
     async fn the_disk_cache_hits_what_the_simulator_predicts() {
         use bytes::Bytes;
 
-        use super::super::simulate::{run, PlanMode, SimOptions, TraceOracle, Workload};
-        use super::super::{CacheConfig, DiskCache, ObjectIdentity, SizeLimit};
+        use crate::cache::simulate::{run, PlanMode, SimOptions, TraceOracle, Workload};
+        use crate::cache::{CacheConfig, DiskCache, ObjectIdentity, SizeLimit};
 
         const BS: u64 = 64 << 10;
         let (objects, capacity) = (24usize, 8u64);

@@ -8,7 +8,7 @@
 //! one: it is the cheapest thing to evict. Evicting "what was just read in this epoch" keeps a
 //! stable set cached from one epoch to the next and turns about `capacity / dataset` of every
 //! epoch into hits, the most any policy can get on a fresh shuffle, clairvoyant or not (on W5
-//! within one or two accesses per epoch of Belady's optimum; see [`super::simulate`]).
+//! within one or two accesses per epoch of Belady's optimum; see `cache::simulate`).
 //!
 //! # Classes
 //! Every entry belongs to the epoch of its last access (`ep`) and is in one of five classes,
@@ -99,12 +99,14 @@
 //! victim, before it was removed, is taken as "keep it for now" instead: the entry goes to the
 //! back of the Pending class (or stays hot).
 
-use std::collections::hash_map::Entry as MapEntry;
 use std::collections::HashMap;
 
-use super::evict::{hashmap_bytes, EntryInfo, EvictionPolicy, Slot, SlotKeys};
-use super::identity::EntryKey;
-use super::slab::Chunked;
+use super::{hashmap_bytes, EntryInfo, EvictionPolicy, Slot, SlotKeys};
+use crate::cache::identity::EntryKey;
+use crate::cache::slab::Chunked;
+use boundary::Sampled;
+
+mod boundary;
 
 /// Touches of an entry less than this many accesses after its access began continue it.
 pub const CONTINUE_WINDOW: u64 = 64;
@@ -226,18 +228,6 @@ impl Default for Ends {
             len: 0,
         }
     }
-}
-
-/// A sampled key's accesses; clocks relative to the epoch's start (see [`EpochPolicy::rel`]).
-#[derive(Debug, Clone, Copy)]
-struct Sampled {
-    /// Clock of the first access in this epoch.
-    first: u32,
-    /// Clock of the last access.
-    last: u32,
-    /// Clock of the second access in this epoch.
-    repeat_at: u32,
-    count: u8,
 }
 
 /// "Evict what was just read in this epoch" (see the module documentation).
@@ -485,125 +475,6 @@ impl EpochPolicy {
         self.observe(key);
     }
 
-    /// `clock` relative to the epoch's start, as the sample keeps it. Exact: the sample only
-    /// holds clocks of this epoch, and an epoch lasts less than 2^32 accesses (`observe`).
-    fn rel(&self, clock: u64) -> u32 {
-        clock.saturating_sub(self.epoch_start).min(u32::MAX as u64) as u32
-    }
-
-    /// The clock that [`Self::rel`] turned into `r`.
-    fn abs(&self, r: u32) -> u64 {
-        self.epoch_start + r as u64
-    }
-
-    /// Feeds the boundary detector with an access of `key`.
-    fn observe(&mut self, key: EntryKey) {
-        if self.clock.saturating_sub(self.epoch_start) >= u32::MAX as u64 {
-            // 2^32 accesses without a boundary: end the epoch here, so that the sample's
-            // relative clocks stay exact.
-            self.advance(self.clock);
-            self.forcible = false;
-        }
-        let fp = fingerprint(key);
-        if fp.leading_zeros() < self.shift {
-            return;
-        }
-        let clock = self.rel(self.clock);
-        let min_gap = CONTINUE_WINDOW.max(self.len as u64);
-        match self.sample.entry(fp) {
-            MapEntry::Occupied(mut o) => {
-                let s = o.get_mut();
-                let gap = clock.saturating_sub(s.last);
-                s.last = clock;
-                if (gap as u64) < min_gap {
-                    // Too soon to be the next pass (see "Inferring epoch boundaries").
-                    return;
-                }
-                s.count = s.count.saturating_add(1);
-                if s.count == 2 {
-                    s.repeat_at = clock;
-                    self.repeats += 1;
-                } else if s.count == HOT_ACCESSES {
-                    self.repeats -= 1;
-                }
-            }
-            MapEntry::Vacant(v) => {
-                v.insert(Sampled {
-                    first: clock,
-                    last: clock,
-                    repeat_at: 0,
-                    count: 1,
-                });
-                if self.sample.len() > SAMPLE_MAX {
-                    self.shift += 1;
-                    let shift = self.shift;
-                    self.sample.retain(|&fp, _| fp.leading_zeros() >= shift);
-                    // Half the keys are left: give back the room they took.
-                    self.sample.shrink_to_fit();
-                    self.repeats = self.sample.values().filter(|s| s.count == 2).count();
-                }
-                let seen = self.sample.len() as f64 * self.scale();
-                let expected = self.prev_len.max(self.len as f64);
-                if self.forcible
-                    && self.prev_len >= MIN_FORCE_KEYS as f64
-                    && seen > FORCE_FACTOR * expected
-                {
-                    self.moved_on();
-                    return;
-                }
-            }
-        }
-        if self.repeats >= MIN_REPEATS.max(self.sample.len() / REPEAT_DIVISOR) {
-            self.boundary_detected();
-        }
-    }
-
-    /// Objects a sampled key stands for.
-    fn scale(&self) -> f64 {
-        2f64.powi(self.shift as i32)
-    }
-
-    /// The epoch has seen [`FORCE_FACTOR`] times as many distinct objects as the previous one
-    /// without repeating: the reader moved on to other data. The epoch ended when it had seen
-    /// as many as the previous one.
-    fn moved_on(&mut self) {
-        let mut firsts: Vec<u64> = self.sample.values().map(|s| self.abs(s.first)).collect();
-        let k = ((self.prev_len / self.scale()).round() as usize).min(firsts.len() - 1);
-        let (_, at, _) = firsts.select_nth_unstable(k);
-        let boundary = (*at).max(self.epoch_start).min(self.clock);
-        self.advance(boundary);
-        self.forcible = false;
-    }
-
-    /// Places the boundary behind the repeats (see the module documentation) and advances.
-    fn boundary_detected(&mut self) {
-        let mut at: Vec<u64> = self
-            .sample
-            .values()
-            .filter(|s| s.count == 2)
-            .map(|s| self.abs(s.repeat_at))
-            .collect();
-        let boundary = if at.is_empty() {
-            self.clock
-        } else {
-            // The first repeat, ignoring stray early ones: those more than twice the span of
-            // the later half of the repeats before the median.
-            let mid = (at.len() - 1) / 2;
-            let (_, median, _) = at.select_nth_unstable(mid);
-            let median = *median;
-            let cutoff = median.saturating_sub(2 * self.clock.saturating_sub(median));
-            at.iter()
-                .copied()
-                .filter(|&t| t >= cutoff)
-                .min()
-                .unwrap_or(median)
-                .max(self.epoch_start)
-                .min(self.clock)
-        };
-        self.advance(boundary);
-        self.forcible = true;
-    }
-
     /// Starts a new epoch whose first access was at clock `boundary`.
     fn advance(&mut self, boundary: u64) {
         use EpochClass::*;
@@ -685,13 +556,6 @@ impl EpochPolicy {
             self.push_tail(i, EpochClass::Pending);
         }
     }
-}
-
-/// The key's first 8 bytes (uniform: keys are SHA-256 prefixes).
-fn fingerprint(key: EntryKey) -> u64 {
-    let mut b = [0u8; 8];
-    b.copy_from_slice(&key.0[..8]);
-    u64::from_le_bytes(b)
 }
 
 impl EvictionPolicy for EpochPolicy {
@@ -799,289 +663,4 @@ impl EvictionPolicy for EpochPolicy {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::time::{Duration, SystemTime};
-
-    use super::super::simulate::{simulate, SimOptions, Workload};
-    use super::*;
-
-    fn k(n: u32) -> EntryKey {
-        // Spread over the fingerprint like real keys (SHA-256 prefixes) would be.
-        let mut b = [0u8; 16];
-        b[..8].copy_from_slice(&(u64::from(n).wrapping_mul(0x9E37_79B9_7F4A_7C15)).to_le_bytes());
-        b[8..12].copy_from_slice(&n.to_le_bytes());
-        EntryKey(b)
-    }
-
-    /// Slot `n` holds key `k(n)`.
-    struct K;
-
-    impl SlotKeys for K {
-        fn key_of(&self, at: Slot) -> EntryKey {
-            k(at)
-        }
-    }
-
-    fn ins(p: &mut EpochPolicy, n: u32) {
-        p.insert(
-            n,
-            &EntryInfo {
-                key: k(n),
-                bytes: 1,
-                last_used: None,
-            },
-            &K,
-        );
-    }
-
-    fn ins_found(p: &mut EpochPolicy, n: u32, age_s: u64) {
-        p.insert(
-            n,
-            &EntryInfo {
-                key: k(n),
-                bytes: 1,
-                last_used: Some(SystemTime::now() - Duration::from_secs(age_s)),
-            },
-            &K,
-        );
-    }
-
-    fn keys(v: &[u32]) -> Vec<Slot> {
-        v.to_vec()
-    }
-
-    /// `count` accesses of other objects.
-    fn others(p: &mut EpochPolicy, from: u32, count: u32) {
-        for n in from..from + count {
-            ins(p, n);
-            p.remove(n);
-        }
-    }
-
-    /// Spaces accesses out so that none continues the previous one.
-    fn filler(p: &mut EpochPolicy, from: u32) {
-        others(p, from, CONTINUE_WINDOW as u32);
-    }
-
-    /// Writes that land long after the reads that fetched them (a disk lagging behind the
-    /// store) are not accesses: they end no epoch and count nothing, while the same calls as
-    /// `touch` (reads) do end it.
-    #[test]
-    fn late_fills_do_not_look_like_the_next_epoch() {
-        let run = |as_fill: bool| {
-            let mut p = EpochPolicy::new();
-            for n in 0..200 {
-                ins(&mut p, n);
-            }
-            filler(&mut p, 10_000);
-            others(&mut p, 20_000, 300);
-            for n in 0..100 {
-                if as_fill {
-                    p.filled(n, &K);
-                } else {
-                    p.touch(n, &K);
-                }
-            }
-            // Read (filled) before and not since: still this epoch's, or the last one's.
-            p.class(150)
-        };
-        assert_eq!(run(true), Some(EpochClass::Done), "one epoch so far");
-        assert_eq!(
-            run(false),
-            Some(EpochClass::Pending),
-            "as reads, the same calls start the next epoch"
-        );
-    }
-
-    #[test]
-    fn done_entries_go_newest_first_and_found_entries_before_them() {
-        let mut p = EpochPolicy::new();
-        for n in 1..=4 {
-            ins(&mut p, n);
-        }
-        // All read in this epoch: the newest first.
-        assert_eq!(p.order(), keys(&[4, 3, 2, 1]));
-        assert_eq!(p.class(1), Some(EpochClass::Done));
-        // Found on disk at start-up: stale, before everything, in the scan's order (newest
-        // handed over first, so each goes to the cold end).
-        ins_found(&mut p, 9, 10);
-        ins_found(&mut p, 8, 20);
-        assert_eq!(p.class(8), Some(EpochClass::Stale));
-        assert_eq!(p.order(), keys(&[8, 9, 4, 3, 2, 1]));
-        // A found entry that is read joins this epoch.
-        p.touch(9, &K);
-        assert_eq!(p.order(), keys(&[8, 9, 4, 3, 2, 1]));
-        assert_eq!(p.class(9), Some(EpochClass::Done));
-        assert_eq!(p.victim(&K, &mut |_| true), Some(8));
-        p.remove(8);
-        assert_eq!(p.victim(&K, &mut |_| true), Some(9));
-        // Pinned (not evictable) entries are skipped and keep their place.
-        assert_eq!(p.victim(&K, &mut |at| at != 9 && at != 4), Some(3));
-        p.remove(3);
-        assert_eq!(p.order(), keys(&[9, 4, 2, 1]));
-        assert_eq!(p.victim(&K, &mut |_| false), None);
-        for n in [9, 4, 2, 1] {
-            p.remove(n);
-        }
-        assert!(p.is_empty());
-        assert!(p.order().is_empty());
-        assert!(p.memory_bytes() > 0);
-    }
-
-    #[test]
-    fn boundaries_are_announced_or_detected_and_make_old_entries_stale() {
-        let mut p = EpochPolicy::new();
-        for n in 1..=3 {
-            ins(&mut p, n);
-        }
-        p.new_epoch();
-        // Read last epoch, not yet in this one: pending, after anything done in this one.
-        assert_eq!(p.class(1), Some(EpochClass::Pending));
-        ins(&mut p, 4);
-        p.touch(2, &K);
-        assert_eq!(p.order(), keys(&[2, 4, 3, 1]));
-        p.new_epoch();
-        // 1 and 3 were not read for a whole epoch: stale, least recently used first.
-        assert_eq!(p.class(1), Some(EpochClass::Stale));
-        assert_eq!(p.order(), keys(&[1, 3, 2, 4]));
-        assert_eq!(p.boundaries(), 2);
-
-        // Detection: a pass over 100 objects, then the next pass in another order.
-        let mut p = EpochPolicy::new();
-        for n in 0..100 {
-            ins(&mut p, n);
-        }
-        // Others read in between, so that the next pass is not a continuation: repeats count
-        // only after at least as many accesses as there are entries.
-        others(&mut p, 1000, 100);
-        assert_eq!(p.boundaries(), 0);
-        let second: Vec<u32> = (0..100).map(|n| (n * 37) % 100).collect();
-        let mut detected_after = None;
-        for (i, &n) in second.iter().enumerate() {
-            p.touch(n, &K);
-            if detected_after.is_none() && p.boundaries() == 1 {
-                detected_after = Some(i + 1);
-            }
-        }
-        // max(MIN_REPEATS, 200 sampled keys / 16) = 12 repeats end the epoch, and the
-        // boundary is placed at the first of them: every object of the second pass is in the
-        // new epoch.
-        let threshold = MIN_REPEATS.max(200 / REPEAT_DIVISOR);
-        assert_eq!(detected_after, Some(threshold));
-        assert_eq!(p.boundaries(), 1);
-        for &n in &second {
-            assert_eq!(p.class(n), Some(EpochClass::Done), "{n}");
-        }
-    }
-
-    #[test]
-    fn repeated_touches_are_one_access_and_frequent_entries_get_hot() {
-        let mut p = EpochPolicy::new();
-        ins(&mut p, 1);
-        ins(&mut p, 2);
-        // Block reads of an open file: one access, however many.
-        for _ in 0..10 {
-            p.touch(1, &K);
-        }
-        assert_eq!(p.class(1), Some(EpochClass::Done));
-        assert_eq!(p.order(), keys(&[1, 2]));
-        // Accessed three times in one epoch, far apart: hot, evicted last.
-        filler(&mut p, 100);
-        p.touch(1, &K);
-        filler(&mut p, 200);
-        p.touch(1, &K);
-        assert_eq!(p.class(1), Some(EpochClass::HotDone));
-        assert_eq!(p.order(), keys(&[2, 1]));
-        // Stays hot across one boundary (hot-pending), loses it after an epoch without use.
-        p.new_epoch();
-        assert_eq!(p.class(1), Some(EpochClass::HotPending));
-        p.new_epoch();
-        assert_eq!(p.class(1), Some(EpochClass::Stale));
-        p.touch(1, &K);
-        assert_eq!(p.class(1), Some(EpochClass::Done));
-    }
-
-    #[test]
-    fn at_most_half_the_entries_are_hot() {
-        let mut p = EpochPolicy::new();
-        for n in 0..10 {
-            ins(&mut p, n);
-        }
-        for round in 0..3 {
-            for n in 0..10 {
-                p.touch(n, &K);
-                filler(&mut p, 1000 + round * 10_000 + n * 100);
-            }
-        }
-        let hot = (0..10)
-            .filter(|&n| p.class(n) == Some(EpochClass::HotDone))
-            .count();
-        assert_eq!(hot, 5);
-    }
-
-    #[test]
-    fn a_victim_that_could_not_be_evicted_is_not_offered_again_at_once() {
-        let mut p = EpochPolicy::new();
-        for n in 1..=3 {
-            ins(&mut p, n);
-        }
-        assert_eq!(p.victim(&K, &mut |_| true), Some(3));
-        // The cache failed to remove it (in use elsewhere) and touches it.
-        p.touch(3, &K);
-        assert_eq!(p.class(3), Some(EpochClass::Pending));
-        assert_eq!(p.victim(&K, &mut |_| true), Some(2));
-        p.remove(2);
-        // An ordinary touch is an access again.
-        p.touch(3, &K);
-        assert_eq!(p.order(), keys(&[3, 1]));
-    }
-
-    #[test]
-    fn reads_of_prefetched_entries_do_not_end_epochs() {
-        // Read-ahead 100 objects deep into a cache of 400: every object is written, then read
-        // about 200 accesses later. The read is a second access, but far sooner than a next
-        // pass could come back, so it is not a repeat; and the entry just read, not the ones
-        // fetched ahead, is the next victim.
-        let mut w = Workload::new(3000);
-        w.epochs = vec![(0..3000).collect()];
-        let opts = SimOptions {
-            prefetch: 100,
-            ..SimOptions::new(400)
-        };
-        let mut p = EpochPolicy::new();
-        let r = simulate(&mut p, &w, &opts, &mut |_| {});
-        assert_eq!(p.boundaries(), 0);
-        assert_eq!(r.wasted, 0);
-        assert_eq!(r.epochs[0].hits, 2999);
-    }
-
-    #[test]
-    fn a_reader_that_moves_on_to_other_data_ends_the_epoch() {
-        // Dataset A (0..300) twice, then dataset B (300..1100), cache of 100.
-        let a = Workload::shuffled(300, 2, 1).epochs;
-        let mut w = Workload::new(1100);
-        w.epochs = a.clone();
-        w.epochs.push((300..800).collect());
-        let opts = SimOptions::new(100);
-        let mut p = EpochPolicy::new();
-        simulate(&mut p, &w, &opts, &mut |_| {});
-        // One boundary at A's second pass; B never repeats, but once it has had 1.5 times as
-        // many objects as the last epoch (450), its epoch ends where B began.
-        assert_eq!(p.boundaries(), 2);
-        let class = |o: usize| p.class(o as u32);
-        let old: Vec<usize> = (0..300).filter(|&o| class(o).is_some()).collect();
-        assert!(!old.is_empty());
-        assert!(old.iter().all(|&o| class(o) == Some(EpochClass::Pending)));
-        assert_eq!(class(799), Some(EpochClass::Done));
-        // At B's second pass, A is stale and goes first.
-        w.epochs.push((300..800).collect());
-        let mut p = EpochPolicy::new();
-        let r = simulate(&mut p, &w, &opts, &mut |_| {});
-        assert_eq!(p.boundaries(), 3);
-        assert!((0..300).all(|o| p.class(o as u32).is_none()));
-        // ... so B's third pass hits what the cache can hold.
-        w.epochs.push((300..800).collect());
-        let r3 = simulate(&mut EpochPolicy::new(), &w, &opts, &mut |_| {});
-        assert!(r3.epochs[4].hits >= 95, "{:?} {:?}", r.epochs, r3.epochs);
-    }
-}
+mod tests;
