@@ -20,8 +20,8 @@
 //! become the *epoch set*, directory by directory in listing order: first at once from the
 //! listings the namespace holds (every directory the reader opened a file in is among them,
 //! so fetching starts within the open that triggered it), then again once the directories not
-//! listed yet are listed, [`LIST_CONCURRENCY`] at a time (on W1's 200 directories behind the
-//! 30 ms proxy that took about a second, a second in which nothing was fetched ahead). An
+//! listed yet are listed, [`LIST_CONCURRENCY`] at a time (a few hundred directories behind a
+//! 30 ms store take about a second to list, a second in which nothing would be fetched). An
 //! open outside the set's root moves the candidate up and the set is rebuilt at the new root.
 //! A new set keeps the old one's opened marks and fetched-ahead marks by inode, so nothing
 //! counted against the allowance is forgotten and nothing is fetched twice.
@@ -33,16 +33,17 @@
 //! allowance below is still small.
 //!
 //! # Epochs
-//! Each file keeps the sequence number of its last open. An open of a file already opened in
-//! this epoch is a *repeat* if at least a gap of `clamp(n/16, 4, 64)` other opens came
-//! between the two (`n`: files opened in this epoch or the last, the larger) (a file read twice in a row, or by two processes at once, is not the next
-//! epoch). The next epoch starts when the distinct repeats reach `clamp(n/64, 8, 1024)`;
-//! it is placed retroactively one gap before the first of them, so the files opened since
-//! then count as opened in the new epoch and none of them is fetched again in it (the few
-//! from the end of the old epoch that this takes along may miss later: a miss, never a
-//! second GET; their next opens are not repeats). At a boundary the opened marks reset, the fetch cursor goes back to the start
-//! of the set, and the files fetched ahead and never opened in the ending epoch are counted
-//! as wasted (they stay cached and are needed in the new epoch like any cached file).
+//! Each file keeps the sequence number of its last open. An open of a file already opened in this
+//! epoch is a *repeat* if at least a gap of `clamp(n/16, 4, 64)` other opens came between the two
+//! (`n`: files opened in this epoch or the last, the larger; a file read twice in a row, or by two
+//! processes at once, is not the next epoch). The next epoch starts when the distinct repeats reach
+//! `clamp(n/64, 8, 1024)`; it is placed retroactively one gap before the first of them, so the
+//! files opened since then count as opened in the new epoch and none of them is fetched again in it
+//! (the few from the end of the old epoch that this takes along may miss later: a miss, never a
+//! second GET; their next opens are not repeats). At a boundary the opened marks reset, the fetch
+//! cursor goes back to the start of the set, and the files fetched ahead and never opened in the
+//! ending epoch are counted as wasted (they stay cached and are needed in the new epoch like any
+//! cached file).
 //!
 //! # What users do not pay for it
 //! - **Browsing** (a few files opened by hand, an evaluation reading 1% of the set): the bytes
@@ -56,15 +57,14 @@
 //!   fetched ahead as it read (bytes fetched ≤ 2 × bytes read once it has read a megabyte);
 //!   a data loader with eight workers gets eight times that (by Little's law its prefetch needs
 //!   scale with its parallelism), and as a real epoch goes on the allowance grows
-//!   quadratically. Modelled on W1 (8 threads, 35 ms per miss, a store that serves ~1,000
-//!   files/s) the growth without `P` already came close to the exact plan (20.8 s against
-//!   20.9 s; a linear allowance took 43% longer); measured on the full W1 (6,000 files of 60
-//!   directories) it reached 0.75× the plan's files/s, with 913 of 6,000 opens missing in the
-//!   first part of the epoch, which is what `P` shortens.
+//!   quadratically. For 8 reader threads with 35 ms per miss, a linear allowance takes about
+//!   43% longer than an exact plan and the quadratic one about as long; what it still misses
+//!   is early in the epoch, which is what `P` shortens.
 //! - **The first opens.** In an epoch that is not trusted, at most [`RAMP_PARALLEL`] epoch
 //!   fetches per reader thread are in flight until it has opened [`RAMP_FILES`] files: its
 //!   first opens are nearly all misses, and beside a full set of prefetches they waited for a
-//!   store that serves every request alike (W1's first 256 files: 3.2–3.4 s → 2.1–2.4 s).
+//!   store that serves every request alike (about 1.5× as long for an 8-thread reader's first
+//!   256 files).
 //! - **Usefulness**: at each boundary the share of files fetched ahead that were opened in the
 //!   epoch is measured. At least [`TRUST_USEFUL`] (a reader of the whole set) makes the next
 //!   epoch *trusted*: the allowance is lifted and only the cache room bounds prefetch. Below
@@ -74,10 +74,9 @@
 //! - **Room**: with an NVMe cache, the bytes of set files that are cached and not opened in this
 //!   epoch (fetched ahead, or kept from the last epoch) stay under the cache limit less
 //!   1/[`DEMAND_RESERVE`] of it (the rest is for demand reads and the cache's own rounding). In
-//!   a set larger than the cache every byte of room is a hit later in the epoch: on W5 (cache
-//!   = half the bytes) 1/8 kept back gave 0.79 of the opens of epochs 2–3 cached, 1/16 0.81
-//!   (one run each, 4,726 and 4,777 of 6,000 against 4,876 and 4,903), with no file fetched
-//!   twice and the same files/s.
+//!   a set larger than the cache every byte of room is a hit later in the epoch: with a cache
+//!   of half the set's bytes, keeping back 1/16 rather than 1/8 raises the share of opens
+//!   after the first epoch that are cached from 0.79 to 0.81, with no file fetched twice.
 //!   The space prefetch fetches into therefore comes only from files already opened in this
 //!   epoch (and from anything outside the set): the eviction oracle reports every cached,
 //!   unopened file of the set as needed (the `plan` eviction policy, the default, then evicts
@@ -88,8 +87,9 @@
 //!   again on a use of the entry or when the oracle's generation moves; so the generation
 //!   moves whenever cached files become needed in bulk (a set installed, a boundary's rebuild,
 //!   a fill that found cached files). Without it the files kept from the last epoch stayed in
-//!   the policy's "not needed" order and went first: a set twice the cache fetched 728–797 of
-//!   800 files per epoch and some twice; with it, about half, and none twice (unit test).
+//!   the policy's "not needed" order and went first: a set twice the cache's size was fetched
+//!   nearly whole every epoch, some files twice, instead of about half and none twice (a unit
+//!   test checks this).
 //! - With `--eviction lru` or `epoch` the policy does not ask, and the memory cache (no
 //!   `--cache-dir`) evicts by its own order, so a file fetched ahead could be the next victim:
 //!   then only sets whose drawn-from directories fit in the room are prefetched.
