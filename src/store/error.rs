@@ -28,6 +28,22 @@ pub enum StoreError {
     Other(Detail),
 }
 
+/// The detail of a `StoreError` (by reference, shared or mutable), if its variant has one.
+macro_rules! detail_of {
+    ($error:expr) => {
+        match $error {
+            StoreError::NotFound | StoreError::PreconditionFailed => None,
+            StoreError::NoSuchBucket(d)
+            | StoreError::AccessDenied(d)
+            | StoreError::Invalid(d)
+            | StoreError::Transient(d)
+            | StoreError::Unreachable(d)
+            | StoreError::NoCredentials(d)
+            | StoreError::Other(d) => Some(d),
+        }
+    };
+}
+
 impl StoreError {
     pub fn is_retryable(&self) -> bool {
         matches!(self, StoreError::Transient(_) | StoreError::Unreachable(_))
@@ -42,30 +58,12 @@ impl StoreError {
     }
 
     fn detail_mut(&mut self) -> Option<&mut Detail> {
-        match self {
-            StoreError::NotFound | StoreError::PreconditionFailed => None,
-            StoreError::NoSuchBucket(d)
-            | StoreError::AccessDenied(d)
-            | StoreError::Invalid(d)
-            | StoreError::Transient(d)
-            | StoreError::Unreachable(d)
-            | StoreError::NoCredentials(d)
-            | StoreError::Other(d) => Some(d),
-        }
+        detail_of!(self)
     }
 
     /// The variant's detail, if it has one.
     fn detail(&self) -> Option<&Detail> {
-        match self {
-            StoreError::NotFound | StoreError::PreconditionFailed => None,
-            StoreError::NoSuchBucket(d)
-            | StoreError::AccessDenied(d)
-            | StoreError::Invalid(d)
-            | StoreError::Transient(d)
-            | StoreError::Unreachable(d)
-            | StoreError::NoCredentials(d)
-            | StoreError::Other(d) => Some(d),
-        }
+        detail_of!(self)
     }
 }
 
