@@ -112,8 +112,7 @@ use futures::StreamExt;
 use serde_json::json;
 
 pub(super) use machine::EpochState;
-pub use machine::{allowance, common_ancestor, repeat_gap, repeats_for_boundary, Trust};
-use machine::{DirRange, EpochSet, Listed, AHEAD};
+use machine::{common_ancestor, DirRange, EpochSet, Listed, AHEAD};
 
 use super::Prefetcher;
 use crate::cache::EntryKey;
