@@ -32,10 +32,10 @@
 //! for files fetched ahead in directory order, never otherwise. Those answers are given with
 //! `try_lock` only, because the cache asks while holding its own lock.
 
-pub mod dirorder;
-pub mod epoch;
+mod dirorder;
+mod epoch;
 pub mod plan;
-pub mod warm;
+mod warm;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

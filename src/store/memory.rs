@@ -264,10 +264,13 @@ impl ObjectStore for MemoryStore {
         }
         let len = obj.data.len() as u64;
         if range.start > range.end || range.start >= len && !(range.start == 0 && len == 0) {
-            return Err(StoreError::Invalid(format!(
-                "range {}..{} outside object of {len} bytes",
-                range.start, range.end
-            )));
+            return Err(StoreError::Invalid(
+                format!(
+                    "range {}..{} outside object of {len} bytes",
+                    range.start, range.end
+                )
+                .into(),
+            ));
         }
         let end = range.end.min(len) as usize;
         let mut data = obj.data.slice(range.start as usize..end);

@@ -12,6 +12,7 @@
 //! on: transient ones are retried, `PreconditionFailed` means the object changed under a reader
 //! (its ETag no longer matches), and everything else is final.
 
+mod error;
 pub mod memory;
 pub mod retry;
 pub mod s3;
@@ -21,6 +22,8 @@ use std::time::SystemTime;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+
+pub use error::{Detail, StoreError};
 
 /// Attributes of one object version.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,38 +45,6 @@ pub struct ListPage {
     pub prefixes: Vec<String>,
     /// Present when more pages follow.
     pub next_token: Option<String>,
-}
-
-/// What went wrong talking to the store, classified by what the caller should do about it.
-#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
-pub enum StoreError {
-    #[error("not found")]
-    NotFound,
-    #[error("bucket '{0}' does not exist")]
-    NoSuchBucket(String),
-    #[error("access denied: {0}")]
-    AccessDenied(String),
-    #[error("the object changed (ETag no longer matches)")]
-    PreconditionFailed,
-    #[error("invalid request: {0}")]
-    Invalid(String),
-    /// Worth retrying: 5xx, 503 SlowDown, timeouts, resets, truncated bodies.
-    #[error("transient error: {0}")]
-    Transient(String),
-    /// Cannot connect at all (DNS, refused, TLS); retried, but reported as such at mount.
-    #[error("cannot reach the endpoint: {0}")]
-    Unreachable(String),
-    /// The credential chain produced nothing usable.
-    #[error("no credentials: {0}")]
-    NoCredentials(String),
-    #[error("{0}")]
-    Other(String),
-}
-
-impl StoreError {
-    pub fn is_retryable(&self) -> bool {
-        matches!(self, StoreError::Transient(_) | StoreError::Unreachable(_))
-    }
 }
 
 /// The body of a ranged GET, in chunks as they arrive.

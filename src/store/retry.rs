@@ -122,10 +122,9 @@ impl ObjectStore for RetryingStore {
         self.run("GET", || async {
             let data = self.inner.get_range(key, range.clone(), etag).await?;
             if data.len() as u64 != expected {
-                return Err(StoreError::Transient(format!(
-                    "short body: {} of {expected} bytes",
-                    data.len()
-                )));
+                return Err(StoreError::Transient(
+                    format!("short body: {} of {expected} bytes", data.len()).into(),
+                ));
             }
             Ok(data)
         })

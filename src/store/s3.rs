@@ -24,7 +24,7 @@ use aws_smithy_types::retry::RetryConfig;
 use aws_smithy_types::timeout::TimeoutConfig;
 use bytes::Bytes;
 
-use super::{normalize_etag, ByteChunks, ListPage, ObjectMeta, ObjectStore, StoreError};
+use super::{normalize_etag, ByteChunks, Detail, ListPage, ObjectMeta, ObjectStore, StoreError};
 
 /// How to reach one bucket.
 #[derive(Debug, Clone, Default)]
@@ -85,16 +85,34 @@ impl S3Store {
         }
     }
 
+    /// The error's kind and text, made from the SDK's error, which becomes its source: the
+    /// service's modelled error, the connector's or the timeout's, never the raw response
+    /// (its body can echo the signed request). A credential error keeps no source: the
+    /// chain's errors tell what every provider tried and found.
     fn classify<E>(&self, err: SdkError<E, HttpResponse>) -> StoreError
     where
         E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     {
-        match &err {
+        let classified = self.classify_text(&err);
+        if matches!(classified, StoreError::NoCredentials(_)) {
+            return classified;
+        }
+        match err.into_source() {
+            Ok(source) => classified.with_source(source),
+            Err(_) => classified,
+        }
+    }
+
+    fn classify_text<E>(&self, err: &SdkError<E, HttpResponse>) -> StoreError
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        match err {
             SdkError::TimeoutError(_) => StoreError::Transient("request timed out".into()),
             SdkError::DispatchFailure(e) => {
-                let chain = describe_chain(&err);
+                let chain = describe_chain(err);
                 if chain.contains("credential") {
-                    StoreError::NoCredentials(first_line_of_credential_error(&chain))
+                    StoreError::NoCredentials(first_line_of_credential_error(&chain).into())
                 } else if e.is_timeout() {
                     StoreError::Transient("request timed out".into())
                 } else {
@@ -102,11 +120,11 @@ impl S3Store {
                         .as_connector_error()
                         .map(|c| describe_chain(c))
                         .unwrap_or_else(|| "connection failed".to_string());
-                    StoreError::Unreachable(detail)
+                    StoreError::Unreachable(detail.into())
                 }
             }
             SdkError::ResponseError(_) => {
-                StoreError::Transient(format!("bad response: {}", describe_chain(&err)))
+                StoreError::Transient(format!("bad response: {}", describe_chain(err)).into())
             }
             SdkError::ServiceError(ctx) => {
                 let status = ctx.raw().status().as_u16();
@@ -119,7 +137,7 @@ impl S3Store {
                     format!("{code}: {message} (HTTP {status})")
                 };
                 match (code, status) {
-                    ("NoSuchBucket", _) => StoreError::NoSuchBucket(self.bucket.clone()),
+                    ("NoSuchBucket", _) => StoreError::NoSuchBucket(self.bucket.as_str().into()),
                     ("NoSuchKey" | "NotFound", _) | (_, 404) => StoreError::NotFound,
                     ("PreconditionFailed", _) | (_, 412) => StoreError::PreconditionFailed,
                     ("InvalidAccessKeyId", _) => StoreError::AccessDenied(
@@ -129,14 +147,14 @@ impl S3Store {
                         "the secret key is wrong (SignatureDoesNotMatch)".into(),
                     ),
                     ("AccessDenied" | "AllAccessDisabled" | "ExpiredToken", _) | (_, 401 | 403) => {
-                        StoreError::AccessDenied(detail)
+                        StoreError::AccessDenied(detail.into())
                     }
                     ("SlowDown" | "InternalError" | "RequestTimeout" | "ServiceUnavailable", _)
-                    | (_, 500..=599 | 408 | 429) => StoreError::Transient(detail),
-                    _ => StoreError::Other(detail),
+                    | (_, 500..=599 | 408 | 429) => StoreError::Transient(detail.into()),
+                    _ => StoreError::Other(detail.into()),
                 }
             }
-            _ => StoreError::Other(describe_chain(&err)),
+            _ => StoreError::Other(describe_chain(err).into()),
         }
     }
 }
@@ -153,6 +171,14 @@ fn describe_chain(err: &dyn std::error::Error) -> String {
         source = s.source();
     }
     parts.join(": ")
+}
+
+/// A body that failed midway: transient, made from the stream's error.
+fn body_error(e: aws_smithy_types::byte_stream::error::Error) -> StoreError {
+    StoreError::Transient(Detail::with_source(
+        format!("body: {}", describe_chain(&e)),
+        e,
+    ))
 }
 
 /// The credential chain's error lists every provider it tried; keep the gist.
@@ -247,11 +273,7 @@ impl ObjectStore for S3Store {
             return Ok(Bytes::new());
         }
         let out = self.send_get(key, &range, etag).await?;
-        let body = out
-            .body
-            .collect()
-            .await
-            .map_err(|e| StoreError::Transient(format!("body: {}", describe_chain(&e))))?;
+        let body = out.body.collect().await.map_err(body_error)?;
         Ok(body.into_bytes())
     }
 
@@ -267,8 +289,7 @@ impl ObjectStore for S3Store {
         let out = self.send_get(key, &range, etag).await?;
         let chunks = futures::stream::unfold(out.body, |mut body| async move {
             let next = body.next().await?;
-            let item =
-                next.map_err(|e| StoreError::Transient(format!("body: {}", describe_chain(&e))));
+            let item = next.map_err(body_error);
             Some((item, body))
         });
         Ok(Box::pin(chunks))

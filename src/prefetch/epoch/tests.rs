@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use super::super::{file_version, Oracle, PrefetchConfig, Prefetcher};
+use super::machine::{allowance, repeat_gap, repeats_for_boundary, Trust};
 use super::*;
 use crate::cache::{make_policy, CacheConfig, DiskCache, EvictionKind, PlanOracle, SizeLimit};
 use crate::fetch::{DiskTier, FetchConfig, Fetcher};

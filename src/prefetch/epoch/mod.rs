@@ -20,8 +20,8 @@
 //! become the *epoch set*, directory by directory in listing order: first at once from the
 //! listings the namespace holds (every directory the reader opened a file in is among them,
 //! so fetching starts within the open that triggered it), then again once the directories not
-//! listed yet are listed, [`LIST_CONCURRENCY`] at a time (on W1's 200 directories behind the
-//! 30 ms proxy that took about a second, a second in which nothing was fetched ahead). An
+//! listed yet are listed, [`LIST_CONCURRENCY`] at a time (a few hundred directories behind a
+//! 30 ms store take about a second to list, a second in which nothing would be fetched). An
 //! open outside the set's root moves the candidate up and the set is rebuilt at the new root.
 //! A new set keeps the old one's opened marks and fetched-ahead marks by inode, so nothing
 //! counted against the allowance is forgotten and nothing is fetched twice.
@@ -33,16 +33,17 @@
 //! allowance below is still small.
 //!
 //! # Epochs
-//! Each file keeps the sequence number of its last open. An open of a file already opened in
-//! this epoch is a *repeat* if at least a gap of `clamp(n/16, 4, 64)` other opens came
-//! between the two (`n`: files opened in this epoch or the last, the larger) (a file read twice in a row, or by two processes at once, is not the next
-//! epoch). The next epoch starts when the distinct repeats reach `clamp(n/64, 8, 1024)`;
-//! it is placed retroactively one gap before the first of them, so the files opened since
-//! then count as opened in the new epoch and none of them is fetched again in it (the few
-//! from the end of the old epoch that this takes along may miss later: a miss, never a
-//! second GET; their next opens are not repeats). At a boundary the opened marks reset, the fetch cursor goes back to the start
-//! of the set, and the files fetched ahead and never opened in the ending epoch are counted
-//! as wasted (they stay cached and are needed in the new epoch like any cached file).
+//! Each file keeps the sequence number of its last open. An open of a file already opened in this
+//! epoch is a *repeat* if at least a gap of `clamp(n/16, 4, 64)` other opens came between the two
+//! (`n`: files opened in this epoch or the last, the larger; a file read twice in a row, or by two
+//! processes at once, is not the next epoch). The next epoch starts when the distinct repeats reach
+//! `clamp(n/64, 8, 1024)`; it is placed retroactively one gap before the first of them, so the
+//! files opened since then count as opened in the new epoch and none of them is fetched again in it
+//! (the few from the end of the old epoch that this takes along may miss later: a miss, never a
+//! second GET; their next opens are not repeats). At a boundary the opened marks reset, the fetch
+//! cursor goes back to the start of the set, and the files fetched ahead and never opened in the
+//! ending epoch are counted as wasted (they stay cached and are needed in the new epoch like any
+//! cached file).
 //!
 //! # What users do not pay for it
 //! - **Browsing** (a few files opened by hand, an evaluation reading 1% of the set): the bytes
@@ -56,15 +57,14 @@
 //!   fetched ahead as it read (bytes fetched ≤ 2 × bytes read once it has read a megabyte);
 //!   a data loader with eight workers gets eight times that (by Little's law its prefetch needs
 //!   scale with its parallelism), and as a real epoch goes on the allowance grows
-//!   quadratically. Modelled on W1 (8 threads, 35 ms per miss, a store that serves ~1,000
-//!   files/s) the growth without `P` already came close to the exact plan (20.8 s against
-//!   20.9 s; a linear allowance took 43% longer); measured on the full W1 (6,000 files of 60
-//!   directories) it reached 0.75× the plan's files/s, with 913 of 6,000 opens missing in the
-//!   first part of the epoch, which is what `P` shortens.
+//!   quadratically. For 8 reader threads with 35 ms per miss, a linear allowance takes about
+//!   43% longer than an exact plan and the quadratic one about as long; what it still misses
+//!   is early in the epoch, which is what `P` shortens.
 //! - **The first opens.** In an epoch that is not trusted, at most [`RAMP_PARALLEL`] epoch
 //!   fetches per reader thread are in flight until it has opened [`RAMP_FILES`] files: its
 //!   first opens are nearly all misses, and beside a full set of prefetches they waited for a
-//!   store that serves every request alike (W1's first 256 files: 3.2–3.4 s → 2.1–2.4 s).
+//!   store that serves every request alike (about 1.5× as long for an 8-thread reader's first
+//!   256 files).
 //! - **Usefulness**: at each boundary the share of files fetched ahead that were opened in the
 //!   epoch is measured. At least [`TRUST_USEFUL`] (a reader of the whole set) makes the next
 //!   epoch *trusted*: the allowance is lifted and only the cache room bounds prefetch. Below
@@ -74,10 +74,9 @@
 //! - **Room**: with an NVMe cache, the bytes of set files that are cached and not opened in this
 //!   epoch (fetched ahead, or kept from the last epoch) stay under the cache limit less
 //!   1/[`DEMAND_RESERVE`] of it (the rest is for demand reads and the cache's own rounding). In
-//!   a set larger than the cache every byte of room is a hit later in the epoch: on W5 (cache
-//!   = half the bytes) 1/8 kept back gave 0.79 of the opens of epochs 2–3 cached, 1/16 0.81
-//!   (one run each, 4,726 and 4,777 of 6,000 against 4,876 and 4,903), with no file fetched
-//!   twice and the same files/s.
+//!   a set larger than the cache every byte of room is a hit later in the epoch: with a cache
+//!   of half the set's bytes, keeping back 1/16 rather than 1/8 raises the share of opens
+//!   after the first epoch that are cached from 0.79 to 0.81, with no file fetched twice.
 //!   The space prefetch fetches into therefore comes only from files already opened in this
 //!   epoch (and from anything outside the set): the eviction oracle reports every cached,
 //!   unopened file of the set as needed (the `plan` eviction policy, the default, then evicts
@@ -88,8 +87,9 @@
 //!   again on a use of the entry or when the oracle's generation moves; so the generation
 //!   moves whenever cached files become needed in bulk (a set installed, a boundary's rebuild,
 //!   a fill that found cached files). Without it the files kept from the last epoch stayed in
-//!   the policy's "not needed" order and went first: a set twice the cache fetched 728–797 of
-//!   800 files per epoch and some twice; with it, about half, and none twice (unit test).
+//!   the policy's "not needed" order and went first: a set twice the cache's size was fetched
+//!   nearly whole every epoch, some files twice, instead of about half and none twice (a unit
+//!   test checks this).
 //! - With `--eviction lru` or `epoch` the policy does not ask, and the memory cache (no
 //!   `--cache-dir`) evicts by its own order, so a file fetched ahead could be the next victim:
 //!   then only sets whose drawn-from directories fit in the room are prefetched.
@@ -102,17 +102,22 @@
 //! set is capped at [`MAX_SET_FILES`]. An open is O(1); a boundary and the rebuild of the
 //! needed map are O(set) once per epoch.
 
-use std::collections::{HashMap, HashSet};
+mod machine;
+
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use futures::StreamExt;
 use serde_json::json;
 
+pub(super) use machine::EpochState;
+use machine::{common_ancestor, DirRange, EpochSet, Listed, AHEAD};
+
 use super::Prefetcher;
 use crate::cache::EntryKey;
 use crate::fetch::{ObjectVersion, Priority};
-use crate::namespace::{Kind, ROOT_INO};
+use crate::namespace::Kind;
 
 /// Opens under a candidate root before its files are enumerated.
 pub const MIN_OPENS_TO_BUILD: u32 = 4;
@@ -143,186 +148,6 @@ pub const MIN_JUDGED: u64 = 16;
 /// The largest set tracked.
 pub const MAX_SET_FILES: usize = 16_000_000;
 
-/// How much prefetch an epoch allows, from what the previous epoch showed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Trust {
-    /// First epoch, or usefulness in between: the browsing allowance.
-    Normal,
-    /// The last epoch opened what was fetched ahead: only the cache room bounds prefetch.
-    Trusted,
-    /// The last epoch left much of what was fetched ahead unopened: no growth.
-    BackedOff,
-}
-
-impl Trust {
-    fn as_str(self) -> &'static str {
-        match self {
-            Trust::Normal => "normal",
-            Trust::Trusted => "trusted",
-            Trust::BackedOff => "backed-off",
-        }
-    }
-
-    /// The trust the next epoch gets from this one's usefulness (files fetched ahead, and how
-    /// many of them were opened in the epoch).
-    pub fn after(fetched: u64, fetched_opened: u64, current: Trust) -> Trust {
-        if fetched < MIN_JUDGED {
-            return current;
-        }
-        let useful = fetched_opened as f64 / fetched as f64;
-        if useful >= TRUST_USEFUL {
-            Trust::Trusted
-        } else if useful < BACK_OFF_USEFUL {
-            Trust::BackedOff
-        } else {
-            Trust::Normal
-        }
-    }
-}
-
-/// Bytes that may be fetched ahead and not yet opened, given what was opened in this epoch
-/// and how many files the reader reads at once.
-pub fn allowance(trust: Trust, opened_files: u64, opened_bytes: u64, parallel: u64) -> u64 {
-    match trust {
-        Trust::Trusted => u64::MAX,
-        Trust::BackedOff => opened_bytes.max(FLOOR_BYTES),
-        Trust::Normal => opened_bytes
-            .saturating_mul((opened_files / RAMP_FILES).max(1))
-            .saturating_mul(parallel.max(1))
-            .max(FLOOR_BYTES),
-    }
-}
-
-/// Distinct repeats that start the next epoch.
-pub fn repeats_for_boundary(opened_files: u64) -> usize {
-    (opened_files / 64).clamp(8, 1024) as usize
-}
-
-/// Opens that must come between two opens of a file for the second to be a repeat.
-pub fn repeat_gap(opened_files: u64) -> u64 {
-    (opened_files / 16).clamp(4, 64)
-}
-
-/// The lowest common ancestor of two directories, given a way to find a node's parent.
-pub fn common_ancestor(a: u64, b: u64, parent_of: impl Fn(u64) -> u64) -> u64 {
-    let mut chain = HashSet::new();
-    let mut cur = a;
-    loop {
-        chain.insert(cur);
-        if cur == ROOT_INO {
-            break;
-        }
-        let up = parent_of(cur);
-        if up == cur {
-            break;
-        }
-        cur = up;
-    }
-    let mut cur = b;
-    loop {
-        if chain.contains(&cur) {
-            return cur;
-        }
-        if cur == ROOT_INO {
-            return ROOT_INO;
-        }
-        let up = parent_of(cur);
-        if up == cur {
-            return ROOT_INO;
-        }
-        cur = up;
-    }
-}
-
-const AHEAD: u8 = 1;
-
-/// The files of an epoch set and where each stands in the current epoch.
-struct EpochSet {
-    root: u64,
-    root_path: String,
-    inos: Vec<u64>,
-    sizes: Vec<u64>,
-    /// Each file's directory (an index into `dirs`); a directory's files are contiguous.
-    dir_of: Vec<u32>,
-    dirs: Vec<DirRange>,
-    /// Directories the reader has opened a file in, in the order it first did, and their
-    /// files and bytes.
-    drawn: Vec<u32>,
-    drawn_files: u64,
-    drawn_bytes: u64,
-    index: HashMap<u64, u32>,
-    /// Sequence number of each file's last open (0: never).
-    opened_at: Vec<u64>,
-    flags: Vec<u8>,
-    total_bytes: u64,
-}
-
-/// The files of one directory of a set: `start..end` of its file list, and whether the
-/// reader has opened a file in it.
-struct DirRange {
-    start: u32,
-    end: u32,
-    drawn: bool,
-    bytes: u64,
-}
-
-impl EpochSet {
-    /// The set of the files `listed` under `root`, none opened or drawn from yet.
-    fn new(root: u64, root_path: String, listed: Listed) -> EpochSet {
-        let Listed {
-            inos,
-            sizes,
-            dir_of,
-            dirs,
-        } = listed;
-        let index = inos
-            .iter()
-            .enumerate()
-            .map(|(i, &ino)| (ino, i as u32))
-            .collect();
-        let n = inos.len();
-        let total_bytes = sizes.iter().sum();
-        EpochSet {
-            root,
-            root_path,
-            inos,
-            sizes,
-            dir_of,
-            dirs,
-            drawn: Vec::new(),
-            drawn_files: 0,
-            drawn_bytes: 0,
-            index,
-            opened_at: vec![0; n],
-            flags: vec![0; n],
-            total_bytes,
-        }
-    }
-
-    /// Marks the directory of file `i` as drawn from; whether it was new.
-    fn draw_from(&mut self, i: usize) -> bool {
-        let d = self.dir_of[i];
-        let dir = &mut self.dirs[d as usize];
-        if dir.drawn {
-            return false;
-        }
-        dir.drawn = true;
-        self.drawn_files += u64::from(dir.end - dir.start);
-        self.drawn_bytes += dir.bytes;
-        self.drawn.push(d);
-        true
-    }
-}
-
-/// The files under a set's root, directory by directory.
-#[derive(Default)]
-struct Listed {
-    inos: Vec<u64>,
-    sizes: Vec<u64>,
-    dir_of: Vec<u32>,
-    dirs: Vec<DirRange>,
-}
-
 /// What one [`Prefetcher::epoch_fill`] did.
 #[derive(Debug, Default, Clone, Copy)]
 pub(super) struct Fill {
@@ -343,369 +168,6 @@ struct OpenOutcome {
     boundary: bool,
     /// The scheduler has nothing to do after this open ([`EpochState::idle`]).
     idle: bool,
-}
-
-/// The epoch tracker's state (under one lock; never held across an await or a cache call).
-pub(super) struct EpochState {
-    set: Option<EpochSet>,
-    building: Option<u64>,
-    candidate: Option<u64>,
-    /// Distinct files opened outside the set (or before there is one) since it was built, and
-    /// the sequence of their last open (applied to the set when it is installed).
-    outside: HashMap<u64, u64>,
-    /// Opens (inode, sequence) seen while a set was being built.
-    pending_opens: Vec<(u64, u64)>,
-    seq: u64,
-    /// Opens with a sequence number above this one belong to the current epoch.
-    epoch_start: u64,
-    /// Only a second open of a file whose earlier open came after this one is a repeat.
-    repeat_floor: u64,
-    /// Files opened in the previous epoch (the scale of the repeat rules early in an epoch).
-    last_epoch_files: u64,
-    epoch: u64,
-    opened_files: u64,
-    opened_bytes: u64,
-    /// Distinct repeats this epoch: inode and the sequence of the repeat open.
-    repeats: HashMap<u64, u64>,
-    ahead_bytes: u64,
-    ahead_files: u64,
-    in_flight: usize,
-    /// [`Prefetcher::epoch_fill`] calls between taking their candidates and starting (or
-    /// putting back) the last of them: work that `in_flight` does not show yet.
-    filling: usize,
-    /// The fetch cursor: a position in the set's drawn directories and in that directory.
-    cursor_dir: usize,
-    cursor_file: u32,
-    /// Files the cursor passed that did not fit the allowance yet.
-    retry: Vec<(usize, u64)>,
-    /// Cached (or being fetched) files of the set not opened in this epoch: what the eviction
-    /// oracle reports as needed, with their sizes.
-    needed: HashMap<EntryKey, u64>,
-    needed_bytes: u64,
-    needs_rebuild: bool,
-    trust: Trust,
-    /// The most files open at once over the last window of opens, and in the window before.
-    parallel_now: u64,
-    parallel_before: u64,
-    /// Distinct callers (thread or process ids) that opened files in this window, at most
-    /// [`MAX_PARALLEL`], and how many the window before had (0: none known).
-    callers_now: Vec<u32>,
-    callers_before: usize,
-    last_usefulness: Option<f64>,
-    fetched_this_epoch: u64,
-    fetched_bytes_this_epoch: u64,
-    fetched_opened_this_epoch: u64,
-    note: Option<String>,
-}
-
-impl Default for EpochState {
-    fn default() -> Self {
-        EpochState {
-            set: None,
-            building: None,
-            candidate: None,
-            outside: HashMap::new(),
-            pending_opens: Vec::new(),
-            seq: 0,
-            epoch_start: 0,
-            repeat_floor: 0,
-            last_epoch_files: 0,
-            epoch: 1,
-            opened_files: 0,
-            opened_bytes: 0,
-            repeats: HashMap::new(),
-            ahead_bytes: 0,
-            ahead_files: 0,
-            in_flight: 0,
-            filling: 0,
-            cursor_dir: 0,
-            cursor_file: 0,
-            retry: Vec::new(),
-            needed: HashMap::new(),
-            needed_bytes: 0,
-            needs_rebuild: false,
-            trust: Trust::Normal,
-            parallel_now: 1,
-            parallel_before: 1,
-            callers_now: Vec::new(),
-            callers_before: 0,
-            last_usefulness: None,
-            fetched_this_epoch: 0,
-            fetched_bytes_this_epoch: 0,
-            fetched_opened_this_epoch: 0,
-            note: None,
-        }
-    }
-}
-
-impl EpochState {
-    pub(super) fn is_needed(&self, key: &EntryKey) -> bool {
-        self.needed.contains_key(key)
-    }
-
-    fn forget_needed(&mut self, key: &EntryKey) {
-        if let Some(size) = self.needed.remove(key) {
-            self.needed_bytes = self.needed_bytes.saturating_sub(size);
-        }
-    }
-
-    /// Adds a needed entry; whether it is new.
-    fn add_needed(&mut self, key: EntryKey, size: u64) -> bool {
-        let new = self.needed.insert(key, size).is_none();
-        if new {
-            self.needed_bytes += size;
-        }
-        new
-    }
-
-    /// Records the open of file `i` of the set at sequence `seq`; returns whether the next
-    /// epoch starts with it.
-    fn record_open(&mut self, i: usize, seq: u64, cap: u64) -> bool {
-        let Some(set) = self.set.as_mut() else {
-            return false;
-        };
-        set.draw_from(i);
-        let last = set.opened_at[i];
-        set.opened_at[i] = seq;
-        if last > self.epoch_start {
-            // Opened before in this epoch: a repeat if far enough apart, and if that earlier
-            // open is surely of this epoch (not one the boundary took along).
-            let basis = self.opened_files.max(self.last_epoch_files);
-            if last > self.repeat_floor && seq - last >= repeat_gap(basis) {
-                self.repeats.entry(set.inos[i]).or_insert(seq);
-                return self.repeats.len() >= repeats_for_boundary(basis);
-            }
-            return false;
-        }
-        self.opened_files += 1;
-        self.opened_bytes += set.sizes[i];
-        if set.flags[i] & AHEAD != 0 {
-            set.flags[i] &= !AHEAD;
-            self.ahead_bytes = self.ahead_bytes.saturating_sub(set.sizes[i].min(cap));
-            self.ahead_files = self.ahead_files.saturating_sub(1);
-            self.fetched_opened_this_epoch += 1;
-        }
-        false
-    }
-
-    /// Starts the next epoch, retroactively at the first repeat.
-    fn start_epoch(&mut self, wasted: &std::sync::atomic::AtomicU64) {
-        let Some(set) = self.set.as_mut() else {
-            return;
-        };
-        let first = self.repeats.values().copied().min().unwrap_or(self.seq);
-        self.trust = Trust::after(
-            self.fetched_this_epoch,
-            self.fetched_opened_this_epoch,
-            self.trust,
-        );
-        if self.fetched_this_epoch > 0 {
-            self.last_usefulness =
-                Some(self.fetched_opened_this_epoch as f64 / self.fetched_this_epoch as f64);
-        }
-        wasted.fetch_add(self.ahead_bytes, Ordering::Relaxed);
-        self.epoch += 1;
-        // The files opened within one gap before the first repeat may belong to either epoch
-        // (their repeats would not have counted); they are taken as opened in the new one, so
-        // that nothing is fetched twice in it (at worst a few of them miss later). Their next
-        // opens are not repeats.
-        let basis = self.opened_files.max(self.last_epoch_files);
-        self.last_epoch_files = self.opened_files;
-        self.epoch_start = first.saturating_sub(1 + repeat_gap(basis));
-        self.repeat_floor = first - 1;
-        self.repeats.clear();
-        self.opened_files = 0;
-        self.opened_bytes = 0;
-        for (i, at) in set.opened_at.iter().enumerate() {
-            if *at > self.epoch_start {
-                self.opened_files += 1;
-                self.opened_bytes += set.sizes[i];
-            }
-        }
-        set.flags.iter_mut().for_each(|f| *f &= !AHEAD);
-        self.ahead_bytes = 0;
-        self.ahead_files = 0;
-        self.rewind();
-        self.fetched_this_epoch = 0;
-        self.fetched_bytes_this_epoch = 0;
-        self.fetched_opened_this_epoch = 0;
-        self.needs_rebuild = true;
-    }
-
-    /// Installs a freshly enumerated set, keeping the opens seen before and which files are
-    /// fetched ahead (`cap`: the bytes of a file prefetch fetches at most).
-    fn install(&mut self, mut set: EpochSet, cap: u64) {
-        if let Some(old) = self.set.take() {
-            for (i, ino) in old.inos.iter().enumerate() {
-                if let Some(&j) = set.index.get(ino) {
-                    set.opened_at[j as usize] = old.opened_at[i];
-                    set.flags[j as usize] |= old.flags[i] & AHEAD;
-                }
-            }
-        }
-        // Opens of files the new set lacks stay where they were: a set installed from the
-        // listings at hand may lack a directory the reader opened a file in (its listing was
-        // still under way), and the full set that follows must count that open, or the file
-        // would be fetched ahead again in the epoch it was read in.
-        let pending = std::mem::take(&mut self.pending_opens);
-        for (ino, seq) in pending {
-            match set.index.get(&ino) {
-                Some(&j) => set.opened_at[j as usize] = set.opened_at[j as usize].max(seq),
-                None if self.building.is_some() => self.pending_opens.push((ino, seq)),
-                None => {}
-            }
-        }
-        self.outside.retain(|ino, seq| match set.index.get(ino) {
-            Some(&j) => {
-                set.opened_at[j as usize] = set.opened_at[j as usize].max(*seq);
-                false
-            }
-            None => true,
-        });
-        self.opened_files = 0;
-        self.opened_bytes = 0;
-        for i in 0..set.opened_at.len() {
-            if set.opened_at[i] > 0 {
-                set.draw_from(i);
-            }
-            if set.opened_at[i] > self.epoch_start {
-                self.opened_files += 1;
-                self.opened_bytes += set.sizes[i];
-            }
-        }
-        // Files fetched ahead under the old set stay counted against the allowance (a
-        // fetch of one still running is never repeated: the fetcher shares it).
-        self.ahead_bytes = 0;
-        self.ahead_files = 0;
-        for i in 0..set.flags.len() {
-            if set.flags[i] & AHEAD != 0 {
-                if set.opened_at[i] > self.epoch_start {
-                    set.flags[i] &= !AHEAD;
-                } else {
-                    self.ahead_bytes += set.sizes[i].min(cap);
-                    self.ahead_files += 1;
-                }
-            }
-        }
-        self.rewind();
-        self.set = Some(set);
-        self.needs_rebuild = true;
-    }
-
-    /// Records how many files are open at this open, and who opened it; the window moves
-    /// every [`PARALLEL_WINDOW`] opens.
-    fn note_parallelism(&mut self, open_now: u64, caller: Option<u32>) {
-        if self.seq % PARALLEL_WINDOW == 0 {
-            self.parallel_before = self.parallel_now;
-            self.parallel_now = 1;
-            self.callers_before = self.callers_now.len();
-            self.callers_now.clear();
-        }
-        self.parallel_now = self.parallel_now.max(open_now);
-        if let Some(c) = caller {
-            if self.callers_now.len() < MAX_PARALLEL as usize && !self.callers_now.contains(&c) {
-                self.callers_now.push(c);
-            }
-        }
-    }
-
-    /// How many files the reader reads at once, at most [`MAX_PARALLEL`]: the recent peak of
-    /// files open at the same time, but no more than the distinct callers that opened them.
-    /// The kernel sends a file's RELEASE after `close` returns, so one reader thread is often
-    /// seen with two files open; its opens all come from one thread, which caps it at one.
-    fn parallelism(&self) -> u64 {
-        let open = self.parallel_now.max(self.parallel_before);
-        let callers = self.callers_now.len().max(self.callers_before) as u64;
-        let p = if callers > 0 { open.min(callers) } else { open };
-        p.clamp(1, MAX_PARALLEL)
-    }
-
-    /// Epoch fetches that may be in flight now, of `max`: in an epoch that is not trusted,
-    /// [`RAMP_PARALLEL`] per reader thread until it has opened [`RAMP_FILES`] files. Those
-    /// opens are nearly all misses that wait for the store, and the store serves every
-    /// request alike: with the full concurrency beside them (48 prefetches for 8 readers) the
-    /// first 256 files of W1 took 3.2–3.4 s (1.7 s with epoch prefetch off). Paired W1
-    /// probes, 3 rounds each: one per reader thread, 1.8–1.9 s but the cold epoch 1.10–1.15×
-    /// copy-first's total → 1.12–1.21× (the store idle early); a linear ramp to the full
-    /// concurrency, 3.3–4.0 s; three per reader thread, 2.1–2.4 s and 0.96–1.03×.
-    fn concurrency(&self, max: usize) -> usize {
-        if self.trust == Trust::Trusted || self.opened_files >= RAMP_FILES {
-            return max;
-        }
-        (RAMP_PARALLEL * self.parallelism() as usize)
-            .min(max)
-            .max(1)
-    }
-
-    /// Bytes that may be fetched ahead now.
-    fn limit(&self) -> u64 {
-        allowance(
-            self.trust,
-            self.opened_files,
-            self.opened_bytes,
-            self.parallelism(),
-        )
-    }
-
-    /// Back to the first drawn directory (a new epoch or a new set).
-    fn rewind(&mut self) {
-        self.cursor_dir = 0;
-        self.cursor_file = 0;
-        self.retry.clear();
-    }
-
-    /// The next files of the set to look at for prefetch: in the directories drawn from, not
-    /// opened in this epoch and not fetched ahead; at most `n`. Moves the cursor past them.
-    /// Whether the scheduler has nothing to start: a set is installed and its cursor has
-    /// passed every drawn directory with no file left to retry, and no rebuild or
-    /// enumeration is due. Only an open that draws from a new directory, a boundary (which
-    /// rewinds the cursor), a new set or a finished fetch (which wakes the scheduler itself)
-    /// makes work again; the allowance growing with opens matters only for files waiting in
-    /// `retry`, which makes this false.
-    fn idle(&self) -> bool {
-        self.set
-            .as_ref()
-            .is_some_and(|set| self.cursor_dir >= set.drawn.len())
-            && self.retry.is_empty()
-            && !self.needs_rebuild
-            && self.building.is_none()
-            && self.filling == 0
-    }
-
-    fn candidates(&mut self, n: usize) -> Vec<(usize, u64)> {
-        let Some(set) = self.set.as_ref() else {
-            return Vec::new();
-        };
-        let epoch_start = self.epoch_start;
-        let wanted = |i: usize| set.opened_at[i] <= epoch_start && set.flags[i] & AHEAD == 0;
-        let mut out: Vec<(usize, u64)> = Vec::new();
-        // Files waiting for the allowance come first; those beyond `n` wait on.
-        let mut waiting = std::mem::take(&mut self.retry).into_iter();
-        for (i, ino) in waiting.by_ref() {
-            if set.inos.get(i) == Some(&ino) && wanted(i) {
-                out.push((i, ino));
-                if out.len() == n {
-                    break;
-                }
-            }
-        }
-        self.retry.extend(waiting);
-        while out.len() < n && self.cursor_dir < set.drawn.len() {
-            let dir = &set.dirs[set.drawn[self.cursor_dir] as usize];
-            let i = dir.start + self.cursor_file;
-            if i >= dir.end {
-                self.cursor_dir += 1;
-                self.cursor_file = 0;
-                continue;
-            }
-            self.cursor_file += 1;
-            let i = i as usize;
-            if wanted(i) {
-                out.push((i, set.inos[i]));
-            }
-        }
-        out
-    }
 }
 
 impl Prefetcher {
