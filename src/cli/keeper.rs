@@ -106,7 +106,10 @@ pub fn run(args: &MountArgs) -> anyhow::Result<()> {
             bail!("the riffle daemon {how} before mounting");
         }
         if !connection_alive(&holder) {
-            note(log, &format!("the daemon {how} and the mount is gone; exiting"));
+            note(
+                log,
+                &format!("the daemon {how} and the mount is gone; exiting"),
+            );
             return Ok(());
         }
         if started.elapsed() >= STARTED_AFTER {
@@ -154,7 +157,8 @@ fn run_daemon(
     }
     cmd.env("RIFFLE_KEEPER_FD", theirs.as_raw_fd().to_string());
     if resume {
-        cmd.env("RIFFLE_RESUME", "true").env_remove("RIFFLE_READY_FD");
+        cmd.env("RIFFLE_RESUME", "true")
+            .env_remove("RIFFLE_READY_FD");
         cmd.stdin(Stdio::null());
     }
     let inherit = theirs.as_raw_fd();

@@ -96,7 +96,9 @@ struct DeferredState {
 
 impl Deferred {
     fn lock(&self) -> std::sync::MutexGuard<'_, DeferredState> {
-        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 

@@ -135,7 +135,15 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
             handover.as_ref(),
         )?,
     };
-    serve_until_unmounted(args, &mountpoint, stack, session, runtime, readiness, log_opener)
+    serve_until_unmounted(
+        args,
+        &mountpoint,
+        stack,
+        session,
+        runtime,
+        readiness,
+        log_opener,
+    )
 }
 
 /// What a mount serves with, built before it mounts.
