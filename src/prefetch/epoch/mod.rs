@@ -524,6 +524,13 @@ impl Prefetcher {
         }
         let batch = {
             let mut st = self.epoch.lock();
+            // Under an eviction policy that does not ask the prefetcher what it still needs
+            // (`--eviction lru` or `epoch`), files fetched ahead of a set larger than the room
+            // are evicted before they are read and fetched again: take only sets that fit.
+            let unprotected = !self.config.eviction_asks_prefetch || self.fetcher.disk().is_none();
+            if unprotected && st.set.as_ref().is_some_and(|set| set.drawn_bytes > room) {
+                return fill;
+            }
             let free_slots = st
                 .concurrency(self.config.concurrency)
                 .saturating_sub(st.in_flight);
