@@ -13,7 +13,9 @@
 //! answered, and serves on. The cache on disk is reused, so nothing is fetched again.
 //!
 //! The daemon exiting 0 means the file system was unmounted (or stopped by SIGTERM): the
-//! keeper exits 0. SIGTERM and SIGINT sent to the keeper are passed on to the daemon. A
+//! keeper exits 0. SIGTERM and SIGINT sent to the keeper are passed on to the daemon. SIGHUP
+//! replaces the daemon: the keeper kills it and starts a successor from the program now at
+//! its path, so installing a new `riffle` and sending SIGHUP upgrades a live mount. A
 //! successor that fails is retried with a growing pause (0.1 s doubling to 5 s); after
 //! [`MAX_FAILED_STARTS`] failures in a row, or when the connection is gone (unmounted while
 //! no daemon ran), the keeper closes its copy, the kernel ends the connection, and readers
@@ -41,20 +43,38 @@ use crate::fs::handover::protocol::{self, Holder, ProtocolError};
 /// Successive failed starts of a successor before the keeper gives up.
 pub const MAX_FAILED_STARTS: u32 = 10;
 
-/// A successor that served at least this long counts as started (its failure count resets).
-const STARTED_AFTER: Duration = Duration::from_secs(10);
+/// A daemon that served at least this long counts as started (the failure count resets).
+const STARTED_AFTER: Duration = Duration::from_secs(2);
 
 /// The daemon's pid, for passing signals on (0: none running).
 static DAEMON_PID: AtomicI32 = AtomicI32::new(0);
 
 extern "C" fn pass_signal_on(signal: libc::c_int) {
     let pid = DAEMON_PID.load(Ordering::Relaxed);
+    // SIGHUP: replace the daemon (an upgrade: the successor runs the program now installed
+    // at the keeper's path). Killing it is safe: every request comes again to its successor.
+    let signal = if signal == libc::SIGHUP {
+        libc::SIGKILL
+    } else {
+        signal
+    };
     if pid > 0 {
         // SAFETY: kill is async-signal-safe.
         unsafe {
             libc::kill(pid, signal);
         }
     }
+}
+
+/// The program to start: this one, or what was installed at its path since it started (an
+/// upgrade replaces the file, and the kernel then names the running one "PATH (deleted)").
+fn program() -> anyhow::Result<std::path::PathBuf> {
+    let exe = std::env::current_exe().context("cannot find the riffle executable")?;
+    let text = exe.to_string_lossy();
+    Ok(match text.strip_suffix(" (deleted)") {
+        Some(installed) => std::path::PathBuf::from(installed),
+        None => exe,
+    })
 }
 
 /// Says something to the keeper's standard error and to the daemon's log file (where an
@@ -74,7 +94,11 @@ fn note(log_file: Option<&std::path::Path>, line: &str) {
 pub fn run(args: &MountArgs) -> anyhow::Result<()> {
     let log = args.log_file.as_deref();
     let mut readiness = Readiness::from_fd(args.ready_fd);
-    for signal in [nix::sys::signal::SIGTERM, nix::sys::signal::SIGINT] {
+    for signal in [
+        nix::sys::signal::SIGTERM,
+        nix::sys::signal::SIGINT,
+        nix::sys::signal::SIGHUP,
+    ] {
         let action = nix::sys::signal::SigAction::new(
             nix::sys::signal::SigHandler::Handler(pass_signal_on),
             nix::sys::signal::SaFlags::SA_RESTART,
@@ -149,8 +173,7 @@ fn run_daemon(
     readiness: &mut Readiness,
 ) -> anyhow::Result<ExitStatus> {
     let (ours, theirs) = protocol::pair().context("cannot create the keeper socket")?;
-    let exe = std::env::current_exe().context("cannot find the riffle executable")?;
-    let mut cmd = Command::new(exe);
+    let mut cmd = Command::new(program()?);
     cmd.args(std::env::args_os().skip(1));
     if !std::env::args_os().any(|a| a == "--foreground" || a == "-f") {
         cmd.arg("--foreground");

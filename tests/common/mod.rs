@@ -197,13 +197,28 @@ impl Mount {
         extra: &[&str],
         nofile: Option<u64>,
     ) -> Mount {
+        Self::mount_with(Path::new(RIFFLE), endpoint, source, extra, nofile)
+    }
+
+    /// [`Mount::new`], run by the `riffle` program at `program` (a copy, to play upgrades).
+    pub fn new_with_program(endpoint: &str, program: &Path, source: &str, extra: &[&str]) -> Mount {
+        Self::mount_with(program, endpoint, source, extra, None)
+    }
+
+    fn mount_with(
+        program: &Path,
+        endpoint: &str,
+        source: &str,
+        extra: &[&str],
+        nofile: Option<u64>,
+    ) -> Mount {
         use std::os::unix::process::CommandExt;
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("mnt");
         std::fs::create_dir(&path).expect("mkdir");
         let log = dir.path().join("riffle.log");
         let pid_file = dir.path().join("riffle.pid");
-        let mut cmd = Command::new(RIFFLE);
+        let mut cmd = Command::new(program);
         if let Some(n) = nofile {
             // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
             unsafe {

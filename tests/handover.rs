@@ -1,0 +1,349 @@
+//! `riffle mount --restart` against the real RGW: the daemon is SIGKILLed (what an OOM kill
+//! does) again and again, and replaced by a different build (an upgrade), while readers read
+//! every file in a loop and one handle opened before the first kill stays open throughout.
+//! Every read must return the object's bytes: 0 failed, 0 wrong, progress after every kill,
+//! and the keeper's successor serves the same connection (the mount is never remounted).
+
+mod common;
+
+use std::io::Read;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::Mount;
+
+/// Files in the bucket (small ones, read whole), plus one large file read at random offsets
+/// through a handle held open for the whole test.
+const FILES: usize = 120;
+const LARGE: usize = 6 << 20;
+
+/// What the readers saw.
+#[derive(Default)]
+struct Tally {
+    reads: AtomicU64,
+    failed: AtomicU64,
+    wrong: AtomicU64,
+    /// Complete passes over every file, by all readers together.
+    passes: AtomicU64,
+    /// The longest read, in microseconds.
+    longest_us: AtomicU64,
+    errors: Mutex<Vec<String>>,
+}
+
+impl Tally {
+    fn read(&self, what: &str, expected: &[u8], read: impl FnOnce() -> std::io::Result<Vec<u8>>) {
+        let start = Instant::now();
+        let result = read();
+        self.longest_us
+            .fetch_max(start.elapsed().as_micros() as u64, Ordering::Relaxed);
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        match result {
+            Ok(data) if data == expected => {}
+            Ok(data) => {
+                self.wrong.fetch_add(1, Ordering::Relaxed);
+                self.note(format!("{what}: {} wrong bytes", data.len()));
+            }
+            Err(e) => {
+                self.failed.fetch_add(1, Ordering::Relaxed);
+                self.note(format!("{what}: {e}"));
+            }
+        }
+    }
+
+    fn note(&self, line: String) {
+        let mut errors = self.errors.lock().unwrap();
+        if errors.len() < 10 {
+            errors.push(line);
+        }
+    }
+}
+
+struct Dataset {
+    files: Vec<(String, Vec<u8>)>,
+    large: Vec<u8>,
+}
+
+fn dataset(endpoint: &str, bucket: &str) -> Dataset {
+    let rt = common::runtime();
+    let s3 = common::client(endpoint);
+    let files: Vec<(String, Vec<u8>)> = (0..FILES)
+        .map(|i| {
+            let size = 2_000 + (i * 7_919) % 150_000;
+            (
+                format!("train/c{:02}/img_{i:04}.jpg", i % 8),
+                common::pattern(size, i as u64),
+            )
+        })
+        .collect();
+    let large = common::pattern(LARGE, 999);
+    rt.block_on(async {
+        common::create_bucket(&s3, bucket).await;
+        common::put_many(&s3, bucket, files.clone(), 16).await;
+        common::put(&s3, bucket, "tokens.bin", large.clone()).await;
+    });
+    Dataset { files, large }
+}
+
+/// Starts the readers: two that pass over every file (open, read whole, close), one that
+/// preads the held handle of the large file.
+fn start_readers(
+    root: &Path,
+    data: &Arc<Dataset>,
+    tally: &Arc<Tally>,
+    stop: &Arc<AtomicBool>,
+) -> Vec<std::thread::JoinHandle<()>> {
+    let held = std::fs::File::open(root.join("tokens.bin")).expect("open the held file");
+    let mut readers = Vec::new();
+    for r in 0..2usize {
+        let (root, data, tally, stop) = (
+            root.to_path_buf(),
+            data.clone(),
+            tally.clone(),
+            stop.clone(),
+        );
+        readers.push(std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                for i in 0..data.files.len() {
+                    let (key, bytes) = &data.files[(i * 7 + r * 13) % data.files.len()];
+                    tally.read(key, bytes, || {
+                        let mut out = Vec::new();
+                        std::fs::File::open(root.join(key))?.read_to_end(&mut out)?;
+                        Ok(out)
+                    });
+                }
+                tally.passes.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    {
+        let (data, tally, stop) = (data.clone(), tally.clone(), stop.clone());
+        readers.push(std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                let offset = (n * 1_048_573) % (LARGE as u64 - 70_000);
+                let len = 4_096 + (n as usize * 4_099) % 65_536;
+                let want = &data.large[offset as usize..offset as usize + len];
+                tally.read("tokens.bin (held)", want, || {
+                    let mut out = vec![0u8; len];
+                    held.read_exact_at(&mut out, offset)?;
+                    Ok(out)
+                });
+            }
+        }));
+    }
+    readers
+}
+
+/// Waits until the readers made `passes` more passes (a successor serves: progress).
+fn wait_for_progress(tally: &Tally, passes: u64, what: &str) {
+    let target = tally.passes.load(Ordering::Relaxed) + passes;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while tally.passes.load(Ordering::Relaxed) < target {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: no progress in 120 s (failed {}, errors {:?})",
+            tally.failed.load(Ordering::Relaxed),
+            tally.errors.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The pid in the mount's pid file once it names a live process other than `old`.
+fn wait_for_new_daemon(mount: &Mount, old: i32) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let pid = std::fs::read_to_string(&mount.pid_file)
+            .ok()
+            .and_then(|p| p.trim().parse::<i32>().ok());
+        if let Some(pid) = pid.filter(|p| *p != old && Path::new(&format!("/proc/{p}")).exists()) {
+            return pid;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no successor daemon within 60 s:\n{}",
+            mount.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn sigkill(pid: i32) {
+    // SAFETY: a plain kill of a process this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0, "kill {pid}");
+}
+
+/// The keeper: the daemon's parent.
+fn keeper_of(pid: i32) -> i32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("daemon stat");
+    let after = &stat[stat.rfind(')').expect("stat") + 2..];
+    after
+        .split(' ')
+        .nth(1)
+        .expect("ppid")
+        .parse()
+        .expect("ppid")
+}
+
+fn passthrough_opens(mount: &Mount) -> u64 {
+    common::stats(mount)["fuse"]["passthrough_opens"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+fn run_scenario(endpoint: &str, extra: &[&str], program: Option<&Path>) {
+    let bucket = common::unique_bucket("handover");
+    let data = Arc::new(dataset(endpoint, &bucket));
+    let cache = tempfile::tempdir().expect("cache dir");
+    let cache_dir = cache.path().to_str().expect("utf-8 path");
+    let mut args = vec!["--restart", "--cache-dir", cache_dir, "--cache-size", "1G"];
+    args.extend_from_slice(extra);
+    let mount = match program {
+        Some(program) => {
+            Mount::new_with_program(endpoint, program, &format!("s3://{bucket}/"), &args)
+        }
+        None => Mount::new(endpoint, &format!("s3://{bucket}/"), &args),
+    };
+    let first = mount.pid();
+    let keeper = keeper_of(first);
+    let tally = Arc::new(Tally::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers = start_readers(&mount.path, &data, &tally, &stop);
+    wait_for_progress(&tally, 2, "before the first kill");
+    let mut pid = first;
+    let mut passthrough = Vec::new();
+    for round in 1..=3 {
+        passthrough.push(passthrough_opens(&mount));
+        sigkill(pid);
+        pid = wait_for_new_daemon(&mount, pid);
+        assert_eq!(
+            keeper_of(pid),
+            keeper,
+            "round {round}: the keeper started the successor"
+        );
+        wait_for_progress(&tally, 2, &format!("after kill {round}"));
+    }
+    passthrough.push(passthrough_opens(&mount));
+    stop.store(true, Ordering::Relaxed);
+    for reader in readers {
+        reader.join().expect("reader");
+    }
+    let errors = tally.errors.lock().unwrap().clone();
+    let (reads, failed, wrong) = (
+        tally.reads.load(Ordering::Relaxed),
+        tally.failed.load(Ordering::Relaxed),
+        tally.wrong.load(Ordering::Relaxed),
+    );
+    eprintln!(
+        "handover {extra:?}: 3 SIGKILLs, {reads} reads, {failed} failed, {wrong} wrong, longest read {} ms, passthrough opens by each daemon {passthrough:?}",
+        tally.longest_us.load(Ordering::Relaxed) / 1000
+    );
+    assert_eq!((failed, wrong), (0, 0), "errors: {errors:?}");
+    assert!(reads > 0);
+    let log = mount.log_text();
+    assert_eq!(
+        log.matches("took the mount over from the keeper").count(),
+        3,
+        "log:\n{log}"
+    );
+    if !extra.contains(&"--no-passthrough") {
+        // Every successor opened files through passthrough again (its own backing ids).
+        assert!(
+            passthrough.iter().skip(1).all(|&n| n > 0),
+            "passthrough opens {passthrough:?}"
+        );
+    }
+    // Unmounting ends the daemon and its keeper; nothing stays mounted.
+    let path = mount.path.clone();
+    drop(mount);
+    for p in [pid, keeper] {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Path::new(&format!("/proc/{p}")).exists()
+            && !std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| s.contains(") Z "))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "process {p} still running after unmount"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    assert!(
+        !mounts.contains(path.to_str().expect("utf-8")),
+        "still mounted"
+    );
+}
+
+#[test]
+fn sigkilled_daemons_cost_no_read_with_passthrough() {
+    let endpoint = need_rgw!();
+    run_scenario(&endpoint, &[], None);
+}
+
+#[test]
+fn sigkilled_daemons_cost_no_read_without_passthrough() {
+    let endpoint = need_rgw!();
+    run_scenario(&endpoint, &["--no-passthrough"], None);
+}
+
+/// An upgrade: a new build is installed over the program the keeper runs (a rename, as a
+/// package manager does), and SIGHUP makes the keeper replace its daemon with it.
+#[test]
+fn a_new_build_takes_the_mount_over_on_sighup() {
+    let endpoint = need_rgw!();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let installed: PathBuf = dir.path().join("riffle");
+    std::fs::copy(common::RIFFLE, &installed).expect("install riffle");
+    let bucket = common::unique_bucket("upgrade");
+    let data = Arc::new(dataset(&endpoint, &bucket));
+    let mount = Mount::new_with_program(
+        &endpoint,
+        &installed,
+        &format!("s3://{bucket}/"),
+        &["--restart", "--no-passthrough"],
+    );
+    let old = mount.pid();
+    let keeper = keeper_of(old);
+    let tally = Arc::new(Tally::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers = start_readers(&mount.path, &data, &tally, &stop);
+    wait_for_progress(&tally, 2, "before the upgrade");
+    // A different build: the same program with bytes appended (another file, another digest).
+    let staged = dir.path().join("riffle.new");
+    let mut bytes = std::fs::read(common::RIFFLE).expect("read riffle");
+    bytes.extend_from_slice(b"\nanother build\n");
+    std::fs::write(&staged, &bytes).expect("stage the new build");
+    std::fs::set_permissions(&staged, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    std::fs::rename(&staged, &installed).expect("install the new build");
+    // SAFETY: a plain kill of a process this test started.
+    assert_eq!(unsafe { libc::kill(keeper, libc::SIGHUP) }, 0);
+    let new = wait_for_new_daemon(&mount, old);
+    wait_for_progress(&tally, 2, "after the upgrade");
+    stop.store(true, Ordering::Relaxed);
+    for reader in readers {
+        reader.join().expect("reader");
+    }
+    let exe = std::fs::read_link(format!("/proc/{new}/exe")).expect("successor exe");
+    let digest = |path: &Path| {
+        use sha2::Digest;
+        sha2::Sha256::digest(std::fs::read(path).expect("read")).to_vec()
+    };
+    assert_eq!(exe, installed, "the successor runs the new build");
+    assert_ne!(digest(&installed), digest(Path::new(common::RIFFLE)));
+    let (failed, wrong) = (
+        tally.failed.load(Ordering::Relaxed),
+        tally.wrong.load(Ordering::Relaxed),
+    );
+    assert_eq!(
+        (failed, wrong),
+        (0, 0),
+        "errors: {:?}",
+        tally.errors.lock().unwrap()
+    );
+}
