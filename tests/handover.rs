@@ -153,14 +153,23 @@ fn wait_for_progress(tally: &Tally, passes: u64, what: &str) {
     }
 }
 
-/// The pid in the mount's pid file once it names a live process other than `old`.
+/// The daemon's pid (it answers `riffle stats`; the pid file names the keeper), or `None`
+/// while no daemon answers (between a kill and its successor).
+fn daemon_pid(mount: &Mount) -> Option<i32> {
+    let out = std::process::Command::new(common::RIFFLE)
+        .args(["stats", "--json"])
+        .arg(&mount.path)
+        .output()
+        .ok()?;
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    stats["pid"].as_i64().map(|p| p as i32)
+}
+
+/// The daemon's pid once a live daemon other than `old` answers.
 fn wait_for_new_daemon(mount: &Mount, old: i32) -> i32 {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let pid = std::fs::read_to_string(&mount.pid_file)
-            .ok()
-            .and_then(|p| p.trim().parse::<i32>().ok());
-        if let Some(pid) = pid.filter(|p| *p != old && Path::new(&format!("/proc/{p}")).exists()) {
+        if let Some(pid) = daemon_pid(mount).filter(|p| *p != old) {
             return pid;
         }
         assert!(
@@ -177,8 +186,8 @@ fn sigkill(pid: i32) {
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0, "kill {pid}");
 }
 
-/// The keeper: the daemon's parent.
-fn keeper_of(pid: i32) -> i32 {
+/// The daemon's parent.
+fn parent_of(pid: i32) -> i32 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("daemon stat");
     let after = &stat[stat.rfind(')').expect("stat") + 2..];
     after
@@ -208,8 +217,9 @@ fn run_scenario(endpoint: &str, extra: &[&str], program: Option<&Path>) {
         }
         None => Mount::new(endpoint, &format!("s3://{bucket}/"), &args),
     };
-    let first = mount.pid();
-    let keeper = keeper_of(first);
+    let keeper = mount.pid();
+    let first = daemon_pid(&mount).expect("the daemon answers");
+    assert_eq!(parent_of(first), keeper, "the pid file names the keeper");
     let tally = Arc::new(Tally::default());
     let stop = Arc::new(AtomicBool::new(false));
     let readers = start_readers(&mount.path, &data, &tally, &stop);
@@ -221,7 +231,7 @@ fn run_scenario(endpoint: &str, extra: &[&str], program: Option<&Path>) {
         sigkill(pid);
         pid = wait_for_new_daemon(&mount, pid);
         assert_eq!(
-            keeper_of(pid),
+            parent_of(pid),
             keeper,
             "round {round}: the keeper started the successor"
         );
@@ -307,8 +317,8 @@ fn a_new_build_takes_the_mount_over_on_sighup() {
         &format!("s3://{bucket}/"),
         &["--restart", "--no-passthrough"],
     );
-    let old = mount.pid();
-    let keeper = keeper_of(old);
+    let keeper = mount.pid();
+    let old = daemon_pid(&mount).expect("the daemon answers");
     let tally = Arc::new(Tally::default());
     let stop = Arc::new(AtomicBool::new(false));
     let readers = start_readers(&mount.path, &data, &tally, &stop);

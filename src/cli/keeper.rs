@@ -110,6 +110,24 @@ pub fn run(args: &MountArgs) -> anyhow::Result<()> {
     }
     // The keeper should be the last process the OOM killer picks (root only may lower it).
     let _ = std::fs::write("/proc/self/oom_score_adj", "-999");
+    // The pid file names the keeper: it lives as long as the mount, and a stop signal sent to
+    // it reaches the daemon (the daemon under a keeper writes none).
+    if let Some(pid_file) = &args.pid_file {
+        if let Err(e) = std::fs::write(pid_file, format!("{}\n", std::process::id())) {
+            let reason = format!("cannot write pid file {}: {e}", pid_file.display());
+            readiness.failed(&reason);
+            bail!("{reason}");
+        }
+    }
+    let result = keep(&mut readiness, log);
+    if let Some(pid_file) = &args.pid_file {
+        let _ = std::fs::remove_file(pid_file);
+    }
+    result
+}
+
+/// Starts daemons until the mount ends.
+fn keep(readiness: &mut Readiness, log: Option<&std::path::Path>) -> anyhow::Result<()> {
     let holder = Arc::new(Mutex::new(Holder::default()));
     let mut failures = 0u32;
     let mut generation = 0u64;
@@ -117,7 +135,7 @@ pub fn run(args: &MountArgs) -> anyhow::Result<()> {
         generation += 1;
         let resume = generation > 1;
         let started = Instant::now();
-        let status = run_daemon(&holder, generation, resume, &mut readiness)?;
+        let status = run_daemon(&holder, generation, resume, readiness)?;
         DAEMON_PID.store(0, Ordering::Relaxed);
         if status.success() {
             return Ok(());

@@ -506,7 +506,10 @@ fn serve_until_unmounted(
         }
     });
     let _ = std::env::set_current_dir("/");
-    if let Some(pid_file) = &args.pid_file {
+    // Under a keeper, the pid file names the keeper (the process that lives as long as the
+    // mount, and that a stop signal goes to); it wrote the file itself.
+    let pid_file = args.pid_file.as_ref().filter(|_| args.keeper_fd.is_none());
+    if let Some(pid_file) = pid_file {
         std::fs::write(pid_file, format!("{}\n", std::process::id()))
             .with_context(|| format!("cannot write pid file {}", pid_file.display()))?;
     }
@@ -539,7 +542,7 @@ fn serve_until_unmounted(
             );
         }
     }
-    if let Some(pid_file) = &args.pid_file {
+    if let Some(pid_file) = pid_file {
         let _ = std::fs::remove_file(pid_file);
     }
     runtime.shutdown_timeout(Duration::from_secs(1));
