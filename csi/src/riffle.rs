@@ -9,7 +9,10 @@
 //! the (root-only) run directory instead of a pipe: the daemon inherits the
 //! descriptor, and a pipe would tie the daemon to the plugin. After exit 0 we
 //! check that a `fuse.riffle` mount is really at the target and read the
-//! daemon's pid from the pid file.
+//! daemon's pid from the pid file. With `--restart` (always given), that pid is
+//! riffle's keeper, which lives as long as the mount: a daemon killed under it
+//! (SIGKILL, OOM kill, panic) is replaced by a successor that takes the live
+//! FUSE connection over, so the volume stays healthy and is not remounted.
 //!
 //! The reason line is mapped to a gRPC-relevant category by keywords (exit
 //! code 2 is a usage error from clap); the message is passed on verbatim,
@@ -113,6 +116,9 @@ impl RiffleMounter {
             req.settings.source_url().into(),
             req.target.as_os_str().to_owned(),
             "--allow-other".into(),
+            // A keeper holds the FUSE connection: a crash or OOM kill of the daemon is
+            // answered by a successor that takes the mount over (riffle's `cli::keeper`).
+            "--restart".into(),
         ];
         args.extend(req.settings.flags(self.cache_dir.as_deref()));
         let mut pid = OsString::from("--pid-file=");
@@ -517,6 +523,7 @@ mod tests {
                 "s3://datasets/",
                 "/t",
                 "--allow-other",
+                "--restart",
                 "--cache-size=10GiB",
                 "--cache-dir=/var/cache/riffle",
                 "--pid-file=/s/run/k.pid",

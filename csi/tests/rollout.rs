@@ -35,6 +35,8 @@ use common::node::{
 };
 use common::rgw::{content, env, make_bucket, Env};
 use common::{kubelet_target, map, publish_request, Csi};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -427,6 +429,30 @@ enum Scenario {
     Rollout,
     /// The plugin's namespace is killed; later a new one starts.
     Crash,
+    /// The volume's daemon is SIGKILLed (what an OOM kill does); its keeper starts a
+    /// successor that takes the live FUSE connection over.
+    DaemonKill,
+}
+
+/// The keeper (the riffle process of `target` whose parent is not one) and its daemon.
+fn keeper_and_daemon(target: &Path) -> (i32, i32) {
+    let pids = daemons_of(target);
+    let parent = |pid: i32| -> i32 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        stat.rfind(')')
+            .and_then(|i| stat[i + 2..].split(' ').nth(1)?.parse().ok())
+            .unwrap_or(0)
+    };
+    let keeper = *pids
+        .iter()
+        .find(|&&p| !pids.contains(&parent(p)))
+        .expect("a keeper");
+    let daemon = pids
+        .iter()
+        .copied()
+        .find(|&p| parent(p) == keeper)
+        .unwrap_or(0);
+    (keeper, daemon)
 }
 
 async fn restarts_leave_reads_alone(scenario: Scenario) {
@@ -444,11 +470,11 @@ async fn restarts_leave_reads_alone(scenario: Scenario) {
         "{scenario:?}: NodePublishVolume through riffle-mounter took {:?}",
         started.elapsed()
     ));
-    let daemons = daemons_of(&target);
+    let mut daemons = daemons_of(&target);
     assert_eq!(
         daemons.len(),
-        1,
-        "one daemon serves the target: {daemons:?}"
+        2,
+        "riffle's keeper and its daemon serve the target: {daemons:?}"
     );
     // A second pod's volume, to show unpublish stops exactly its own daemon.
     let other = node.target("evaluator-0");
@@ -478,16 +504,32 @@ async fn restarts_leave_reads_alone(scenario: Scenario) {
                 pod.wait_passes(3).await;
                 node.plugin = Some(node.start_plugin());
             }
+            Scenario::DaemonKill => {
+                node.plugin = Some(old);
+                let (keeper, daemon) = keeper_and_daemon(&target);
+                kill(Pid::from_raw(daemon), Signal::SIGKILL).expect("kill the daemon");
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while [0, daemon].contains(&keeper_and_daemon(&target).1) {
+                    assert!(Instant::now() < deadline, "no successor daemon");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                assert_eq!(keeper_and_daemon(&target).0, keeper, "the same keeper");
+                daemons = daemons_of(&target);
+            }
         }
         csi = node.connect().await;
         pod.wait_passes(3).await;
         assert_eq!(
             daemons_of(&target),
             daemons,
-            "round {round}: the same daemon still serves (adopted, not remounted)"
+            "round {round}: the same processes serve (adopted, not remounted)"
         );
+        let what = match scenario {
+            Scenario::DaemonKill => "volume daemon SIGKILLed, successor serving",
+            _ => "plugin container killed, new plugin ready",
+        };
         transcript(format!(
-            "{scenario:?} round {round}: plugin container killed, new plugin ready, pod read on ({} passes so far)",
+            "{scenario:?} round {round}: {what}, pod read on ({} passes so far)",
             pod.passes()
         ));
     }
@@ -532,7 +574,11 @@ async fn restarts_leave_reads_alone(scenario: Scenario) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let left = daemons_of(&other);
-    assert_eq!(left.len(), 1, "the other volume's daemon runs on: {left:?}");
+    assert_eq!(
+        left.len(),
+        2,
+        "the other volume's keeper and daemon run on: {left:?}"
+    );
     assert_eq!(
         std::fs::read_to_string(other.join("shard-1/data.txt")).expect("the other volume reads"),
         content(1)
@@ -554,6 +600,11 @@ async fn a_plugin_rollout_leaves_reads_alone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_crash_leaves_reads_alone() {
     restarts_leave_reads_alone(Scenario::Crash).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_sigkill_leaves_reads_alone() {
+    restarts_leave_reads_alone(Scenario::DaemonKill).await;
 }
 
 /// Reads `path` until it gives `expected`, for up to `limit`.
@@ -595,7 +646,7 @@ async fn a_mounter_restart_is_reported_and_repaired() {
     let file = target.join("shard-0/data.txt");
     read_eventually(&file, &content(0), Duration::ZERO).await;
     let before = daemons_of(&target);
-    assert_eq!(before.len(), 1, "{before:?}");
+    assert_eq!(before.len(), 2, "riffle's keeper and daemon: {before:?}");
 
     node.mounter.take().expect("mounter").kill();
     // statfs always reaches the daemon; stat may come from the attr cache.
@@ -637,7 +688,7 @@ async fn a_mounter_restart_is_reported_and_repaired() {
     node.start_mounter().await;
     read_eventually(&file, &content(0), Duration::from_secs(90)).await;
     let after = daemons_of(&target);
-    assert_eq!(after.len(), 1, "{after:?}");
+    assert_eq!(after.len(), 2, "riffle's keeper and daemon: {after:?}");
     assert_ne!(after, before, "a new daemon serves the target");
     transcript(
         "new mounter container: the plugin's supervisor remounted the target; readable again",
@@ -658,7 +709,7 @@ async fn a_mounter_restart_is_reported_and_repaired() {
     read_eventually(&file, &content(0), Duration::ZERO).await;
     // kubelet retries the publish for the pod still on the node: a no-op.
     node.publish(&mut csi, "vol-train", &target, &bucket).await;
-    assert_eq!(daemons_of(&target).len(), 1);
+    assert_eq!(daemons_of(&target).len(), 2);
     transcript("node reboot: the new plugin remounted the recorded volume at start; kubelet's repeated publish is OK");
 
     // The mounter is deleted for good (its DaemonSet removed): the pod must
