@@ -357,3 +357,141 @@ fn a_new_build_takes_the_mount_over_on_sighup() {
         tally.errors.lock().unwrap()
     );
 }
+
+/// Keeper and daemon killed together (in Kubernetes: the mounter container restarted), with
+/// a copy of the connection in an fd store (`riffle fd-store`, the plugin's container): a new
+/// `riffle mount --restart --fd-store` of the same mountpoint takes the live mount over. The
+/// store restarting (the plugin's container) loses nothing either: the keeper gives it the
+/// connection again.
+#[test]
+fn keeper_and_daemon_killed_together_cost_no_read_with_an_fd_store() {
+    let endpoint = need_rgw!();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("fdstore.sock");
+    let start_store = || {
+        let child = std::process::Command::new(common::RIFFLE)
+            .args(["fd-store", "--socket"])
+            .arg(&socket)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start riffle fd-store");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !socket.exists() {
+            assert!(Instant::now() < deadline, "fd store socket");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        child
+    };
+    let mut store = start_store();
+    let bucket = common::unique_bucket("fdstore");
+    let data = Arc::new(dataset(&endpoint, &bucket));
+    let cache = tempfile::tempdir().expect("cache dir");
+    let source = format!("s3://{bucket}/");
+    let socket_arg = socket.to_str().expect("utf-8").to_string();
+    let args = [
+        "--restart",
+        "--fd-store",
+        &socket_arg,
+        "--cache-dir",
+        cache.path().to_str().expect("utf-8"),
+        "--cache-size",
+        "1G",
+    ];
+    let mount = Mount::new(&endpoint, &source, &args);
+    let tally = Arc::new(Tally::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers = start_readers(&mount.path, &data, &tally, &stop);
+    wait_for_progress(&tally, 2, "before the first kill");
+    let wait_for_log = |needle: &str, count: usize| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while mount.log_text().matches(needle).count() < count {
+            assert!(
+                Instant::now() < deadline,
+                "log never said '{needle}':\n{}",
+                mount.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait_for_log("the fd store holds a copy of the connection", 1);
+    for round in 1..=3 {
+        if round == 2 {
+            // The store restarts; the keeper gives it the connection again.
+            store.kill().expect("kill the store");
+            store.wait().expect("reap the store");
+            let held = mount
+                .log_text()
+                .matches("the fd store holds a copy of the connection")
+                .count();
+            store = start_store();
+            wait_for_log("the fd store holds a copy of the connection", held + 1);
+        }
+        let held_before = mount
+            .log_text()
+            .matches("the fd store holds a copy of the connection")
+            .count();
+        let keeper = mount.pid();
+        let daemon = daemon_pid(&mount).expect("a daemon answers");
+        sigkill(keeper);
+        sigkill(daemon);
+        // A new keeper for the same mountpoint (as a new mounter container would start one).
+        let out = common::run_with_timeout(
+            std::process::Command::new(common::RIFFLE)
+                .arg("mount")
+                .arg(&source)
+                .arg(&mount.path)
+                .args([
+                    "--endpoint-url",
+                    &endpoint,
+                    "--force-path-style",
+                    "--cache-min-free",
+                    "0",
+                ])
+                .arg("--log-file")
+                .arg(&mount.log)
+                .arg("--pid-file")
+                .arg(&mount.pid_file)
+                .args(args),
+            Duration::from_secs(90),
+        );
+        assert!(
+            out.status.success(),
+            "round {round}: remount through the store failed: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            mount.log_text()
+        );
+        wait_for_log("took the mount over from the fd store", round);
+        // The new keeper gave the store its copy (before the next kill).
+        wait_for_log(
+            "the fd store holds a copy of the connection",
+            held_before + 1,
+        );
+        wait_for_progress(
+            &tally,
+            2,
+            &format!("after killing keeper and daemon, round {round}"),
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    for reader in readers {
+        reader.join().expect("reader");
+    }
+    let (reads, failed, wrong) = (
+        tally.reads.load(Ordering::Relaxed),
+        tally.failed.load(Ordering::Relaxed),
+        tally.wrong.load(Ordering::Relaxed),
+    );
+    eprintln!(
+        "fd store: keeper and daemon SIGKILLed together 3 times (store restarted once): {reads} reads, {failed} failed, {wrong} wrong, longest read {} ms",
+        tally.longest_us.load(Ordering::Relaxed) / 1000
+    );
+    assert_eq!(
+        (failed, wrong),
+        (0, 0),
+        "errors: {:?}",
+        tally.errors.lock().unwrap()
+    );
+    drop(mount);
+    let _ = store.kill();
+    let _ = store.wait();
+}

@@ -35,6 +35,16 @@ pub enum Command {
     /// Inspect or clear a cache directory
     #[command(subcommand)]
     Cache(CacheCommand),
+    /// Keep copies of mounts' FUSE connections for their keepers (`mount --fd-store`), so a
+    /// mount outlives its keeper and daemon together (a container restart)
+    FdStore(FdStoreArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct FdStoreArgs {
+    /// The unix socket to serve (created mode 0600; only the same user may connect)
+    #[arg(long, value_name = "PATH")]
+    pub socket: PathBuf,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -245,6 +255,12 @@ pub struct MountArgs {
     /// so readers wait instead of failing (needs Linux 6.9+ for requests in flight)
     #[arg(long)]
     pub restart: bool,
+
+    /// With --restart: also give a copy of the FUSE connection to this fd store (`riffle
+    /// fd-store`), so the mount outlives the keeper too; a keeper started for a mount the store
+    /// holds takes it over instead of mounting
+    #[arg(long, value_name = "SOCKET", requires = "restart")]
+    pub fd_store: Option<PathBuf>,
 
     /// Internal: the daemon's socket to its keeper (`--restart`)
     #[arg(long, hide = true, env = "RIFFLE_KEEPER_FD")]

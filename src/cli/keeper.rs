@@ -33,7 +33,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use parking_lot::Mutex;
 
 use super::args::MountArgs;
@@ -82,11 +81,7 @@ fn program() -> anyhow::Result<std::path::PathBuf> {
 fn note(log_file: Option<&std::path::Path>, line: &str) {
     eprintln!("riffle keeper: {line}");
     if let Some(path) = log_file {
-        use std::io::Write;
-        if let Ok(mut file) = std::fs::OpenOptions::new().append(true).open(path) {
-            let now = humantime::format_rfc3339_micros(std::time::SystemTime::now());
-            let _ = writeln!(file, "{now}  WARN riffle keeper: {line}");
-        }
+        super::logging::append_line(path, "WARN", &format!("riffle keeper: {line}"));
     }
 }
 
@@ -119,23 +114,192 @@ pub fn run(args: &MountArgs) -> anyhow::Result<()> {
             bail!("{reason}");
         }
     }
-    let result = keep(&mut readiness, log);
+    let holder = Arc::new(Mutex::new(Holder::default()));
+    let store = match &args.fd_store {
+        Some(socket) => match StoreLink::open(socket, &args.mountpoint, &holder, log) {
+            Ok(link) => Some(link),
+            Err(e) => {
+                let reason = super::one_line(&e);
+                note(log, &reason);
+                readiness.failed(&reason);
+                return Err(e);
+            }
+        },
+        None => None,
+    };
+    let result = keep(&holder, store.as_ref(), &mut readiness, log);
+    if let Some(store) = &store {
+        // The mount ended (or was given up): its copy in the store must not keep it alive.
+        store.drop_key();
+    }
     if let Some(pid_file) = &args.pid_file {
         let _ = std::fs::remove_file(pid_file);
     }
     result
 }
 
+/// The keeper's link to an fd store (`--fd-store`, see `cli::fd_store`).
+struct StoreLink {
+    socket: std::path::PathBuf,
+    key: String,
+    /// Whether the mount was taken from the store (its first daemon resumes).
+    took: bool,
+}
+
+impl StoreLink {
+    /// Connects to the store and takes the mount's bundle if the store holds one; then keeps
+    /// giving the store a copy of the keeper's bundle (again after the store restarts).
+    fn open(
+        socket: &std::path::Path,
+        mountpoint: &std::path::Path,
+        holder: &Arc<Mutex<Holder>>,
+        log: Option<&std::path::Path>,
+    ) -> anyhow::Result<StoreLink> {
+        use sha2::Digest;
+        let absolute = std::path::absolute(mountpoint).unwrap_or(mountpoint.to_path_buf());
+        let digest = sha2::Sha256::digest(absolute.as_os_str().as_encoded_bytes());
+        let key: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+        let mut link = StoreLink {
+            socket: socket.to_path_buf(),
+            key,
+            took: false,
+        };
+        let lease = match protocol::connect(socket) {
+            Ok(conn) => match take_waiting_for_a_dead_lease(&conn, &link.key) {
+                Ok(fds)
+                    if fds
+                        .first()
+                        .is_some_and(|fuse| protocol::connection_gone(fuse.as_fd())) =>
+                {
+                    // A mount that ended while no keeper ran: forget it, mount afresh.
+                    let _ = protocol::send(
+                        conn.as_fd(),
+                        &protocol::Message::Drop(link.key.clone()),
+                        &[],
+                    );
+                    let _ = protocol::recv(conn.as_fd());
+                    Some(conn)
+                }
+                Ok(fds) => {
+                    let mut holder = holder.lock();
+                    holder.answer(0, protocol::Message::Hold(None), fds);
+                    holder.disconnected(0);
+                    link.took = true;
+                    note(log, "took the mount over from the fd store");
+                    Some(conn)
+                }
+                Err(ProtocolError::Nothing) => Some(conn),
+                Err(ProtocolError::Busy) => bail!(
+                    "another keeper serves {} (the fd store lent it its connection)",
+                    absolute.display()
+                ),
+                Err(e) => {
+                    note(log, &format!("fd store {}: {e}", socket.display()));
+                    None
+                }
+            },
+            Err(e) => {
+                note(
+                    log,
+                    &format!(
+                        "fd store {} unreachable ({e}); will retry",
+                        socket.display()
+                    ),
+                );
+                None
+            }
+        };
+        link.mirror(lease, holder.clone(), log.map(|p| p.to_path_buf()));
+        Ok(link)
+    }
+
+    /// Keeps a copy of the bundle in the store, on connection `lease` (or a new one), and
+    /// gives it again whenever the store comes back.
+    fn mirror(
+        &self,
+        lease: Option<OwnedFd>,
+        holder: Arc<Mutex<Holder>>,
+        log: Option<std::path::PathBuf>,
+    ) {
+        let (socket, key) = (self.socket.clone(), self.key.clone());
+        let spawned = std::thread::Builder::new()
+            .name("riffle-keeper-store".into())
+            .spawn(move || {
+                let mut conn = lease;
+                loop {
+                    let Some(bundle) = holder.lock().copies() else {
+                        std::thread::sleep(Duration::from_millis(50));
+                        continue;
+                    };
+                    let Some(link) = conn.take().or_else(|| protocol::connect(&socket).ok()) else {
+                        std::thread::sleep(Duration::from_secs(1));
+                        continue;
+                    };
+                    let fds: Vec<_> = bundle.iter().map(|fd| fd.as_fd()).collect();
+                    match protocol::hold(link.as_fd(), Some(&key), &fds) {
+                        Ok(()) => {
+                            note(
+                                log.as_deref(),
+                                "the fd store holds a copy of the connection",
+                            );
+                            // Holds the lease until the store goes away.
+                            while protocol::recv(link.as_fd()).is_ok() {}
+                        }
+                        Err(e) => note(log.as_deref(), &format!("fd store: {e}")),
+                    }
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            });
+        if let Err(e) = spawned {
+            eprintln!("riffle keeper: cannot start the fd store thread: {e}");
+        }
+    }
+
+    /// Tells the store the mount ended.
+    fn drop_key(&self) {
+        if let Ok(conn) = protocol::connect(&self.socket) {
+            let _ = protocol::send(
+                conn.as_fd(),
+                &protocol::Message::Drop(self.key.clone()),
+                &[],
+            );
+            let _ = protocol::recv(conn.as_fd());
+        }
+    }
+}
+
+/// How long a keeper waits for the store to notice that the keeper before it died (its
+/// lease ends when the store sees its socket close).
+const DEAD_LEASE_WAIT: Duration = Duration::from_secs(10);
+
+/// Takes mount `key` from the store; while another keeper's lease holds it, asks again for up
+/// to [`DEAD_LEASE_WAIT`] (a keeper killed a moment ago may not have been noticed yet).
+fn take_waiting_for_a_dead_lease(conn: &OwnedFd, key: &str) -> Result<Vec<OwnedFd>, ProtocolError> {
+    let deadline = Instant::now() + DEAD_LEASE_WAIT;
+    loop {
+        match protocol::take(conn.as_fd(), Some(key)) {
+            Err(ProtocolError::Busy) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Starts daemons until the mount ends.
-fn keep(readiness: &mut Readiness, log: Option<&std::path::Path>) -> anyhow::Result<()> {
-    let holder = Arc::new(Mutex::new(Holder::default()));
+fn keep(
+    holder: &Arc<Mutex<Holder>>,
+    store: Option<&StoreLink>,
+    readiness: &mut Readiness,
+    log: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
     let mut failures = 0u32;
     let mut generation = 0u64;
     loop {
         generation += 1;
-        let resume = generation > 1;
+        let resume = generation > 1 || store.is_some_and(|s| s.took);
         let started = Instant::now();
-        let status = run_daemon(&holder, generation, resume, readiness)?;
+        let status = run_daemon(holder, generation, resume, readiness)?;
         DAEMON_PID.store(0, Ordering::Relaxed);
         if status.success() {
             return Ok(());
@@ -147,7 +311,7 @@ fn keep(readiness: &mut Readiness, log: Option<&std::path::Path>) -> anyhow::Res
             // pipe, log); nothing to keep.
             bail!("the riffle daemon {how} before mounting");
         }
-        if !connection_alive(&holder) {
+        if !connection_alive(holder) {
             note(
                 log,
                 &format!("the daemon {how} and the mount is gone; exiting"),
@@ -198,9 +362,11 @@ fn run_daemon(
     }
     cmd.env("RIFFLE_KEEPER_FD", theirs.as_raw_fd().to_string());
     if resume {
-        cmd.env("RIFFLE_RESUME", "true")
-            .env_remove("RIFFLE_READY_FD");
-        cmd.stdin(Stdio::null());
+        cmd.env("RIFFLE_RESUME", "true");
+    }
+    if generation > 1 {
+        // Only the first daemon reports to `riffle mount` (mounted, or taken over from a store).
+        cmd.env_remove("RIFFLE_READY_FD").stdin(Stdio::null());
     }
     let inherit = theirs.as_raw_fd();
     // SAFETY: fcntl is async-signal-safe; nothing else runs between fork and exec.
@@ -259,20 +425,12 @@ fn answer(socket: &OwnedFd, holder: &Mutex<Holder>, client: u64) {
     holder.lock().disconnected(client);
 }
 
-/// Whether the held FUSE connection still exists (the kernel reports an error on the
-/// descriptor once it was unmounted or aborted).
+/// Whether the held FUSE connection still exists.
 fn connection_alive(holder: &Mutex<Holder>) -> bool {
-    let holder = holder.lock();
-    let Some(fuse) = holder.fuse() else {
-        return false;
-    };
-    let mut fds = [PollFd::new(fuse, PollFlags::POLLIN)];
-    match poll(&mut fds, PollTimeout::ZERO) {
-        Ok(_) => !fds[0].revents().is_some_and(|r| {
-            r.intersects(PollFlags::POLLERR | PollFlags::POLLHUP | PollFlags::POLLNVAL)
-        }),
-        Err(_) => false,
-    }
+    holder
+        .lock()
+        .fuse()
+        .is_some_and(|fuse| !protocol::connection_gone(fuse))
 }
 
 fn describe(status: &ExitStatus) -> String {

@@ -53,6 +53,17 @@ pub fn init_deferred(config: &LogConfig<'_>) -> anyhow::Result<LogOpener> {
     init_with(config, true)
 }
 
+/// Appends one line to the log file at `path` as the log's own lines look, without opening
+/// it for rotation (which scans its directory: see [`init_deferred`]). For the keeper's few
+/// lines, and for a successor that fails before its log file is opened.
+pub fn append_line(path: &Path, level: &str, line: &str) {
+    use std::io::Write;
+    if let Ok(mut file) = std::fs::OpenOptions::new().append(true).open(path) {
+        let now = humantime::format_rfc3339_micros(std::time::SystemTime::now());
+        let _ = writeln!(file, "{now} {level:>5} {line}");
+    }
+}
+
 /// Log bytes kept in memory before a deferred log file is opened.
 pub const DEFERRED_MAX: usize = 1 << 20;
 

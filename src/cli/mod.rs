@@ -8,6 +8,7 @@
 pub mod args;
 mod daemon;
 mod fd_limit;
+mod fd_store;
 mod fstab;
 mod keeper;
 mod log_limit;
@@ -68,6 +69,7 @@ pub fn main() -> i32 {
         Command::Cache(cmd) => stats::cache(&cmd),
         Command::Plan(args) => warm::plan(&args),
         Command::Warm(args) => warm::warm(&args),
+        Command::FdStore(args) => fd_store::run(&args),
     };
     match result {
         Ok(()) => 0,

@@ -63,6 +63,10 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     if let Err(e) = &result {
         let line = one_line(e);
         tracing::error!("{line}");
+        if let (true, Some(log)) = (args.resume, &args.log_file) {
+            // A successor's log file may not be open yet (`logging::init_deferred`).
+            logging::append_line(log, "ERROR", &line);
+        }
         readiness.failed(&line);
     }
     result
@@ -390,7 +394,7 @@ fn give_to_keeper(keeper: &OwnedFd, handover: &Handover, session: &fuser::Sessio
         .and_then(|json| serde_json::from_slice::<InitParams>(&json).ok());
     match params {
         Some(params) if params.kernel_resends() => {
-            match protocol::hold(keeper.as_fd(), &handover.fds(session.as_fd())) {
+            match protocol::hold(keeper.as_fd(), None, &handover.fds(session.as_fd())) {
                 Ok(()) => tracing::info!(
                     "the keeper holds the FUSE connection: a crash of this daemon costs no read"
                 ),
@@ -412,8 +416,8 @@ fn give_to_keeper(keeper: &OwnedFd, handover: &Handover, session: &fuser::Sessio
 /// Takes the mount over from the keeper: the connection, its INIT parameters, and the
 /// predecessor's inodes.
 fn take_over(keeper: &OwnedFd) -> anyhow::Result<Resumed> {
-    let fds =
-        protocol::take(keeper.as_fd()).context("cannot take the mount over from the keeper")?;
+    let fds = protocol::take(keeper.as_fd(), None)
+        .context("cannot take the mount over from the keeper")?;
     let resumed = Resumed::from_fds(fds).context("cannot take the mount over")?;
     Ok(resumed)
 }

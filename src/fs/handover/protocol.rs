@@ -44,30 +44,37 @@ pub enum ProtocolError {
     Nothing,
 }
 
-/// One message.
+/// One message. `key` names one mount's bundle where one process keeps several (the fd
+/// store, `riffle fd-store`); a keeper and its daemon leave it out.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
-    Hold,
+    Hold(Option<String>),
     Ok,
-    Take,
+    Take(Option<String>),
     Give,
     Busy,
     None,
+    /// Forget the bundle of `key` (the mount ended).
+    Drop(String),
     Err(String),
 }
 
 impl Message {
     fn line(&self) -> String {
-        let verb = match self {
-            Message::Hold => "HOLD",
-            Message::Ok => "OK",
-            Message::Take => "TAKE",
-            Message::Give => "GIVE",
-            Message::Busy => "BUSY",
-            Message::None => "NONE",
-            Message::Err(reason) => return format!("ERR {VERSION} {reason}"),
+        let keyed = |verb: &str, key: &Option<String>| match key {
+            Some(key) => format!("{verb} {VERSION} {key}"),
+            None => format!("{verb} {VERSION}"),
         };
-        format!("{verb} {VERSION}")
+        match self {
+            Message::Hold(key) => keyed("HOLD", key),
+            Message::Take(key) => keyed("TAKE", key),
+            Message::Drop(key) => format!("DROP {VERSION} {key}"),
+            Message::Ok => format!("OK {VERSION}"),
+            Message::Give => format!("GIVE {VERSION}"),
+            Message::Busy => format!("BUSY {VERSION}"),
+            Message::None => format!("NONE {VERSION}"),
+            Message::Err(reason) => format!("ERR {VERSION} {reason}"),
+        }
     }
 
     fn parse(line: &str) -> Result<Message, ProtocolError> {
@@ -80,14 +87,21 @@ impl Message {
         if version != VERSION {
             return Err(ProtocolError::Version(version));
         }
+        let rest = parts.next().map(str::to_string);
+        let key = || {
+            rest.clone()
+                .filter(|k| !k.is_empty() && !k.contains(char::is_whitespace))
+                .ok_or_else(|| ProtocolError::Unexpected(line.to_string()))
+        };
         Ok(match verb {
-            "HOLD" => Message::Hold,
+            "HOLD" => Message::Hold(rest.clone().map(|_| key()).transpose()?),
+            "TAKE" => Message::Take(rest.clone().map(|_| key()).transpose()?),
+            "DROP" => Message::Drop(key()?),
             "OK" => Message::Ok,
-            "TAKE" => Message::Take,
             "GIVE" => Message::Give,
             "BUSY" => Message::Busy,
             "NONE" => Message::None,
-            "ERR" => Message::Err(parts.next().unwrap_or("").to_string()),
+            "ERR" => Message::Err(rest.unwrap_or_default()),
             _ => return Err(ProtocolError::Unexpected(line.to_string())),
         })
     }
@@ -101,6 +115,20 @@ pub fn pair() -> Result<(OwnedFd, OwnedFd), ProtocolError> {
         None,
         SockFlag::SOCK_CLOEXEC,
     )?)
+}
+
+/// A connection to the seqpacket socket at `path` (a keeper's store).
+pub fn connect(path: &std::path::Path) -> Result<OwnedFd, ProtocolError> {
+    use nix::sys::socket::{connect as connect_to, socket, UnixAddr};
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    let addr = UnixAddr::new(path)?;
+    connect_to(fd.as_raw_fd(), &addr)?;
+    Ok(fd)
 }
 
 /// Sends `message` with `fds` attached.
@@ -151,9 +179,13 @@ pub fn recv(socket: BorrowedFd<'_>) -> Result<(Message, Vec<OwnedFd>), ProtocolE
     Ok((Message::parse(line.trim_end())?, fds))
 }
 
-/// Daemon side: gives the bundle to the keeper and waits for its `OK`.
-pub fn hold(socket: BorrowedFd<'_>, bundle: &[BorrowedFd<'_>]) -> Result<(), ProtocolError> {
-    send(socket, &Message::Hold, bundle)?;
+/// Gives the bundle (of mount `key`, to a store) and waits for the `OK`.
+pub fn hold(
+    socket: BorrowedFd<'_>,
+    key: Option<&str>,
+    bundle: &[BorrowedFd<'_>],
+) -> Result<(), ProtocolError> {
+    send(socket, &Message::Hold(key.map(str::to_string)), bundle)?;
     match recv(socket)?.0 {
         Message::Ok => Ok(()),
         Message::Err(reason) => Err(ProtocolError::Refused(reason)),
@@ -161,9 +193,9 @@ pub fn hold(socket: BorrowedFd<'_>, bundle: &[BorrowedFd<'_>]) -> Result<(), Pro
     }
 }
 
-/// Successor side: takes the bundle from the keeper.
-pub fn take(socket: BorrowedFd<'_>) -> Result<Vec<OwnedFd>, ProtocolError> {
-    send(socket, &Message::Take, &[])?;
+/// Takes the bundle (of mount `key`, from a store).
+pub fn take(socket: BorrowedFd<'_>, key: Option<&str>) -> Result<Vec<OwnedFd>, ProtocolError> {
+    send(socket, &Message::Take(key.map(str::to_string)), &[])?;
     match recv(socket)? {
         (Message::Give, fds) if fds.len() == BUNDLE_FDS => Ok(fds),
         (Message::Give, fds) => Err(ProtocolError::Unexpected(format!(
@@ -190,6 +222,16 @@ impl Holder {
         self.bundle.is_some()
     }
 
+    /// Copies of the held bundle.
+    pub fn copies(&self) -> Option<Vec<OwnedFd>> {
+        self.bundle
+            .as_ref()?
+            .iter()
+            .map(|fd| fd.try_clone())
+            .collect::<Result<Vec<_>, _>>()
+            .ok()
+    }
+
     /// The held `/dev/fuse` descriptor.
     pub fn fuse(&self) -> Option<BorrowedFd<'_>> {
         use std::os::fd::AsFd;
@@ -207,20 +249,20 @@ impl Holder {
         fds: Vec<OwnedFd>,
     ) -> (Message, Vec<OwnedFd>) {
         match message {
-            Message::Hold if fds.len() == BUNDLE_FDS => {
+            Message::Hold(_) if fds.len() == BUNDLE_FDS => {
                 // A daemon holds a lease on what it gave.
                 self.bundle = Some(fds);
                 self.lease = Some(client);
                 (Message::Ok, Vec::new())
             }
-            Message::Hold => (
+            Message::Hold(_) => (
                 Message::Err(format!(
                     "HOLD needs {BUNDLE_FDS} descriptors, got {}",
                     fds.len()
                 )),
                 Vec::new(),
             ),
-            Message::Take => match (&self.bundle, self.lease) {
+            Message::Take(_) => match (&self.bundle, self.lease) {
                 (None, _) => (Message::None, Vec::new()),
                 (Some(_), Some(owner)) if owner != client => (Message::Busy, Vec::new()),
                 (Some(bundle), _) => {
@@ -259,6 +301,78 @@ impl Holder {
     }
 }
 
+/// The fd store's side: one [`Holder`] per mount key, so that a copy of each mount's
+/// connection lives in a process outside the keepers' container (`riffle fd-store`).
+#[derive(Default)]
+pub struct Store {
+    holders: std::collections::HashMap<String, Holder>,
+}
+
+impl Store {
+    /// Answers one message from client `client`.
+    pub fn answer(
+        &mut self,
+        client: u64,
+        message: Message,
+        fds: Vec<OwnedFd>,
+    ) -> (Message, Vec<OwnedFd>) {
+        match message {
+            Message::Hold(Some(key)) => {
+                let holder = self.holders.entry(key).or_default();
+                holder.answer(client, Message::Hold(None), fds)
+            }
+            Message::Take(Some(key)) => match self.holders.get_mut(&key) {
+                Some(holder) => holder.answer(client, Message::Take(None), fds),
+                None => (Message::None, Vec::new()),
+            },
+            Message::Drop(key) => {
+                self.holders.remove(&key);
+                (Message::Ok, Vec::new())
+            }
+            other => (
+                Message::Err(format!("the store needs a key: '{}'", other.line())),
+                Vec::new(),
+            ),
+        }
+    }
+
+    /// Client `client` went away: its leases end.
+    pub fn disconnected(&mut self, client: u64) {
+        for holder in self.holders.values_mut() {
+            holder.disconnected(client);
+        }
+    }
+
+    /// Forgets every bundle whose connection `is_gone` says has ended.
+    pub fn sweep(&mut self, is_gone: impl Fn(BorrowedFd<'_>) -> bool) -> usize {
+        let before = self.holders.len();
+        self.holders
+            .retain(|_, holder| holder.fuse().is_some_and(|fd| !is_gone(fd)));
+        before - self.holders.len()
+    }
+
+    pub fn len(&self) -> usize {
+        self.holders.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.holders.is_empty()
+    }
+}
+
+/// Whether the FUSE connection behind `fuse` has ended (unmounted or aborted): the kernel
+/// then reports an error on the descriptor.
+pub fn connection_gone(fuse: BorrowedFd<'_>) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let mut fds = [PollFd::new(fuse, PollFlags::POLLIN)];
+    match poll(&mut fds, PollTimeout::ZERO) {
+        Ok(_) => fds[0].revents().is_some_and(|r| {
+            r.intersects(PollFlags::POLLERR | PollFlags::POLLHUP | PollFlags::POLLNVAL)
+        }),
+        Err(_) => true,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -283,7 +397,7 @@ mod tests {
                 send(keeper.as_fd(), &reply, &[]).unwrap();
                 assert!(attach.is_empty());
             });
-            hold(daemon.as_fd(), &borrowed).unwrap();
+            hold(daemon.as_fd(), None, &borrowed).unwrap();
         });
         assert!(holder.is_holding());
         // The daemon dies: its lease ends; a successor takes the bundle.
@@ -296,7 +410,7 @@ mod tests {
                 let attach: Vec<BorrowedFd> = attach.iter().map(|f| f.as_fd()).collect();
                 send(keeper2.as_fd(), &reply, &attach).unwrap();
             });
-            assert_eq!(take(successor.as_fd()).unwrap().len(), BUNDLE_FDS);
+            assert_eq!(take(successor.as_fd(), None).unwrap().len(), BUNDLE_FDS);
         });
         assert!(holder.is_holding(), "the keeper keeps its own copies");
     }
@@ -304,16 +418,22 @@ mod tests {
     #[test]
     fn two_successors_racing_exactly_one_wins_until_it_dies() {
         let mut holder = Holder::default();
-        assert_eq!(holder.answer(9, Message::Take, Vec::new()).0, Message::None);
-        holder.answer(1, Message::Hold, bundle());
+        assert_eq!(
+            holder.answer(9, Message::Take(None), Vec::new()).0,
+            Message::None
+        );
+        holder.answer(1, Message::Hold(None), bundle());
         holder.disconnected(1);
-        let (first, got) = holder.answer(2, Message::Take, Vec::new());
-        let (second, nothing) = holder.answer(3, Message::Take, Vec::new());
+        let (first, got) = holder.answer(2, Message::Take(None), Vec::new());
+        let (second, nothing) = holder.answer(3, Message::Take(None), Vec::new());
         assert_eq!((first, got.len()), (Message::Give, BUNDLE_FDS));
         assert_eq!((second, nothing.len()), (Message::Busy, 0));
         // The winner dies mid-handover: the lease ends and the other may take it.
         holder.disconnected(2);
-        assert_eq!(holder.answer(3, Message::Take, Vec::new()).0, Message::Give);
+        assert_eq!(
+            holder.answer(3, Message::Take(None), Vec::new()).0,
+            Message::Give
+        );
     }
 
     #[test]
@@ -327,7 +447,7 @@ mod tests {
             Err(ProtocolError::Unexpected(_))
         ));
         let mut holder = Holder::default();
-        let (reply, _) = holder.answer(1, Message::Hold, Vec::new());
+        let (reply, _) = holder.answer(1, Message::Hold(None), Vec::new());
         assert!(matches!(reply, Message::Err(r) if r.contains("needs 3")));
         // A keeper that answers with another version: the asker gets a clear error.
         let (a, b) = pair().unwrap();
@@ -344,9 +464,77 @@ mod tests {
                 drop(keeper); // dies before answering
             });
             assert!(matches!(
-                take(successor.as_fd()),
+                take(successor.as_fd(), None),
                 Err(ProtocolError::Closed)
             ));
         });
+    }
+}
+
+#[cfg(test)]
+mod store_tests {
+    use super::*;
+
+    fn bundle() -> Vec<OwnedFd> {
+        (0..BUNDLE_FDS)
+            .map(|_| OwnedFd::from(std::fs::File::open("/dev/null").unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn keys_keep_mounts_apart_and_a_lease_ends_with_its_client() {
+        let mut store = Store::default();
+        let key = |k: &str| Some(k.to_string());
+        assert_eq!(
+            store.answer(1, Message::Hold(key("a")), bundle()).0,
+            Message::Ok
+        );
+        assert_eq!(
+            store.answer(2, Message::Hold(key("b")), bundle()).0,
+            Message::Ok
+        );
+        assert_eq!(
+            store.answer(3, Message::Take(key("c")), Vec::new()).0,
+            Message::None
+        );
+        // Keeper 1 still holds its lease on "a"; its death ends it.
+        assert_eq!(
+            store.answer(3, Message::Take(key("a")), Vec::new()).0,
+            Message::Busy
+        );
+        store.disconnected(1);
+        let (give, fds) = store.answer(3, Message::Take(key("a")), Vec::new());
+        assert_eq!((give, fds.len()), (Message::Give, BUNDLE_FDS));
+        assert_eq!(
+            store.answer(4, Message::Take(key("a")), Vec::new()).0,
+            Message::Busy
+        );
+        assert!(matches!(
+            store.answer(4, Message::Take(None), Vec::new()).0,
+            Message::Err(_)
+        ));
+        assert_eq!(
+            store.answer(2, Message::Drop("b".into()), Vec::new()).0,
+            Message::Ok
+        );
+        assert_eq!(store.len(), 1);
+        // /dev/null never reports an error: nothing is swept; an always-gone check sweeps all.
+        assert_eq!(store.sweep(connection_gone), 0);
+        assert_eq!(store.sweep(|_| true), 1);
+        assert!(store.is_empty());
+    }
+
+    #[test]
+    fn keyed_lines_round_trip_and_bad_keys_are_refused() {
+        for m in [
+            Message::Hold(Some("k1".into())),
+            Message::Take(None),
+            Message::Drop("abc".into()),
+            Message::Err("no such thing".into()),
+        ] {
+            assert_eq!(Message::parse(&m.line()).unwrap(), m);
+        }
+        assert!(Message::parse("DROP 1").is_err());
+        assert!(Message::parse("TAKE 1 two words").is_err());
     }
 }
