@@ -45,6 +45,7 @@ mod backings;
 pub mod bdi;
 pub mod dirplus;
 mod errno;
+mod fixed;
 mod handles;
 pub mod handover;
 mod lookahead;
@@ -65,12 +66,13 @@ use fuser::{
 };
 use parking_lot::Mutex;
 
-use crate::fetch::{DiskTier, FetchError, Fetcher, ObjectVersion};
+use crate::fetch::{FetchError, Fetcher, ObjectVersion};
 use crate::metrics::fuse_ops::{FuseOp, FuseOps};
 use crate::namespace::{Attr, DirEntry, Kind, Namespace, Stat};
 use crate::prefetch::Prefetcher;
 use crate::reader::ReadAheadConfig;
 use errno::ns_errno;
+use fixed::fixed_answers;
 use handles::{object_of, Handles, Opener};
 use handover::{HandleTable, InitParams};
 use lookahead::Lookahead;
@@ -375,71 +377,6 @@ impl RiffleFs {
         None
     }
 
-    /// For a lookup that found a small file whose complete cache file is kept for
-    /// passthrough at this version, a readahead of that file, to queue once the lookup is
-    /// answered ([`lookahead`]).
-    fn look_ahead(&self, attr: &Attr) -> Option<(&Lookahead, lookahead::Job)> {
-        if !self.passthrough.load(Ordering::Relaxed) {
-            return None; // see `look_ahead_for_daemon`
-        }
-        let (lookahead, disk, object) = self.look_ahead_candidate(attr)?;
-        let kept = self
-            .handles
-            .kept
-            .peek(&disk.entry_key(&object), &object.etag)?;
-        Some((
-            lookahead,
-            lookahead.job(kept.data_path.clone(), object.size),
-        ))
-    }
-
-    /// What a lookup readahead needs, when `attr` is a file it applies to (non-empty, at most
-    /// `--lookup-readahead`, on a mount with the NVMe cache): the readahead, the cache tier
-    /// and the object version the lookup answered with.
-    fn look_ahead_candidate(
-        &self,
-        attr: &Attr,
-    ) -> Option<(&Lookahead, &Arc<DiskTier>, Arc<ObjectVersion>)> {
-        let (Some(lookahead), Some(disk)) = (&self.lookahead, self.fetcher.disk()) else {
-            return None;
-        };
-        let Kind::File { size, etag } = &attr.kind else {
-            return None;
-        };
-        if *size == 0 || *size > self.config.lookup_readahead {
-            return None;
-        }
-        let object = Arc::new(ObjectVersion {
-            key: Arc::from(self.ns.key_of(attr.ino)),
-            etag: etag.clone(),
-            size: *size,
-        });
-        Some((lookahead, disk, object))
-    }
-
-    /// Without passthrough, after a lookup was answered that found a small file complete in
-    /// the cache but not in the daemon's memory: a readahead of its cache file, so the
-    /// daemon's read at the READ copies from the page cache instead of waiting for the disk
-    /// on the io_uring thread ([`lookahead`]).
-    fn look_ahead_for_daemon(&self, attr: &Attr) {
-        if self.passthrough.load(Ordering::Relaxed) {
-            return;
-        }
-        let Some((lookahead, disk, object)) = self.look_ahead_candidate(attr) else {
-            return;
-        };
-        if self.fetcher.in_memory(&object) {
-            return;
-        }
-        let id = disk.identity(&object);
-        if let Some(file) = disk.cache().open_data_file(&id) {
-            lookahead.run(lookahead.job_open(file, object.size));
-        } else if let Some(path) = disk.cache().closed_data_path(&id) {
-            // Its files were closed (more cached files than open entries): by name.
-            lookahead.run(lookahead.job(Arc::new(path), object.size));
-        }
-    }
-
     /// Sets passthrough and the lookup readahead up, given whether the connection has
     /// passthrough (`Err`: why not); at INIT, or from a predecessor's INIT parameters.
     fn configure(&mut self, negotiated: Result<(), String>) {
@@ -706,144 +643,6 @@ impl Filesystem for RiffleFs {
         reply.ok();
     }
 
-    fn flush(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _lo: LockOwner,
-        reply: ReplyEmpty,
-    ) {
-        let _timer = self.ops.start(FuseOp::Flush);
-        // ENOSYS: the kernel stops sending FLUSH for this mount, so close() costs no round trip.
-        reply.error(Errno::ENOSYS);
-    }
-
-    fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _ds: bool, reply: ReplyEmpty) {
-        let _timer = self.ops.start(FuseOp::Fsync);
-        reply.ok();
-    }
-
-    fn ioctl(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _flags: IoctlFlags,
-        _cmd: u32,
-        _in_data: &[u8],
-        _out_size: u32,
-        reply: ReplyIoctl,
-    ) {
-        let _timer = self.ops.start(FuseOp::Ioctl);
-        // What a regular file answers to TCGETS and every other ioctl it does not know.
-        reply.error(Errno::ENOTTY);
-    }
-
-    fn lseek(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _offset: i64,
-        _whence: i32,
-        reply: ReplyLseek,
-    ) {
-        let _timer = self.ops.start(FuseOp::Other);
-        // ENOSYS: the kernel stops asking and answers SEEK_DATA/SEEK_HOLE itself (no holes).
-        reply.error(Errno::ENOSYS);
-    }
-
-    fn poll(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _ph: PollNotifier,
-        _events: PollEvents,
-        _flags: PollFlags,
-        reply: ReplyPoll,
-    ) {
-        let _timer = self.ops.start(FuseOp::Other);
-        // ENOSYS: the kernel stops asking and reports the file always ready, as for ext4.
-        reply.error(Errno::ENOSYS);
-    }
-
-    fn copy_file_range(
-        &self,
-        _req: &Request,
-        _ino_in: INodeNo,
-        _fh_in: FileHandle,
-        _offset_in: u64,
-        _ino_out: INodeNo,
-        _fh_out: FileHandle,
-        _offset_out: u64,
-        _len: u64,
-        _flags: CopyFileRangeFlags,
-        reply: ReplyWrite,
-    ) {
-        let _timer = self.ops.start(FuseOp::Other);
-        // ENOSYS: the kernel stops asking and copies by reading and writing.
-        reply.error(Errno::ENOSYS);
-    }
-
-    fn getlk(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _lock_owner: LockOwner,
-        _start: u64,
-        _end: u64,
-        _typ: i32,
-        _pid: u32,
-        reply: ReplyLock,
-    ) {
-        let _timer = self.ops.start(FuseOp::Other);
-        // Only sent if POSIX locks were negotiated (they are not): the kernel locks locally.
-        reply.error(Errno::ENOSYS);
-    }
-
-    fn setlk(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _lock_owner: LockOwner,
-        _start: u64,
-        _end: u64,
-        _typ: i32,
-        _pid: u32,
-        _sleep: bool,
-        reply: ReplyEmpty,
-    ) {
-        let _timer = self.ops.start(FuseOp::Other);
-        reply.error(Errno::ENOSYS);
-    }
-
-    fn bmap(&self, _req: &Request, _ino: INodeNo, _bs: u32, _idx: u64, reply: ReplyBmap) {
-        let _timer = self.ops.start(FuseOp::Other);
-        reply.error(Errno::ENOSYS);
-    }
-
-    fn readlink(&self, _req: &Request, _ino: INodeNo, reply: ReplyData) {
-        let _timer = self.ops.start(FuseOp::Readlink);
-        // The tree has no symbolic links; readlink(2) of anything else is EINVAL.
-        reply.error(Errno::EINVAL);
-    }
-
-    fn fsyncdir(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _datasync: bool,
-        reply: ReplyEmpty,
-    ) {
-        let _timer = self.ops.start(FuseOp::Fsync);
-        reply.ok();
-    }
-
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let timer = self.ops.start(FuseOp::Opendir);
         let fh = self.new_fh();
@@ -968,156 +767,63 @@ impl Filesystem for RiffleFs {
         xattr_reply(reply, names, size);
     }
 
-    fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
-        let _timer = self.ops.start(FuseOp::Access);
-        reply.ok();
-    }
+    // Fixed answers (module `fixed`); the module documentation says why each is what it is.
+    fixed_answers! {
+        /// ENOSYS: the kernel stops sending FLUSH for this mount, so close() costs no round trip.
+        fn flush(INodeNo, FileHandle, LockOwner): ReplyEmpty => Flush, error(Errno::ENOSYS);
+        /// Nothing to write.
+        fn fsync(INodeNo, FileHandle, bool): ReplyEmpty => Fsync, ok();
+        /// Nothing to write.
+        fn fsyncdir(INodeNo, FileHandle, bool): ReplyEmpty => Fsync, ok();
+        /// What a regular file answers to TCGETS and every other ioctl it does not know.
+        fn ioctl(INodeNo, FileHandle, IoctlFlags, u32, &[u8], u32): ReplyIoctl
+            => Ioctl, error(Errno::ENOTTY);
+        /// ENOSYS: the kernel stops asking and answers SEEK_DATA/SEEK_HOLE itself (no holes).
+        fn lseek(INodeNo, FileHandle, i64, i32): ReplyLseek => Other, error(Errno::ENOSYS);
+        /// ENOSYS: the kernel stops asking and reports the file always ready, as for ext4.
+        fn poll(INodeNo, FileHandle, PollNotifier, PollEvents, PollFlags): ReplyPoll
+            => Other, error(Errno::ENOSYS);
+        /// ENOSYS: the kernel stops asking and copies by reading and writing.
+        fn copy_file_range(
+            INodeNo, FileHandle, u64, INodeNo, FileHandle, u64, u64, CopyFileRangeFlags,
+        ): ReplyWrite => Other, error(Errno::ENOSYS);
+        /// Only sent if POSIX locks were negotiated (they are not): the kernel locks locally.
+        fn getlk(INodeNo, FileHandle, LockOwner, u64, u64, i32, u32): ReplyLock
+            => Other, error(Errno::ENOSYS);
+        /// As `getlk`.
+        fn setlk(INodeNo, FileHandle, LockOwner, u64, u64, i32, u32, bool): ReplyEmpty
+            => Other, error(Errno::ENOSYS);
+        /// ENOSYS: the kernel remembers it and stops asking.
+        fn bmap(INodeNo, u32, u64): ReplyBmap => Other, error(Errno::ENOSYS);
+        /// The tree has no symbolic links; readlink(2) of anything else is EINVAL.
+        fn readlink(INodeNo): ReplyData => Readlink, error(Errno::EINVAL);
+        /// Succeeds: nothing is refused here.
+        fn access(INodeNo, fuser::AccessFlags): ReplyEmpty => Access, ok();
 
-    // Everything below would modify the tree: the filesystem is read-only.
+        // Everything below would modify the tree: the filesystem is read-only.
 
-    fn setattr(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _mode: Option<u32>,
-        _uid: Option<u32>,
-        _gid: Option<u32>,
-        _size: Option<u64>,
-        _atime: Option<TimeOrNow>,
-        _mtime: Option<TimeOrNow>,
-        _ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<fuser::BsdFileFlags>,
-        reply: ReplyAttr,
-    ) {
-        let _timer = self.ops.start(FuseOp::Modify);
-        reply.error(Errno::EROFS);
-    }
-
-    fn mknod(
-        &self,
-        _req: &Request,
-        _p: INodeNo,
-        _n: &OsStr,
-        _m: u32,
-        _u: u32,
-        _r: u32,
-        reply: ReplyEntry,
-    ) {
-        let _timer = self.ops.start(FuseOp::Modify);
-        reply.error(Errno::EROFS);
-    }
-
-    fn mkdir(&self, _req: &Request, _p: INodeNo, _n: &OsStr, _m: u32, _u: u32, reply: ReplyEntry) {
-        let _timer = self.ops.start(FuseOp::Modify);
-        reply.error(Errno::EROFS);
-    }
-
-    fn unlink(&self, _req: &Request, _p: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
-        let _timer = self.ops.start(FuseOp::Modify);
-        reply.error(Errno::EROFS);
-    }
-
-    fn rmdir(&self, _req: &Request, _p: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
-        let _timer = self.ops.start(FuseOp::Modify);
-        reply.error(Errno::EROFS);
-    }
-
-    fn symlink(
-        &self,
-        _req: &Request,
-        _p: INodeNo,
-        _n: &OsStr,
-        _t: &std::path::Path,
-        reply: ReplyEntry,
-    ) {
-        let _timer = self.ops.start(FuseOp::Modify);
-        reply.error(Errno::EROFS);
-    }
-
-    fn rename(
-        &self,
-        _req: &Request,
-        _p: INodeNo,
-        _n: &OsStr,
-        _np: INodeNo,
-        _nn: &OsStr,
-        _f: fuser::RenameFlags,
-        reply: ReplyEmpty,
-    ) {
-        let _timer = self.ops.start(FuseOp::Modify);
-        reply.error(Errno::EROFS);
-    }
-
-    fn link(&self, _req: &Request, _i: INodeNo, _np: INodeNo, _nn: &OsStr, reply: ReplyEntry) {
-        let _timer = self.ops.start(FuseOp::Modify);
-        reply.error(Errno::EROFS);
-    }
-
-    fn write(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _offset: u64,
-        _data: &[u8],
-        _wf: WriteFlags,
-        _flags: OpenFlags,
-        _lo: Option<LockOwner>,
-        reply: ReplyWrite,
-    ) {
-        let _timer = self.ops.start(FuseOp::Modify);
-        reply.error(Errno::EROFS);
-    }
-
-    fn create(
-        &self,
-        _req: &Request,
-        _p: INodeNo,
-        _n: &OsStr,
-        _m: u32,
-        _u: u32,
-        _f: i32,
-        reply: fuser::ReplyCreate,
-    ) {
-        let _timer = self.ops.start(FuseOp::Modify);
-        reply.error(Errno::EROFS);
-    }
-
-    fn setxattr(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _name: &OsStr,
-        _value: &[u8],
-        _flags: i32,
-        _position: u32,
-        reply: ReplyEmpty,
-    ) {
-        let _timer = self.ops.start(FuseOp::Modify);
-        reply.error(Errno::EROFS);
-    }
-
-    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        let _timer = self.ops.start(FuseOp::Modify);
-        reply.error(Errno::EROFS);
-    }
-
-    fn fallocate(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _offset: u64,
-        _length: u64,
-        _mode: i32,
-        reply: ReplyEmpty,
-    ) {
-        let _timer = self.ops.start(FuseOp::Modify);
-        reply.error(Errno::EROFS);
+        fn setattr(
+            INodeNo, Option<u32>, Option<u32>, Option<u32>, Option<u64>, Option<TimeOrNow>,
+            Option<TimeOrNow>, Option<SystemTime>, Option<FileHandle>, Option<SystemTime>,
+            Option<SystemTime>, Option<SystemTime>, Option<fuser::BsdFileFlags>,
+        ): ReplyAttr => Modify, error(Errno::EROFS);
+        fn mknod(INodeNo, &OsStr, u32, u32, u32): ReplyEntry => Modify, error(Errno::EROFS);
+        fn mkdir(INodeNo, &OsStr, u32, u32): ReplyEntry => Modify, error(Errno::EROFS);
+        fn unlink(INodeNo, &OsStr): ReplyEmpty => Modify, error(Errno::EROFS);
+        fn rmdir(INodeNo, &OsStr): ReplyEmpty => Modify, error(Errno::EROFS);
+        fn symlink(INodeNo, &OsStr, &std::path::Path): ReplyEntry
+            => Modify, error(Errno::EROFS);
+        fn rename(INodeNo, &OsStr, INodeNo, &OsStr, fuser::RenameFlags): ReplyEmpty
+            => Modify, error(Errno::EROFS);
+        fn link(INodeNo, INodeNo, &OsStr): ReplyEntry => Modify, error(Errno::EROFS);
+        fn write(INodeNo, FileHandle, u64, &[u8], WriteFlags, OpenFlags, Option<LockOwner>)
+            : ReplyWrite => Modify, error(Errno::EROFS);
+        fn create(INodeNo, &OsStr, u32, u32, i32): fuser::ReplyCreate
+            => Modify, error(Errno::EROFS);
+        fn setxattr(INodeNo, &OsStr, &[u8], i32, u32): ReplyEmpty => Modify, error(Errno::EROFS);
+        fn removexattr(INodeNo, &OsStr): ReplyEmpty => Modify, error(Errno::EROFS);
+        fn fallocate(INodeNo, FileHandle, u64, u64, i32): ReplyEmpty
+            => Modify, error(Errno::EROFS);
     }
 }
 
