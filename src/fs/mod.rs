@@ -50,6 +50,7 @@ mod handles;
 pub mod handover;
 mod lookahead;
 pub mod mountinfo;
+pub mod ops;
 mod preopen;
 
 use std::ffi::OsStr;
@@ -67,7 +68,6 @@ use fuser::{
 use parking_lot::Mutex;
 
 use crate::fetch::{FetchError, Fetcher, ObjectVersion};
-use crate::metrics::fuse_ops::{FuseOp, FuseOps};
 use crate::namespace::{Attr, DirEntry, Kind, Namespace, Stat};
 use crate::prefetch::Prefetcher;
 use crate::reader::ReadAheadConfig;
@@ -77,6 +77,7 @@ use handles::{object_of, Handles, Opener};
 use handover::{HandleTable, InitParams};
 use lookahead::Lookahead;
 pub use lookahead::LookaheadStats;
+use ops::{FuseOp, FuseOps};
 pub use preopen::FuseDevice;
 
 /// Passthrough backing files kept after close, at most this many ([`backings`]).
