@@ -40,6 +40,8 @@
 //! and `SEEK_HOLE` as for a file without holes, `poll` as always ready, copies by reading and
 //! writing, locks locally). `readlink` answers `EINVAL` (the tree has no symbolic links) and
 //! `fsyncdir` succeeds (nothing to write).
+//!
+//! [`FileReader`]: crate::reader::FileReader
 
 mod backings;
 pub mod bdi;

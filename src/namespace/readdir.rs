@@ -32,6 +32,8 @@ impl Namespace {
 
     /// The entries of directory `ino`, listed again when the last listing is older than the TTL.
     /// Its subdirectories are then listed in the background (module [`background`]).
+    ///
+    /// [`background`]: super::background
     pub async fn readdir(self: &Arc<Self>, ino: u64) -> Result<Arc<Vec<DirEntry>>, NamespaceError> {
         let entries = self.readdir_listing(ino).await?;
         self.fan_out(ino);
