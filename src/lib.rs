@@ -20,6 +20,8 @@
 //! - [`heap_trim`]: gives freed heap back to the system after bursts of listings.
 //! - [`cli`]: the `riffle` command line: mount (daemon and keeper), unmount, stats, warm.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod cache;
 pub mod cli;
 pub mod control;
