@@ -236,8 +236,9 @@ impl Ring {
                 return Err(io::Error::last_os_error());
             }
             // SAFETY: `fd` is a fresh descriptor we own.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
             let wake = Arc::new(Wake {
-                fd: unsafe { OwnedFd::from_raw_fd(fd) },
+                fd,
                 sleeping: AtomicBool::new(false),
             });
             let (tx, rx) = mpsc::channel();

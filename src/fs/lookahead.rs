@@ -49,6 +49,10 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use super::RiffleFs;
+use crate::fetch::{DiskTier, ObjectVersion};
+use crate::namespace::{Attr, Kind};
+
 /// Counters, for `riffle stats` and the metrics.
 #[derive(Debug, Default)]
 pub struct LookaheadStats {
@@ -128,6 +132,74 @@ fn read_ahead(job: &Job) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// The lookup side: which looked-up files get a readahead.
+impl RiffleFs {
+    /// For a lookup that found a small file whose complete cache file is kept for
+    /// passthrough at this version, a readahead of that file, to queue once the lookup is
+    /// answered (this module).
+    pub(super) fn look_ahead(&self, attr: &Attr) -> Option<(&Lookahead, Job)> {
+        if !self.passthrough.load(Ordering::Relaxed) {
+            return None; // see `look_ahead_for_daemon`
+        }
+        let (lookahead, disk, object) = self.look_ahead_candidate(attr)?;
+        let kept = self
+            .handles
+            .kept
+            .peek(&disk.entry_key(&object), &object.etag)?;
+        Some((
+            lookahead,
+            lookahead.job(kept.data_path.clone(), object.size),
+        ))
+    }
+
+    /// What a lookup readahead needs, when `attr` is a file it applies to (non-empty, at most
+    /// `--lookup-readahead`, on a mount with the NVMe cache): the readahead, the cache tier
+    /// and the object version the lookup answered with.
+    pub(super) fn look_ahead_candidate(
+        &self,
+        attr: &Attr,
+    ) -> Option<(&Lookahead, &Arc<DiskTier>, Arc<ObjectVersion>)> {
+        let (Some(lookahead), Some(disk)) = (&self.lookahead, self.fetcher.disk()) else {
+            return None;
+        };
+        let Kind::File { size, etag } = &attr.kind else {
+            return None;
+        };
+        if *size == 0 || *size > self.config.lookup_readahead {
+            return None;
+        }
+        let object = Arc::new(ObjectVersion {
+            key: Arc::from(self.ns.key_of(attr.ino)),
+            etag: etag.clone(),
+            size: *size,
+        });
+        Some((lookahead, disk, object))
+    }
+
+    /// Without passthrough, after a lookup was answered that found a small file complete in
+    /// the cache but not in the daemon's memory: a readahead of its cache file, so the
+    /// daemon's read at the READ copies from the page cache instead of waiting for the disk
+    /// on the io_uring thread (this module).
+    pub(super) fn look_ahead_for_daemon(&self, attr: &Attr) {
+        if self.passthrough.load(Ordering::Relaxed) {
+            return;
+        }
+        let Some((lookahead, disk, object)) = self.look_ahead_candidate(attr) else {
+            return;
+        };
+        if self.fetcher.in_memory(&object) {
+            return;
+        }
+        let id = disk.identity(&object);
+        if let Some(file) = disk.cache().open_data_file(&id) {
+            lookahead.run(lookahead.job_open(file, object.size));
+        } else if let Some(path) = disk.cache().closed_data_path(&id) {
+            // Its files were closed (more cached files than open entries): by name.
+            lookahead.run(lookahead.job(Arc::new(path), object.size));
+        }
+    }
 }
 
 #[cfg(test)]

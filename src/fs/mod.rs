@@ -40,19 +40,24 @@
 //! and `SEEK_HOLE` as for a file without holes, `poll` as always ready, copies by reading and
 //! writing, locks locally). `readlink` answers `EINVAL` (the tree has no symbolic links) and
 //! `fsyncdir` succeeds (nothing to write).
+//!
+//! [`FileReader`]: crate::reader::FileReader
 
 mod backings;
 pub mod bdi;
 pub mod dirplus;
+mod errno;
+mod fixed;
+mod handles;
 pub mod handover;
 mod lookahead;
 pub mod mountinfo;
+pub mod ops;
 mod preopen;
 
-use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use fuser::{
@@ -64,19 +69,18 @@ use fuser::{
 };
 use parking_lot::Mutex;
 
-use crate::cache::EntryKey;
-use crate::fetch::{DiskTier, FetchError, Fetcher, ObjectVersion};
-use crate::metrics::fuse_ops::{FuseOp, FuseOps};
-use crate::namespace::{Attr, DirEntry, Kind, Namespace, NamespaceError, OpenTarget, Stat};
+use crate::fetch::{FetchError, Fetcher, ObjectVersion};
+use crate::namespace::{Attr, DirEntry, Kind, Namespace, Stat};
 use crate::prefetch::Prefetcher;
-use crate::reader::{FileReader, ReadAheadConfig};
-use crate::store::StoreError;
-use backings::KeptBackings;
-use handover::{HandleRecord, HandleTable, InitParams};
+use crate::reader::ReadAheadConfig;
+use errno::ns_errno;
+use fixed::fixed_answers;
+use handles::{object_of, Handles, Opener};
+use handover::{HandleTable, InitParams};
 use lookahead::Lookahead;
 pub use lookahead::LookaheadStats;
+use ops::{FuseOp, FuseOps};
 pub use preopen::FuseDevice;
-use preopen::KernelBacking;
 
 /// Passthrough backing files kept after close, at most this many ([`backings`]).
 const KEPT_BACKINGS_MAX: usize = 65_536;
@@ -143,181 +147,11 @@ pub struct RiffleFs {
     lookahead: Option<Lookahead>,
 }
 
-/// Open file and directory handles, shared with the tasks that answer open/opendir.
-struct Handles {
-    files: Mutex<HashMap<u64, Arc<FileReader>>>,
-    dirs: Mutex<HashMap<u64, Arc<Vec<DirEntry>>>>,
-    /// The ETag whose pages the kernel may hold, per inode.
-    page_cache_etag: Mutex<HashMap<u64, Arc<str>>>,
-    /// Passthrough: the backing file of each open handle, and per inode the one in use (the
-    /// kernel wants one backing file per inode, and no mixing with cached opens).
-    backing_by_fh: Mutex<HashMap<u64, (u64, Arc<BackingId>)>>,
-    backing_by_ino: Mutex<HashMap<u64, InodeBacking>>,
-    /// Open handles per inode served by the daemon (not passthrough).
-    cached_opens: Mutex<HashMap<u64, u32>>,
-    /// Backing files kept for reopening, per cache entry.
-    kept: KeptBackings<EntryKey, Arc<KernelBacking>>,
-    /// Where open file handles are recorded for a successor daemon ([`handover`]).
-    table: std::sync::OnceLock<Arc<HandleTable>>,
-}
-
-/// The passthrough handles open on one inode: how many, the object version they read and
-/// their backing file.
-struct InodeBacking {
-    opens: u32,
-    etag: Arc<str>,
-    backing: Weak<BackingId>,
-}
-
-impl Handles {
-    fn new(kept_gauge: Arc<AtomicU64>) -> Self {
-        Handles {
-            files: Mutex::default(),
-            dirs: Mutex::default(),
-            page_cache_etag: Mutex::default(),
-            backing_by_fh: Mutex::default(),
-            backing_by_ino: Mutex::default(),
-            cached_opens: Mutex::default(),
-            kept: KeptBackings::new(KEPT_BACKINGS_MAX, kept_gauge),
-            table: std::sync::OnceLock::new(),
-        }
-    }
-
-    /// Records open handle `fh` for a successor daemon (before the open is answered).
-    fn record(&self, fh: u64, ino: u64, etag: &str, backing: Option<u32>) {
-        let Some(table) = self.table.get() else {
-            return;
-        };
-        let size = self
-            .files
-            .lock()
-            .get(&fh)
-            .map_or(0, |reader| reader.object().size);
-        let record = HandleRecord {
-            fh,
-            ino,
-            size,
-            etag: etag.to_string(),
-            backing,
-        };
-        if !table.record(&record) {
-            tracing::warn!(fh, ino, "handle not recorded for a successor daemon (table full or ETag too long); it will fail with EIO after a handover");
-        }
-    }
-
-    fn release(&self, fh: u64, ino: u64) {
-        if let Some(table) = self.table.get() {
-            table.release(fh);
-        }
-        self.files.lock().remove(&fh);
-        if self.backing_by_fh.lock().remove(&fh).is_some() {
-            let mut inodes = self.backing_by_ino.lock();
-            if let Some(b) = inodes.get_mut(&ino) {
-                b.opens -= 1;
-                if b.opens == 0 {
-                    inodes.remove(&ino);
-                }
-            }
-        } else {
-            let mut opens = self.cached_opens.lock();
-            if let Some(n) = opens.get_mut(&ino) {
-                *n -= 1;
-                if *n == 0 {
-                    opens.remove(&ino);
-                }
-            }
-        }
-    }
-
-    /// Records passthrough handle `fh` of `ino`, reading version `etag` through `backing`.
-    fn passthrough_opened(&self, ino: u64, fh: u64, etag: &Arc<str>, backing: &Arc<BackingId>) {
-        self.backing_by_fh.lock().insert(fh, (ino, backing.clone()));
-        self.backing_by_ino
-            .lock()
-            .entry(ino)
-            .or_insert_with(|| InodeBacking {
-                opens: 0,
-                etag: etag.clone(),
-                backing: Arc::downgrade(backing),
-            })
-            .opens += 1;
-    }
-
-    /// The backing file in use for `ino` by open handles of version `etag`, if any.
-    fn live_backing(&self, ino: u64, etag: &str) -> Option<Arc<BackingId>> {
-        self.backing_by_ino
-            .lock()
-            .get(&ino)
-            .filter(|b| &*b.etag == etag)
-            .and_then(|b| b.backing.upgrade())
-    }
-
-    /// Whether handles of `ino` are open at another version than `etag`; an open of `etag`
-    /// must then get a new inode. Passthrough handles: the kernel refuses any other open of
-    /// the inode (one backing file per inode, and no daemon-served opens beside it).
-    /// Handles served by the daemon: they share the inode's page cache, and the old handle's
-    /// reads would fill it with old pages that the new handle then reads (a blend).
-    fn open_at_other_version(&self, ino: u64, etag: &str) -> bool {
-        let passthrough = self
-            .backing_by_ino
-            .lock()
-            .get(&ino)
-            .is_some_and(|b| &*b.etag != etag);
-        passthrough
-            || (self.cached_opens.lock().contains_key(&ino)
-                && self
-                    .page_cache_etag
-                    .lock()
-                    .get(&ino)
-                    .is_some_and(|v| &**v != etag))
-    }
-
-    /// Answers the open of `fh` (of `ino` at version `etag`) as served by the daemon, keeping
-    /// the kernel's cached pages when they belong to this same version.
-    fn reply_served_by_daemon(&self, ino: u64, fh: u64, etag: &Arc<str>, reply: ReplyOpen) {
-        self.record(fh, ino, etag, None);
-        *self.cached_opens.lock().entry(ino).or_default() += 1;
-        let flags = if self.remember_etag(ino, etag) {
-            FopenFlags::FOPEN_KEEP_CACHE
-        } else {
-            FopenFlags::empty()
-        };
-        reply.opened(FileHandle(fh), flags);
-    }
-
-    /// Records that `ino` is opened at version `etag`; true if the kernel's cached pages (if
-    /// any) belong to that same version and may be kept.
-    fn remember_etag(&self, ino: u64, etag: &Arc<str>) -> bool {
-        let mut map = self.page_cache_etag.lock();
-        match map.get(&ino) {
-            Some(previous) if previous == etag => true,
-            _ => {
-                map.insert(ino, etag.clone());
-                false
-            }
-        }
-    }
-}
-
 /// The running kernel's release (`uname -r`), for saying why passthrough is off.
 pub fn kernel_release() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|r| r.trim().to_string())
         .unwrap_or_else(|_| "unknown".into())
-}
-
-fn ns_errno(e: &NamespaceError) -> Errno {
-    match e {
-        NamespaceError::NotFound => Errno::ENOENT,
-        NamespaceError::NotADirectory => Errno::ENOTDIR,
-        NamespaceError::IsADirectory => Errno::EISDIR,
-        NamespaceError::Store(StoreError::NotFound) => Errno::ENOENT,
-        NamespaceError::Store(StoreError::AccessDenied(_)) => Errno::EACCES,
-        NamespaceError::Store(e) => {
-            tracing::warn!(error = %e, "metadata request failed");
-            Errno::EIO
-        }
-    }
 }
 
 impl RiffleFs {
@@ -544,71 +378,6 @@ impl RiffleFs {
         opener.start(ino, fh, caller, object);
         opener.reply_passthrough(ino, fh, &target.etag, &backing, reply);
         None
-    }
-
-    /// For a lookup that found a small file whose complete cache file is kept for
-    /// passthrough at this version, a readahead of that file, to queue once the lookup is
-    /// answered ([`lookahead`]).
-    fn look_ahead(&self, attr: &Attr) -> Option<(&Lookahead, lookahead::Job)> {
-        if !self.passthrough.load(Ordering::Relaxed) {
-            return None; // see `look_ahead_for_daemon`
-        }
-        let (lookahead, disk, object) = self.look_ahead_candidate(attr)?;
-        let kept = self
-            .handles
-            .kept
-            .peek(&disk.entry_key(&object), &object.etag)?;
-        Some((
-            lookahead,
-            lookahead.job(kept.data_path.clone(), object.size),
-        ))
-    }
-
-    /// What a lookup readahead needs, when `attr` is a file it applies to (non-empty, at most
-    /// `--lookup-readahead`, on a mount with the NVMe cache): the readahead, the cache tier
-    /// and the object version the lookup answered with.
-    fn look_ahead_candidate(
-        &self,
-        attr: &Attr,
-    ) -> Option<(&Lookahead, &Arc<DiskTier>, Arc<ObjectVersion>)> {
-        let (Some(lookahead), Some(disk)) = (&self.lookahead, self.fetcher.disk()) else {
-            return None;
-        };
-        let Kind::File { size, etag } = &attr.kind else {
-            return None;
-        };
-        if *size == 0 || *size > self.config.lookup_readahead {
-            return None;
-        }
-        let object = Arc::new(ObjectVersion {
-            key: Arc::from(self.ns.key_of(attr.ino)),
-            etag: etag.clone(),
-            size: *size,
-        });
-        Some((lookahead, disk, object))
-    }
-
-    /// Without passthrough, after a lookup was answered that found a small file complete in
-    /// the cache but not in the daemon's memory: a readahead of its cache file, so the
-    /// daemon's read at the READ copies from the page cache instead of waiting for the disk
-    /// on the io_uring thread ([`lookahead`]).
-    fn look_ahead_for_daemon(&self, attr: &Attr) {
-        if self.passthrough.load(Ordering::Relaxed) {
-            return;
-        }
-        let Some((lookahead, disk, object)) = self.look_ahead_candidate(attr) else {
-            return;
-        };
-        if self.fetcher.in_memory(&object) {
-            return;
-        }
-        let id = disk.identity(&object);
-        if let Some(file) = disk.cache().open_data_file(&id) {
-            lookahead.run(lookahead.job_open(file, object.size));
-        } else if let Some(path) = disk.cache().closed_data_path(&id) {
-            // Its files were closed (more cached files than open entries): by name.
-            lookahead.run(lookahead.job(Arc::new(path), object.size));
-        }
     }
 
     /// Sets passthrough and the lookup readahead up, given whether the connection has
@@ -877,144 +646,6 @@ impl Filesystem for RiffleFs {
         reply.ok();
     }
 
-    fn flush(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _lo: LockOwner,
-        reply: ReplyEmpty,
-    ) {
-        let _timer = self.ops.start(FuseOp::Flush);
-        // ENOSYS: the kernel stops sending FLUSH for this mount, so close() costs no round trip.
-        reply.error(Errno::ENOSYS);
-    }
-
-    fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _ds: bool, reply: ReplyEmpty) {
-        let _timer = self.ops.start(FuseOp::Fsync);
-        reply.ok();
-    }
-
-    fn ioctl(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _flags: IoctlFlags,
-        _cmd: u32,
-        _in_data: &[u8],
-        _out_size: u32,
-        reply: ReplyIoctl,
-    ) {
-        let _timer = self.ops.start(FuseOp::Ioctl);
-        // What a regular file answers to TCGETS and every other ioctl it does not know.
-        reply.error(Errno::ENOTTY);
-    }
-
-    fn lseek(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _offset: i64,
-        _whence: i32,
-        reply: ReplyLseek,
-    ) {
-        let _timer = self.ops.start(FuseOp::Other);
-        // ENOSYS: the kernel stops asking and answers SEEK_DATA/SEEK_HOLE itself (no holes).
-        reply.error(Errno::ENOSYS);
-    }
-
-    fn poll(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _ph: PollNotifier,
-        _events: PollEvents,
-        _flags: PollFlags,
-        reply: ReplyPoll,
-    ) {
-        let _timer = self.ops.start(FuseOp::Other);
-        // ENOSYS: the kernel stops asking and reports the file always ready, as for ext4.
-        reply.error(Errno::ENOSYS);
-    }
-
-    fn copy_file_range(
-        &self,
-        _req: &Request,
-        _ino_in: INodeNo,
-        _fh_in: FileHandle,
-        _offset_in: u64,
-        _ino_out: INodeNo,
-        _fh_out: FileHandle,
-        _offset_out: u64,
-        _len: u64,
-        _flags: CopyFileRangeFlags,
-        reply: ReplyWrite,
-    ) {
-        let _timer = self.ops.start(FuseOp::Other);
-        // ENOSYS: the kernel stops asking and copies by reading and writing.
-        reply.error(Errno::ENOSYS);
-    }
-
-    fn getlk(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _lock_owner: LockOwner,
-        _start: u64,
-        _end: u64,
-        _typ: i32,
-        _pid: u32,
-        reply: ReplyLock,
-    ) {
-        let _timer = self.ops.start(FuseOp::Other);
-        // Only sent if POSIX locks were negotiated (they are not): the kernel locks locally.
-        reply.error(Errno::ENOSYS);
-    }
-
-    fn setlk(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _lock_owner: LockOwner,
-        _start: u64,
-        _end: u64,
-        _typ: i32,
-        _pid: u32,
-        _sleep: bool,
-        reply: ReplyEmpty,
-    ) {
-        let _timer = self.ops.start(FuseOp::Other);
-        reply.error(Errno::ENOSYS);
-    }
-
-    fn bmap(&self, _req: &Request, _ino: INodeNo, _bs: u32, _idx: u64, reply: ReplyBmap) {
-        let _timer = self.ops.start(FuseOp::Other);
-        reply.error(Errno::ENOSYS);
-    }
-
-    fn readlink(&self, _req: &Request, _ino: INodeNo, reply: ReplyData) {
-        let _timer = self.ops.start(FuseOp::Readlink);
-        // The tree has no symbolic links; readlink(2) of anything else is EINVAL.
-        reply.error(Errno::EINVAL);
-    }
-
-    fn fsyncdir(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _datasync: bool,
-        reply: ReplyEmpty,
-    ) {
-        let _timer = self.ops.start(FuseOp::Fsync);
-        reply.ok();
-    }
-
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let timer = self.ops.start(FuseOp::Opendir);
         let fh = self.new_fh();
@@ -1139,156 +770,63 @@ impl Filesystem for RiffleFs {
         xattr_reply(reply, names, size);
     }
 
-    fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
-        let _timer = self.ops.start(FuseOp::Access);
-        reply.ok();
-    }
+    // Fixed answers (module `fixed`); the module documentation says why each is what it is.
+    fixed_answers! {
+        /// ENOSYS: the kernel stops sending FLUSH for this mount, so close() costs no round trip.
+        fn flush(INodeNo, FileHandle, LockOwner): ReplyEmpty => Flush, error(Errno::ENOSYS);
+        /// Nothing to write.
+        fn fsync(INodeNo, FileHandle, bool): ReplyEmpty => Fsync, ok();
+        /// Nothing to write.
+        fn fsyncdir(INodeNo, FileHandle, bool): ReplyEmpty => Fsync, ok();
+        /// What a regular file answers to TCGETS and every other ioctl it does not know.
+        fn ioctl(INodeNo, FileHandle, IoctlFlags, u32, &[u8], u32): ReplyIoctl
+            => Ioctl, error(Errno::ENOTTY);
+        /// ENOSYS: the kernel stops asking and answers SEEK_DATA/SEEK_HOLE itself (no holes).
+        fn lseek(INodeNo, FileHandle, i64, i32): ReplyLseek => Other, error(Errno::ENOSYS);
+        /// ENOSYS: the kernel stops asking and reports the file always ready, as for ext4.
+        fn poll(INodeNo, FileHandle, PollNotifier, PollEvents, PollFlags): ReplyPoll
+            => Other, error(Errno::ENOSYS);
+        /// ENOSYS: the kernel stops asking and copies by reading and writing.
+        fn copy_file_range(
+            INodeNo, FileHandle, u64, INodeNo, FileHandle, u64, u64, CopyFileRangeFlags,
+        ): ReplyWrite => Other, error(Errno::ENOSYS);
+        /// Only sent if POSIX locks were negotiated (they are not): the kernel locks locally.
+        fn getlk(INodeNo, FileHandle, LockOwner, u64, u64, i32, u32): ReplyLock
+            => Other, error(Errno::ENOSYS);
+        /// As `getlk`.
+        fn setlk(INodeNo, FileHandle, LockOwner, u64, u64, i32, u32, bool): ReplyEmpty
+            => Other, error(Errno::ENOSYS);
+        /// ENOSYS: the kernel remembers it and stops asking.
+        fn bmap(INodeNo, u32, u64): ReplyBmap => Other, error(Errno::ENOSYS);
+        /// The tree has no symbolic links; readlink(2) of anything else is EINVAL.
+        fn readlink(INodeNo): ReplyData => Readlink, error(Errno::EINVAL);
+        /// Succeeds: nothing is refused here.
+        fn access(INodeNo, fuser::AccessFlags): ReplyEmpty => Access, ok();
 
-    // Everything below would modify the tree: the filesystem is read-only.
+        // Everything below would modify the tree: the filesystem is read-only.
 
-    fn setattr(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _mode: Option<u32>,
-        _uid: Option<u32>,
-        _gid: Option<u32>,
-        _size: Option<u64>,
-        _atime: Option<TimeOrNow>,
-        _mtime: Option<TimeOrNow>,
-        _ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<fuser::BsdFileFlags>,
-        reply: ReplyAttr,
-    ) {
-        let _timer = self.ops.start(FuseOp::Modify);
-        reply.error(Errno::EROFS);
-    }
-
-    fn mknod(
-        &self,
-        _req: &Request,
-        _p: INodeNo,
-        _n: &OsStr,
-        _m: u32,
-        _u: u32,
-        _r: u32,
-        reply: ReplyEntry,
-    ) {
-        let _timer = self.ops.start(FuseOp::Modify);
-        reply.error(Errno::EROFS);
-    }
-
-    fn mkdir(&self, _req: &Request, _p: INodeNo, _n: &OsStr, _m: u32, _u: u32, reply: ReplyEntry) {
-        let _timer = self.ops.start(FuseOp::Modify);
-        reply.error(Errno::EROFS);
-    }
-
-    fn unlink(&self, _req: &Request, _p: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
-        let _timer = self.ops.start(FuseOp::Modify);
-        reply.error(Errno::EROFS);
-    }
-
-    fn rmdir(&self, _req: &Request, _p: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
-        let _timer = self.ops.start(FuseOp::Modify);
-        reply.error(Errno::EROFS);
-    }
-
-    fn symlink(
-        &self,
-        _req: &Request,
-        _p: INodeNo,
-        _n: &OsStr,
-        _t: &std::path::Path,
-        reply: ReplyEntry,
-    ) {
-        let _timer = self.ops.start(FuseOp::Modify);
-        reply.error(Errno::EROFS);
-    }
-
-    fn rename(
-        &self,
-        _req: &Request,
-        _p: INodeNo,
-        _n: &OsStr,
-        _np: INodeNo,
-        _nn: &OsStr,
-        _f: fuser::RenameFlags,
-        reply: ReplyEmpty,
-    ) {
-        let _timer = self.ops.start(FuseOp::Modify);
-        reply.error(Errno::EROFS);
-    }
-
-    fn link(&self, _req: &Request, _i: INodeNo, _np: INodeNo, _nn: &OsStr, reply: ReplyEntry) {
-        let _timer = self.ops.start(FuseOp::Modify);
-        reply.error(Errno::EROFS);
-    }
-
-    fn write(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _offset: u64,
-        _data: &[u8],
-        _wf: WriteFlags,
-        _flags: OpenFlags,
-        _lo: Option<LockOwner>,
-        reply: ReplyWrite,
-    ) {
-        let _timer = self.ops.start(FuseOp::Modify);
-        reply.error(Errno::EROFS);
-    }
-
-    fn create(
-        &self,
-        _req: &Request,
-        _p: INodeNo,
-        _n: &OsStr,
-        _m: u32,
-        _u: u32,
-        _f: i32,
-        reply: fuser::ReplyCreate,
-    ) {
-        let _timer = self.ops.start(FuseOp::Modify);
-        reply.error(Errno::EROFS);
-    }
-
-    fn setxattr(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _name: &OsStr,
-        _value: &[u8],
-        _flags: i32,
-        _position: u32,
-        reply: ReplyEmpty,
-    ) {
-        let _timer = self.ops.start(FuseOp::Modify);
-        reply.error(Errno::EROFS);
-    }
-
-    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        let _timer = self.ops.start(FuseOp::Modify);
-        reply.error(Errno::EROFS);
-    }
-
-    fn fallocate(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _offset: u64,
-        _length: u64,
-        _mode: i32,
-        reply: ReplyEmpty,
-    ) {
-        let _timer = self.ops.start(FuseOp::Modify);
-        reply.error(Errno::EROFS);
+        fn setattr(
+            INodeNo, Option<u32>, Option<u32>, Option<u32>, Option<u64>, Option<TimeOrNow>,
+            Option<TimeOrNow>, Option<SystemTime>, Option<FileHandle>, Option<SystemTime>,
+            Option<SystemTime>, Option<SystemTime>, Option<fuser::BsdFileFlags>,
+        ): ReplyAttr => Modify, error(Errno::EROFS);
+        fn mknod(INodeNo, &OsStr, u32, u32, u32): ReplyEntry => Modify, error(Errno::EROFS);
+        fn mkdir(INodeNo, &OsStr, u32, u32): ReplyEntry => Modify, error(Errno::EROFS);
+        fn unlink(INodeNo, &OsStr): ReplyEmpty => Modify, error(Errno::EROFS);
+        fn rmdir(INodeNo, &OsStr): ReplyEmpty => Modify, error(Errno::EROFS);
+        fn symlink(INodeNo, &OsStr, &std::path::Path): ReplyEntry
+            => Modify, error(Errno::EROFS);
+        fn rename(INodeNo, &OsStr, INodeNo, &OsStr, fuser::RenameFlags): ReplyEmpty
+            => Modify, error(Errno::EROFS);
+        fn link(INodeNo, INodeNo, &OsStr): ReplyEntry => Modify, error(Errno::EROFS);
+        fn write(INodeNo, FileHandle, u64, &[u8], WriteFlags, OpenFlags, Option<LockOwner>)
+            : ReplyWrite => Modify, error(Errno::EROFS);
+        fn create(INodeNo, &OsStr, u32, u32, i32): fuser::ReplyCreate
+            => Modify, error(Errno::EROFS);
+        fn setxattr(INodeNo, &OsStr, &[u8], i32, u32): ReplyEmpty => Modify, error(Errno::EROFS);
+        fn removexattr(INodeNo, &OsStr): ReplyEmpty => Modify, error(Errno::EROFS);
+        fn fallocate(INodeNo, FileHandle, u64, u64, i32): ReplyEmpty
+            => Modify, error(Errno::EROFS);
     }
 }
 
@@ -1320,103 +858,6 @@ fn walk_listing(
     }
 }
 
-/// What an open needs, cloned into its task (or used on the FUSE thread by the fast path).
-#[derive(Clone)]
-struct Opener {
-    fetcher: Arc<Fetcher>,
-    handles: Arc<Handles>,
-    status: Arc<FsStatus>,
-    prefetch: Arc<Prefetcher>,
-    passthrough: Arc<std::sync::atomic::AtomicBool>,
-    read_ahead: ReadAheadConfig,
-}
-
-impl Opener {
-    /// Starts handle `fh` of `ino` at `object` for `caller` (the opening thread's id): counts
-    /// the open, tells the prefetcher, and keeps a reader for it (pinning the cache entry).
-    fn start(&self, ino: u64, fh: u64, caller: u32, object: Arc<ObjectVersion>) {
-        self.status.opens.fetch_add(1, Ordering::Relaxed);
-        // Pinned before the prefetcher hears of the open: from then on it no longer counts
-        // the file as needed, and eviction could take it before a later pin.
-        let pin = self.fetcher.disk().map(|d| d.pin_unused(&object));
-        self.prefetch.on_open_by(ino, &object, Some(caller));
-        if let Some(pin) = &pin {
-            pin.used();
-        }
-        let reader = FileReader::new(object, self.fetcher.clone(), self.read_ahead, pin);
-        self.handles.files.lock().insert(fh, Arc::new(reader));
-    }
-
-    /// Answers the open of `fh` with passthrough to `backing` (a cache file of version `etag`).
-    fn reply_passthrough(
-        &self,
-        ino: u64,
-        fh: u64,
-        etag: &Arc<str>,
-        backing: &Arc<BackingId>,
-        reply: ReplyOpen,
-    ) {
-        self.handles.record(fh, ino, etag, Some(backing.id()));
-        self.handles.passthrough_opened(ino, fh, etag, backing);
-        self.status
-            .passthrough_opens
-            .fetch_add(1, Ordering::Relaxed);
-        reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), backing);
-    }
-
-    /// A backing file for passthrough of `ino`: the one in use or kept for the inode at this
-    /// version, or the object's complete and verified cache file (then kept for later opens).
-    /// `None` (served by the daemon) when the file is not cached and verified yet, or when
-    /// daemon-served handles of the inode are open (the kernel does not mix the two on one
-    /// inode).
-    async fn passthrough_backing(
-        &self,
-        ino: u64,
-        object: &ObjectVersion,
-        reply: &ReplyOpen,
-    ) -> Option<Arc<BackingId>> {
-        let handles = &self.handles;
-        if handles.cached_opens.lock().contains_key(&ino) {
-            return None;
-        }
-        let disk = self.fetcher.disk()?;
-        let entry = disk.entry_key(object);
-        if let Some(kept) = handles.kept.get(&entry, &object.etag) {
-            return Some(kept.for_reply(reply));
-        }
-        if let Some(live) = handles.live_backing(ino, &object.etag) {
-            return Some(live);
-        }
-        let data = disk.passthrough_file(object).await?;
-        match reply.open_backing(&data.file) {
-            Ok(id) => {
-                let id = Arc::new(id);
-                let kept = Arc::new(KernelBacking::wrapped(id.clone(), data.path));
-                handles.kept.keep(entry, object.etag.clone(), kept);
-                Some(id)
-            }
-            Err(e) => {
-                if self.passthrough.swap(false, Ordering::Relaxed) {
-                    tracing::warn!(error = %e, "FUSE passthrough refused by the kernel (needs CAP_SYS_ADMIN); serving reads through the daemon");
-                    *self.status.passthrough_mode.lock() = format!(
-                        "off (the kernel refused a backing file: {e}; passthrough needs CAP_SYS_ADMIN)"
-                    );
-                }
-                None
-            }
-        }
-    }
-}
-
-/// The object version an open reads.
-fn object_of(target: &OpenTarget) -> Arc<ObjectVersion> {
-    Arc::new(ObjectVersion {
-        key: Arc::from(target.key.as_str()),
-        etag: target.etag.clone(),
-        size: target.size,
-    })
-}
-
 /// Answers a getxattr/listxattr: the size when asked for it, ERANGE when the buffer is small.
 fn xattr_reply(reply: ReplyXattr, value: &[u8], size: u32) {
     if size == 0 {
@@ -1431,31 +872,6 @@ fn xattr_reply(reply: ReplyXattr, value: &[u8], size: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn errors_map_to_errno() {
-        let cases = [
-            (NamespaceError::NotFound, Errno::ENOENT),
-            (NamespaceError::NotADirectory, Errno::ENOTDIR),
-            (NamespaceError::IsADirectory, Errno::EISDIR),
-            (NamespaceError::Store(StoreError::NotFound), Errno::ENOENT),
-            (
-                NamespaceError::Store(StoreError::AccessDenied("x".into())),
-                Errno::EACCES,
-            ),
-            (
-                NamespaceError::Store(StoreError::Transient("503".into())),
-                Errno::EIO,
-            ),
-            (
-                NamespaceError::Store(StoreError::Unreachable("refused".into())),
-                Errno::EIO,
-            ),
-        ];
-        for (error, errno) in cases {
-            assert_eq!(ns_errno(&error), errno, "{error:?}");
-        }
-    }
 
     #[test]
     fn listings_resume_at_any_offset() {
@@ -1480,22 +896,5 @@ mod tests {
         let rest = collect(first[2].2, 100);
         assert_eq!([first, rest].concat(), all);
         assert!(collect(7, 100).is_empty());
-    }
-
-    #[test]
-    fn page_cache_is_kept_only_for_the_same_version() {
-        let handles = Handles::new(Arc::default());
-        let v1: Arc<str> = Arc::from("etag-1");
-        let v2: Arc<str> = Arc::from("etag-2");
-        assert!(
-            !handles.remember_etag(7, &v1),
-            "first open: nothing cached yet"
-        );
-        assert!(handles.remember_etag(7, &v1));
-        assert!(
-            !handles.remember_etag(7, &v2),
-            "new version: drop the old pages"
-        );
-        assert!(handles.remember_etag(7, &v2));
     }
 }

@@ -23,7 +23,8 @@ use fuser::{BackingId, ReplyOpen};
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, SetOnce};
 
-use super::{FsStatus, Handles};
+use super::handles::Handles;
+use super::FsStatus;
 use crate::fetch::{Fetcher, ObjectVersion};
 
 /// `FUSE_DEV_IOC_BACKING_CLOSE` from `linux/fuse.h`: `_IOW(229, 2, uint32_t)`.

@@ -216,7 +216,7 @@ mod tests {
 
     use super::*;
     use crate::control::StatsSource;
-    use crate::metrics::{FuseOp, FuseOps};
+    use crate::fs::ops::{FuseOp, FuseOps};
 
     struct Fixed;
 

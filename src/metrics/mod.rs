@@ -3,10 +3,9 @@
 //! [`MountMetrics`] gathers them into one JSON tree, served on the control socket
 //! (`riffle stats`). The same tree feeds the Prometheus endpoint (`--metrics-addr`):
 //! [`prometheus`] translates it into OpenMetrics families on each scrape and adds the FUSE
-//! operation latency histograms recorded by [`fuse_ops`]; [`http`] serves the result.
+//! operation latency histograms recorded by [`crate::fs::ops`]; [`http`] serves the result.
 //! [`serve_metrics`] puts the three together.
 
-pub mod fuse_ops;
 pub mod http;
 pub mod prometheus;
 
@@ -19,10 +18,10 @@ use serde_json::json;
 
 use crate::control::StatsSource;
 use crate::fetch::Fetcher;
+use crate::fs::ops::FuseOps;
 use crate::fs::FsStatus;
 use crate::namespace::Namespace;
 use crate::store::retry::RetryingStore;
-pub use fuse_ops::{FuseOp, FuseOps, OpTimer};
 pub use http::{HttpLimits, MetricsServer};
 pub use prometheus::Exporter;
 

@@ -26,8 +26,8 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 use serde_json::Value;
 
-use super::fuse_ops::{FuseOp, FuseOps, BUCKET_BOUNDS};
 use crate::control::StatsSource;
+use crate::fs::ops::{FuseOp, FuseOps, BUCKET_BOUNDS};
 
 /// The content type of [`Exporter::encode`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";

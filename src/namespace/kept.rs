@@ -53,7 +53,7 @@ use std::time::{Duration, SystemTime};
 use sha2::{Digest, Sha256};
 
 use super::names::invalid_reason;
-use super::{is_lower_hex, lower_hex, lower_hex_bytes};
+use super::tree::{is_lower_hex, lower_hex, lower_hex_bytes};
 
 /// The directory under the cache dir holding kept listings.
 pub const LISTINGS_DIR: &str = "listings";

@@ -340,6 +340,7 @@ mod ahead_and_kept {
     use crate::namespace::background::FanoutConfig;
     use crate::namespace::kept::KeptListings;
     use crate::store::retry::{RetryPolicy, RetryingStore};
+    use crate::store::ListPage;
     use crate::test_support::eventually;
 
     /// A store that records the most LISTs in progress at once.

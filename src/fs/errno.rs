@@ -1,0 +1,54 @@
+//! Errno mapping: how the namespace's errors reach FUSE callers.
+//!
+//! Missing names are ENOENT, denied ones EACCES, and anything the store could not deliver EIO
+//! (logged here, once per failed request). Errors become errno values here and in the
+//! adapter's fixed answers ([`super`]) and nowhere else.
+
+use fuser::Errno;
+
+use crate::namespace::NamespaceError;
+use crate::store::StoreError;
+
+pub(super) fn ns_errno(e: &NamespaceError) -> Errno {
+    match e {
+        NamespaceError::NotFound => Errno::ENOENT,
+        NamespaceError::NotADirectory => Errno::ENOTDIR,
+        NamespaceError::IsADirectory => Errno::EISDIR,
+        NamespaceError::Store(StoreError::NotFound) => Errno::ENOENT,
+        NamespaceError::Store(StoreError::AccessDenied(_)) => Errno::EACCES,
+        NamespaceError::Store(e) => {
+            tracing::warn!(error = %e, "metadata request failed");
+            Errno::EIO
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_map_to_errno() {
+        let cases = [
+            (NamespaceError::NotFound, Errno::ENOENT),
+            (NamespaceError::NotADirectory, Errno::ENOTDIR),
+            (NamespaceError::IsADirectory, Errno::EISDIR),
+            (NamespaceError::Store(StoreError::NotFound), Errno::ENOENT),
+            (
+                NamespaceError::Store(StoreError::AccessDenied("x".into())),
+                Errno::EACCES,
+            ),
+            (
+                NamespaceError::Store(StoreError::Transient("503".into())),
+                Errno::EIO,
+            ),
+            (
+                NamespaceError::Store(StoreError::Unreachable("refused".into())),
+                Errno::EIO,
+            ),
+        ];
+        for (error, errno) in cases {
+            assert_eq!(ns_errno(&error), errno, "{error:?}");
+        }
+    }
+}

@@ -1,0 +1,316 @@
+//! The open-file table: what the FUSE adapter knows about each open file and directory handle.
+//!
+//! [`Handles`] maps file handles to their [`FileReader`] and directory handles to the listing
+//! taken at `opendir`; it remembers per inode which object version the kernel's page cache
+//! holds (`FOPEN_KEEP_CACHE` only for the same ETag), which passthrough backing file the open
+//! handles use ([`InodeBacking`]: the kernel wants one per inode), how many daemon-served
+//! handles are open, and the backing files kept for reopening. It records every open handle
+//! in the handover table for a successor daemon ([`super::handover`]).
+//!
+//! [`Opener`] is what answering an open needs, cloned into the open's task (or used on the
+//! FUSE thread by the fast path): it starts the handle's reader and picks or opens the
+//! passthrough backing file.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use fuser::{BackingId, FileHandle, FopenFlags, ReplyOpen};
+use parking_lot::Mutex;
+
+use super::backings::KeptBackings;
+use super::handover::{HandleRecord, HandleTable};
+use super::preopen::KernelBacking;
+use super::{FsStatus, KEPT_BACKINGS_MAX};
+use crate::cache::EntryKey;
+use crate::fetch::{Fetcher, ObjectVersion};
+use crate::namespace::{DirEntry, OpenTarget};
+use crate::prefetch::Prefetcher;
+use crate::reader::{FileReader, ReadAheadConfig};
+
+/// Open file and directory handles, shared with the tasks that answer open/opendir.
+pub(super) struct Handles {
+    pub(super) files: Mutex<HashMap<u64, Arc<FileReader>>>,
+    pub(super) dirs: Mutex<HashMap<u64, Arc<Vec<DirEntry>>>>,
+    /// The ETag whose pages the kernel may hold, per inode.
+    pub(super) page_cache_etag: Mutex<HashMap<u64, Arc<str>>>,
+    /// Passthrough: the backing file of each open handle, and per inode the one in use (the
+    /// kernel wants one backing file per inode, and no mixing with cached opens).
+    pub(super) backing_by_fh: Mutex<HashMap<u64, (u64, Arc<BackingId>)>>,
+    pub(super) backing_by_ino: Mutex<HashMap<u64, InodeBacking>>,
+    /// Open handles per inode served by the daemon (not passthrough).
+    pub(super) cached_opens: Mutex<HashMap<u64, u32>>,
+    /// Backing files kept for reopening, per cache entry.
+    pub(super) kept: KeptBackings<EntryKey, Arc<KernelBacking>>,
+    /// Where open file handles are recorded for a successor daemon ([`handover`]).
+    pub(super) table: std::sync::OnceLock<Arc<HandleTable>>,
+}
+
+/// The passthrough handles open on one inode: how many, the object version they read and
+/// their backing file.
+pub(super) struct InodeBacking {
+    opens: u32,
+    etag: Arc<str>,
+    backing: Weak<BackingId>,
+}
+
+impl Handles {
+    pub(super) fn new(kept_gauge: Arc<AtomicU64>) -> Self {
+        Handles {
+            files: Mutex::default(),
+            dirs: Mutex::default(),
+            page_cache_etag: Mutex::default(),
+            backing_by_fh: Mutex::default(),
+            backing_by_ino: Mutex::default(),
+            cached_opens: Mutex::default(),
+            kept: KeptBackings::new(KEPT_BACKINGS_MAX, kept_gauge),
+            table: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Records open handle `fh` for a successor daemon (before the open is answered).
+    pub(super) fn record(&self, fh: u64, ino: u64, etag: &str, backing: Option<u32>) {
+        let Some(table) = self.table.get() else {
+            return;
+        };
+        let size = self
+            .files
+            .lock()
+            .get(&fh)
+            .map_or(0, |reader| reader.object().size);
+        let record = HandleRecord {
+            fh,
+            ino,
+            size,
+            etag: etag.to_string(),
+            backing,
+        };
+        if !table.record(&record) {
+            tracing::warn!(fh, ino, "handle not recorded for a successor daemon (table full or ETag too long); it will fail with EIO after a handover");
+        }
+    }
+
+    pub(super) fn release(&self, fh: u64, ino: u64) {
+        if let Some(table) = self.table.get() {
+            table.release(fh);
+        }
+        self.files.lock().remove(&fh);
+        if self.backing_by_fh.lock().remove(&fh).is_some() {
+            let mut inodes = self.backing_by_ino.lock();
+            if let Some(b) = inodes.get_mut(&ino) {
+                b.opens -= 1;
+                if b.opens == 0 {
+                    inodes.remove(&ino);
+                }
+            }
+        } else {
+            let mut opens = self.cached_opens.lock();
+            if let Some(n) = opens.get_mut(&ino) {
+                *n -= 1;
+                if *n == 0 {
+                    opens.remove(&ino);
+                }
+            }
+        }
+    }
+
+    /// Records passthrough handle `fh` of `ino`, reading version `etag` through `backing`.
+    pub(super) fn passthrough_opened(
+        &self,
+        ino: u64,
+        fh: u64,
+        etag: &Arc<str>,
+        backing: &Arc<BackingId>,
+    ) {
+        self.backing_by_fh.lock().insert(fh, (ino, backing.clone()));
+        self.backing_by_ino
+            .lock()
+            .entry(ino)
+            .or_insert_with(|| InodeBacking {
+                opens: 0,
+                etag: etag.clone(),
+                backing: Arc::downgrade(backing),
+            })
+            .opens += 1;
+    }
+
+    /// The backing file in use for `ino` by open handles of version `etag`, if any.
+    pub(super) fn live_backing(&self, ino: u64, etag: &str) -> Option<Arc<BackingId>> {
+        self.backing_by_ino
+            .lock()
+            .get(&ino)
+            .filter(|b| &*b.etag == etag)
+            .and_then(|b| b.backing.upgrade())
+    }
+
+    /// Whether handles of `ino` are open at another version than `etag`; an open of `etag`
+    /// must then get a new inode. Passthrough handles: the kernel refuses any other open of
+    /// the inode (one backing file per inode, and no daemon-served opens beside it).
+    /// Handles served by the daemon: they share the inode's page cache, and the old handle's
+    /// reads would fill it with old pages that the new handle then reads (a blend).
+    pub(super) fn open_at_other_version(&self, ino: u64, etag: &str) -> bool {
+        let passthrough = self
+            .backing_by_ino
+            .lock()
+            .get(&ino)
+            .is_some_and(|b| &*b.etag != etag);
+        passthrough
+            || (self.cached_opens.lock().contains_key(&ino)
+                && self
+                    .page_cache_etag
+                    .lock()
+                    .get(&ino)
+                    .is_some_and(|v| &**v != etag))
+    }
+
+    /// Answers the open of `fh` (of `ino` at version `etag`) as served by the daemon, keeping
+    /// the kernel's cached pages when they belong to this same version.
+    pub(super) fn reply_served_by_daemon(
+        &self,
+        ino: u64,
+        fh: u64,
+        etag: &Arc<str>,
+        reply: ReplyOpen,
+    ) {
+        self.record(fh, ino, etag, None);
+        *self.cached_opens.lock().entry(ino).or_default() += 1;
+        let flags = if self.remember_etag(ino, etag) {
+            FopenFlags::FOPEN_KEEP_CACHE
+        } else {
+            FopenFlags::empty()
+        };
+        reply.opened(FileHandle(fh), flags);
+    }
+
+    /// Records that `ino` is opened at version `etag`; true if the kernel's cached pages (if
+    /// any) belong to that same version and may be kept.
+    pub(super) fn remember_etag(&self, ino: u64, etag: &Arc<str>) -> bool {
+        let mut map = self.page_cache_etag.lock();
+        match map.get(&ino) {
+            Some(previous) if previous == etag => true,
+            _ => {
+                map.insert(ino, etag.clone());
+                false
+            }
+        }
+    }
+}
+
+/// What an open needs, cloned into its task (or used on the FUSE thread by the fast path).
+#[derive(Clone)]
+pub(super) struct Opener {
+    pub(super) fetcher: Arc<Fetcher>,
+    pub(super) handles: Arc<Handles>,
+    pub(super) status: Arc<FsStatus>,
+    pub(super) prefetch: Arc<Prefetcher>,
+    pub(super) passthrough: Arc<std::sync::atomic::AtomicBool>,
+    pub(super) read_ahead: ReadAheadConfig,
+}
+
+impl Opener {
+    /// Starts handle `fh` of `ino` at `object` for `caller` (the opening thread's id): counts
+    /// the open, tells the prefetcher, and keeps a reader for it (pinning the cache entry).
+    pub(super) fn start(&self, ino: u64, fh: u64, caller: u32, object: Arc<ObjectVersion>) {
+        self.status.opens.fetch_add(1, Ordering::Relaxed);
+        // Pinned before the prefetcher hears of the open: from then on it no longer counts
+        // the file as needed, and eviction could take it before a later pin.
+        let pin = self.fetcher.disk().map(|d| d.pin_unused(&object));
+        self.prefetch.on_open_by(ino, &object, Some(caller));
+        if let Some(pin) = &pin {
+            pin.used();
+        }
+        let reader = FileReader::new(object, self.fetcher.clone(), self.read_ahead, pin);
+        self.handles.files.lock().insert(fh, Arc::new(reader));
+    }
+
+    /// Answers the open of `fh` with passthrough to `backing` (a cache file of version `etag`).
+    pub(super) fn reply_passthrough(
+        &self,
+        ino: u64,
+        fh: u64,
+        etag: &Arc<str>,
+        backing: &Arc<BackingId>,
+        reply: ReplyOpen,
+    ) {
+        self.handles.record(fh, ino, etag, Some(backing.id()));
+        self.handles.passthrough_opened(ino, fh, etag, backing);
+        self.status
+            .passthrough_opens
+            .fetch_add(1, Ordering::Relaxed);
+        reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), backing);
+    }
+
+    /// A backing file for passthrough of `ino`: the one in use or kept for the inode at this
+    /// version, or the object's complete and verified cache file (then kept for later opens).
+    /// `None` (served by the daemon) when the file is not cached and verified yet, or when
+    /// daemon-served handles of the inode are open (the kernel does not mix the two on one
+    /// inode).
+    pub(super) async fn passthrough_backing(
+        &self,
+        ino: u64,
+        object: &ObjectVersion,
+        reply: &ReplyOpen,
+    ) -> Option<Arc<BackingId>> {
+        let handles = &self.handles;
+        if handles.cached_opens.lock().contains_key(&ino) {
+            return None;
+        }
+        let disk = self.fetcher.disk()?;
+        let entry = disk.entry_key(object);
+        if let Some(kept) = handles.kept.get(&entry, &object.etag) {
+            return Some(kept.for_reply(reply));
+        }
+        if let Some(live) = handles.live_backing(ino, &object.etag) {
+            return Some(live);
+        }
+        let data = disk.passthrough_file(object).await?;
+        match reply.open_backing(&data.file) {
+            Ok(id) => {
+                let id = Arc::new(id);
+                let kept = Arc::new(KernelBacking::wrapped(id.clone(), data.path));
+                handles.kept.keep(entry, object.etag.clone(), kept);
+                Some(id)
+            }
+            Err(e) => {
+                if self.passthrough.swap(false, Ordering::Relaxed) {
+                    tracing::warn!(error = %e, "FUSE passthrough refused by the kernel (needs CAP_SYS_ADMIN); serving reads through the daemon");
+                    *self.status.passthrough_mode.lock() = format!(
+                        "off (the kernel refused a backing file: {e}; passthrough needs CAP_SYS_ADMIN)"
+                    );
+                }
+                None
+            }
+        }
+    }
+}
+
+/// The object version an open reads.
+pub(super) fn object_of(target: &OpenTarget) -> Arc<ObjectVersion> {
+    Arc::new(ObjectVersion {
+        key: Arc::from(target.key.as_str()),
+        etag: target.etag.clone(),
+        size: target.size,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_cache_is_kept_only_for_the_same_version() {
+        let handles = Handles::new(Arc::default());
+        let v1: Arc<str> = Arc::from("etag-1");
+        let v2: Arc<str> = Arc::from("etag-2");
+        assert!(
+            !handles.remember_etag(7, &v1),
+            "first open: nothing cached yet"
+        );
+        assert!(handles.remember_etag(7, &v1));
+        assert!(
+            !handles.remember_etag(7, &v2),
+            "new version: drop the old pages"
+        );
+        assert!(handles.remember_etag(7, &v2));
+    }
+}
