@@ -53,6 +53,15 @@ impl Tally {
         }
     }
 
+    /// Reads, failed reads, wrong reads.
+    fn counts(&self) -> (u64, u64, u64) {
+        (
+            self.reads.load(Ordering::Relaxed),
+            self.failed.load(Ordering::Relaxed),
+            self.wrong.load(Ordering::Relaxed),
+        )
+    }
+
     fn note(&self, line: String) {
         let mut errors = self.errors.lock().unwrap();
         if errors.len() < 10 {
@@ -136,6 +145,14 @@ fn start_readers(
         }));
     }
     readers
+}
+
+/// Stops the readers and waits for them.
+fn stop_readers(stop: &AtomicBool, readers: Vec<std::thread::JoinHandle<()>>) {
+    stop.store(true, Ordering::Relaxed);
+    for reader in readers {
+        reader.join().expect("reader");
+    }
 }
 
 /// Waits until the readers made `passes` more passes (a successor serves: progress).
@@ -238,16 +255,9 @@ fn run_scenario(endpoint: &str, extra: &[&str], program: Option<&Path>) {
         wait_for_progress(&tally, 2, &format!("after kill {round}"));
     }
     passthrough.push(passthrough_opens(&mount));
-    stop.store(true, Ordering::Relaxed);
-    for reader in readers {
-        reader.join().expect("reader");
-    }
+    stop_readers(&stop, readers);
     let errors = tally.errors.lock().unwrap().clone();
-    let (reads, failed, wrong) = (
-        tally.reads.load(Ordering::Relaxed),
-        tally.failed.load(Ordering::Relaxed),
-        tally.wrong.load(Ordering::Relaxed),
-    );
+    let (reads, failed, wrong) = tally.counts();
     eprintln!(
         "handover {extra:?}: 3 SIGKILLs, {reads} reads, {failed} failed, {wrong} wrong, longest read {} ms, passthrough opens by each daemon {passthrough:?}",
         tally.longest_us.load(Ordering::Relaxed) / 1000
@@ -335,10 +345,7 @@ fn a_new_build_takes_the_mount_over_on_sighup() {
     assert_eq!(unsafe { libc::kill(keeper, libc::SIGHUP) }, 0);
     let new = wait_for_new_daemon(&mount, old);
     wait_for_progress(&tally, 2, "after the upgrade");
-    stop.store(true, Ordering::Relaxed);
-    for reader in readers {
-        reader.join().expect("reader");
-    }
+    stop_readers(&stop, readers);
     let exe = std::fs::read_link(format!("/proc/{new}/exe")).expect("successor exe");
     let digest = |path: &Path| {
         use sha2::Digest;
@@ -346,10 +353,7 @@ fn a_new_build_takes_the_mount_over_on_sighup() {
     };
     assert_eq!(exe, installed, "the successor runs the new build");
     assert_ne!(digest(&installed), digest(Path::new(common::RIFFLE)));
-    let (failed, wrong) = (
-        tally.failed.load(Ordering::Relaxed),
-        tally.wrong.load(Ordering::Relaxed),
-    );
+    let (_, failed, wrong) = tally.counts();
     assert_eq!(
         (failed, wrong),
         (0, 0),
@@ -472,15 +476,8 @@ fn keeper_and_daemon_killed_together_cost_no_read_with_an_fd_store() {
             &format!("after killing keeper and daemon, round {round}"),
         );
     }
-    stop.store(true, Ordering::Relaxed);
-    for reader in readers {
-        reader.join().expect("reader");
-    }
-    let (reads, failed, wrong) = (
-        tally.reads.load(Ordering::Relaxed),
-        tally.failed.load(Ordering::Relaxed),
-        tally.wrong.load(Ordering::Relaxed),
-    );
+    stop_readers(&stop, readers);
+    let (reads, failed, wrong) = tally.counts();
     eprintln!(
         "fd store: keeper and daemon SIGKILLed together 3 times (store restarted once): {reads} reads, {failed} failed, {wrong} wrong, longest read {} ms",
         tally.longest_us.load(Ordering::Relaxed) / 1000

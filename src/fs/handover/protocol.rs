@@ -469,17 +469,6 @@ mod tests {
             ));
         });
     }
-}
-
-#[cfg(test)]
-mod store_tests {
-    use super::*;
-
-    fn bundle() -> Vec<OwnedFd> {
-        (0..BUNDLE_FDS)
-            .map(|_| OwnedFd::from(std::fs::File::open("/dev/null").unwrap()))
-            .collect()
-    }
 
     #[test]
     fn keys_keep_mounts_apart_and_a_lease_ends_with_its_client() {
