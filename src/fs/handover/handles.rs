@@ -3,8 +3,8 @@
 //! object version (a read never mixes two versions of a file), and for passthrough handles
 //! the same backing id (the kernel refuses a second backing file on an inode that has one).
 //!
-//! Layout: a 4 KiB header (magic, format, the next file handle number, the highest backing
-//! id ever opened, and the INIT parameters as JSON, see [`super::InitParams`]), then
+//! Layout: a 4 KiB header (magic, format, the next file handle number, and the INIT
+//! parameters as JSON, see [`super::InitParams`]), then
 //! 128-byte slots. A slot is `fh | ino | size | backing id (u32) and ETag length (u32) |
 //! ETag (up to 96 bytes)`; `fh` is written last (release) and is 0 while the slot is free,
 //! so a reader sees a slot whole or not at all. A slot is filled before the open's reply is
@@ -27,7 +27,6 @@ const OFF_MAGIC: u64 = 0;
 const OFF_FORMAT: u64 = 8;
 const OFF_NEXT_FH: u64 = 16;
 const OFF_PARAMS_LEN: u64 = 24;
-const OFF_MAX_BACKING: u64 = 32;
 const OFF_PARAMS: u64 = 64;
 const SLOT: u64 = 128;
 const ETAG_MAX: usize = 96;
@@ -118,18 +117,6 @@ impl HandleTable {
     /// A new handle number, never given before on this connection.
     pub fn next_fh(&self) -> u64 {
         self.region.word(OFF_NEXT_FH).fetch_add(1, Ordering::AcqRel)
-    }
-
-    /// Notes that backing id `id` was opened on the connection.
-    pub fn note_backing(&self, id: u32) {
-        self.region
-            .word(OFF_MAX_BACKING)
-            .fetch_max(u64::from(id), Ordering::AcqRel);
-    }
-
-    /// The highest backing id opened on the connection so far.
-    pub fn max_backing(&self) -> u32 {
-        u32::try_from(self.region.word(OFF_MAX_BACKING).load(Ordering::Acquire)).unwrap_or(u32::MAX)
     }
 
     /// Saves the connection's INIT parameters (once, at the first INIT).
@@ -251,8 +238,6 @@ mod tests {
         }
         table.release(2);
         table.release(4);
-        table.note_backing(7);
-        table.note_backing(3);
         let fd = table.region().fd().try_clone_to_owned().unwrap();
         drop(table);
         let successor = HandleTable::open(fd).unwrap();
@@ -262,7 +247,6 @@ mod tests {
         );
         assert_eq!(successor.params().unwrap(), br#"{"x":1}"#);
         assert_eq!(successor.next_fh(), 6);
-        assert_eq!(successor.max_backing(), 7);
         // Freed slots are reused, handles released by the successor leave the table.
         assert!(successor.record(&record(6, Some(9))));
         successor.release(1);
