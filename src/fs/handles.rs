@@ -257,11 +257,13 @@ impl Opener {
         }
         let disk = self.fetcher.disk()?;
         let entry = disk.entry_key(object);
-        if let Some(kept) = handles.kept.get(&entry, &object.etag) {
-            return Some(kept.for_reply(reply));
-        }
+        // The one in use first: the kernel allows one backing file per inode, and after a
+        // handover the one in use may be a predecessor's, not the one kept here.
         if let Some(live) = handles.live_backing(ino, &object.etag) {
             return Some(live);
+        }
+        if let Some(kept) = handles.kept.get(&entry, &object.etag) {
+            return Some(kept.for_reply(reply));
         }
         let data = disk.passthrough_file(object).await?;
         match reply.open_backing(&data.file) {

@@ -364,14 +364,21 @@ impl RiffleFs {
         let Some(disk) = self.fetcher.disk() else {
             return Some(reply);
         };
-        let Some(kept) = self
-            .handles
-            .kept
-            .get(&disk.entry_key(&object), &target.etag)
-        else {
-            return Some(reply);
+        // The backing file in use for the inode first (after a handover it may be a
+        // predecessor's: the kernel allows one per inode), else one kept for this version.
+        let backing = match self.handles.live_backing(ino, &target.etag) {
+            Some(live) => live,
+            None => {
+                let Some(kept) = self
+                    .handles
+                    .kept
+                    .get(&disk.entry_key(&object), &target.etag)
+                else {
+                    return Some(reply);
+                };
+                kept.for_reply(&reply)
+            }
         };
-        let backing = kept.for_reply(&reply);
         self.status.fast_opens.fetch_add(1, Ordering::Relaxed);
         let _runtime = self.runtime.enter();
         let opener = self.opener();
