@@ -26,7 +26,7 @@ use nix::sys::socket::{getsockopt, sockopt};
 use parking_lot::Mutex;
 
 use super::args::FdStoreArgs;
-use crate::fs::handover::protocol::{self, connection_gone, ProtocolError, Store};
+use crate::fs::handover::protocol::{self, connection_gone, Store};
 
 /// How often ended connections are forgotten.
 pub const SWEEP_EVERY: Duration = Duration::from_secs(10);
@@ -114,20 +114,8 @@ fn bind(path: &std::path::Path) -> anyhow::Result<UnixListener> {
 
 /// Answers one client until it disconnects; its leases then end.
 fn serve(socket: OwnedFd, client: u64, store: &Mutex<Store>) {
-    loop {
-        let (message, fds) = match protocol::recv(socket.as_fd()) {
-            Ok(received) => received,
-            Err(ProtocolError::Closed) => break,
-            Err(e) => {
-                let _ = protocol::send(socket.as_fd(), &protocol::Message::Err(e.to_string()), &[]);
-                break;
-            }
-        };
-        let (reply, attach) = store.lock().answer(client, message, fds);
-        let attach: Vec<_> = attach.iter().map(|fd| fd.as_fd()).collect();
-        if protocol::send(socket.as_fd(), &reply, &attach).is_err() {
-            break;
-        }
-    }
+    let _ = protocol::serve_client(socket.as_fd(), |message, fds| {
+        store.lock().answer(client, message, fds)
+    });
     store.lock().disconnected(client);
 }

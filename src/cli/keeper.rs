@@ -172,12 +172,7 @@ impl StoreLink {
                         .is_some_and(|fuse| protocol::connection_gone(fuse.as_fd())) =>
                 {
                     // A mount that ended while no keeper ran: forget it, mount afresh.
-                    let _ = protocol::send(
-                        conn.as_fd(),
-                        &protocol::Message::Drop(link.key.clone()),
-                        &[],
-                    );
-                    let _ = protocol::recv(conn.as_fd());
+                    protocol::drop_key(conn.as_fd(), &link.key);
                     Some(conn)
                 }
                 Ok(fds) => {
@@ -258,12 +253,7 @@ impl StoreLink {
     /// Tells the store the mount ended.
     fn drop_key(&self) {
         if let Ok(conn) = protocol::connect(&self.socket) {
-            let _ = protocol::send(
-                conn.as_fd(),
-                &protocol::Message::Drop(self.key.clone()),
-                &[],
-            );
-            let _ = protocol::recv(conn.as_fd());
+            protocol::drop_key(conn.as_fd(), &self.key);
         }
     }
 }
@@ -405,22 +395,11 @@ fn run_daemon(
 
 /// Answers the daemon's messages until its socket closes.
 fn answer(socket: &OwnedFd, holder: &Mutex<Holder>, client: u64) {
-    loop {
-        let (message, fds) = match protocol::recv(socket.as_fd()) {
-            Ok(received) => received,
-            Err(ProtocolError::Closed) => break,
-            Err(e) => {
-                eprintln!("riffle keeper: {e}");
-                let _ = protocol::send(socket.as_fd(), &protocol::Message::Err(e.to_string()), &[]);
-                break;
-            }
-        };
-        let (reply, attach) = holder.lock().answer(client, message, fds);
-        let attach: Vec<_> = attach.iter().map(|fd| fd.as_fd()).collect();
-        if let Err(e) = protocol::send(socket.as_fd(), &reply, &attach) {
-            eprintln!("riffle keeper: cannot answer the daemon: {e}");
-            break;
-        }
+    let served = protocol::serve_client(socket.as_fd(), |message, fds| {
+        holder.lock().answer(client, message, fds)
+    });
+    if let Err(e) = served {
+        eprintln!("riffle keeper: {e}");
     }
     holder.lock().disconnected(client);
 }

@@ -209,6 +209,36 @@ pub fn take(socket: BorrowedFd<'_>, key: Option<&str>) -> Result<Vec<OwnedFd>, P
     }
 }
 
+/// Serves one client of a keeper or a store: each message is given to `answer`, whose reply
+/// (with its descriptors) goes back. Returns when the client closes its socket (`Ok`) or sends
+/// something unreadable (after telling it why), or when a reply cannot be sent.
+pub fn serve_client(
+    socket: BorrowedFd<'_>,
+    mut answer: impl FnMut(Message, Vec<OwnedFd>) -> (Message, Vec<OwnedFd>),
+) -> Result<(), ProtocolError> {
+    loop {
+        let (message, fds) = match recv(socket) {
+            Ok(received) => received,
+            Err(ProtocolError::Closed) => return Ok(()),
+            Err(e) => {
+                let _ = send(socket, &Message::Err(e.to_string()), &[]);
+                return Err(e);
+            }
+        };
+        let (reply, attach) = answer(message, fds);
+        let attach: Vec<BorrowedFd<'_>> = attach.iter().map(std::os::fd::AsFd::as_fd).collect();
+        send(socket, &reply, &attach)?;
+    }
+}
+
+/// Tells the store at the other end of `socket` that mount `key` ended, and waits for its
+/// answer (best effort: a store that is gone has nothing to forget).
+pub fn drop_key(socket: BorrowedFd<'_>, key: &str) {
+    if send(socket, &Message::Drop(key.to_string()), &[]).is_ok() {
+        let _ = recv(socket);
+    }
+}
+
 /// Keeper side: what it holds and who has the lease. One per connection kept.
 #[derive(Default)]
 pub struct Holder {
