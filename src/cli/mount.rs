@@ -440,11 +440,12 @@ fn adopt(args: &MountArgs, stack: &mut Stack, takeover: Resumed) -> anyhow::Resu
         .context("the file system was already mounted")?;
     fs.adopt(&takeover.params, takeover.handles.clone());
     tracing::info!(inodes = nodes, "took the mount over from the keeper");
+    let config = session_config(args, true);
     let session = fuser::Session::from_fd_initialized(
         fs,
         takeover.fuse,
-        session_config(args, true).acl,
-        session_config(args, true),
+        config.acl,
+        config,
         takeover.params.kernel_abi(),
     );
     *stack.fs_status.kernel_read_ahead.lock() =
