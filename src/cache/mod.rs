@@ -171,6 +171,7 @@ pub mod evict;
 pub mod format;
 pub mod identity;
 pub mod ops;
+pub mod proofs;
 pub mod ring;
 pub mod scan;
 #[cfg(test)]
@@ -203,6 +204,7 @@ pub use evict::{
 };
 pub use identity::{EntryKey, ObjectIdentity};
 pub use ops::{clear_dir, stats_dir, ClearReport, DirStats};
+pub use proofs::{Principal, ProofLog, Verdict};
 
 /// The cache's byte budget.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -113,7 +113,7 @@ pub fn clear_dir(dir: &Path) -> Result<ClearReport, CacheError> {
     Ok(report)
 }
 
-/// Removes every entry and the format file; the caller holds the directory lock exclusively.
+/// Removes every entry, the read proofs and the format file; the caller holds the directory lock exclusively.
 pub(super) fn clear_locked(dir: &Path) -> Result<ClearReport, CacheError> {
     let io = |context: &str, e| CacheError::dir_io(context, dir, e);
     let objects = dir.join(OBJECTS_DIR);
@@ -134,6 +134,11 @@ pub(super) fn clear_locked(dir: &Path) -> Result<ClearReport, CacheError> {
         {
             remove_counting(&e.path(), &mut report).map_err(|e| io("removing entries of", e))?;
         }
+    }
+    // The read proofs name entries that are gone now.
+    let proofs = dir.join(super::proofs::PROOFS_DIR);
+    if proofs.exists() {
+        remove_counting(&proofs, &mut report).map_err(|e| io("removing the read proofs of", e))?;
     }
     match fs::remove_file(dir.join(FORMAT_FILE)) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => {

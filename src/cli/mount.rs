@@ -31,7 +31,7 @@ use crate::fs::{mountinfo, FsConfig, FsStatus, RiffleFs};
 use crate::metrics::{serve_metrics, MountMetrics};
 use crate::namespace::background::FanoutConfig;
 use crate::namespace::kept::KeptListings;
-use crate::namespace::{Namespace, NamespaceOptions, NodeLog};
+use crate::namespace::{MetadataTtl, Namespace, NamespaceOptions, NodeLog};
 use crate::prefetch::plan::Plan;
 use crate::prefetch::{Oracle, PrefetchConfig, Prefetcher};
 use crate::reader::ReadAheadConfig;
@@ -186,8 +186,16 @@ fn build(
         connect_timeout: None,
         read_timeout: None,
     };
-    let raw: Arc<dyn ObjectStore> = Arc::new(runtime.block_on(S3Store::new(&s3)));
+    let s3_store = Arc::new(runtime.block_on(S3Store::new(&s3)));
+    let raw: Arc<dyn ObjectStore> = s3_store.clone();
     runtime.block_on(probe(raw.clone(), args))?;
+    // After the probe: its LIST has shown the credentials work. Only the cache needs it.
+    let principal = match &args.cache_dir {
+        Some(_) => runtime
+            .block_on(s3_store.principal_name())
+            .context("cannot tell who signs this mount's requests")?,
+        None => String::new(),
+    };
     let endpoint = args.endpoint_url.as_deref().unwrap_or("aws-s3");
     let kept = args.cache_dir.as_ref().map(|dir| {
         let kept = KeptListings::new(dir, endpoint, &args.source.bucket);
@@ -248,10 +256,16 @@ fn build(
             let policy = make_policy(args.eviction, Some(oracle.clone()));
             let cache = DiskCache::open_with_policy(cc, policy)
                 .with_context(|| format!("cannot use cache directory {}", dir.display()))?;
+            let proof_ttl = match args.metadata_ttl {
+                MetadataTtl::For(ttl) => Some(ttl),
+                MetadataTtl::Indefinite => None,
+            };
             Some(Arc::new(DiskTier::new(
                 cache,
                 endpoint,
                 &args.source.bucket,
+                &principal,
+                proof_ttl,
             )))
         }
     };

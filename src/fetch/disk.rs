@@ -17,6 +17,12 @@
 //! that point is not caught, as the daemon path does not catch it in a block it wrote or has
 //! read back and checked (it reads such blocks in part, without the CRC: `cache::entry`).
 //!
+//! Cached bytes are served to this mount only with a read proof of its principal
+//! ([`crate::cache::proofs`]): every block it fetches records one, and an entry another
+//! principal filled is proved once with [`super::Fetcher::admit`] at open. Without a proof,
+//! the blocks of an entry count as missing here (they are fetched, which proves them) and it
+//! is never handed to passthrough.
+//!
 //! Objects this daemon completes or verifies are announced on a bounded channel
 //! ([`DiskTier::completions`]), which the FUSE layer uses to register their cache files with
 //! the kernel ahead of the next open.
@@ -28,7 +34,7 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, Semaphore};
 
 use super::ObjectVersion;
-use crate::cache::{DataFile, DiskCache, EntryKey, ObjectIdentity, PinGuard};
+use crate::cache::{DataFile, DiskCache, EntryKey, ObjectIdentity, PinGuard, Principal, ProofLog};
 
 /// Cache writes in flight at most (1 MiB blocks: this many MiB buffered).
 const WRITE_PERMITS: usize = 64;
@@ -40,20 +46,33 @@ pub struct DiskTier {
     bucket: Arc<str>,
     verified: Mutex<HashSet<EntryKey>>,
     verifying: Mutex<HashSet<EntryKey>>,
+    /// This mount's principal's read proofs.
+    pub(super) proofs: ProofLog,
     pub(super) write_permits: Arc<Semaphore>,
     /// Where to announce objects this daemon completed in the cache ([`Self::completions`]).
     completed: Mutex<Option<mpsc::Sender<ObjectVersion>>>,
 }
 
 impl DiskTier {
-    /// `endpoint` and `bucket` complete the identity of every object this mount reads.
-    pub fn new(cache: Arc<DiskCache>, endpoint: &str, bucket: &str) -> Self {
+    /// `endpoint` and `bucket` complete the identity of every object this mount reads;
+    /// `principal` names who signs its requests ([`crate::store::s3::S3Store::principal_name`])
+    /// and `proof_ttl` is how long the answer of a proof request lasts (the metadata TTL;
+    /// `None`: indefinitely).
+    pub fn new(
+        cache: Arc<DiskCache>,
+        endpoint: &str,
+        bucket: &str,
+        principal: &str,
+        proof_ttl: Option<std::time::Duration>,
+    ) -> Self {
+        let proofs = ProofLog::open(cache.dir(), Principal::new(endpoint, principal), proof_ttl);
         DiskTier {
             cache,
             endpoint: Arc::from(endpoint),
             bucket: Arc::from(bucket),
             verified: Mutex::new(HashSet::new()),
             verifying: Mutex::new(HashSet::new()),
+            proofs,
             write_permits: Arc::new(Semaphore::new(WRITE_PERMITS)),
             completed: Mutex::new(None),
         }
@@ -96,6 +115,21 @@ impl DiskTier {
         self.identity(obj).entry_key()
     }
 
+    /// Whether this mount has a read proof for `obj`, so its cached bytes may be served.
+    pub fn may_serve(&self, obj: &ObjectVersion) -> bool {
+        self.proofs.may_read(&self.entry_key(obj))
+    }
+
+    /// This mount's principal's proofs.
+    pub fn proofs(&self) -> &ProofLog {
+        &self.proofs
+    }
+
+    /// Notes that this mount fetched bytes of `id` from the store: a read proof.
+    pub(super) fn fetched(&self, id: &ObjectIdentity) {
+        self.proofs.record_read(id.entry_key());
+    }
+
     /// Notes that this daemon wrote a block of `id`; announces the object if that completed it.
     pub(super) fn wrote(&self, id: &ObjectIdentity) {
         if self.cache.is_complete(id) {
@@ -133,9 +167,13 @@ impl DiskTier {
 
     /// The cache file of `obj` for passthrough, if it is complete and known good; otherwise
     /// `None`, after starting a background check of a complete file not yet verified.
+    /// Never one this mount has no read proof for.
     pub async fn passthrough_file(self: &Arc<Self>, obj: &ObjectVersion) -> Option<DataFile> {
         let id = self.identity(obj);
         let key = id.entry_key();
+        if !self.proofs.may_read(&key) {
+            return None;
+        }
         if self.verified.lock().contains(&key) {
             if let Some(file) = self.cache.complete_data_file(&id) {
                 return Some(file);

@@ -61,6 +61,10 @@ pub enum FetchError {
     Store(StoreError),
     #[error("the fetch was cancelled")]
     Cancelled,
+    /// The store refused this mount's principal a read of the object (a proof request
+    /// answered 403, now or earlier within the metadata TTL).
+    #[error("the store refused this credential a read of the object")]
+    NotPermitted,
 }
 
 impl From<StoreError> for FetchError {
@@ -110,6 +114,10 @@ pub struct FetchStats {
     pub errors: AtomicU64,
     /// Blocks served from the NVMe cache.
     pub disk_hits: AtomicU64,
+    /// Proof requests made (one-byte GETs of entries another principal filled).
+    pub proof_requests: AtomicU64,
+    /// Opens refused because the store refused this principal the object.
+    pub proofs_refused: AtomicU64,
 }
 
 type BlockResult = Result<Bytes, FetchError>;
@@ -131,7 +139,11 @@ pub struct Fetcher {
     stats: FetchStats,
     runtime: tokio::runtime::Handle,
     disk: Option<Arc<DiskTier>>,
+    /// Proof requests in flight, so concurrent opens of one object make one.
+    proving: Mutex<HashMap<crate::cache::EntryKey, Proof>>,
 }
+
+type Proof = Shared<futures::future::BoxFuture<'static, Result<(), FetchError>>>;
 
 /// A block to be fetched by a new GET, and the channel its waiters listen on.
 struct NewBlock {
@@ -192,6 +204,7 @@ impl Fetcher {
             runtime,
             config,
             disk,
+            proving: Mutex::new(HashMap::new()),
         })
     }
 
@@ -233,6 +246,79 @@ impl Fetcher {
     }
 
     /// Bytes `range` of `obj` (clamped to its size), fetching what is missing.
+    /// Whether this mount may be served what the NVMe cache holds of `obj`; called at open.
+    /// Asks the store only when the entry holds bytes and this mount's principal has no
+    /// answer for it yet ([`crate::cache::proofs`]): one GET of the first byte with
+    /// `If-Match`, shared by concurrent opens. `Err(NotPermitted)` on a refusal, now or
+    /// remembered; `Err(Changed)` if the object is no longer that version; other errors
+    /// of the proof request as they came (not remembered).
+    pub async fn admit(self: &Arc<Self>, obj: &ObjectVersion) -> Result<(), FetchError> {
+        let Some(disk) = &self.disk else {
+            return Ok(());
+        };
+        let id = disk.identity(obj);
+        let key = id.entry_key();
+        match disk.proofs.verdict(&key) {
+            Some(crate::cache::Verdict::MayRead) => return Ok(()),
+            Some(crate::cache::Verdict::Refused) => {
+                self.stats.proofs_refused.fetch_add(1, Ordering::Relaxed);
+                return Err(FetchError::NotPermitted);
+            }
+            None => {}
+        }
+        // Nothing cached: nothing to prove (this mount's own GETs will be its proof).
+        match disk.cache.status(&id).await {
+            Ok(Some(status)) if status.blocks_present > 0 => {}
+            _ => return Ok(()),
+        }
+        let proof = {
+            let mut proving = self.proving.lock();
+            // A proof that finished while this one looked at the cache.
+            match disk.proofs.verdict(&key) {
+                Some(crate::cache::Verdict::MayRead) => return Ok(()),
+                Some(crate::cache::Verdict::Refused) => return Err(FetchError::NotPermitted),
+                None => {}
+            }
+            proving
+                .entry(key)
+                .or_insert_with(|| {
+                    let this = self.clone();
+                    let obj = obj.clone();
+                    async move {
+                        let result = this.prove(&obj).await;
+                        this.proving.lock().remove(&key);
+                        result
+                    }
+                    .boxed()
+                    .shared()
+                })
+                .clone()
+        };
+        proof.await
+    }
+
+    /// One proof request for `obj` (see [`Self::admit`]), its answer recorded.
+    async fn prove(&self, obj: &ObjectVersion) -> Result<(), FetchError> {
+        let Some(disk) = &self.disk else {
+            return Ok(());
+        };
+        let key = disk.entry_key(obj);
+        self.stats.proof_requests.fetch_add(1, Ordering::Relaxed);
+        match self.store.get_range(&obj.key, 0..1, Some(&obj.etag)).await {
+            Ok(_) => {
+                disk.proofs.record(key, crate::cache::Verdict::MayRead);
+                Ok(())
+            }
+            Err(StoreError::AccessDenied(detail)) => {
+                tracing::info!(key = %obj.key, %detail, "the store refused this mount's credential the object; its cached bytes are not served to this mount");
+                disk.proofs.record(key, crate::cache::Verdict::Refused);
+                self.stats.proofs_refused.fetch_add(1, Ordering::Relaxed);
+                Err(FetchError::NotPermitted)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
     pub async fn read(
         self: &Arc<Self>,
         obj: &Arc<ObjectVersion>,
@@ -312,6 +398,10 @@ impl Fetcher {
         let Some(disk) = &self.disk else {
             return done(None);
         };
+        if !disk.may_serve(obj) {
+            // Not proved readable by this mount's principal: the task path fetches it.
+            return done(None);
+        }
         // Blocks known good: just the bytes asked for, through the page cache. Not a short
         // block alone (a small file): that is read on the FUSE thread below, which costs less
         // than the hand-off to the I/O thread and back.
@@ -395,6 +485,12 @@ impl Fetcher {
         if blocks.is_empty() {
             return Ok(());
         }
+        // Cached by another principal: a proof request instead of fetching it again.
+        if let Some(disk) = &self.disk {
+            if !disk.may_serve(obj) && disk.cache.holds_bytes(&disk.identity(obj)) {
+                self.admit(obj).await?;
+            }
+        }
         // Already whole on disk: nothing to fetch, and copying it into memory would only
         // compete with the reader for the disk (a passthrough reader never asks the daemon).
         if self.whole_on_disk(obj) {
@@ -422,7 +518,7 @@ impl Fetcher {
     pub fn whole_on_disk(&self, obj: &ObjectVersion) -> bool {
         self.disk
             .as_ref()
-            .is_some_and(|d| d.cache.is_complete(&d.identity(obj)))
+            .is_some_and(|d| d.cache.is_complete(&d.identity(obj)) && d.may_serve(obj))
     }
 
     /// Starts fetching the missing blocks of `blocks` if the budgets allow it right now.
@@ -430,7 +526,7 @@ impl Fetcher {
     /// takes just its bytes from the cache file's page cache ([`Self::read_quick`]), so
     /// reading them ahead into memory (a whole block and a CRC each) would only cost.
     pub fn prefetch(self: &Arc<Self>, obj: &Arc<ObjectVersion>, mut blocks: Range<u64>) {
-        if let Some(disk) = &self.disk {
+        if let Some(disk) = self.disk.as_ref().filter(|d| d.may_serve(obj)) {
             blocks.start += disk
                 .cache
                 .verified_prefix(&disk.identity(obj), blocks.clone());
@@ -454,7 +550,7 @@ impl Fetcher {
     /// sequential reader has passed them (the kernel's page cache has what it read), and a
     /// later read of one takes its bytes from the cache file. Blocks only in memory stay.
     pub fn drop_behind(&self, obj: &Arc<ObjectVersion>, blocks: Range<u64>) {
-        let Some(disk) = &self.disk else {
+        let Some(disk) = self.disk.as_ref().filter(|d| d.may_serve(obj)) else {
             return;
         };
         let blocks = blocks.start..blocks.end.min(self.block_count(obj));
@@ -631,6 +727,10 @@ impl Fetcher {
         if !matches!(disk.cache.status_or_create(&id).await, Ok(Some(_))) {
             return run;
         }
+        if !disk.may_serve(obj) {
+            // Cached bytes without a read proof of this mount's: fetch them (that proves).
+            return run;
+        }
         let (present, mut missing): (Vec<NewBlock>, Vec<NewBlock>) = run
             .into_iter()
             .partition(|b| disk.cache.has_block(&id, b.index));
@@ -692,6 +792,7 @@ impl Fetcher {
         {
             Err(e) => failure = Some(e.into()),
             Ok(mut chunks) => {
+                self.read_from_store(obj);
                 let mut buf = BytesMut::new();
                 while let Some(chunk) = chunks.next().await {
                     let mut data = match chunk {
@@ -746,6 +847,7 @@ impl Fetcher {
         };
         match &result {
             Ok(data) => {
+                self.read_from_store(obj);
                 self.stats
                     .get_bytes
                     .fetch_add(data.len() as u64, Ordering::Relaxed);
@@ -768,6 +870,14 @@ impl Fetcher {
             if let Ok(data) = out {
                 self.persist(obj, index, data, writing).await;
             }
+        }
+    }
+
+    /// Notes that the store answered a GET of `obj` for this mount: a read proof for its
+    /// cache entry ([`crate::cache::proofs`]).
+    fn read_from_store(&self, obj: &ObjectVersion) {
+        if let Some(disk) = &self.disk {
+            disk.fetched(&disk.identity(obj));
         }
     }
 

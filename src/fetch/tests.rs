@@ -252,7 +252,13 @@ mod with_disk {
         cc.block_size = DBS;
         cc.min_free = SizeLimit::Bytes(0);
         let cache = DiskCache::open(cc).unwrap();
-        let tier = Arc::new(DiskTier::new(cache, "http://test", "bucket"));
+        let tier = Arc::new(DiskTier::new(
+            cache,
+            "http://test",
+            "bucket",
+            "key:test",
+            None,
+        ));
         let config = FetchConfig {
             block_size: DBS,
             block_cache_bytes,
@@ -701,7 +707,13 @@ mod larger_than_cache {
         let mut cc = CacheConfig::new(dir.path(), SizeLimit::Bytes(total / 2));
         cc.min_free = SizeLimit::Bytes(0);
         let cache = DiskCache::open_with_policy(cc, make_policy(kind, None)).unwrap();
-        let tier = Arc::new(DiskTier::new(cache, "http://test", "bucket"));
+        let tier = Arc::new(DiskTier::new(
+            cache,
+            "http://test",
+            "bucket",
+            "key:test",
+            None,
+        ));
         let config = FetchConfig {
             block_size: 1 << 20,
             max_part_blocks: 8,
@@ -755,5 +767,217 @@ mod larger_than_cache {
             assert!(epoch[e] >= 0.4, "epoch policy, epoch {}: {epoch:?}", e + 1);
             assert!(lru[e] < epoch[e] - 0.15, "lru {lru:?} vs epoch {epoch:?}");
         }
+    }
+}
+
+/// The cache's proof rule ([`crate::cache::proofs`]): cached bytes only for a principal that
+/// has read the object version from the store.
+mod proofs {
+    use super::*;
+    use crate::cache::{CacheConfig, DiskCache, SizeLimit};
+    use async_trait::async_trait;
+    use parking_lot::Mutex;
+
+    const DBS: u64 = 4096;
+
+    /// A principal that may list but not read: every GET is refused (counted).
+    struct ListOnly {
+        inner: Arc<MemoryStore>,
+        gets: AtomicU64,
+    }
+
+    #[async_trait]
+    impl ObjectStore for ListOnly {
+        async fn list_page(
+            &self,
+            prefix: &str,
+            token: Option<&str>,
+            max_keys: Option<u32>,
+        ) -> Result<crate::store::ListPage, StoreError> {
+            self.inner.list_page(prefix, token, max_keys).await
+        }
+        async fn head(&self, key: &str) -> Result<crate::store::ObjectMeta, StoreError> {
+            self.inner.head(key).await
+        }
+        async fn get_range(
+            &self,
+            _key: &str,
+            _range: Range<u64>,
+            _etag: Option<&str>,
+        ) -> Result<Bytes, StoreError> {
+            self.gets.fetch_add(1, Ordering::SeqCst);
+            Err(StoreError::AccessDenied("AccessDenied (HTTP 403)".into()))
+        }
+    }
+
+    fn fetcher(
+        store: Arc<dyn ObjectStore>,
+        dir: &std::path::Path,
+        principal: &str,
+    ) -> Arc<Fetcher> {
+        let mut cc = CacheConfig::new(dir, SizeLimit::Bytes(64 << 20));
+        cc.block_size = DBS;
+        cc.min_free = SizeLimit::Bytes(0);
+        let cache = DiskCache::open(cc).unwrap();
+        let tier = Arc::new(DiskTier::new(
+            cache,
+            "http://test",
+            "bucket",
+            principal,
+            None,
+        ));
+        let config = FetchConfig {
+            block_size: DBS,
+            block_cache_bytes: 0,
+            ..small()
+        };
+        Fetcher::new(store, config, tokio::runtime::Handle::current(), Some(tier))
+    }
+
+    /// Fills the cache with `obj` as principal `A`.
+    async fn fill(
+        store: &Arc<MemoryStore>,
+        dir: &std::path::Path,
+        obj: &Arc<ObjectVersion>,
+        body: &[u8],
+    ) {
+        let a = fetcher(store.clone(), dir, "key:A");
+        a.admit(obj).await.unwrap();
+        assert_eq!(&a.read(obj, 0..obj.size).await.unwrap()[..], body);
+        let tier = a.disk().unwrap();
+        let id = tier.identity(obj);
+        crate::test_support::eventually("the cache to complete", || {
+            tier.cache().is_complete(&id) && a.inflight.lock().is_empty()
+        })
+        .await;
+    }
+
+    fn version(store: &MemoryStore, key: &str, body: &[u8]) -> Arc<ObjectVersion> {
+        let etag = store.put(key, body.to_vec());
+        Arc::new(ObjectVersion {
+            key: Arc::from(key),
+            etag: Arc::from(etag.as_str()),
+            size: body.len() as u64,
+        })
+    }
+
+    #[tokio::test]
+    async fn the_filler_reads_its_entries_after_a_restart_with_no_request() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(MemoryStore::new());
+        let body = data(3 * DBS as usize + 10, 1);
+        let obj = version(&store, "k", &body);
+        fill(&store, dir.path(), &obj, &body).await;
+        let gets = store.count(Op::Get);
+        let again = fetcher(store.clone(), dir.path(), "key:A");
+        again.admit(&obj).await.unwrap();
+        assert_eq!(&again.read(&obj, 0..obj.size).await.unwrap()[..], &body[..]);
+        assert_eq!(store.count(Op::Get), gets, "no proof request, no GET");
+        assert_eq!(again.stats().proof_requests.load(Ordering::Relaxed), 0);
+        assert!(again.is_cached(&obj));
+    }
+
+    #[tokio::test]
+    async fn a_list_only_principal_is_refused_and_never_served_cached_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(MemoryStore::new());
+        let body = data(2 * DBS as usize, 2);
+        let obj = version(&store, "k", &body);
+        fill(&store, dir.path(), &obj, &body).await;
+        let list_only = Arc::new(ListOnly {
+            inner: store.clone(),
+            gets: AtomicU64::new(0),
+        });
+        let l = fetcher(list_only.clone(), dir.path(), "key:L");
+        assert_eq!(l.admit(&obj).await, Err(FetchError::NotPermitted));
+        assert_eq!(
+            list_only.gets.load(Ordering::SeqCst),
+            1,
+            "one proof request"
+        );
+        // Remembered: no second request; and a read that skips the open still gets nothing
+        // from the cache (it asks the store, which refuses).
+        assert_eq!(l.admit(&obj).await, Err(FetchError::NotPermitted));
+        assert_eq!(list_only.gets.load(Ordering::SeqCst), 1);
+        assert!(matches!(
+            l.read(&obj, 0..obj.size).await,
+            Err(FetchError::Store(StoreError::AccessDenied(_)))
+        ));
+        assert_eq!(l.stats().disk_hits.load(Ordering::Relaxed), 0);
+        let quick = Arc::new(Mutex::new(None));
+        let q = quick.clone();
+        l.read_quick(&obj, 0..100, move |data| *q.lock() = Some(data));
+        crate::test_support::eventually("read_quick to answer", || quick.lock().is_some()).await;
+        assert_eq!(*quick.lock(), Some(None), "the quick path declines");
+        assert!(l.disk().unwrap().passthrough_file(&obj).await.is_none());
+        assert!(!l.is_cached(&obj));
+        // The refusal survives a remount.
+        let again = fetcher(list_only.clone(), dir.path(), "key:L");
+        assert_eq!(again.admit(&obj).await, Err(FetchError::NotPermitted));
+        assert_eq!(
+            list_only.gets.load(Ordering::SeqCst),
+            2,
+            "the read above, no new proof"
+        );
+    }
+
+    #[tokio::test]
+    async fn another_reader_proves_once_then_reads_from_the_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(MemoryStore::new());
+        let body = data(3 * DBS as usize, 3);
+        let obj = version(&store, "k", &body);
+        fill(&store, dir.path(), &obj, &body).await;
+        let before = store.count(Op::Get);
+        let b = fetcher(store.clone(), dir.path(), "key:B");
+        assert!(!b.is_cached(&obj), "not servable before the proof");
+        // Concurrent opens share one proof request.
+        let (x, y) = tokio::join!(b.admit(&obj), b.admit(&obj));
+        assert_eq!((x, y), (Ok(()), Ok(())));
+        assert_eq!(store.count(Op::Get), before + 1, "one proof request");
+        assert_eq!(&b.read(&obj, 0..obj.size).await.unwrap()[..], &body[..]);
+        assert_eq!(store.count(Op::Get), before + 1, "served from the cache");
+        assert_eq!(b.stats().disk_hits.load(Ordering::Relaxed), 3);
+        // After a remount: no request at all.
+        let again = fetcher(store.clone(), dir.path(), "key:B");
+        again.admit(&obj).await.unwrap();
+        assert_eq!(&again.read(&obj, 0..obj.size).await.unwrap()[..], &body[..]);
+        assert_eq!(store.count(Op::Get), before + 1);
+    }
+
+    #[tokio::test]
+    async fn nothing_cached_needs_no_proof_and_a_changed_object_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(MemoryStore::new());
+        let body = data(DBS as usize, 4);
+        let obj = version(&store, "k", &body);
+        let b = fetcher(store.clone(), dir.path(), "key:B");
+        b.admit(&obj).await.unwrap();
+        assert_eq!(store.count(Op::Get), 0, "a cold object costs no proof");
+        // Filled by A, then replaced in the store: B's proof request finds it changed.
+        fill(&store, dir.path(), &obj, &body).await;
+        store.put("k", data(DBS as usize, 5));
+        assert_eq!(b.admit(&obj).await, Err(FetchError::Changed));
+        assert_eq!(b.stats().proofs_refused.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test]
+    async fn a_transient_failure_of_the_proof_is_not_remembered() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(MemoryStore::new());
+        let body = data(DBS as usize, 6);
+        let obj = version(&store, "k", &body);
+        fill(&store, dir.path(), &obj, &body).await;
+        let b = fetcher(store.clone(), dir.path(), "key:B");
+        store.inject(
+            Op::Get,
+            Fault::Error(StoreError::Transient("503 SlowDown".into())),
+        );
+        assert!(matches!(
+            b.admit(&obj).await,
+            Err(FetchError::Store(StoreError::Transient(_)))
+        ));
+        b.admit(&obj).await.unwrap();
+        assert!(b.is_cached(&obj));
     }
 }

@@ -6,6 +6,7 @@
 
 use fuser::Errno;
 
+use crate::fetch::FetchError;
 use crate::namespace::NamespaceError;
 use crate::store::StoreError;
 
@@ -18,6 +19,23 @@ pub(super) fn ns_errno(e: &NamespaceError) -> Errno {
         NamespaceError::Store(StoreError::AccessDenied(_)) => Errno::EACCES,
         NamespaceError::Store(e) => {
             tracing::warn!(error = %e, "metadata request failed");
+            Errno::EIO
+        }
+    }
+}
+
+/// A failed open or read of `key`: EACCES when the store refused this mount's credential
+/// the object (logged at debug: the caller sees it), ESTALE for an open of a version that
+/// changed, EIO otherwise (logged).
+pub(super) fn fetch_errno(key: &str, e: &FetchError) -> Errno {
+    match e {
+        FetchError::NotPermitted | FetchError::Store(StoreError::AccessDenied(_)) => {
+            tracing::debug!(%key, error = %e, "read refused");
+            Errno::EACCES
+        }
+        FetchError::Changed => Errno::ESTALE,
+        other => {
+            tracing::warn!(%key, error = %other, "could not open the object");
             Errno::EIO
         }
     }

@@ -189,7 +189,7 @@ impl RiffleFs {
         let Some((lookahead, disk, object)) = self.look_ahead_candidate(attr) else {
             return;
         };
-        if self.fetcher.in_memory(&object) {
+        if self.fetcher.in_memory(&object) || !disk.may_serve(&object) {
             return;
         }
         let id = disk.identity(&object);

@@ -73,7 +73,7 @@ use crate::fetch::{FetchError, Fetcher, ObjectVersion};
 use crate::namespace::{Attr, DirEntry, Kind, Namespace, Stat};
 use crate::prefetch::Prefetcher;
 use crate::reader::ReadAheadConfig;
-use errno::ns_errno;
+use errno::{fetch_errno, ns_errno};
 use fixed::fixed_answers;
 use handles::{object_of, Handles, Opener};
 use handover::{HandleTable, InitParams};
@@ -350,6 +350,15 @@ impl RiffleFs {
             return Some(reply);
         }
         let object = object_of(&target);
+        if self
+            .fetcher
+            .disk()
+            .is_some_and(|disk| !disk.may_serve(&object))
+        {
+            // No read proof of this mount's for its cached bytes: the task path asks
+            // (`Fetcher::admit`).
+            return Some(reply);
+        }
         if !self.passthrough.load(Ordering::Relaxed) {
             // The prefetcher may start tasks.
             let _runtime = self.runtime.enter();
@@ -572,6 +581,14 @@ impl Filesystem for RiffleFs {
                 tracing::info!(key = %object.key, ino = ino.0, ?moved_to, "object changed while its old version is open; the name now has a new inode");
                 return reply.error(Errno::ESTALE);
             }
+            if let Err(e) = opener.fetcher.admit(&object).await {
+                if e == FetchError::Changed {
+                    // Replaced in the store since it was listed: the kernel looks it up
+                    // again (once) on ESTALE, which finds the new version.
+                    ns.invalidate(ino.0);
+                }
+                return reply.error(fetch_errno(&object.key, &e));
+            }
             opener.start(ino.0, fh, caller, object.clone());
             if opener.passthrough.load(Ordering::Relaxed) {
                 if let Some(backing) = opener.passthrough_backing(ino.0, &object, &reply).await {
@@ -625,6 +642,10 @@ impl Filesystem for RiffleFs {
                                 if let Some(disk) = fetcher.disk() {
                                     handles.kept.forget(&disk.entry_key(object));
                                 }
+                            }
+                            FetchError::NotPermitted
+                            | FetchError::Store(crate::store::StoreError::AccessDenied(_)) => {
+                                return reply.error(fetch_errno(key, &e));
                             }
                             other => {
                                 tracing::warn!(%key, offset, size, error = %other, "read failed")

@@ -102,6 +102,8 @@ impl StatsSource for MountMetrics {
                 "get_bytes": load(&f.get_bytes),
                 "retries": self.store.retries(),
                 "errors": load(&f.errors),
+                "proof_requests": load(&f.proof_requests),
+                "proofs_refused": load(&f.proofs_refused),
             },
             "fuse": {
                 "opens": load(&self.fs.opens),

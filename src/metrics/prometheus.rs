@@ -99,6 +99,8 @@ pub const STATS: &[StatSpec] = &[
     spec("store.get_bytes", "riffle_store_get", Counter, BYTES, "Bytes received from the object store by GETs."),
     spec("store.retries", "riffle_store_retries", Counter, None, "Object store requests retried after a transient error."),
     spec("store.errors", "riffle_store_errors", Counter, None, "Fetches that failed after retries."),
+    spec("store.proof_requests", "riffle_store_proof_requests", Counter, None, "One-byte GETs proving this mount's credential may read an object another credential cached."),
+    spec("store.proofs_refused", "riffle_store_proofs_refused", Counter, None, "Opens refused (EACCES) because the store refused this mount's credential the object."),
     spec("fuse.opens", "riffle_fuse_opens", Counter, None, "Files opened."),
     spec("fuse.passthrough_opens", "riffle_fuse_passthrough_opens", Counter, None, "Files opened in FUSE passthrough mode (served by the kernel from the cache)."),
     spec("fuse.fast_opens", "riffle_fuse_fast_opens", Counter, None, "Passthrough opens answered from memory with a kept backing file."),
@@ -638,7 +640,7 @@ mod tests {
         let ns = Namespace::new(store.clone(), "", MetadataTtl::Indefinite);
         let cache = DiskCache::open(CacheConfig::new(dir.path(), SizeLimit::Bytes(64 << 20)))
             .expect("cache");
-        let disk = Arc::new(DiskTier::new(cache, "memory", "bucket"));
+        let disk = Arc::new(DiskTier::new(cache, "memory", "bucket", "key:test", None));
         let fetcher = Fetcher::new(
             store,
             FetchConfig::default(),

@@ -101,6 +101,8 @@ fn disk_tier(dir: &std::path::Path) -> Arc<crate::fetch::DiskTier> {
         DiskCache::open(cc).unwrap(),
         "http://t",
         "b",
+        "key:test",
+        None,
     ))
 }
 

@@ -43,6 +43,8 @@ pub struct S3Config {
 pub struct S3Store {
     client: aws_sdk_s3::Client,
     bucket: String,
+    /// `None` for unsigned requests (`--no-sign-request`).
+    credentials: Option<aws_sdk_s3::config::SharedCredentialsProvider>,
 }
 
 impl S3Store {
@@ -82,6 +84,32 @@ impl S3Store {
         S3Store {
             client: aws_sdk_s3::Client::from_conf(builder.build()),
             bucket: config.bucket.clone(),
+            credentials: if config.no_sign_request {
+                None
+            } else {
+                sdk.credentials_provider()
+            },
+        }
+    }
+
+    /// The name of whoever signs this store's requests, for the cache's proof rule
+    /// ([`crate::cache::proofs`]): `role:<arn>` with web identity (`AWS_ROLE_ARN` and
+    /// `AWS_WEB_IDENTITY_TOKEN_FILE`, as EKS and the CSI driver set them), `key:<access key
+    /// id>` otherwise, `anonymous` unsigned. The name is hashed before it is kept anywhere.
+    pub async fn principal_name(&self) -> Result<String, StoreError> {
+        use aws_sdk_s3::config::ProvideCredentials;
+        let Some(provider) = &self.credentials else {
+            return Ok("anonymous".to_string());
+        };
+        let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        if let (Some(role), Some(_)) = (env("AWS_ROLE_ARN"), env("AWS_WEB_IDENTITY_TOKEN_FILE")) {
+            return Ok(format!("role:{role}"));
+        }
+        match provider.provide_credentials().await {
+            Ok(credentials) => Ok(format!("key:{}", credentials.access_key_id())),
+            Err(e) => Err(StoreError::NoCredentials(
+                first_line_of_credential_error(&describe_chain(&e)).into(),
+            )),
         }
     }
 

@@ -197,12 +197,22 @@ impl Mount {
         extra: &[&str],
         nofile: Option<u64>,
     ) -> Mount {
-        Self::mount_with(Path::new(RIFFLE), endpoint, source, extra, nofile)
+        Self::mount_with(Path::new(RIFFLE), endpoint, source, extra, nofile, &[])
+    }
+
+    /// [`Mount::new`], with `env` set for the daemon (e.g. another user's credentials).
+    pub fn new_with_env(
+        endpoint: &str,
+        source: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Mount {
+        Self::mount_with(Path::new(RIFFLE), endpoint, source, extra, None, env)
     }
 
     /// [`Mount::new`], run by the `riffle` program at `program` (a copy, to play upgrades).
     pub fn new_with_program(endpoint: &str, program: &Path, source: &str, extra: &[&str]) -> Mount {
-        Self::mount_with(program, endpoint, source, extra, None)
+        Self::mount_with(program, endpoint, source, extra, None, &[])
     }
 
     fn mount_with(
@@ -211,6 +221,7 @@ impl Mount {
         source: &str,
         extra: &[&str],
         nofile: Option<u64>,
+        env: &[(&str, &str)],
     ) -> Mount {
         use std::os::unix::process::CommandExt;
         let dir = tempfile::tempdir().expect("tempdir");
@@ -219,6 +230,7 @@ impl Mount {
         let log = dir.path().join("riffle.log");
         let pid_file = dir.path().join("riffle.pid");
         let mut cmd = Command::new(program);
+        cmd.envs(env.iter().copied());
         if let Some(n) = nofile {
             // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
             unsafe {

@@ -254,6 +254,15 @@ impl DiskCache {
             .is_some_and(|e| e.complete() && !e.files.is_dead())
     }
 
+    /// Whether this process knows of bytes of `id` in the cache (no I/O: an entry another
+    /// process filled since this one last looked is not seen).
+    pub fn holds_bytes(&self, id: &ObjectIdentity) -> bool {
+        let st = self.state.lock();
+        st.table
+            .get(&id.entry_key())
+            .is_some_and(|e| e.bytes > 0 && !e.files.is_dead())
+    }
+
     /// The entry's own open data file of `id` when every block of it is present and the entry
     /// is open in this process (no I/O, no new descriptor): what a readahead reads. `None` too
     /// when the cache's state is busy (this is only ever a hint, and never waits). The entry

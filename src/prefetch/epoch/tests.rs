@@ -65,7 +65,9 @@ fn setup_with(
             let policy = make_policy(kind, Some(oracle.clone() as Arc<dyn PlanOracle>));
             let cache = DiskCache::open_with_policy(cc, policy).unwrap();
             (
-                Some(Arc::new(DiskTier::new(cache, "http://t", "b"))),
+                Some(Arc::new(DiskTier::new(
+                    cache, "http://t", "b", "key:test", None,
+                ))),
                 Some(dir),
             )
         }
