@@ -119,7 +119,13 @@ fn start_readers(
                     let (key, bytes) = &data.files[(i * 7 + r * 13) % data.files.len()];
                     tally.read(key, bytes, || {
                         let mut out = Vec::new();
-                        std::fs::File::open(root.join(key))?.read_to_end(&mut out)?;
+                        let name = |what: &str, e: std::io::Error| {
+                            std::io::Error::new(e.kind(), format!("{what}: {e}"))
+                        };
+                        std::fs::File::open(root.join(key))
+                            .map_err(|e| name("open", e))?
+                            .read_to_end(&mut out)
+                            .map_err(|e| name("read", e))?;
                         Ok(out)
                     });
                 }
