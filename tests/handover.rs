@@ -317,7 +317,6 @@ fn run_scenario(endpoint: &str, extra: &[&str], program: Option<&Path>) {
 }
 
 #[test]
-#[ignore = "known issue (issue 36): with passthrough, a rare EIO on an open after a handover (1 run in about 6, 1 read in about 450,000); run with --ignored"]
 fn sigkilled_daemons_cost_no_read_with_passthrough() {
     let endpoint = need_rgw!();
     run_scenario(&endpoint, &[], None);

@@ -603,7 +603,6 @@ async fn a_plugin_crash_leaves_reads_alone() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known issue (issue 36): with passthrough, a rare EIO on an open after a handover; run with --ignored"]
 async fn a_daemon_sigkill_leaves_reads_alone() {
     restarts_leave_reads_alone(Scenario::DaemonKill).await;
 }

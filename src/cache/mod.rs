@@ -162,8 +162,16 @@
 //! waiters were woken, so cache writes never delay a read. On `Err` from any call: log nothing
 //! (the cache already warned once per kind), count, and go to the store. The identity must be
 //! built only from a (key, ETag, size) this mount itself listed or HEADed with its own
-//! credentials: that is what keeps a shared cache from serving objects a mount cannot read.
-//! The block size of the cache must equal the fetcher's.
+//! credentials. The block size of the cache must equal the fetcher's.
+//!
+//! # Tenants
+//! Listing or HEADing an object does not prove its bytes may be read, so the cache serves an
+//! entry's bytes to a mount only with a **read proof** of the mount's principal
+//! ([`proofs`]): a GET of its own (free: a single-tenant node never makes an extra request),
+//! or, for an entry another principal filled, one GET of its first byte with `If-Match` at
+//! the first open, whose 403 fails the open with `EACCES`. Proofs and refusals last the
+//! metadata TTL and are kept in one log per principal under `DIR/proofs/`, so a remount does
+//! not ask again. The fetcher's disk tier applies the rule (`fetch::disk`).
 
 pub mod disk;
 pub mod entry;

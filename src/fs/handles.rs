@@ -46,6 +46,15 @@ pub(super) struct Handles {
     pub(super) table: std::sync::OnceLock<Arc<HandleTable>>,
 }
 
+/// How [`Handles::answer_open`] answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Answered {
+    Passthrough,
+    ByDaemon,
+    /// `ESTALE`: a handle of the inode is open at another version.
+    Stale,
+}
+
 /// The passthrough handles open on one inode: how many, the object version they read and
 /// their backing file.
 pub(super) struct InodeBacking {
@@ -163,23 +172,86 @@ impl Handles {
                     .is_some_and(|v| &**v != etag))
     }
 
-    /// Answers the open of `fh` (of `ino` at version `etag`) as served by the daemon, keeping
-    /// the kernel's cached pages when they belong to this same version.
-    pub(super) fn reply_served_by_daemon(
+    /// Answers the open of `fh` (of `ino` at version `etag`): with passthrough to the backing
+    /// file already in use for the inode, else to `candidate`, else served by the daemon
+    /// (keeping the kernel's cached pages when they belong to this same version).
+    ///
+    /// The kernel fails an open with EIO when its mode conflicts with the inode's other open
+    /// files (one backing file per inode; no daemon-served open beside a passthrough one), so
+    /// the mode is chosen and counted under one lock: concurrent opens of an inode (a task
+    /// that found the cache file verified while another open was answered without it, as
+    /// after a restart) always agree. A handle open at another version makes it `ESTALE`.
+    pub(super) fn answer_open(
         &self,
         ino: u64,
         fh: u64,
         etag: &Arc<str>,
+        candidate: Option<Arc<BackingId>>,
         reply: ReplyOpen,
-    ) {
-        self.record(fh, ino, etag, None);
-        *self.cached_opens.lock().entry(ino).or_default() += 1;
-        let flags = if self.remember_etag(ino, etag) {
-            FopenFlags::FOPEN_KEEP_CACHE
-        } else {
-            FopenFlags::empty()
+    ) -> Answered {
+        let chosen = {
+            let mut inodes = self.backing_by_ino.lock();
+            let mut cached = self.cached_opens.lock();
+            let live = match inodes.get_mut(&ino) {
+                Some(b) if &*b.etag != &**etag => Err(()),
+                Some(b) => match b.backing.upgrade() {
+                    Some(live) => {
+                        b.opens += 1;
+                        Ok(Some(live))
+                    }
+                    None => {
+                        // Its handles are gone (a count out of step): forget it.
+                        inodes.remove(&ino);
+                        Ok(None)
+                    }
+                },
+                None => Ok(None),
+            };
+            match live {
+                Err(()) => None,
+                Ok(Some(live)) => Some(Some(live)),
+                Ok(None) => match candidate {
+                    Some(backing) if !cached.contains_key(&ino) => {
+                        inodes.insert(
+                            ino,
+                            InodeBacking {
+                                opens: 1,
+                                etag: etag.clone(),
+                                backing: Arc::downgrade(&backing),
+                            },
+                        );
+                        Some(Some(backing))
+                    }
+                    _ => {
+                        *cached.entry(ino).or_default() += 1;
+                        Some(None)
+                    }
+                },
+            }
         };
-        reply.opened(FileHandle(fh), flags);
+        match chosen {
+            None => {
+                self.files.lock().remove(&fh);
+                reply.error(fuser::Errno::ESTALE);
+                Answered::Stale
+            }
+            Some(Some(backing)) => {
+                self.backing_by_fh.lock().insert(fh, (ino, backing.clone()));
+                self.record(fh, ino, etag, Some(backing.id()));
+                reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &backing);
+                Answered::Passthrough
+            }
+            Some(None) => {
+                self.record(fh, ino, etag, None);
+                let flags = if self.remember_etag(ino, etag) {
+                    FopenFlags::FOPEN_KEEP_CACHE
+                } else {
+                    FopenFlags::empty()
+                };
+                reply.opened(FileHandle(fh), flags);
+                Answered::ByDaemon
+            }
+        }
     }
 
     /// Records that `ino` is opened at version `etag`; true if the kernel's cached pages (if
@@ -223,21 +295,22 @@ impl Opener {
         self.handles.files.lock().insert(fh, Arc::new(reader));
     }
 
-    /// Answers the open of `fh` with passthrough to `backing` (a cache file of version `etag`).
-    pub(super) fn reply_passthrough(
+    /// Answers the open of `fh` ([`Handles::answer_open`]) and counts a passthrough one.
+    pub(super) fn answer(
         &self,
         ino: u64,
         fh: u64,
         etag: &Arc<str>,
-        backing: &Arc<BackingId>,
+        candidate: Option<Arc<BackingId>>,
         reply: ReplyOpen,
-    ) {
-        self.handles.record(fh, ino, etag, Some(backing.id()));
-        self.handles.passthrough_opened(ino, fh, etag, backing);
-        self.status
-            .passthrough_opens
-            .fetch_add(1, Ordering::Relaxed);
-        reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), backing);
+    ) -> Answered {
+        let answered = self.handles.answer_open(ino, fh, etag, candidate, reply);
+        if answered == Answered::Passthrough {
+            self.status
+                .passthrough_opens
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        answered
     }
 
     /// A backing file for passthrough of `ino`: the one in use or kept for the inode at this

@@ -75,7 +75,7 @@ use crate::prefetch::Prefetcher;
 use crate::reader::ReadAheadConfig;
 use errno::{fetch_errno, ns_errno};
 use fixed::fixed_answers;
-use handles::{object_of, Handles, Opener};
+use handles::{object_of, Answered, Handles, Opener};
 use handover::{HandleTable, InitParams};
 use lookahead::Lookahead;
 pub use lookahead::LookaheadStats;
@@ -362,9 +362,9 @@ impl RiffleFs {
         if !self.passthrough.load(Ordering::Relaxed) {
             // The prefetcher may start tasks.
             let _runtime = self.runtime.enter();
-            self.opener().start(ino, fh, caller, object);
-            self.handles
-                .reply_served_by_daemon(ino, fh, &target.etag, reply);
+            let opener = self.opener();
+            opener.start(ino, fh, caller, object);
+            opener.answer(ino, fh, &target.etag, None, reply);
             return None;
         }
         if self.handles.cached_opens.lock().contains_key(&ino) {
@@ -392,7 +392,7 @@ impl RiffleFs {
         let _runtime = self.runtime.enter();
         let opener = self.opener();
         opener.start(ino, fh, caller, object);
-        opener.reply_passthrough(ino, fh, &target.etag, &backing, reply);
+        opener.answer(ino, fh, &target.etag, Some(backing), reply);
         None
     }
 
@@ -590,12 +590,14 @@ impl Filesystem for RiffleFs {
                 return reply.error(fetch_errno(&object.key, &e));
             }
             opener.start(ino.0, fh, caller, object.clone());
-            if opener.passthrough.load(Ordering::Relaxed) {
-                if let Some(backing) = opener.passthrough_backing(ino.0, &object, &reply).await {
-                    return opener.reply_passthrough(ino.0, fh, &object.etag, &backing, reply);
-                }
+            let candidate = if opener.passthrough.load(Ordering::Relaxed) {
+                opener.passthrough_backing(ino.0, &object, &reply).await
+            } else {
+                None
+            };
+            if opener.answer(ino.0, fh, &object.etag, candidate, reply) == Answered::Stale {
+                tracing::info!(key = %object.key, ino = ino.0, "opened while a handle of another version was being opened; ESTALE");
             }
-            handles.reply_served_by_daemon(ino.0, fh, &target.etag, reply);
         });
     }
 
