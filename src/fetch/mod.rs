@@ -26,6 +26,7 @@
 
 mod blocks;
 mod disk;
+mod object;
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -41,17 +42,7 @@ use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 use crate::store::{ObjectStore, StoreError};
 pub use blocks::BlockCache;
 pub use disk::DiskTier;
-
-/// One version of one object: what blocks belong to.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ObjectVersion {
-    pub key: Arc<str>,
-    pub etag: Arc<str>,
-    pub size: u64,
-}
-
-/// A block of an object version.
-pub type BlockKey = (Arc<ObjectVersion>, u64);
+pub use object::{BlockKey, ObjectVersion};
 
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum FetchError {
