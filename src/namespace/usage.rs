@@ -22,6 +22,9 @@ use super::{Namespace, ROOT_INO};
 /// Children handled per read lock.
 const CHUNK: usize = 4096;
 
+/// Whether the cache holds an object version whole: `(key, etag, size)`.
+pub type CachedWhole<'a> = &'a dyn Fn(&str, &str, u64) -> bool;
+
 /// The sums of one walk (see the module documentation).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ListedUsage {
@@ -69,7 +72,7 @@ fn children(dir: &DirState) -> Vec<(Arc<str>, u64)> {
 impl Namespace {
     /// Walks the names reachable from the root and sums them. `cached(key, etag, size)` says
     /// whether the cache holds that object version whole; without it `cached_bytes` is 0.
-    pub fn listed_usage(&self, cached: Option<&dyn Fn(&str, &str, u64) -> bool>) -> ListedUsage {
+    pub fn listed_usage(&self, cached: Option<CachedWhole<'_>>) -> ListedUsage {
         let mut usage = ListedUsage::default();
         // (directory inode, its key prefix: "" or ending in '/').
         let mut dirs = vec![(ROOT_INO, self.root_prefix.clone())];
