@@ -8,8 +8,10 @@
 #    small stand-in for machines without kubectl; Debian's kubectl is old or
 #    absent). When both run, their outputs must be the same objects. The
 #    rendered plugin (riffle-csi-node) and mounter (riffle-mounter)
-#    DaemonSets must agree on the mounter's socket and the state dir, and
-#    the mounter must keep OnDelete, no liveness probe, no memory limit.
+#    DaemonSets must agree on the mounter's socket and the state dir, both
+#    must tolerate every taint, and the mounter must keep OnDelete, no
+#    liveness probe, no memory limit, its root-disk check (no
+#    --allow-root-disk-cache, --kubelet-dir where kubelet's dir is mounted).
 # 3. Validates, in strict mode (unknown fields are errors), the rendered
 #    base and every manifest in deploy/kubernetes and deploy/examples,
 #    against each Kubernetes version in $K8S_VERSIONS.
@@ -104,9 +106,18 @@ if "livenessProbe" in mounter:
     errors.append("the mounter must have no liveness probe (a restart ends its daemons)")
 if "memory" in mounter.get("resources", {}).get("limits", {}):
     errors.append("the mounter must have no memory limit (one OOM kill would end every daemon)")
+for o in (plugin_ds, mounter_ds):
+    tolerations = o["spec"]["template"]["spec"].get("tolerations", [])
+    if {"operator": "Exists"} not in tolerations:
+        errors.append(f"{o['metadata']['name']} must tolerate every taint (- operator: Exists), or nodes go without the driver")
+kubelet_flag = flag(mounter, "kubelet-dir") or "/var/lib/kubelet"
+if mount_path(mounter_ds, mounter, "kubelet-dir")[0] != kubelet_flag:
+    errors.append(f"the mounter's --kubelet-dir ({kubelet_flag}) must be where kubelet's directory is mounted (the root-disk check compares with it)")
+if "--allow-root-disk-cache" in mounter.get("args", []):
+    errors.append("--allow-root-disk-cache must not be the default: a cache on the root disk gets pods evicted")
 if errors:
     sys.exit("\n".join(errors))
-print("   riffle-csi-node and riffle-mounter agree (socket, state dir, propagation)")
+print("   riffle-csi-node and riffle-mounter agree (socket, state dir, propagation, tolerations, root-disk check)")
 PY
 
 manifests=("$rendered")

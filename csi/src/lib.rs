@@ -21,10 +21,13 @@
 //! - [`volumes`]: publish / unpublish / recover, one target at a time
 //!   ([`locks`]: one async mutex per target path).
 //! - [`supervisor`]: start-up reconciliation and the periodic health loop.
+//! - [`volume_stats`]: NodeGetVolumeStats, from the mount's `.riffle-stats`;
+//!   [`cache_disk`]: refuses a node cache on the root disk.
 //! - [`identity`], [`node`]: the gRPC services; [`server`]: the unix socket;
 //!   [`old_clients`]: a WARN for clients the HTTP/2 server rejects;
 //!   [`startup`]: logging and stop signals of the two binaries.
 
+pub mod cache_disk;
 pub mod credentials;
 pub mod fake;
 pub mod identity;
@@ -42,6 +45,7 @@ pub mod settings;
 pub mod startup;
 pub mod state;
 pub mod supervisor;
+pub mod volume_stats;
 pub mod volumes;
 
 /// The CSI driver name, as registered with kubelet and in the CSIDriver object.

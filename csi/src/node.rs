@@ -10,6 +10,8 @@
 //! `ReadOnlyMany`); anything else asks for a writable volume and is refused
 //! with INVALID_ARGUMENT saying how to fix the manifest.
 //!
+//! NodeGetVolumeStats is answered by [`crate::volume_stats`].
+//!
 //! Status codes: AlreadyExists for a target taken with other settings,
 //! FailedPrecondition for a target the plugin will not touch,
 //! NotFound/PermissionDenied/Unavailable/DeadlineExceeded from the mount's
@@ -18,11 +20,14 @@
 use crate::credentials::Credentials;
 use crate::mounter::MountErrorKind;
 use crate::proto::node_server::Node;
+use crate::proto::node_service_capability::rpc::Type as RpcType;
+use crate::proto::node_service_capability::{Rpc, Type as CapabilityType};
 use crate::proto::volume_capability::access_mode::Mode;
 use crate::proto::volume_capability::AccessType;
 use crate::proto::{
     NodeGetCapabilitiesRequest, NodeGetCapabilitiesResponse, NodeGetInfoRequest,
-    NodeGetInfoResponse, NodePublishVolumeRequest, NodePublishVolumeResponse,
+    NodeGetInfoResponse, NodeGetVolumeStatsRequest, NodeGetVolumeStatsResponse,
+    NodePublishVolumeRequest, NodePublishVolumeResponse, NodeServiceCapability,
     NodeUnpublishVolumeRequest, NodeUnpublishVolumeResponse,
 };
 use crate::settings::VolumeSettings;
@@ -193,10 +198,25 @@ impl Node for NodeService {
         &self,
         _request: Request<NodeGetCapabilitiesRequest>,
     ) -> Result<Response<NodeGetCapabilitiesResponse>, Status> {
-        // No optional node RPCs: no staging, stats, expansion or mount group.
+        // Volume stats and their condition; no staging, expansion or mount group.
+        let rpc = |kind: RpcType| NodeServiceCapability {
+            r#type: Some(CapabilityType::Rpc(Rpc {
+                r#type: kind as i32,
+            })),
+        };
         Ok(Response::new(NodeGetCapabilitiesResponse {
-            capabilities: Vec::new(),
+            capabilities: vec![rpc(RpcType::GetVolumeStats), rpc(RpcType::VolumeCondition)],
         }))
+    }
+
+    async fn node_get_volume_stats(
+        &self,
+        request: Request<NodeGetVolumeStatsRequest>,
+    ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
+        let req = request.into_inner();
+        crate::volume_stats::volume_stats(&self.manager, &req)
+            .await
+            .map(Response::new)
     }
 
     async fn node_get_info(

@@ -23,6 +23,7 @@
 //! leaves a mount that only a detach removes), then the daemon is waited
 //! for, SIGTERMed, SIGKILLed.
 
+use crate::cache_disk::RootDisk;
 use crate::credentials::{scrub, Credentials};
 use crate::mounter::{DaemonId, Health, MountError, MountErrorKind, MountRequest, Mounter};
 use crate::mountinfo::{self, Probe, RIFFLE_FSTYPE};
@@ -47,6 +48,9 @@ pub struct RiffleMounter {
     pub stop_grace: Duration,
     /// Time limit for stat on a mount when checking its health.
     pub probe_timeout: Duration,
+    /// Refuse volumes that use the cache when `cache_dir` is on this root disk
+    /// ([`crate::cache_disk`]); None: no check.
+    pub root_disk: Option<RootDisk>,
 }
 
 /// How the local daemons are run: the options `riffle-mounter` and (without
@@ -63,6 +67,15 @@ pub struct DaemonOptions {
     /// Seconds `riffle mount` may take to report a mount live.
     #[arg(long, default_value_t = 90)]
     pub mount_timeout: u64,
+    /// Allow the cache directory on the node's root filesystem (by default a
+    /// volume with cacheSize is refused there: a full cache would get pods
+    /// evicted).
+    #[arg(long, env = "RIFFLE_ALLOW_ROOT_DISK_CACHE")]
+    pub allow_root_disk_cache: bool,
+    /// Kubelet's root directory as this container sees it: a cache directory
+    /// on its filesystem (or on that of `/`) is on the root disk.
+    #[arg(long, env = "RIFFLE_KUBELET_DIR", default_value = "/var/lib/kubelet")]
+    pub kubelet_dir: PathBuf,
 }
 
 impl DaemonOptions {
@@ -81,6 +94,15 @@ impl DaemonOptions {
             self.cache_dir.clone(),
         );
         mounter.mount_timeout = Duration::from_secs(self.mount_timeout);
+        if !self.allow_root_disk_cache {
+            let root_disk = RootDisk::new(&self.kubelet_dir);
+            if let Some(dir) = &self.cache_dir {
+                if let Err(refusal) = root_disk.check(dir) {
+                    tracing::error!("volumes with cacheSize will be refused: {refusal}");
+                }
+            }
+            mounter.root_disk = Some(root_disk);
+        }
         Ok(mounter)
     }
 }
@@ -106,6 +128,7 @@ impl RiffleMounter {
             mount_timeout: Duration::from_secs(90),
             stop_grace: Duration::from_secs(5),
             probe_timeout: Duration::from_secs(10),
+            root_disk: None,
         }
     }
 
@@ -245,6 +268,13 @@ fn reason_line(stderr: &str) -> String {
 #[async_trait]
 impl Mounter for RiffleMounter {
     async fn mount(&self, req: MountRequest<'_>) -> Result<Option<DaemonId>, MountError> {
+        if let (Some(root_disk), Some(dir), true) =
+            (&self.root_disk, &self.cache_dir, req.settings.uses_cache())
+        {
+            root_disk
+                .check(dir)
+                .map_err(|refusal| MountError::new(MountErrorKind::FailedPrecondition, refusal))?;
+        }
         let args = self.mount_args(&req);
         let source = req.settings.source_url();
         let _ = std::fs::remove_file(req.pid_file);

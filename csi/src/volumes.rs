@@ -107,6 +107,16 @@ impl VolumeManager {
         &self.store
     }
 
+    /// What is at `target` now (see [`Mounter::health`]), without taking its lock: for
+    /// NodeGetVolumeStats, which only reads.
+    pub async fn health(
+        &self,
+        target: &Path,
+        daemon: Option<crate::mounter::DaemonId>,
+    ) -> Result<Health, MountError> {
+        self.mounter.health(target, daemon).await
+    }
+
     /// NodePublishVolume.
     pub async fn publish(&self, spec: PublishSpec) -> Result<(), VolumeError> {
         let target = spec.target.as_path();

@@ -45,8 +45,14 @@ struct Plugin {
 
 impl Plugin {
     async fn start(env: &Env) -> Self {
+        Self::start_with(env, true).await
+    }
+
+    /// A plugin whose mounter allows a cache on the root disk or not (then it takes this
+    /// test's `kubelet` directory as kubelet's root).
+    async fn start_with(env: &Env, allow_root_disk_cache: bool) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mounter = spawn_mounter(env, dir.path()).await;
+        let mounter = spawn_mounter(env, dir.path(), allow_root_disk_cache).await;
         let (child, csi) = spawn_plugin(dir.path()).await;
         Self {
             dir,
@@ -170,13 +176,18 @@ fn mounter_socket(dir: &Path) -> PathBuf {
 }
 
 /// Starts `riffle-mounter` and waits until it answers.
-async fn spawn_mounter(env: &Env, dir: &Path) -> Child {
+async fn spawn_mounter(env: &Env, dir: &Path, allow_root_disk_cache: bool) -> Child {
     let socket = mounter_socket(dir);
+    let mut args = mounter_args(&socket, &dir.join("cache"), &env.riffle);
+    if !allow_root_disk_cache {
+        args.retain(|a| a != riffle_csi::cache_disk::ALLOW_FLAG);
+        args.push(format!("--kubelet-dir={}", dir.join("kubelet").display()));
+    }
     let child = node_process(
         env!("CARGO_BIN_EXE_riffle-mounter"),
         &dir.join("mounter.log"),
     )
-    .args(mounter_args(&socket, &dir.join("cache"), &env.riffle))
+    .args(args)
     .spawn()
     .expect("start riffle-mounter");
     wait_for_mounter(&socket).await;
@@ -633,4 +644,166 @@ async fn mount_failures_map_to_grpc_codes() {
     );
     assert_eq!(err.code(), Code::Unavailable, "{err:?}");
     assert!(!unreachable.exists());
+}
+
+/// NodeGetVolumeStats of a published volume against the bucket's own listing: bytes = the
+/// objects' total size (all cached once read), inodes = objects + directories.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volume_stats_match_the_bucket() {
+    let _serial = SERIAL.lock().await;
+    let Some(env) = env() else { return };
+    let bucket = make_bucket(&env, 3).await;
+    // The manifest: every object and its size, from the store.
+    let listing = common::rgw::s3(&env)
+        .await
+        .list_objects_v2()
+        .bucket(&bucket)
+        .send()
+        .await
+        .expect("list");
+    let objects: Vec<(String, u64)> = listing
+        .contents()
+        .iter()
+        .map(|o| {
+            (
+                o.key().unwrap_or_default().to_string(),
+                o.size().unwrap_or(0) as u64,
+            )
+        })
+        .collect();
+    let total: u64 = objects.iter().map(|(_, s)| s).sum();
+    let dirs: std::collections::BTreeSet<&str> = objects
+        .iter()
+        .flat_map(|(k, _)| k.match_indices('/').map(move |(i, _)| &k[..i]))
+        .collect();
+    let entries = (objects.len() + dirs.len()) as i64;
+
+    let mut p = Plugin::start(&env).await;
+    let target = p.target("trainer-stats");
+    let mut attributes = p.attributes(&bucket, "");
+    attributes.insert("cacheSize".into(), "64MiB".into());
+    // No free-space floor: the test machine's disk may have less than the default 15% free,
+    // and then the cache stores nothing.
+    attributes.insert("cacheMinFree".into(), "0".into());
+    p.csi
+        .publish(publish_request(
+            "vol-stats",
+            &target,
+            attributes,
+            p.secrets(),
+        ))
+        .await
+        .expect("publish");
+    // A training epoch: every file read once.
+    for (key, size) in &objects {
+        let bytes = std::fs::read(target.join(key)).expect("read through the mount");
+        assert_eq!(bytes.len() as u64, *size, "{key}");
+    }
+    let request = riffle_csi::proto::NodeGetVolumeStatsRequest {
+        volume_id: "vol-stats".into(),
+        volume_path: target.to_string_lossy().into_owned(),
+        staging_target_path: String::new(),
+    };
+    // The cache writes finish after the reads: ask until all is cached (bounded).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let answer = loop {
+        let answer = p
+            .csi
+            .node
+            .node_get_volume_stats(request.clone())
+            .await
+            .expect("NodeGetVolumeStats")
+            .into_inner();
+        let cached = answer.usage.first().map(|u| u.used);
+        if cached == Some(total as i64) || Instant::now() > deadline {
+            break answer;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    transcript(format!("NodeGetVolumeStats -> {answer:?}"));
+    let usage: Vec<(i32, i64, i64, i64)> = answer
+        .usage
+        .iter()
+        .map(|u| (u.unit, u.total, u.used, u.available))
+        .collect();
+    use riffle_csi::proto::volume_usage::Unit;
+    assert_eq!(
+        usage,
+        [
+            (Unit::Bytes as i32, total as i64, total as i64, 0),
+            (Unit::Inodes as i32, entries, entries, 0),
+        ],
+        "bucket: {objects:?}"
+    );
+    let condition = answer.volume_condition.expect("condition");
+    assert!(!condition.abnormal, "{condition:?}");
+    // What a pod reads: the same document.
+    let doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(target.join(".riffle-stats")).expect("stats file"))
+            .expect("JSON");
+    transcript(format!(
+        "{}/.riffle-stats volume section: {}",
+        target.display(),
+        doc["volume"]
+    ));
+    assert_eq!(doc["volume"]["listed_bytes"].as_u64(), Some(total));
+    p.csi
+        .unpublish("vol-stats", &target)
+        .await
+        .expect("unpublish");
+}
+
+/// A mounter whose cache directory is on the root disk refuses volumes that use the cache,
+/// with a message naming the flag; volumes without a cache still publish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn root_disk_cache_is_refused() {
+    let _serial = SERIAL.lock().await;
+    let Some(env) = env() else { return };
+    let bucket = make_bucket(&env, 1).await;
+    let mut p = Plugin::start_with(&env, false).await;
+    let target = p.target("trainer-root-disk");
+    let mut cached = p.attributes(&bucket, "shard-0");
+    cached.insert("cacheSize".into(), "64MiB".into());
+    let refused = p
+        .csi
+        .publish(publish_request("vol-root", &target, cached, p.secrets()))
+        .await
+        .expect_err("a cache on the root disk is refused");
+    transcript(format!(
+        "NodePublishVolume with cacheSize -> {:?}: {}",
+        refused.code(),
+        refused.message()
+    ));
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    assert!(
+        refused.message().contains("--allow-root-disk-cache")
+            && refused.message().contains("root filesystem"),
+        "{}",
+        refused.message()
+    );
+    assert!(!refused.message().contains('\n'));
+    assert_eq!(fstype_at(&target), None, "nothing mounted");
+    let log = std::fs::read_to_string(p.mounter_log()).unwrap_or_default();
+    assert!(
+        log.contains("volumes with cacheSize will be refused"),
+        "the mounter said so at start-up"
+    );
+    // Without the cache the volume publishes on the same node.
+    p.csi
+        .publish(publish_request(
+            "vol-root",
+            &target,
+            p.attributes(&bucket, "shard-0"),
+            p.secrets(),
+        ))
+        .await
+        .expect("publish without a cache");
+    assert_eq!(
+        std::fs::read_to_string(target.join("data.txt")).expect("read"),
+        content(0)
+    );
+    p.csi
+        .unpublish("vol-root", &target)
+        .await
+        .expect("unpublish");
 }

@@ -241,7 +241,7 @@ impl Node {
             // The node cache, so that warm opens go through passthrough.
             ("cacheSize", "64MiB"),
             // No free-space floor: a CI machine's disk may have less than
-            // the default 5% free, and then the cache stores nothing.
+            // the default 15% free, and then the cache stores nothing.
             ("cacheMinFree", "0"),
         ])
     }

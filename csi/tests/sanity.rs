@@ -15,11 +15,15 @@ mod common;
 use common::{capability, kubelet_target, map, publish_request, Csi};
 use riffle_csi::fake::{FakeMounter, FAKE_MARKER};
 use riffle_csi::mounter::{MountError, MountErrorKind};
+use riffle_csi::proto::node_service_capability::rpc::Type as RpcType;
+use riffle_csi::proto::node_service_capability::Type as CapabilityType;
 use riffle_csi::proto::volume_capability::access_mode::Mode;
 use riffle_csi::proto::volume_capability::{AccessMode, AccessType, BlockVolume};
+use riffle_csi::proto::volume_usage::Unit;
 use riffle_csi::proto::{
     GetPluginCapabilitiesRequest, GetPluginInfoRequest, NodeGetCapabilitiesRequest,
-    NodeGetInfoRequest, NodeUnpublishVolumeRequest, ProbeRequest, VolumeCapability,
+    NodeGetInfoRequest, NodeGetVolumeStatsRequest, NodeUnpublishVolumeRequest, ProbeRequest,
+    VolumeCapability,
 };
 use riffle_csi::remote::client::RemoteMounter;
 use riffle_csi::remote::service::{self, RunningService};
@@ -76,10 +80,16 @@ struct Fixture {
 
 impl Fixture {
     async fn new() -> Self {
+        Self::with_check_interval(Duration::from_millis(200)).await
+    }
+
+    /// A fixture whose supervisor checks the mounts every `interval` (an hour: a dead mount
+    /// stays dead for the test).
+    async fn with_check_interval(interval: Duration) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let fake = FakeMounter::new();
         let mounter = serve(dir.path(), &fake).await;
-        let (plugin, csi) = start(dir.path()).await;
+        let (plugin, csi) = start_with(dir.path(), interval).await;
         Self {
             dir,
             fake,
@@ -147,6 +157,11 @@ async fn wait_remounted(fake: &FakeMounter, target: &Path, before: i32) {
 
 /// A plugin using the mounter service at `dir`/mounter.sock.
 async fn start(dir: &Path) -> (RunningPlugin, Csi) {
+    start_with(dir, Duration::from_millis(200)).await
+}
+
+/// [`start`], with the supervisor checking every `check_interval`.
+async fn start_with(dir: &Path, check_interval: Duration) -> (RunningPlugin, Csi) {
     logs();
     let socket = dir.join("csi.sock");
     let plugin = server::start(
@@ -154,7 +169,7 @@ async fn start(dir: &Path) -> (RunningPlugin, Csi) {
             socket: socket.clone(),
             node_id: "node-a".into(),
             state_dir: dir.join("state"),
-            check_interval: Duration::from_millis(200),
+            check_interval,
             takeover_wait: Duration::ZERO,
         },
         Arc::new(RemoteMounter::new(
@@ -237,10 +252,111 @@ async fn node_get_capabilities() {
         .await
         .expect("ok")
         .into_inner();
-    assert!(
-        caps.capabilities.is_empty(),
-        "no staging, stats or expansion"
+    let kinds: Vec<RpcType> = caps
+        .capabilities
+        .iter()
+        .filter_map(|c| match &c.r#type {
+            Some(CapabilityType::Rpc(rpc)) => RpcType::try_from(rpc.r#type).ok(),
+            None => None,
+        })
+        .collect();
+    // Volume stats and their condition; no staging or expansion.
+    assert_eq!(kinds, [RpcType::GetVolumeStats, RpcType::VolumeCondition]);
+}
+
+fn stats_request(volume_id: &str, path: &Path) -> NodeGetVolumeStatsRequest {
+    NodeGetVolumeStatsRequest {
+        volume_id: volume_id.into(),
+        volume_path: path.to_string_lossy().into_owned(),
+        staging_target_path: String::new(),
+    }
+}
+
+#[tokio::test]
+async fn node_get_volume_stats_refuses_what_is_not_published() {
+    // csi-sanity: NodeGetVolumeStats "should fail when no volume id provided", "... no volume
+    // path provided", "... volume is not found".
+    let mut f = Fixture::new().await;
+    let target = f.target("pod", "data");
+    f.publish_datasets("vol", &target).await;
+    let node = f.csi.node.clone();
+    let call = |req: NodeGetVolumeStatsRequest| {
+        let mut node = node.clone();
+        async move { node.node_get_volume_stats(req).await.map(|_| ()) }
+    };
+    assert_eq!(
+        code(call(stats_request("", &target)).await),
+        Code::InvalidArgument
     );
+    assert_eq!(
+        code(call(stats_request("vol", Path::new(""))).await),
+        Code::InvalidArgument
+    );
+    let elsewhere = f.target("other-pod", "data");
+    assert_eq!(
+        code(call(stats_request("vol", &elsewhere)).await),
+        Code::NotFound
+    );
+    assert_eq!(
+        code(call(stats_request("another-vol", &target)).await),
+        Code::NotFound
+    );
+    f.csi.unpublish("vol", &target).await.expect("unpublish");
+    assert_eq!(
+        code(call(stats_request("vol", &target)).await),
+        Code::NotFound,
+        "unpublished"
+    );
+}
+
+#[tokio::test]
+async fn node_get_volume_stats_reads_the_mount_and_reports_a_dead_one() {
+    // An hour between checks: the dead mount below stays dead while it is asked about.
+    let mut f = Fixture::with_check_interval(Duration::from_secs(3600)).await;
+    let target = f.target("pod", "data");
+    f.publish_datasets("vol", &target).await;
+    // What a riffle daemon serves at its mount root (the fake mount is a plain directory).
+    std::fs::write(
+        target.join(".riffle-stats"),
+        br#"{"volume": {"listed_files": 3, "listed_dirs": 1, "listed_entries": 4,
+                        "listed_bytes": 5000, "cached_bytes": 1200}}"#,
+    )
+    .expect("write");
+    let r = f
+        .csi
+        .node
+        .node_get_volume_stats(stats_request("vol", &target))
+        .await
+        .expect("stats")
+        .into_inner();
+    let usage: Vec<(i32, i64, i64, i64)> = r
+        .usage
+        .iter()
+        .map(|u| (u.unit, u.total, u.used, u.available))
+        .collect();
+    assert_eq!(
+        usage,
+        [
+            (Unit::Bytes as i32, 5000, 1200, 3800),
+            (Unit::Inodes as i32, 4, 4, 0)
+        ]
+    );
+    assert_eq!(r.volume_condition.map(|c| c.abnormal), Some(false));
+
+    assert!(f.fake.kill(&target));
+    let r = f
+        .csi
+        .node
+        .node_get_volume_stats(stats_request("vol", &target))
+        .await
+        .expect("a dead mount is an answer, not an error")
+        .into_inner();
+    assert!(r.usage.is_empty());
+    let condition = r.volume_condition.expect("condition");
+    assert!(condition.abnormal);
+    assert!(condition.message.contains("dead"), "{}", condition.message);
+    std::fs::remove_file(target.join(".riffle-stats")).expect("remove");
+    f.csi.unpublish("vol", &target).await.expect("unpublish");
 }
 
 #[tokio::test]

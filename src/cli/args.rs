@@ -171,8 +171,10 @@ pub struct MountArgs {
     pub cache_size: SizeSpec,
 
     /// Free space always left on the cache's filesystem: a size (20G, 0) or a share of it
-    /// (5%); below it the cache evicts, then stops caching (reads still work)
-    #[arg(long, value_name = "SIZE|N%", default_value = "5%", value_parser = parse_free_space, requires = "cache_dir")]
+    /// (15%: above kubelet's default hard eviction threshold, nodefs.available<10%, so a cache
+    /// on a node's root disk never gets its pods evicted); below it the cache evicts, then
+    /// stops caching (reads still work)
+    #[arg(long, value_name = "SIZE|N%", default_value = "15%", value_parser = parse_free_space, requires = "cache_dir")]
     pub cache_min_free: SizeSpec,
 
     /// How the cache chooses what to evict: `plan` (the epoch plan's furthest-next-use first,

@@ -159,6 +159,8 @@ struct Stack {
     fs_status: Arc<FsStatus>,
     fs: Option<RiffleFs>,
     fuse_device: crate::fs::FuseDevice,
+    /// `.riffle-stats`, given the control handler as its source once that exists.
+    stats_file: Arc<crate::fs::stats_file::StatsFile>,
     flush_on_exit: Option<Arc<DiskTier>>,
 }
 
@@ -324,6 +326,7 @@ fn build(
         fuse_ops,
         fs_status,
         fuse_device: fs.fuse_device(),
+        stats_file: fs.stats_file(),
         fs: Some(fs),
         flush_on_exit,
     })
@@ -504,6 +507,7 @@ fn serve_until_unmounted(
             stats: stack.metrics.clone(),
             prefetch: prefetch.clone(),
         });
+        stack.stats_file.set_source(handler.clone());
         let metrics_server = args
             .metrics_addr
             .map(|addr| serve_metrics(addr, handler.clone(), stack.fuse_ops.clone()))

@@ -41,6 +41,9 @@
 //! writing, locks locally). `readlink` answers `EINVAL` (the tree has no symbolic links) and
 //! `fsyncdir` succeeds (nothing to write).
 //!
+//! `.riffle-stats` at the mount root is answered by [`stats_file`] (lookup of a name the bucket
+//! lacks, getattr, open, read, release of its inode): the mount's statistics, never listed.
+//!
 //! [`FileReader`]: crate::reader::FileReader
 
 mod backings;
@@ -54,6 +57,7 @@ mod lookahead;
 pub mod mountinfo;
 pub mod ops;
 mod preopen;
+pub mod stats_file;
 
 use std::ffi::OsStr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -81,6 +85,7 @@ use lookahead::Lookahead;
 pub use lookahead::LookaheadStats;
 use ops::{FuseOp, FuseOps};
 pub use preopen::FuseDevice;
+use stats_file::StatsFile;
 
 /// Passthrough backing files kept after close, at most this many ([`backings`]).
 const KEPT_BACKINGS_MAX: usize = 65_536;
@@ -145,6 +150,8 @@ pub struct RiffleFs {
     device: FuseDevice,
     /// Readahead of small cached files at lookup ([`lookahead`]).
     lookahead: Option<Lookahead>,
+    /// `.riffle-stats` at the mount root ([`stats_file`]).
+    stats_file: Arc<StatsFile>,
 }
 
 /// The running kernel's release (`uname -r`), for saying why passthrough is off.
@@ -189,6 +196,7 @@ impl RiffleFs {
             device: FuseDevice::default(),
             next_fh: AtomicU64::new(1),
             lookahead: None,
+            stats_file: Arc::default(),
         }
     }
 
@@ -325,6 +333,12 @@ impl RiffleFs {
     /// session exists; with it, backing ids are opened ahead of the opens that use them.
     pub fn fuse_device(&self) -> FuseDevice {
         self.device.clone()
+    }
+
+    /// The mount's `.riffle-stats` file; the mount gives it its stats source once the
+    /// control handler exists.
+    pub fn stats_file(&self) -> Arc<StatsFile> {
+        self.stats_file.clone()
     }
 
     fn opener(&self) -> Opener {
@@ -508,6 +522,9 @@ impl Filesystem for RiffleFs {
                         self.look_ahead_for_daemon(&attr);
                     }
                 }
+                Err(e) if stats_file::stands_in(parent.0, &name, &e) => {
+                    self.stats_file.reply_entry(&self.config, reply)
+                }
                 Err(e) => reply.error(ns_errno(&e)),
             }
             return;
@@ -516,6 +533,7 @@ impl Filesystem for RiffleFs {
         let config = self.config.clone();
         let ttl = self.ttl();
         let status = self.status.clone();
+        let stats = self.stats_file.clone();
         self.runtime.spawn(async move {
             let _timer = timer;
             match ns.lookup(parent.0, &name).await {
@@ -525,13 +543,19 @@ impl Filesystem for RiffleFs {
                     }
                     reply.entry(&ttl, &Self::file_attr(&config, &attr), Generation(0))
                 }
+                Err(e) if stats_file::stands_in(parent.0, &name, &e) => {
+                    stats.reply_entry(&config, reply)
+                }
                 Err(e) => reply.error(ns_errno(&e)),
             }
         });
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         let timer = self.ops.start(FuseOp::Getattr);
+        if ino.0 == stats_file::INO {
+            return self.stats_file.reply_attr(&self.config, fh, reply);
+        }
         if let Some(answer) = self.ns.getattr_cached(ino.0) {
             let _timer = timer;
             match answer {
@@ -559,6 +583,9 @@ impl Filesystem for RiffleFs {
             return;
         }
         let fh = self.new_fh();
+        if ino.0 == stats_file::INO {
+            return self.stats_file.open(fh, &self.runtime, reply);
+        }
         let caller = req.pid();
         let Some(reply) = self.open_now(ino.0, fh, caller, reply) else {
             return;
@@ -613,6 +640,9 @@ impl Filesystem for RiffleFs {
         reply: ReplyData,
     ) {
         let timer = self.ops.start(FuseOp::Read);
+        if ino.0 == stats_file::INO {
+            return self.stats_file.read(fh.0, offset, size, reply);
+        }
         let Some(reader) = self.handles.files.lock().get(&fh.0).cloned() else {
             reply.error(Errno::EBADF);
             return;
@@ -671,6 +701,10 @@ impl Filesystem for RiffleFs {
         reply: ReplyEmpty,
     ) {
         let _timer = self.ops.start(FuseOp::Release);
+        if ino.0 == stats_file::INO {
+            self.stats_file.release(fh.0);
+            return reply.ok();
+        }
         self.handles.release(fh.0, ino.0);
         self.prefetch.on_release();
         reply.ok();
@@ -776,6 +810,9 @@ impl Filesystem for RiffleFs {
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let _timer = self.ops.start(FuseOp::Getxattr);
+        if ino.0 == stats_file::INO {
+            return reply.error(Errno::NO_XATTR);
+        }
         let etag = match self.ns.cached_attr(ino.0) {
             Ok(Attr {
                 kind: Kind::File { etag, .. },
@@ -793,6 +830,7 @@ impl Filesystem for RiffleFs {
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let _timer = self.ops.start(FuseOp::Listxattr);
         let names: &[u8] = match self.ns.cached_attr(ino.0) {
+            _ if ino.0 == stats_file::INO => b"",
             Ok(attr) if !attr.is_dir() => b"user.riffle.etag\0",
             Ok(_) => b"",
             Err(e) => return reply.error(ns_errno(&e)),

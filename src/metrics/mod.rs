@@ -17,10 +17,10 @@ use std::time::Instant;
 use serde_json::json;
 
 use crate::control::StatsSource;
-use crate::fetch::Fetcher;
+use crate::fetch::{Fetcher, ObjectVersion};
 use crate::fs::ops::FuseOps;
 use crate::fs::FsStatus;
-use crate::namespace::Namespace;
+use crate::namespace::{ListedUsage, Namespace};
 use crate::store::retry::RetryingStore;
 pub use http::{HttpLimits, MetricsServer};
 pub use prometheus::Exporter;
@@ -63,6 +63,25 @@ pub struct MountMetrics {
     pub fs: Arc<FsStatus>,
 }
 
+impl MountMetrics {
+    /// The `volume` section: what the mount has listed and how much of it the node's cache
+    /// holds whole (`namespace::usage`); what the CSI plugin's `NodeGetVolumeStats` reports.
+    fn volume_usage(&self) -> ListedUsage {
+        let Some(disk) = self.fetcher.disk() else {
+            return self.namespace.listed_usage(None);
+        };
+        let cached = |key: &str, etag: &str, size: u64| {
+            let object = ObjectVersion {
+                key: Arc::from(key),
+                etag: Arc::from(etag),
+                size,
+            };
+            disk.cache().is_complete(&disk.identity(&object))
+        };
+        self.namespace.listed_usage(Some(&cached))
+    }
+}
+
 impl StatsSource for MountMetrics {
     fn stats(&self) -> serde_json::Value {
         let f = self.fetcher.stats();
@@ -93,6 +112,7 @@ impl StatsSource for MountMetrics {
                 "index_memory_per_object": c.index_memory.per_object,
             })
         });
+        let volume = self.volume_usage();
         json!({
             "source": self.source,
             "pid": std::process::id(),
@@ -133,6 +153,13 @@ impl StatsSource for MountMetrics {
             "inflight": {
                 "requests": self.fetcher.inflight_requests(),
                 "bytes": self.fetcher.inflight_bytes(),
+            },
+            "volume": {
+                "listed_files": volume.files,
+                "listed_dirs": volume.dirs,
+                "listed_entries": volume.entries(),
+                "listed_bytes": volume.bytes,
+                "cached_bytes": volume.cached_bytes,
             },
             "namespace": {
                 "inodes": self.namespace.inode_count(),

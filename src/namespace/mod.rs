@@ -45,6 +45,7 @@ mod listings;
 pub mod names;
 mod readdir;
 mod tree;
+mod usage;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -59,6 +60,7 @@ use listings::{Claim, Listings};
 use names::{invalid_reason, SkipLog};
 pub use tree::DirEntry;
 use tree::{Body, DirState, Mtime, Node, NodeKind, Stamp, StoredEtag, Tree};
+pub use usage::ListedUsage;
 
 /// The root directory's inode number (FUSE's).
 pub const ROOT_INO: u64 = 1;

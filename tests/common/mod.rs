@@ -246,7 +246,7 @@ impl Mount {
                 });
             }
         }
-        // The tests' caches hold a few MB: keep none of the 5% of the disk a cache leaves free
+        // The tests' caches hold a few MB: keep none of the 15% of the disk a cache leaves free
         // by default, so a nearly full test machine still caches (tests that are about the
         // floor pass their own --cache-min-free).
         let min_free: &[&str] =

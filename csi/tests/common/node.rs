@@ -26,13 +26,15 @@ pub fn node_process(program: impl AsRef<OsStr>, log: &Path) -> Command {
     cmd
 }
 
-/// `riffle-mounter`'s arguments.
+/// `riffle-mounter`'s arguments. The test machine has one disk: the cache is allowed on it
+/// (`root_disk_cache_is_refused` in real_mount.rs drops the flag).
 pub fn mounter_args(socket: &Path, cache_dir: &Path, riffle: &Path) -> Vec<String> {
     vec![
         format!("--socket={}", socket.display()),
         format!("--cache-dir={}", cache_dir.display()),
         format!("--riffle-bin={}", riffle.display()),
         "--mount-timeout=60".to_string(),
+        riffle_csi::cache_disk::ALLOW_FLAG.to_string(),
     ]
 }
 
