@@ -193,7 +193,7 @@ impl Handles {
             let mut inodes = self.backing_by_ino.lock();
             let mut cached = self.cached_opens.lock();
             let live = match inodes.get_mut(&ino) {
-                Some(b) if &*b.etag != &**etag => Err(()),
+                Some(b) if *b.etag != **etag => Err(()),
                 Some(b) => match b.backing.upgrade() {
                     Some(live) => {
                         b.opens += 1;
