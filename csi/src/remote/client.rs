@@ -9,7 +9,9 @@
 //! starting daemons in the plugin's own container, which would quietly
 //! bring back the problem the mounter exists to solve.
 
-use super::protocol::{read_line, write_line, Request, Response, WireError};
+use super::protocol::{
+    read_line, write_line, Request, Response, WireError, FEATURE_CREDENTIAL_FILES,
+};
 use crate::mounter::{DaemonId, Health, MountError, MountErrorKind, MountRequest, Mounter};
 use async_trait::async_trait;
 use std::path::{Path, PathBuf};
@@ -74,8 +76,17 @@ impl RemoteMounter {
 
     /// The mounter's version and pid, for the plugin's start-up log.
     pub async fn ping(&self) -> Result<(String, u32), MountError> {
+        self.pong().await.map(|(version, pid, _)| (version, pid))
+    }
+
+    /// The mounter's version, pid and features.
+    pub async fn pong(&self) -> Result<(String, u32, Vec<String>), MountError> {
         match self.call(&Request::Ping, self.call_timeout).await? {
-            Response::Pong { version, pid } => Ok((version, pid)),
+            Response::Pong {
+                version,
+                pid,
+                features,
+            } => Ok((version, pid, features)),
             other => Err(unexpected(&other)),
         }
     }
@@ -91,12 +102,24 @@ fn unexpected(response: &Response) -> MountError {
 #[async_trait]
 impl Mounter for RemoteMounter {
     async fn mount(&self, req: MountRequest<'_>) -> Result<Option<DaemonId>, MountError> {
+        if req.auth.uses_files() {
+            // An older mounter would drop `auth` and run the daemon with the
+            // node's identity: ask first (one local round trip).
+            let (_, _, features) = self.pong().await?;
+            if !features.iter().any(|f| f == FEATURE_CREDENTIAL_FILES) {
+                return Err(MountError::new(
+                    MountErrorKind::FailedPrecondition,
+                    "the riffle-mounter on this node is older than the plugin and cannot give a volume its own credentials; update it: drain the node, then delete its riffle-mounter pod (see deploy/kubernetes/README.md, Upgrading)",
+                ));
+            }
+        }
         let request = Request::Mount {
             target: req.target.to_path_buf(),
             settings: req.settings.clone(),
             credentials: req
                 .credentials
                 .map(|c| String::from_utf8_lossy(&c.to_json()).into_owned()),
+            auth: Some(req.auth.clone()),
             pid_file: req.pid_file.to_path_buf(),
             log_file: req.log_file.to_path_buf(),
         };
