@@ -128,6 +128,25 @@ impl DaemonCredentials {
         env
     }
 
+    /// Removes from `text` the secrets in the files this names (defence in
+    /// depth: riffle never prints them; the mounter's logs and answers go
+    /// through this).
+    pub fn scrub(&self, text: &str) -> String {
+        match self {
+            Self::KeysFile { path } => {
+                let keys = std::fs::read(path)
+                    .ok()
+                    .and_then(|b| Credentials::from_json(&b).ok());
+                crate::credentials::scrub(keys.as_ref(), text)
+            }
+            Self::WebIdentity { token_file, .. } => match std::fs::read_to_string(token_file) {
+                Ok(token) if !token.trim().is_empty() => text.replace(token.trim(), "<redacted>"),
+                _ => text.to_string(),
+            },
+            Self::Node | Self::Anonymous => text.to_string(),
+        }
+    }
+
     /// Whether the daemon reads files the plugin writes (a mounter that
     /// predates them must not be asked: it would run the daemon with the
     /// node's identity instead).

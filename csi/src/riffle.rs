@@ -182,26 +182,6 @@ impl RiffleMounter {
     }
 }
 
-/// Removes from `text` the secrets in the files `auth` names (defence in
-/// depth: riffle never prints them).
-fn scrub_files(auth: &DaemonCredentials, text: &str) -> String {
-    match auth {
-        DaemonCredentials::KeysFile { path } => {
-            let keys = std::fs::read(path)
-                .ok()
-                .and_then(|b| Credentials::from_json(&b).ok());
-            scrub(keys.as_ref(), text)
-        }
-        DaemonCredentials::WebIdentity { token_file, .. } => {
-            match std::fs::read_to_string(token_file) {
-                Ok(token) if !token.trim().is_empty() => text.replace(token.trim(), "<redacted>"),
-                _ => text.to_string(),
-            }
-        }
-        DaemonCredentials::Node | DaemonCredentials::Anonymous => text.to_string(),
-    }
-}
-
 /// Maps riffle's exit code and reason line to an error category.
 pub fn classify(exit_code: Option<i32>, reason: &str) -> MountErrorKind {
     let r = reason.to_ascii_lowercase();
@@ -343,7 +323,9 @@ impl Mounter for RiffleMounter {
         let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
         let _ = std::fs::remove_file(&stderr_path);
         if !status.success() {
-            let reason = scrub_files(req.auth, &scrub(req.credentials, &reason_line(&stderr)));
+            let reason = req
+                .auth
+                .scrub(&scrub(req.credentials, &reason_line(&stderr)));
             let kind = classify(status.code(), &reason);
             return Err(MountError::new(
                 kind,
@@ -650,7 +632,7 @@ mod tests {
             sts_endpoint_url: None,
         };
         assert_eq!(
-            scrub_files(&auth, "error: token JWTSECRETVALUE refused"),
+            auth.scrub("error: token JWTSECRETVALUE refused"),
             "error: token <redacted> refused"
         );
         let keys = dir.path().join("keys.json");
@@ -660,10 +642,7 @@ mod tests {
         )
         .expect("write");
         assert_eq!(
-            scrub_files(
-                &DaemonCredentials::KeysFile { path: keys },
-                "AKIDFILE/SECRETFILE"
-            ),
+            DaemonCredentials::KeysFile { path: keys }.scrub("AKIDFILE/SECRETFILE"),
             "<redacted>/<redacted>"
         );
     }

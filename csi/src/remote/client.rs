@@ -172,3 +172,61 @@ impl Mounter for RemoteMounter {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::VolumeSettings;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use tokio::net::UnixListener;
+
+    /// A mounter from before credential files: answers every request with a
+    /// Pong without features, and counts the requests.
+    fn old_mounter(socket: &Path, served: Arc<AtomicUsize>) -> tokio::task::JoinHandle<()> {
+        let listener = UnixListener::bind(socket).expect("bind");
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let _: serde_json::Value = read_line(&mut stream).await.expect("request");
+                served.fetch_add(1, Ordering::SeqCst);
+                let pong = serde_json::json!({"result": "pong", "version": "0.0.9", "pid": 1});
+                write_line(&mut stream, &pong).await.expect("answer");
+            }
+        })
+    }
+
+    #[tokio::test]
+    async fn an_older_mounter_is_never_asked_to_mount_with_credential_files() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("old.sock");
+        let served = Arc::new(AtomicUsize::new(0));
+        let server = old_mounter(&socket, Arc::clone(&served));
+        let remote = RemoteMounter::new(socket, Duration::from_secs(5));
+        let settings = VolumeSettings::parse(
+            &[("bucket".to_string(), "datasets".to_string())].into(),
+            &[],
+        )
+        .expect("valid");
+        let auth = crate::mounter::DaemonCredentials::WebIdentity {
+            role_arn: "arn:aws:iam::1:role/r".into(),
+            token_file: "/run/riffle-csi/k/token".into(),
+            session_name: "s".into(),
+            sts_endpoint_url: None,
+        };
+        let err = remote
+            .mount(MountRequest {
+                target: Path::new("/t"),
+                settings: &settings,
+                auth: &auth,
+                credentials: None,
+                pid_file: Path::new("/p"),
+                log_file: Path::new("/l"),
+            })
+            .await
+            .expect_err("refused");
+        assert_eq!(err.kind, MountErrorKind::FailedPrecondition, "{err}");
+        assert!(err.message.contains("riffle-mounter"), "{err}");
+        server.abort();
+        assert_eq!(served.load(Ordering::SeqCst), 1, "only the ping was sent");
+    }
+}

@@ -203,7 +203,7 @@ pub async fn handle(request: Request, mounter: &dyn Mounter, locks: &KeyedLocks)
                 Ok(daemon) => Response::Mounted { daemon },
                 // Neither the log below nor the plugin may see a secret
                 // that a failure message echoed.
-                Err(e) => failed(e.kind, scrub(credentials.as_ref(), &e.message)),
+                Err(e) => failed(e.kind, auth.scrub(&scrub(credentials.as_ref(), &e.message))),
             }
         }
         Request::Unmount { target, daemon } => {
