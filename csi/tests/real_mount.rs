@@ -561,6 +561,61 @@ async fn no_secret_at_rest_after_publish_crash_and_unpublish() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_volume_the_store_refuses_leaks_no_token_and_leaves_nothing() {
+    // The test RGW has no STS/OIDC provider: its AssumeRoleWithWebIdentity
+    // answers with an error (the daemon's debug log shows the SDK's web
+    // identity provider calling it), so the publish fails; the token must
+    // appear in no message, log or state file, and nothing may be left on
+    // the tmpfs. An assumed role end to end needs an STS this test lacks.
+    let _serial = SERIAL.lock().await;
+    let Some(env) = env() else { return };
+    let bucket = make_bucket(&env, 1).await;
+    let p = Plugin::start(&env).await;
+    let target = p.target("pod-role");
+    let token = "eyJhbGciOiJSUzI1NiJ9.PODTOKENPAYLOADFORTHETEST.c2ln";
+    let mut attrs = p.attributes(&bucket, "shard-0");
+    attrs.insert("roleArn".into(), "arn:aws:iam:::role/reader".into());
+    attrs.insert("stsEndpointUrl".into(), env.endpoint.clone());
+    attrs.insert(
+        riffle_csi::access::TOKENS_KEY.into(),
+        format!(r#"{{"sts.amazonaws.com":{{"token":"{token}","expirationTimestamp":"2030-01-01T00:00:00Z"}}}}"#),
+    );
+    let err = p
+        .csi
+        .clone()
+        .publish(publish_request("vol-role", &target, attrs, HashMap::new()))
+        .await
+        .expect_err("RGW without STS refuses the role");
+    println!(
+        "role volume on RGW without STS -> {:?}: {}",
+        err.code(),
+        err.message()
+    );
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("credentials"), "{}", err.message());
+    assert!(
+        !err.message().contains("PODTOKENPAYLOAD"),
+        "{}",
+        err.message()
+    );
+    let secrets_dir = common::node::secrets_dir(&p.state());
+    assert_eq!(
+        std::fs::read_dir(&secrets_dir).expect("ls").count(),
+        0,
+        "token removed"
+    );
+    assert_no_secret_under(&p.state(), &["PODTOKENPAYLOAD"]);
+    for log in [p.plugin_log(), p.mounter_log()] {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(
+            !text.contains("PODTOKENPAYLOAD"),
+            "token in {}",
+            log.display()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eight_volumes_published_concurrently() {
     let _serial = SERIAL.lock().await;
     let Some(env) = env() else { return };

@@ -36,6 +36,8 @@ pub const MAX_LINE: u64 = 1 << 20;
 /// [`Mounter`](crate::mounter::Mounter), plus a ping.
 #[derive(Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
+// One message per connection, decoded once: its size does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum Request {
     /// Who are you (version, pid): logged by the plugin at start.
     Ping,
