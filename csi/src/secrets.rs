@@ -209,6 +209,40 @@ impl SecretStore {
         }
     }
 
+    /// Deletes the secrets of every target `store` has no record of (a
+    /// plugin that died between writing them and writing the record, or
+    /// after forgetting the record). Returns how many were deleted.
+    pub fn prune(&self, store: &StateStore) -> Result<usize, SecretsError> {
+        let records = store.list().map_err(|e| SecretsError::Io {
+            path: store.root().to_path_buf(),
+            source: io::Error::other(e.to_string()),
+        })?;
+        let keep: std::collections::HashSet<String> =
+            records.iter().map(|r| StateStore::key(&r.target)).collect();
+        let mut pruned = 0;
+        for entry in fs::read_dir(&self.root).map_err(io_err(&self.root))? {
+            let path = entry.map_err(io_err(&self.root))?.path();
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if keep.contains(&name) {
+                continue;
+            }
+            let removed = if path.is_dir() {
+                fs::remove_dir_all(&path)
+            } else {
+                fs::remove_file(&path)
+            };
+            match removed {
+                Ok(()) => pruned += 1,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err(&path)(e)),
+            }
+        }
+        Ok(pruned)
+    }
+
     /// Moves the keys earlier plugins kept on disk (`STATE/secrets/`) here,
     /// for the targets `store` has records of, and deletes that directory.
     /// Returns the targets whose keys were moved.
@@ -376,10 +410,18 @@ mod tests {
             creds.to_json(),
         )
         .expect("write");
+        // Secrets of a target without a record (a plugin that died before
+        // writing it) are pruned; the recorded target's stay.
+        store
+            .write(Path::new("/pods/gone/mount"), &web_identity("ORPHAN"), None)
+            .expect("write");
         assert_eq!(
             store.adopt_legacy(&state).expect("adopt"),
             vec![target.clone()]
         );
+        assert_eq!(store.prune(&state).expect("prune"), 1);
+        assert!(store.keys_file(&target).is_file());
+        assert!(!store.token_file(Path::new("/pods/gone/mount")).exists());
         assert!(!legacy.exists(), "the on-disk copy is gone");
         let back = store.load_keys(&target).expect("load").expect("some");
         assert_eq!(back.env(), creds.env());

@@ -123,10 +123,14 @@ impl VolumeManager {
     }
 
     /// Moves keys an earlier plugin kept in the state directory to the
-    /// tmpfs and records where the daemons find them (at start, before
-    /// reconciliation).
+    /// tmpfs and records where the daemons find them, and deletes secrets
+    /// of targets without a record (at start, before reconciliation).
     pub fn adopt_legacy_secrets(&self) -> Result<usize, VolumeError> {
         let moved = self.secrets.adopt_legacy(&self.store)?;
+        let pruned = self.secrets.prune(&self.store)?;
+        if pruned > 0 {
+            tracing::info!(pruned, "removed secrets of targets without a record");
+        }
         for target in &moved {
             if let Some(mut record) = self.store.load(target)? {
                 record.auth = Some(DaemonCredentials::KeysFile {
