@@ -95,6 +95,22 @@ if sp[:2] != sm[:2] or sp[0] != state:
     errors.append(f"state dir differs: plugin --state-dir={state} mount {sp[:2]}, mounter mount {sm[:2]}")
 if sock_m and state and not sock_m.startswith(state.rstrip("/") + "/"):
     errors.append(f"the mounter's socket {sock_m} is not in the shared state dir {state}")
+secrets = flag(plugin, "secrets-dir")
+xp, xm = mount_path(plugin_ds, plugin, "secrets-dir"), mount_path(mounter_ds, mounter, "secrets-dir")
+if not secrets or xp[:2] != xm[:2] or xp[0] != secrets:
+    errors.append(f"secrets dir differs: plugin --secrets-dir={secrets} mount {xp[:2]}, mounter mount {xm[:2]}")
+if state and secrets and (secrets + "/").startswith(state.rstrip("/") + "/"):
+    errors.append(f"--secrets-dir={secrets} is inside the state dir {state}, which is on disk")
+if xp[2] != "Bidirectional" or xm[2] not in ("HostToContainer", "Bidirectional"):
+    errors.append("the secrets dir must be mounted Bidirectional in the plugin (it may mount a tmpfs there) and HostToContainer in the mounter")
+env = {e["name"]: e.get("value") for e in plugin.get("env", [])}
+driver = objs.get(("CSIDriver", "riffle.csi.rifflefs.io"))
+audiences = [t.get("audience") for t in (driver or {}).get("spec", {}).get("tokenRequests", [])]
+audience = env.get("RIFFLE_CSI_TOKEN_AUDIENCE") or "sts.amazonaws.com"
+if audience not in audiences:
+    errors.append(f"the plugin's token audience {audience} is not in the CSIDriver's tokenRequests {audiences}")
+if not (driver or {}).get("spec", {}).get("requiresRepublish"):
+    errors.append("the CSIDriver needs requiresRepublish: true (fresh tokens and secrets)")
 for o, c in ((plugin_ds, plugin), (mounter_ds, mounter)):
     if mount_path(o, c, "kubelet-dir")[2] != "Bidirectional":
         errors.append(f"{c['name']}: /var/lib/kubelet must be mounted Bidirectional")
@@ -117,7 +133,7 @@ if "--allow-root-disk-cache" in mounter.get("args", []):
     errors.append("--allow-root-disk-cache must not be the default: a cache on the root disk gets pods evicted")
 if errors:
     sys.exit("\n".join(errors))
-print("   riffle-csi-node and riffle-mounter agree (socket, state dir, propagation, tolerations, root-disk check)")
+print("   riffle-csi-node and riffle-mounter agree (socket, state dir, secrets dir, propagation, tolerations, token audience, root-disk check)")
 PY
 
 manifests=("$rendered")

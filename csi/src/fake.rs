@@ -30,6 +30,11 @@ pub struct FakeMount {
     /// Names (not values) of the environment variables that would have been
     /// set for the daemon.
     pub env_names: Vec<String>,
+    /// How the daemon would have authenticated (paths and names only).
+    pub auth: crate::mounter::DaemonCredentials,
+    /// The variables of `auth` that would have been set, with their values
+    /// (paths, a role, a session name: no secrets).
+    pub auth_env: Vec<(String, String)>,
 }
 
 #[derive(Default)]
@@ -151,16 +156,21 @@ impl Mounter for FakeMounter {
             .into_iter()
             .map(|a| a.to_string_lossy().into_owned())
             .collect();
-        let env_names = req
-            .credentials
-            .map(|c| {
+        let auth_env: Vec<(String, String)> = req
+            .auth
+            .env()
+            .into_iter()
+            .filter_map(|(k, v)| v.map(|v| (k.to_string(), v)))
+            .collect();
+        let mut env_names: Vec<String> = auth_env.iter().map(|(k, _)| k.clone()).collect();
+        if let Some(c) = req.credentials {
+            env_names.extend(
                 c.env()
                     .into_iter()
                     .filter(|(_, v)| v.is_some())
-                    .map(|(k, _)| k.to_string())
-                    .collect()
-            })
-            .unwrap_or_default();
+                    .map(|(k, _)| k.to_string()),
+            );
+        }
         std::fs::write(req.pid_file, daemon.pid.to_string()).ok();
         self.lock().mounts.insert(
             req.target.to_path_buf(),
@@ -170,6 +180,8 @@ impl Mounter for FakeMounter {
                 alive: true,
                 flags,
                 env_names,
+                auth: req.auth.clone(),
+                auth_env,
             },
         );
         Ok(Some(daemon))

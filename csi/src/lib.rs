@@ -10,14 +10,17 @@
 //! - [`proto`]: generated CSI v1 types and service stubs.
 //! - [`settings`]: volume attributes + mount options -> validated settings.
 //! - [`credentials`]: the `nodePublishSecretRef` secret -> credentials kept
-//!   out of logs, arguments and error messages.
+//!   out of logs, arguments and error messages; [`access`]: whose identity a
+//!   volume reads with (its secret, the pod's service account token and a
+//!   role, or, if the driver allows it, the node's); [`secrets`]: the tmpfs
+//!   where keys and tokens are kept for the daemons.
 //! - [`mounter`]: the `Mounter` trait; [`riffle`] runs the real `riffle`
 //!   binary, [`fake`] is an in-memory double for tests, [`remote`] asks the
 //!   `riffle-mounter` container to do it, so that the daemons outlive the
 //!   plugin's container (rollouts, crashes).
 //! - [`mountinfo`] and [`process`]: what is mounted where, and whether a
 //!   daemon process is still the one we started.
-//! - [`state`]: per-volume records and secrets persisted in the state dir.
+//! - [`state`]: per-volume records persisted in the state dir (no secrets).
 //! - [`volumes`]: publish / unpublish / recover, one target at a time
 //!   ([`locks`]: one async mutex per target path).
 //! - [`supervisor`]: start-up reconciliation and the periodic health loop.
@@ -27,6 +30,7 @@
 //!   [`old_clients`]: a WARN for clients the HTTP/2 server rejects;
 //!   [`startup`]: logging and stop signals of the two binaries.
 
+pub mod access;
 pub mod cache_disk;
 pub mod credentials;
 pub mod fake;
@@ -40,6 +44,7 @@ pub mod process;
 pub mod proto;
 pub mod remote;
 pub mod riffle;
+pub mod secrets;
 pub mod server;
 pub mod settings;
 pub mod startup;

@@ -17,6 +17,7 @@
 
 use anyhow::Context;
 use clap::Parser;
+use riffle_csi::access::AccessPolicy;
 use riffle_csi::mounter::Mounter;
 use riffle_csi::remote::client::RemoteMounter;
 use riffle_csi::riffle::DaemonOptions;
@@ -34,15 +35,33 @@ struct Args {
     /// This node's name, reported by NodeGetInfo.
     #[arg(long, env = "NODE_ID")]
     node_id: String,
-    /// Where volume records, credentials, pid files and daemon logs are kept
-    /// (a hostPath, so that they survive the plugin's container; the
-    /// mounter must see it at the same path).
+    /// Where volume records, pid files and daemon logs are kept (a
+    /// hostPath, so that they survive the plugin's container; the mounter
+    /// must see it at the same path). Never a secret.
     #[arg(
         long,
         env = "RIFFLE_CSI_STATE_DIR",
         default_value = "/var/lib/riffle-csi"
     )]
     state_dir: PathBuf,
+    /// Where volume secrets (keys, service account tokens) are kept for the
+    /// daemons: a tmpfs (the plugin mounts one there if it is not), shared
+    /// with riffle-mounter at the same path.
+    #[arg(
+        long,
+        env = "RIFFLE_CSI_SECRETS_DIR",
+        default_value = "/run/riffle-csi"
+    )]
+    secrets_dir: PathBuf,
+    /// Let a volume with neither a secret nor a roleArn (an inline volume,
+    /// say) read with the node's own credentials (the mounter's environment,
+    /// the instance role). Off: such a publish is refused.
+    #[arg(long, env = "RIFFLE_CSI_ALLOW_NODE_CREDENTIALS")]
+    allow_node_credentials: bool,
+    /// The audience of the pod service account token a roleArn volume uses;
+    /// the CSIDriver's tokenRequests must name it.
+    #[arg(long, env = "RIFFLE_CSI_TOKEN_AUDIENCE", default_value = riffle_csi::access::DEFAULT_AUDIENCE)]
+    token_audience: String,
     /// The riffle-mounter's socket: the daemons then run in the mounter's
     /// container, and --cache-dir, --riffle-bin and --mount-timeout are the
     /// mounter's to set.
@@ -108,6 +127,11 @@ async fn main() -> anyhow::Result<()> {
             socket,
             node_id: args.node_id,
             state_dir: args.state_dir,
+            secrets_dir: args.secrets_dir,
+            policy: AccessPolicy {
+                allow_node_credentials: args.allow_node_credentials,
+                token_audience: args.token_audience,
+            },
             check_interval: Duration::from_secs(args.check_interval.max(1)),
             takeover_wait: Duration::from_secs(args.takeover_wait),
         },

@@ -10,7 +10,7 @@ use crate::credentials::Credentials;
 use crate::settings::VolumeSettings;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// A mount daemon process: its pid and its start time (clock ticks since
 /// boot, from /proc/PID/stat). The pair identifies the process even if the
@@ -35,10 +35,135 @@ pub enum Health {
     Foreign(String),
 }
 
+/// How a daemon finds its identity: what the mounter puts in its
+/// environment. Holds paths and names, never a secret: the secret values are
+/// in files on the plugin's tmpfs ([`crate::secrets`]) that the plugin
+/// rewrites at every publish, and that the daemon re-reads, so new keys or a
+/// new token reach a running daemon without a remount.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "source", rename_all = "snake_case")]
+pub enum DaemonCredentials {
+    /// The node's own identity: the mounter's environment, the instance
+    /// role. Only with the plugin's --allow-node-credentials.
+    Node,
+    /// Unsigned requests (the volume's noSignRequest flag).
+    Anonymous,
+    /// Keys in a JSON file the daemon re-reads (`RIFFLE_CREDENTIALS_FILE`).
+    KeysFile { path: PathBuf },
+    /// AssumeRoleWithWebIdentity with the token in `token_file`, by the
+    /// AWS SDK's default chain in the daemon.
+    WebIdentity {
+        role_arn: String,
+        token_file: PathBuf,
+        session_name: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sts_endpoint_url: Option<String>,
+    },
+}
+
+/// Environment variables through which the AWS SDK could find credentials
+/// other than the ones a volume was given; removed from the daemon's
+/// environment unless it uses the node's identity.
+pub const CREDENTIAL_ENV: &[&str] = &[
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+    "AWS_DEFAULT_PROFILE",
+    "AWS_ROLE_ARN",
+    "AWS_ROLE_SESSION_NAME",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_ENDPOINT_URL_STS",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_AUTHORIZATION_TOKEN",
+    "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
+    "RIFFLE_CREDENTIALS_FILE",
+];
+
+impl DaemonCredentials {
+    /// The daemon's environment: `(name, Some(value))` to set, `(name,
+    /// None)` to remove. Except for the node's identity, the other ways the
+    /// SDK could find credentials are closed: the variables above and the
+    /// shared config and credentials files (as Mountpoint's CSI driver does
+    /// for pod-level credentials). The instance metadata service stays
+    /// reachable for the region: keys come from the daemon's own provider
+    /// (`RIFFLE_CREDENTIALS_FILE`), and the SDK's chain stops at the web
+    /// identity provider once it is configured, even when it fails.
+    pub fn env(&self) -> Vec<(&'static str, Option<String>)> {
+        if *self == Self::Node {
+            return Vec::new();
+        }
+        let mut env: Vec<(&'static str, Option<String>)> =
+            CREDENTIAL_ENV.iter().map(|k| (*k, None)).collect();
+        let mut set = |name: &'static str, value: String| {
+            env.retain(|(k, _)| *k != name);
+            env.push((name, Some(value)));
+        };
+        set("AWS_CONFIG_FILE", "/dev/null".into());
+        set("AWS_SHARED_CREDENTIALS_FILE", "/dev/null".into());
+        match self {
+            Self::Node | Self::Anonymous => {}
+            Self::KeysFile { path } => set(
+                "RIFFLE_CREDENTIALS_FILE",
+                path.to_string_lossy().into_owned(),
+            ),
+            Self::WebIdentity {
+                role_arn,
+                token_file,
+                session_name,
+                sts_endpoint_url,
+            } => {
+                set("AWS_ROLE_ARN", role_arn.clone());
+                set(
+                    "AWS_WEB_IDENTITY_TOKEN_FILE",
+                    token_file.to_string_lossy().into_owned(),
+                );
+                set("AWS_ROLE_SESSION_NAME", session_name.clone());
+                if let Some(url) = sts_endpoint_url {
+                    set("AWS_ENDPOINT_URL_STS", url.clone());
+                }
+            }
+        }
+        env
+    }
+
+    /// Removes from `text` the secrets in the files this names (defence in
+    /// depth: riffle never prints them; the mounter's logs and answers go
+    /// through this).
+    pub fn scrub(&self, text: &str) -> String {
+        match self {
+            Self::KeysFile { path } => {
+                let keys = std::fs::read(path)
+                    .ok()
+                    .and_then(|b| Credentials::from_json(&b).ok());
+                crate::credentials::scrub(keys.as_ref(), text)
+            }
+            Self::WebIdentity { token_file, .. } => match std::fs::read_to_string(token_file) {
+                Ok(token) if !token.trim().is_empty() => text.replace(token.trim(), "<redacted>"),
+                _ => text.to_string(),
+            },
+            Self::Node | Self::Anonymous => text.to_string(),
+        }
+    }
+
+    /// Whether the daemon reads files the plugin writes (a mounter that
+    /// predates them must not be asked: it would run the daemon with the
+    /// node's identity instead).
+    pub fn uses_files(&self) -> bool {
+        matches!(self, Self::KeysFile { .. } | Self::WebIdentity { .. })
+    }
+}
+
 /// Everything needed to mount one volume at one target.
 pub struct MountRequest<'a> {
     pub target: &'a Path,
     pub settings: &'a VolumeSettings,
+    /// How the daemon authenticates.
+    pub auth: &'a DaemonCredentials,
+    /// Keys to put in the daemon's environment: only from a plugin older
+    /// than [`DaemonCredentials`] (its mount requests carry the keys); this
+    /// plugin always sends None.
     pub credentials: Option<&'a Credentials>,
     /// Where the daemon writes its pid.
     pub pid_file: &'a Path,

@@ -4,7 +4,9 @@
 //! Validation order follows what csi-sanity checks: missing volume id,
 //! target path or volume capability -> INVALID_ARGUMENT; then the
 //! capability (filesystem access only, read-only), the attributes and mount
-//! options, the secret. rifflefs is read-only: a publish is accepted when
+//! options, the secret, the identity ([`crate::access`]: a volume with
+//! neither a secret nor a role is refused with FAILED_PRECONDITION unless
+//! the driver allows node credentials). rifflefs is read-only: a publish is accepted when
 //! `readonly` is set or the access mode is a reader-only mode
 //! (SINGLE_NODE_READER_ONLY, MULTI_NODE_READER_ONLY: a PV/PVC with
 //! `ReadOnlyMany`); anything else asks for a writable volume and is refused
@@ -17,6 +19,7 @@
 //! NotFound/PermissionDenied/Unavailable/DeadlineExceeded from the mount's
 //! reason, Internal otherwise. Messages never contain credentials.
 
+use crate::access::{AccessPolicy, VolumeAccess};
 use crate::credentials::Credentials;
 use crate::mounter::MountErrorKind;
 use crate::proto::node_server::Node;
@@ -43,11 +46,16 @@ const FS_TYPES: &[&str] = &["", "fuse.riffle", "riffle", "rifflefs"];
 pub struct NodeService {
     node_id: String,
     manager: Arc<VolumeManager>,
+    policy: AccessPolicy,
 }
 
 impl NodeService {
-    pub fn new(node_id: String, manager: Arc<VolumeManager>) -> Self {
-        Self { node_id, manager }
+    pub fn new(node_id: String, manager: Arc<VolumeManager>, policy: AccessPolicy) -> Self {
+        Self {
+            node_id,
+            manager,
+            policy,
+        }
     }
 }
 
@@ -69,7 +77,10 @@ fn target_path(raw: &str) -> Result<PathBuf, Status> {
 }
 
 /// Validates a publish request into a [`PublishSpec`].
-pub fn validate_publish(req: &NodePublishVolumeRequest) -> Result<PublishSpec, Status> {
+pub fn validate_publish(
+    req: &NodePublishVolumeRequest,
+    policy: &AccessPolicy,
+) -> Result<PublishSpec, Status> {
     if req.volume_id.is_empty() {
         return Err(invalid("volume_id is required"));
     }
@@ -112,16 +123,19 @@ pub fn validate_publish(req: &NodePublishVolumeRequest) -> Result<PublishSpec, S
         .map_err(|e| invalid(e.to_string()))?;
     let credentials =
         Credentials::from_secrets(&req.secrets).map_err(|e| invalid(e.to_string()))?;
-    if settings.anonymous() && credentials.is_some() {
-        return Err(invalid(
-            "noSignRequest is set but a nodePublishSecretRef secret was given; use one or the other",
-        ));
-    }
+    let access = VolumeAccess::resolve(&settings, credentials, &req.volume_context, policy)
+        .map_err(|e| {
+            if e.is_invalid_argument() {
+                invalid(e.to_string())
+            } else {
+                Status::failed_precondition(e.to_string())
+            }
+        })?;
     Ok(PublishSpec {
         volume_id: req.volume_id.clone(),
         target,
         settings,
-        credentials,
+        access,
     })
 }
 
@@ -139,7 +153,7 @@ pub fn to_status(err: &VolumeError) -> Status {
             MountErrorKind::FailedPrecondition => Code::FailedPrecondition,
             MountErrorKind::Internal => Code::Internal,
         },
-        VolumeError::State(_) | VolumeError::Io { .. } => Code::Internal,
+        VolumeError::State(_) | VolumeError::Secrets(_) | VolumeError::Io { .. } => Code::Internal,
     };
     Status::new(code, err.to_string())
 }
@@ -151,22 +165,22 @@ impl Node for NodeService {
         request: Request<NodePublishVolumeRequest>,
     ) -> Result<Response<NodePublishVolumeResponse>, Status> {
         let req = request.into_inner();
-        let spec = validate_publish(&req).inspect_err(|s| {
+        let spec = validate_publish(&req, &self.policy).inspect_err(|s| {
             tracing::warn!(volume_id = %req.volume_id, target = %req.target_path, error = %s.message(), "NodePublishVolume refused");
         })?;
-        let creds = spec.credentials.clone();
+        let access = spec.access.clone();
         tracing::info!(
             volume_id = %spec.volume_id,
             target = %spec.target.display(),
             source = %spec.settings.source_url(),
-            credentials = if creds.is_some() { "secret" } else { "node identity" },
+            credentials = access.describe(),
             "NodePublishVolume"
         );
         match self.manager.publish(spec).await {
             Ok(()) => Ok(Response::new(NodePublishVolumeResponse {})),
             Err(e) => {
                 let status = to_status(&e);
-                let message = crate::credentials::scrub(creds.as_ref(), status.message());
+                let message = access.scrub(status.message());
                 tracing::error!(volume_id = %req.volume_id, target = %req.target_path, code = ?status.code(), error = %message, "NodePublishVolume failed");
                 Err(Status::new(status.code(), message))
             }

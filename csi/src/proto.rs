@@ -4,7 +4,8 @@
 //! `NodePublishVolumeRequest` carries credentials in `secrets`; its `Debug`
 //! is written here by hand (code generation is told to skip it) and prints
 //! only the secret *keys*, never values, so that no log line built with
-//! `{:?}` can leak them.
+//! `{:?}` can leak them. The same goes for the service account tokens
+//! kubelet puts in `volume_context` (`csi.storage.k8s.io/serviceAccount.tokens`).
 
 #![allow(clippy::all, missing_docs)]
 
@@ -14,6 +15,17 @@ impl std::fmt::Debug for NodePublishVolumeRequest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut secret_keys: Vec<&String> = self.secrets.keys().collect();
         secret_keys.sort();
+        let context: std::collections::BTreeMap<&String, &str> = self
+            .volume_context
+            .iter()
+            .map(|(k, v)| {
+                if k == crate::access::TOKENS_KEY {
+                    (k, "<redacted>")
+                } else {
+                    (k, v.as_str())
+                }
+            })
+            .collect();
         f.debug_struct("NodePublishVolumeRequest")
             .field("volume_id", &self.volume_id)
             .field("publish_context", &self.publish_context)
@@ -22,7 +34,7 @@ impl std::fmt::Debug for NodePublishVolumeRequest {
             .field("volume_capability", &self.volume_capability)
             .field("readonly", &self.readonly)
             .field("secrets", &format_args!("<redacted: keys {secret_keys:?}>"))
-            .field("volume_context", &self.volume_context)
+            .field("volume_context", &context)
             .finish()
     }
 }
@@ -39,8 +51,16 @@ mod tests {
         };
         req.secrets
             .insert("secretAccessKey".into(), "TOPSECRETVALUE".into());
+        req.volume_context.insert(
+            crate::access::TOKENS_KEY.into(),
+            r#"{"sts.amazonaws.com":{"token":"JWTSECRETTOKEN"}}"#.into(),
+        );
+        req.volume_context
+            .insert("bucket".into(), "datasets".into());
         let text = format!("{req:?}");
         assert!(!text.contains("TOPSECRETVALUE"), "{text}");
         assert!(text.contains("secretAccessKey"), "{text}");
+        assert!(!text.contains("JWTSECRETTOKEN"), "{text}");
+        assert!(text.contains("datasets"), "{text}");
     }
 }

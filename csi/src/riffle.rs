@@ -3,7 +3,11 @@
 //! Mount: `riffle mount s3://BUCKET/PREFIX/ TARGET --allow-other <flags>
 //! --pid-file=F --log-file=L` in its own session (setsid), so that neither a
 //! signal to the plugin's process group nor the plugin's death reaches the
-//! daemon. Credentials go only into the child's environment. Without
+//! daemon. The child's environment says where its identity is
+//! ([`DaemonCredentials::env`]: a keys file or a web identity token file on
+//! the plugin's tmpfs, which the daemon re-reads; other AWS credential
+//! variables of this process are removed unless the volume uses the node's
+//! identity); keys from an older plugin's request go into the environment. Without
 //! `--foreground`, riffle forks the daemon and exits 0 once the mount is live,
 //! or non-zero with a one-line reason on stderr. Its stderr goes to a file in
 //! the (root-only) run directory instead of a pipe: the daemon inherits the
@@ -25,7 +29,9 @@
 
 use crate::cache_disk::RootDisk;
 use crate::credentials::{scrub, Credentials};
-use crate::mounter::{DaemonId, Health, MountError, MountErrorKind, MountRequest, Mounter};
+use crate::mounter::{
+    DaemonCredentials, DaemonId, Health, MountError, MountErrorKind, MountRequest, Mounter,
+};
 use crate::mountinfo::{self, Probe, RIFFLE_FSTYPE};
 use crate::process;
 use async_trait::async_trait;
@@ -153,9 +159,22 @@ impl RiffleMounter {
         args
     }
 
-    fn command(&self, args: &[OsString], credentials: Option<&Credentials>) -> Command {
+    /// The `riffle mount` command with `args` and the environment of
+    /// `auth` (and, from an older plugin, `credentials`).
+    pub fn command(
+        &self,
+        args: &[OsString],
+        auth: &DaemonCredentials,
+        credentials: Option<&Credentials>,
+    ) -> Command {
         let mut cmd = Command::new(&self.binary);
         cmd.args(args).stdin(Stdio::null()).stdout(Stdio::null());
+        for (name, value) in auth.env() {
+            match value {
+                Some(v) => cmd.env(name, v),
+                None => cmd.env_remove(name),
+            };
+        }
         if let Some(c) = credentials {
             for (name, value) in c.env() {
                 match value {
@@ -291,7 +310,7 @@ impl Mounter for RiffleMounter {
                     format!("cannot create {}: {e}", stderr_path.display()),
                 )
             })?;
-        let mut cmd = self.command(&args, req.credentials);
+        let mut cmd = self.command(&args, req.auth, req.credentials);
         cmd.stderr(stderr_file);
         tracing::info!(
             target = %req.target.display(),
@@ -334,7 +353,9 @@ impl Mounter for RiffleMounter {
         let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
         let _ = std::fs::remove_file(&stderr_path);
         if !status.success() {
-            let reason = scrub(req.credentials, &reason_line(&stderr));
+            let reason = req
+                .auth
+                .scrub(&scrub(req.credentials, &reason_line(&stderr)));
             let kind = classify(status.code(), &reason);
             return Err(MountError::new(
                 kind,
@@ -537,6 +558,7 @@ mod tests {
         let req = MountRequest {
             target: Path::new("/t"),
             settings: &settings,
+            auth: &DaemonCredentials::Node,
             credentials: creds.as_ref(),
             pid_file: Path::new("/s/run/k.pid"),
             log_file: Path::new("/s/logs/k.log"),
@@ -563,5 +585,95 @@ mod tests {
         assert!(!args
             .iter()
             .any(|a| a.contains("AKIDARGS") || a.contains("SECRETARGS")));
+    }
+
+    /// The environment the real `riffle mount` child gets: set variables
+    /// with their values, removed ones as None.
+    fn child_env(auth: &DaemonCredentials) -> HashMap<String, Option<String>> {
+        let m = RiffleMounter::new("riffle".into(), None);
+        let cmd = m.command(&[], auth, None);
+        cmd.as_std()
+            .get_envs()
+            .map(|(k, v)| {
+                (
+                    k.to_string_lossy().into_owned(),
+                    v.map(|v| v.to_string_lossy().into_owned()),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_web_identity_daemon_gets_the_sdks_variables_and_nothing_of_the_node() {
+        let env = child_env(&DaemonCredentials::WebIdentity {
+            role_arn: "arn:aws:iam::1:role/r".into(),
+            token_file: "/run/riffle-csi/k/token".into(),
+            session_name: "riffle-ml-p".into(),
+            sts_endpoint_url: Some("http://rgw:7480".into()),
+        });
+        let get = |k: &str| env.get(k).cloned().flatten();
+        assert_eq!(
+            get("AWS_ROLE_ARN").as_deref(),
+            Some("arn:aws:iam::1:role/r")
+        );
+        assert_eq!(
+            get("AWS_WEB_IDENTITY_TOKEN_FILE").as_deref(),
+            Some("/run/riffle-csi/k/token")
+        );
+        assert_eq!(get("AWS_ROLE_SESSION_NAME").as_deref(), Some("riffle-ml-p"));
+        assert_eq!(
+            get("AWS_ENDPOINT_URL_STS").as_deref(),
+            Some("http://rgw:7480")
+        );
+        assert_eq!(get("AWS_CONFIG_FILE").as_deref(), Some("/dev/null"));
+        for removed in [
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_SESSION_TOKEN",
+            "AWS_PROFILE",
+        ] {
+            assert_eq!(env.get(removed), Some(&None), "{removed} must be removed");
+        }
+        let keys = child_env(&DaemonCredentials::KeysFile {
+            path: "/run/riffle-csi/k/keys.json".into(),
+        });
+        assert_eq!(
+            keys.get("RIFFLE_CREDENTIALS_FILE")
+                .cloned()
+                .flatten()
+                .as_deref(),
+            Some("/run/riffle-csi/k/keys.json")
+        );
+        assert_eq!(keys.get("AWS_ROLE_ARN"), Some(&None));
+        assert_eq!(keys.get("AWS_ACCESS_KEY_ID"), Some(&None));
+        // The node's identity: the mounter's environment is inherited as it is.
+        assert!(child_env(&DaemonCredentials::Node).is_empty());
+    }
+
+    #[test]
+    fn failure_messages_lose_the_secrets_of_the_files() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let token = dir.path().join("token");
+        std::fs::write(&token, "JWTSECRETVALUE").expect("write");
+        let auth = DaemonCredentials::WebIdentity {
+            role_arn: "arn:aws:iam::1:role/r".into(),
+            token_file: token,
+            session_name: "s".into(),
+            sts_endpoint_url: None,
+        };
+        assert_eq!(
+            auth.scrub("error: token JWTSECRETVALUE refused"),
+            "error: token <redacted> refused"
+        );
+        let keys = dir.path().join("keys.json");
+        std::fs::write(
+            &keys,
+            br#"{"accessKeyId":"AKIDFILE","secretAccessKey":"SECRETFILE"}"#,
+        )
+        .expect("write");
+        assert_eq!(
+            DaemonCredentials::KeysFile { path: keys }.scrub("AKIDFILE/SECRETFILE"),
+            "<redacted>/<redacted>"
+        );
     }
 }

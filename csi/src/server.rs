@@ -9,11 +9,13 @@
 //! leaves every mount daemon running: they are separate processes in their
 //! own sessions, and the next plugin adopts them.
 
+use crate::access::AccessPolicy;
 use crate::identity::IdentityService;
 use crate::mounter::Mounter;
 use crate::node::NodeService;
 use crate::proto::identity_server::IdentityServer;
 use crate::proto::node_server::NodeServer;
+use crate::secrets::{SecretStore, SecretsError};
 use crate::state::{StateError, StateStore};
 use crate::supervisor;
 use crate::volumes::VolumeManager;
@@ -41,6 +43,8 @@ pub enum ServerError {
     NotASocket(PathBuf),
     #[error(transparent)]
     State(#[from] StateError),
+    #[error(transparent)]
+    Secrets(#[from] SecretsError),
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
 }
@@ -110,6 +114,11 @@ pub struct PluginConfig {
     pub socket: PathBuf,
     pub node_id: String,
     pub state_dir: PathBuf,
+    /// Where volume secrets are kept: a tmpfs (mounted by the plugin if the
+    /// directory is not on one), shared with the mounter at the same path.
+    pub secrets_dir: PathBuf,
+    /// The driver's identity rules (node credentials, token audience).
+    pub policy: AccessPolicy,
     /// How often the supervisor checks the mounts.
     pub check_interval: Duration,
     /// How long to wait for a previous plugin to release the socket.
@@ -162,10 +171,36 @@ pub async fn start(
     // touch the state directory it still works in.
     let listener = bind_when_free(&config.socket, config.takeover_wait).await?;
     let store = StateStore::open(&config.state_dir)?;
-    let manager = Arc::new(VolumeManager::new(mounter, store));
+    let secrets = SecretStore::open(&config.secrets_dir)?;
+    let manager = Arc::new(VolumeManager::new(
+        mounter,
+        store,
+        secrets,
+        config.policy.allow_node_credentials,
+    ));
+    match manager.adopt_legacy_secrets() {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(
+            volumes = n,
+            "moved credentials an earlier plugin kept in the state directory to the secrets tmpfs"
+        ),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot move old credentials out of the state directory")
+        }
+    }
+    tracing::info!(
+        secrets_dir = %config.secrets_dir.display(),
+        allow_node_credentials = config.policy.allow_node_credentials,
+        token_audience = %config.policy.token_audience,
+        "volume identities"
+    );
     let ready = Arc::new(AtomicBool::new(false));
     let identity = IdentityService::new(Arc::clone(&ready));
-    let node = NodeService::new(config.node_id.clone(), Arc::clone(&manager));
+    let node = NodeService::new(
+        config.node_id.clone(),
+        Arc::clone(&manager),
+        config.policy.clone(),
+    );
     let (tx, rx) = oneshot::channel::<()>();
     tracing::info!(socket = %config.socket.display(), node_id = %config.node_id, "serving CSI");
     let server = tokio::spawn(

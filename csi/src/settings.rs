@@ -15,7 +15,10 @@
 //! The canonical form makes the settings hash (used to tell "same publish
 //! again" from "different settings at the same target") independent of map
 //! order, spelling of booleans and the attribute/mount-option choice.
-//! Credentials are not settings: they never pass through this module.
+//! Credentials are not settings: they never pass through this module. The
+//! identity attributes `roleArn` and `stsEndpointUrl` are settings (they
+//! name a role and an endpoint, not a secret) but not `riffle mount` flags:
+//! they become the daemon's environment ([`crate::access`]).
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -49,6 +52,8 @@ pub enum SettingsError {
     },
     #[error("cacheMinFree (cache-min-free) applies to the node cache; set cacheSize as well")]
     MinFreeWithoutCache,
+    #[error("stsEndpointUrl applies to roleArn; set roleArn as well")]
+    StsEndpointWithoutRole,
 }
 
 /// The kind of value a setting takes; decides validation and how the flag
@@ -177,6 +182,15 @@ pub struct VolumeSettings {
     /// riffle flag name (without dashes) -> canonical value ("true" for
     /// boolean flags that are set; false booleans are absent).
     pub options: BTreeMap<String, String>,
+    /// The role the daemon assumes with the pod's service account token
+    /// (volume attribute `roleArn`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role_arn: Option<String>,
+    /// Where the daemon asks STS for the role's credentials (volume
+    /// attribute `stsEndpointUrl`; default: AWS STS). An S3-compatible
+    /// store with STS (Ceph RGW, MinIO) serves it at its own endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sts_endpoint_url: Option<String>,
 }
 
 impl VolumeSettings {
@@ -190,6 +204,8 @@ impl VolumeSettings {
         let mut unknown: Vec<&str> = Vec::new();
         let mut bucket = None;
         let mut prefix = String::new();
+        let mut role_arn = None;
+        let mut sts_endpoint_url = None;
 
         let mut keys: Vec<&String> = attributes.keys().collect();
         keys.sort();
@@ -198,6 +214,10 @@ impl VolumeSettings {
             match key.as_str() {
                 "bucket" => bucket = Some(parse_bucket(value)?),
                 "prefix" => prefix = parse_prefix(value)?,
+                "roleArn" => role_arn = Some(parse_role_arn(value)?),
+                "stsEndpointUrl" => {
+                    sts_endpoint_url = canonical(&STS_ENDPOINT, "stsEndpointUrl", value)?
+                }
                 k if k.starts_with(KUBELET_PREFIX) => {}
                 k => match OPTIONS.iter().find(|o| o.attribute == k) {
                     Some(spec) => {
@@ -211,7 +231,7 @@ impl VolumeSettings {
             }
         }
         if !unknown.is_empty() {
-            let mut supported = vec!["bucket", "prefix"];
+            let mut supported = vec!["bucket", "prefix", "roleArn", "stsEndpointUrl"];
             supported.extend(OPTIONS.iter().map(|o| o.attribute));
             return Err(SettingsError::UnknownAttributes {
                 names: unknown.join(", "),
@@ -272,10 +292,15 @@ impl VolumeSettings {
         if options.contains_key("cache-min-free") && !options.contains_key("cache-size") {
             return Err(SettingsError::MinFreeWithoutCache);
         }
+        if sts_endpoint_url.is_some() && role_arn.is_none() {
+            return Err(SettingsError::StsEndpointWithoutRole);
+        }
         Ok(Self {
             bucket,
             prefix,
             options,
+            role_arn,
+            sts_endpoint_url,
         })
     }
 
@@ -303,7 +328,22 @@ impl VolumeSettings {
         hasher.update(self.bucket.as_bytes());
         hasher.update([0]);
         hasher.update(self.prefix.as_bytes());
-        for (k, v) in &self.options {
+        // The identity attributes enter only when set, so that the digest
+        // of a volume without them is what it was before they existed
+        // (records written by earlier plugins stay "the same publish").
+        let identity = [
+            ("roleArn", &self.role_arn),
+            ("stsEndpointUrl", &self.sts_endpoint_url),
+        ];
+        let identity = identity
+            .iter()
+            .filter_map(|(k, v)| v.as_ref().map(|v| (*k, v.as_str())));
+        for (k, v) in self
+            .options
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .chain(identity)
+        {
             hasher.update([0]);
             hasher.update(k.as_bytes());
             hasher.update([b'=']);
@@ -367,6 +407,32 @@ fn parse_bucket(value: &str) -> Result<String, SettingsError> {
         ));
     }
     Ok(value.to_string())
+}
+
+/// How `stsEndpointUrl` is checked (the same rules as `endpointUrl`).
+const STS_ENDPOINT: OptionSpec = opt("stsEndpointUrl", None, "", Kind::Url);
+
+/// An IAM role ARN: `arn:PARTITION:iam::ACCOUNT:role/NAME` (RGW's have an
+/// empty account). Checked loosely: STS has the last word.
+fn parse_role_arn(value: &str) -> Result<String, SettingsError> {
+    let value = value.trim();
+    let parts: Vec<&str> = value.splitn(6, ':').collect();
+    let ok = value.len() <= 2048
+        && parts.len() == 6
+        && parts[0] == "arn"
+        && parts[2] == "iam"
+        && parts[5].starts_with("role/")
+        && parts[5].len() > "role/".len()
+        && !value.chars().any(|c| c.is_whitespace() || c.is_control());
+    if ok {
+        Ok(value.to_string())
+    } else {
+        Err(invalid(
+            "roleArn",
+            value,
+            "expected an IAM role ARN such as arn:aws:iam::123456789012:role/NAME",
+        ))
+    }
 }
 
 fn parse_prefix(value: &str) -> Result<String, SettingsError> {
@@ -712,6 +778,63 @@ mod tests {
         let err = VolumeSettings::parse(&attrs(&[("bucket", "abc"), ("cacheMinFree", "0")]), &[])
             .expect_err("no cache");
         assert_eq!(err, SettingsError::MinFreeWithoutCache);
+    }
+
+    #[test]
+    fn identity_attributes_are_settings_but_not_flags() {
+        let role = "arn:aws:iam::123456789012:role/trainer";
+        let s = VolumeSettings::parse(
+            &attrs(&[
+                ("bucket", "abc"),
+                ("roleArn", role),
+                ("stsEndpointUrl", "http://rgw:7480"),
+            ]),
+            &[],
+        )
+        .expect("valid");
+        assert_eq!(s.role_arn.as_deref(), Some(role));
+        assert_eq!(s.sts_endpoint_url.as_deref(), Some("http://rgw:7480"));
+        assert!(flags(&s).is_empty(), "{:?}", flags(&s));
+        let plain = VolumeSettings::parse(&attrs(&[("bucket", "abc")]), &[]).expect("valid");
+        assert_ne!(s.digest("v"), plain.digest("v"));
+        // A volume without them keeps the digest (and the record form) it had
+        // before they existed.
+        let mut before = Sha256::new();
+        before.update(b"v\0abc\0");
+        before.update(b"\0max-inflight=8");
+        let with_option =
+            VolumeSettings::parse(&attrs(&[("bucket", "abc"), ("maxInflight", "8")]), &[])
+                .expect("valid");
+        assert_eq!(with_option.digest("v"), hex::encode(before.finalize()));
+        let json = serde_json::to_string(&plain).expect("json");
+        assert!(!json.contains("role_arn"), "{json}");
+        let old: VolumeSettings =
+            serde_json::from_str(r#"{"bucket":"abc","prefix":"","options":{}}"#).expect("old");
+        assert_eq!(old, plain);
+        for bad in [
+            "role/x",
+            "arn:aws:s3:::bucket",
+            "arn:aws:iam::1:user/x",
+            "arn:aws:iam::1:role/",
+        ] {
+            assert!(
+                VolumeSettings::parse(&attrs(&[("bucket", "abc"), ("roleArn", bad)]), &[]).is_err(),
+                "{bad}"
+            );
+        }
+        // RGW's roles have no account.
+        assert!(VolumeSettings::parse(
+            &attrs(&[("bucket", "abc"), ("roleArn", "arn:aws:iam:::role/reader")]),
+            &[]
+        )
+        .is_ok());
+        assert_eq!(
+            VolumeSettings::parse(
+                &attrs(&[("bucket", "abc"), ("stsEndpointUrl", "http://rgw:7480")]),
+                &[]
+            ),
+            Err(SettingsError::StsEndpointWithoutRole)
+        );
     }
 
     #[test]

@@ -4,24 +4,20 @@
 //! Layout (the directory and its subdirectories are mode 0700, files 0600):
 //! ```text
 //! STATE/volumes/KEY.json   VolumeRecord: volume id, target, settings, settings
-//!                          hash, daemon pid + start time. No secrets.
-//! STATE/secrets/KEY.json   the volume's credentials, if it has any
+//!                          hash, how the daemon authenticates (paths and
+//!                          names, no values), daemon pid + start time.
 //! STATE/run/KEY.pid        pid file written by the mount daemon
 //! STATE/logs/KEY.log       the mount daemon's log
 //! ```
 //! KEY is a hash of the target path (targets are unique per publish).
 //!
-//! Why credentials are stored: kubelet sends `secrets` only with
-//! NodePublishVolume and does not send them again after a plugin restart,
-//! yet a dead daemon must be remounted then. So the plugin keeps them in a
-//! root-only file on the node's disk (where kubelet can read the same secret
-//! anyway) and deletes it at NodeUnpublishVolume. Every write goes to a
-//! temporary file in the same directory, is fsynced and renamed over the old
-//! one, so a crash leaves either the old or the new record, never half of
-//! one.
+//! No secret is ever written here: the state directory is on the node's
+//! disk. Keys and tokens live on a tmpfs ([`crate::secrets`]). Every write
+//! goes to a temporary file in the same directory, is fsynced and renamed
+//! over the old one, so a crash leaves either the old or the new record,
+//! never half of one.
 
-use crate::credentials::Credentials;
-use crate::mounter::DaemonId;
+use crate::mounter::{DaemonCredentials, DaemonId};
 use crate::settings::VolumeSettings;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -56,8 +52,14 @@ pub struct VolumeRecord {
     pub target: PathBuf,
     pub settings: VolumeSettings,
     pub settings_hash: String,
-    /// Whether a secrets file belongs to this record.
+    /// Whether the volume has credentials of its own (a Secret or a role);
+    /// kept for plugins before [`VolumeRecord::auth`].
     pub has_credentials: bool,
+    /// How the daemon authenticates. None in records of earlier plugins:
+    /// keys in the daemon's environment if `has_credentials`, else the
+    /// node's identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<DaemonCredentials>,
     /// The daemon serving the mount; None while the mount is being made.
     pub daemon: Option<DaemonId>,
 }
@@ -68,7 +70,7 @@ pub struct StateStore {
     root: PathBuf,
 }
 
-const SUBDIRS: [&str; 4] = ["volumes", "secrets", "run", "logs"];
+const SUBDIRS: [&str; 3] = ["volumes", "run", "logs"];
 
 impl StateStore {
     /// Opens (creating if needed) the state directory.
@@ -100,12 +102,6 @@ impl StateStore {
     fn record_path(&self, target: &Path) -> PathBuf {
         self.root
             .join("volumes")
-            .join(format!("{}.json", Self::key(target)))
-    }
-
-    fn secrets_path(&self, target: &Path) -> PathBuf {
-        self.root
-            .join("secrets")
             .join(format!("{}.json", Self::key(target)))
     }
 
@@ -173,7 +169,6 @@ impl StateStore {
     /// Deletes everything stored for `target`.
     pub fn remove(&self, target: &Path) -> Result<(), StateError> {
         for path in [
-            self.secrets_path(target),
             self.record_path(target),
             self.pid_file(target),
             self.log_file(target),
@@ -185,32 +180,6 @@ impl StateStore {
             }
         }
         Ok(())
-    }
-
-    /// Stores the credentials of `target` in a 0600 file.
-    pub fn save_credentials(&self, target: &Path, creds: &Credentials) -> Result<(), StateError> {
-        write_atomic(&self.secrets_path(target), &creds.to_json())
-    }
-
-    /// The stored credentials of `target`, if any.
-    pub fn load_credentials(&self, target: &Path) -> Result<Option<Credentials>, StateError> {
-        let path = self.secrets_path(target);
-        match fs::read(&path) {
-            Ok(bytes) => Credentials::from_json(&bytes)
-                .map(Some)
-                .map_err(|source| StateError::Corrupt { path, source }),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(io_err(&path)(e)),
-        }
-    }
-
-    /// Deletes the stored credentials of `target`.
-    pub fn remove_credentials(&self, target: &Path) -> Result<(), StateError> {
-        let path = self.secrets_path(target);
-        match fs::remove_file(&path) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err(&path)(e)),
-            _ => Ok(()),
-        }
     }
 }
 
@@ -232,7 +201,6 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
 mod tests {
     use super::*;
     use std::collections::HashMap;
-    use std::os::unix::fs::MetadataExt;
 
     fn record(target: &str) -> VolumeRecord {
         let attrs: HashMap<String, String> = [("bucket".to_string(), "abc".to_string())].into();
@@ -243,6 +211,9 @@ mod tests {
             settings_hash: settings.digest("vol"),
             settings,
             has_credentials: true,
+            auth: Some(DaemonCredentials::KeysFile {
+                path: "/run/riffle-csi/k/keys.json".into(),
+            }),
             daemon: Some(DaemonId {
                 pid: 42,
                 start_time: 7,
@@ -264,35 +235,23 @@ mod tests {
     }
 
     #[test]
-    fn credentials_file_is_root_only_and_separate() {
+    fn records_of_earlier_plugins_still_load() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = StateStore::open(&dir.path().join("state")).expect("open");
-        let secrets: HashMap<String, String> = [
-            ("accessKeyId".to_string(), "AKIDSTATE".to_string()),
-            ("secretAccessKey".to_string(), "SECRETSTATE".to_string()),
-        ]
-        .into();
-        let creds = Credentials::from_secrets(&secrets)
-            .expect("ok")
-            .expect("some");
-        let r = record("/t");
-        store.save(&r).expect("save");
-        store
-            .save_credentials(&r.target, &creds)
-            .expect("save creds");
-        let meta = fs::metadata(store.secrets_path(&r.target)).expect("stat");
-        assert_eq!(meta.mode() & 0o777, 0o600);
-        let dir_meta = fs::metadata(store.root().join("secrets")).expect("stat");
-        assert_eq!(dir_meta.mode() & 0o777, 0o700);
-        let record_text = fs::read_to_string(store.record_path(&r.target)).expect("read");
-        assert!(!record_text.contains("SECRETSTATE") && !record_text.contains("AKIDSTATE"));
-        let back = store
-            .load_credentials(&r.target)
-            .expect("load")
-            .expect("some");
-        assert_eq!(back.env(), creds.env());
-        store.remove(&r.target).expect("remove");
-        assert!(store.load_credentials(&r.target).expect("load").is_none());
+        let store = StateStore::open(dir.path()).expect("open");
+        let mut r = record("/old");
+        r.auth = None;
+        let mut json: serde_json::Value = serde_json::to_value(&r).expect("json");
+        json.as_object_mut().expect("object").remove("auth");
+        fs::write(
+            store.record_path(&r.target),
+            serde_json::to_vec(&json).expect("bytes"),
+        )
+        .expect("write");
+        assert_eq!(store.load(&r.target).expect("load"), Some(r));
+        assert!(
+            !dir.path().join("secrets").exists(),
+            "no secrets dir on disk"
+        );
     }
 
     #[test]

@@ -5,17 +5,20 @@
 //! ([`KeyedLocks`]); different targets run in parallel.
 //!
 //! Publish: if a record exists for the target, the call is a repeat: same
-//! volume id and settings hash -> OK (remounting first if the daemon died);
-//! anything else -> AlreadyExists. Without a record, a stale rifflefs mount
+//! volume id and settings hash -> the volume's secrets (keys, the pod's
+//! token) are rewritten on the tmpfs, where the running daemon re-reads
+//! them, and the call succeeds without a remount (remounting only if the
+//! daemon died); this is how `requiresRepublish` keeps a token fresh.
+//! Anything else -> AlreadyExists. Without a record, a stale rifflefs mount
 //! left at the target is detached, the target directory is created, the
-//! credentials and a record *without* daemon are written, then the mount is
+//! secrets and a record *without* daemon are written, then the mount is
 //! made and the record completed with the daemon id. Writing the record
 //! before mounting means a plugin that dies mid-mount finds the volume again
 //! at start (and adopts the mount if it came up, through the pid file); a
-//! failed mount removes the record, the credentials and the directory.
+//! failed mount removes the record, the secrets and the directory.
 //!
 //! Unpublish: unmount whatever is at the target, stop the daemon, remove
-//! the target directory, then forget the record and credentials. Unknown or
+//! the target directory, then forget the record and secrets. Unknown or
 //! already removed targets are OK (idempotent). When the mounter cannot be
 //! reached at all, the plugin detaches the target itself, so that a pod on a
 //! node whose mounter is gone still terminates.
@@ -23,13 +26,19 @@
 //! Check (start-up reconciliation and the supervisor): a recorded target
 //! whose mount is live is adopted as it is; one whose daemon died (the mount
 //! answers ENOTCONN), or whose mount is gone, is detached and mounted again
-//! with the recorded settings and stored credentials. A target whose parent
-//! directory has disappeared belongs to a pod kubelet has already cleaned
-//! up: its mount and record are removed instead, so nothing leaks.
+//! with the recorded settings and the secrets on the tmpfs (if they are gone,
+//! after a node reboot, the remount waits for kubelet's next publish). A
+//! volume on the node's identity is not remounted while the driver does not
+//! allow it. A target whose parent directory has disappeared belongs to a
+//! pod kubelet has already cleaned up: its mount, record and secrets are
+//! removed instead, so nothing leaks.
 
-use crate::credentials::Credentials;
+use crate::access::{AccessError, VolumeAccess};
 use crate::locks::KeyedLocks;
-use crate::mounter::{Health, MountError, MountErrorKind, MountRequest, Mounter};
+use crate::mounter::{
+    DaemonCredentials, Health, MountError, MountErrorKind, MountRequest, Mounter,
+};
+use crate::secrets::{SecretStore, SecretsError};
 use crate::settings::VolumeSettings;
 use crate::state::{StateError, StateStore, VolumeRecord};
 use std::io;
@@ -49,6 +58,8 @@ pub enum VolumeError {
     Mount(#[from] MountError),
     #[error(transparent)]
     State(#[from] StateError),
+    #[error(transparent)]
+    Secrets(#[from] SecretsError),
     #[error("{context}: {source}")]
     Io { context: String, source: io::Error },
 }
@@ -62,7 +73,7 @@ pub struct PublishSpec {
     pub volume_id: String,
     pub target: PathBuf,
     pub settings: VolumeSettings,
-    pub credentials: Option<Credentials>,
+    pub access: VolumeAccess,
 }
 
 /// What a check found and did.
@@ -86,16 +97,49 @@ pub enum CheckOutcome {
 pub struct VolumeManager {
     mounter: Arc<dyn Mounter>,
     store: StateStore,
+    secrets: SecretStore,
+    allow_node_credentials: bool,
     locks: KeyedLocks,
 }
 
 impl VolumeManager {
-    pub fn new(mounter: Arc<dyn Mounter>, store: StateStore) -> Self {
+    pub fn new(
+        mounter: Arc<dyn Mounter>,
+        store: StateStore,
+        secrets: SecretStore,
+        allow_node_credentials: bool,
+    ) -> Self {
         Self {
             mounter,
             store,
+            secrets,
+            allow_node_credentials,
             locks: KeyedLocks::default(),
         }
+    }
+
+    pub fn secrets(&self) -> &SecretStore {
+        &self.secrets
+    }
+
+    /// Moves keys an earlier plugin kept in the state directory to the
+    /// tmpfs and records where the daemons find them, and deletes secrets
+    /// of targets without a record (at start, before reconciliation).
+    pub fn adopt_legacy_secrets(&self) -> Result<usize, VolumeError> {
+        let moved = self.secrets.adopt_legacy(&self.store)?;
+        let pruned = self.secrets.prune(&self.store)?;
+        if pruned > 0 {
+            tracing::info!(pruned, "removed secrets of targets without a record");
+        }
+        for target in &moved {
+            if let Some(mut record) = self.store.load(target)? {
+                record.auth = Some(DaemonCredentials::KeysFile {
+                    path: self.secrets.keys_file(target),
+                });
+                self.store.save(&record)?;
+            }
+        }
+        Ok(moved.len())
     }
 
     /// Whether the mounter can be asked (see [`Mounter::available`]).
@@ -141,12 +185,22 @@ impl VolumeManager {
                     record.settings.prefix
                 )));
             }
-            if let Some(creds) = &spec.credentials {
-                self.store.save_credentials(target, creds)?;
-                if !record.has_credentials {
-                    record.has_credentials = true;
-                    self.store.save(&record)?;
-                }
+            // A republish: fresh secrets for the running daemon, no remount.
+            let sts = record.settings.sts_endpoint_url.clone();
+            let auth = self.secrets.auth_for(target, &spec.access, sts.as_deref());
+            let recorded = record_auth(&record, &self.secrets);
+            if recorded != auth && (recorded.uses_files() || auth.uses_files()) {
+                return Err(VolumeError::AlreadyExists(format!(
+                    "volume {:?} is already published at {} with another identity; unpublish it before changing its secret or role",
+                    record.volume_id,
+                    target.display()
+                )));
+            }
+            let auth = self.secrets.write(target, &spec.access, sts.as_deref())?;
+            if record.auth.as_ref() != Some(&auth) {
+                record.has_credentials = auth.uses_files();
+                record.auth = Some(auth);
+                self.store.save(&record)?;
             }
             return match self.mounter.health(target, record.daemon).await? {
                 Health::Live => {
@@ -161,9 +215,7 @@ impl VolumeManager {
                     Ok(())
                 }
                 Health::Foreign(fs) => Err(foreign(target, &fs)),
-                Health::NotMounted | Health::Broken(_) => {
-                    self.recover(record, spec.credentials.as_ref()).await
-                }
+                Health::NotMounted | Health::Broken(_) => self.recover(record).await,
             };
         }
 
@@ -176,19 +228,22 @@ impl VolumeManager {
             }
         }
         let created = ensure_dir(target)?;
-        if let Some(creds) = &spec.credentials {
-            self.store.save_credentials(target, creds)?;
-        }
+        let auth = self.secrets.write(
+            target,
+            &spec.access,
+            spec.settings.sts_endpoint_url.as_deref(),
+        )?;
         let mut record = VolumeRecord {
             volume_id: spec.volume_id.clone(),
             target: target.to_path_buf(),
             settings: spec.settings,
             settings_hash: hash,
-            has_credentials: spec.credentials.is_some(),
+            has_credentials: auth.uses_files(),
+            auth: Some(auth),
             daemon: None,
         };
         self.store.save(&record)?;
-        match self.mount(&record, spec.credentials.as_ref()).await {
+        match self.mount(&record).await {
             Ok(daemon) => {
                 record.daemon = daemon;
                 self.store.save(&record)?;
@@ -204,6 +259,9 @@ impl VolumeManager {
             Err(e) => {
                 if let Err(se) = self.store.remove(target) {
                     tracing::warn!(error = %se, "cannot remove state after failed mount");
+                }
+                if let Err(se) = self.secrets.remove(target) {
+                    tracing::warn!(error = %se, "cannot remove secrets after failed mount");
                 }
                 if created {
                     let _ = std::fs::remove_dir(target);
@@ -259,6 +317,7 @@ impl VolumeManager {
             Err(e) => return Err(e.into()),
         }
         remove_target(target, record.is_some())?;
+        self.secrets.remove(target)?;
         self.store.remove(target)?;
         tracing::info!(volume_id = %volume_id, target = %target.display(), "unpublished");
         Ok(())
@@ -283,6 +342,7 @@ impl VolumeManager {
             tracing::warn!(volume_id = %record.volume_id, target = %target.display(), "pod volume directory is gone; cleaning up instead of remounting");
             self.mounter.unmount(target, record.daemon).await?;
             remove_target(target, true)?;
+            self.secrets.remove(target)?;
             self.store.remove(target)?;
             return Ok(CheckOutcome::Orphaned);
         }
@@ -300,49 +360,53 @@ impl VolumeManager {
             Health::Live => Ok(CheckOutcome::Healthy),
             Health::Foreign(fs) => Ok(CheckOutcome::Foreign(fs)),
             Health::NotMounted => {
-                self.recover(record, None).await?;
+                self.recover(record).await?;
                 Ok(CheckOutcome::Recovered("not mounted".into()))
             }
             Health::Broken(reason) => {
-                self.recover(record, None).await?;
+                self.recover(record).await?;
                 Ok(CheckOutcome::Recovered(reason))
             }
         }
     }
 
     /// Detaches what is left of a broken mount and mounts the recorded
-    /// volume again. Caller holds the target's lock.
-    async fn recover(
-        &self,
-        mut record: VolumeRecord,
-        fresh: Option<&Credentials>,
-    ) -> Result<(), VolumeError> {
+    /// volume again, with the secrets on the tmpfs. Caller holds the
+    /// target's lock.
+    async fn recover(&self, mut record: VolumeRecord) -> Result<(), VolumeError> {
         let target = record.target.clone();
-        let stored;
-        let creds = match fresh {
-            Some(c) => Some(c),
-            None if record.has_credentials => {
-                stored = self.store.load_credentials(&target)?;
-                match &stored {
-                    Some(c) => Some(c),
-                    None => {
-                        return Err(VolumeError::FailedPrecondition(format!(
-                        "cannot remount {}: its credentials are missing from the state directory",
-                        target.display()
-                    )))
-                    }
-                }
-            }
-            None => None,
-        };
+        let auth = record_auth(&record, &self.secrets);
+        if auth == DaemonCredentials::Node && !self.allow_node_credentials {
+            return Err(VolumeError::FailedPrecondition(format!(
+                "cannot remount {}: {}",
+                target.display(),
+                AccessError::NodeCredentialsNotAllowed
+            )));
+        }
+        if !self.secrets.present(&auth) {
+            return Err(VolumeError::FailedPrecondition(format!(
+                "cannot remount {}: its secrets are not in {} (a node reboot clears that tmpfs); kubelet's next NodePublishVolume brings them back",
+                target.display(),
+                self.secrets.root().display()
+            )));
+        }
         tracing::warn!(volume_id = %record.volume_id, target = %target.display(), "remounting");
         if let Err(e) = self.mounter.unmount(&target, record.daemon).await {
             tracing::warn!(target = %target.display(), error = %e, "cleanup before remount failed");
         }
         ensure_dir(&target)?;
         record.daemon = None;
+        record.auth = Some(auth);
         self.store.save(&record)?;
-        let daemon = self.mount(&record, creds).await?;
+        let daemon = match self.mount(&record).await {
+            Ok(d) => d,
+            Err(e) => {
+                // A daemon's failure may quote its keys: never pass them on.
+                let keys = self.secrets.load_keys(&target).ok().flatten();
+                let message = crate::credentials::scrub(keys.as_ref(), &e.message);
+                return Err(MountError::new(e.kind, message).into());
+            }
+        };
         record.daemon = daemon;
         self.store.save(&record)?;
         tracing::info!(volume_id = %record.volume_id, target = %target.display(), pid = ?daemon.map(|d| d.pid), "remounted");
@@ -352,19 +416,34 @@ impl VolumeManager {
     async fn mount(
         &self,
         record: &VolumeRecord,
-        creds: Option<&Credentials>,
     ) -> Result<Option<crate::mounter::DaemonId>, MountError> {
         let pid_file = self.store.pid_file(&record.target);
         let log_file = self.store.log_file(&record.target);
+        let auth = record_auth(record, &self.secrets);
         self.mounter
             .mount(MountRequest {
                 target: &record.target,
                 settings: &record.settings,
-                credentials: creds,
+                auth: &auth,
+                credentials: None,
                 pid_file: &pid_file,
                 log_file: &log_file,
             })
             .await
+    }
+}
+
+/// How the daemon of `record` authenticates; for records of earlier
+/// plugins, from `has_credentials` (their keys were moved to the tmpfs at
+/// start, see [`VolumeManager::adopt_legacy_secrets`]).
+fn record_auth(record: &VolumeRecord, secrets: &SecretStore) -> DaemonCredentials {
+    match (&record.auth, record.has_credentials) {
+        (Some(a), _) => a.clone(),
+        (None, true) => DaemonCredentials::KeysFile {
+            path: secrets.keys_file(&record.target),
+        },
+        (None, false) if record.settings.anonymous() => DaemonCredentials::Anonymous,
+        (None, false) => DaemonCredentials::Node,
     }
 }
 

@@ -63,6 +63,9 @@ fn probe_with_authority(socket: &Path, authority: &str) -> Option<u32> {
 #[test]
 fn a_client_sending_the_socket_path_as_authority_is_named_in_the_log() {
     let dir = tempfile::tempdir().expect("tempdir");
+    // Secrets on the tmpfs at /dev/shm, not the default /run/riffle-csi of
+    // the machine running the test.
+    let secrets = tempfile::tempdir_in("/dev/shm").expect("a tmpfs at /dev/shm");
     let socket = dir.path().join("csi.sock");
     let log_path = dir.path().join("plugin.log");
     let log = std::fs::File::create(&log_path).expect("log");
@@ -77,6 +80,7 @@ fn a_client_sending_the_socket_path_as_authority_is_named_in_the_log() {
             "--mounter-socket={}",
             dir.path().join("no-mounter.sock").display()
         ))
+        .arg(format!("--secrets-dir={}", secrets.path().display()))
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
         .stdout(Stdio::null())

@@ -22,7 +22,7 @@ use common::node::{
     detach_mounts_under, mounter_args, node_process, plugin_args, print_tails, wait_for_mounter,
 };
 use common::rgw::{content, env, make_bucket, Env};
-use common::{kubelet_target, map, publish_request, Csi};
+use common::{assert_no_secret_under, kubelet_target, map, publish_request, Csi};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Child;
@@ -387,7 +387,8 @@ async fn secrets_appear_in_no_argv_or_log() {
         err.message()
     );
 
-    // No credentials at all and the node has none either: refused.
+    // No credentials at all: refused before anything runs, since the
+    // driver does not allow the node's credentials (--allow-node-credentials).
     let anon_target = p.target("pod-anon");
     let err = p
         .csi
@@ -400,7 +401,12 @@ async fn secrets_appear_in_no_argv_or_log() {
         .await
         .expect_err("no credentials refused");
     println!("no credentials -> {:?}: {}", err.code(), err.message());
-    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message().contains("--allow-node-credentials"),
+        "{}",
+        err.message()
+    );
 
     let secret_values = [env.secret_key.as_str(), "WRONGSECRETVALUEforthetest"];
     // 1. The argv of every riffle process (plugin, mounter, mount daemons; other
@@ -456,6 +462,168 @@ async fn secrets_appear_in_no_argv_or_log() {
         files.len()
     );
     p.csi.unpublish("vol-s", &target).await.expect("unpublish");
+}
+
+/// The riffle processes' environment variable `name` of process `pid`.
+fn environ_of(pid: i32, name: &str) -> Option<String> {
+    let bytes = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    bytes.split(|b| *b == 0).find_map(|kv| {
+        let kv = String::from_utf8_lossy(kv);
+        kv.strip_prefix(&format!("{name}=")).map(str::to_string)
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_secret_at_rest_after_publish_crash_and_unpublish() {
+    use std::os::unix::fs::MetadataExt;
+    let _serial = SERIAL.lock().await;
+    let Some(env) = env() else { return };
+    let bucket = make_bucket(&env, 1).await;
+    let mut p = Plugin::start(&env).await;
+    let state = p.state();
+    let secrets_dir = common::node::secrets_dir(&state);
+    let secret = env.secret_key.clone();
+    // Every file: records, pid files, the daemons' logs (none is left
+    // after unpublish).
+    let no_secret_in_state = |when: &str| {
+        let n = assert_no_secret_under(&state, &[&secret]);
+        assert!(
+            n > 0 || when.contains("unpublish"),
+            "nothing under {} was checked",
+            state.display()
+        );
+        transcript(format!(
+            "{when}: {n} files under the state directory, none holds the secret key"
+        ));
+    };
+    assert!(
+        riffle_csi::secrets::is_tmpfs(&secrets_dir).expect("statfs"),
+        "the plugin mounted a tmpfs on {} (the test directory is on disk)",
+        secrets_dir.display()
+    );
+
+    let target = p.target("pod-at-rest");
+    p.csi
+        .publish(publish_request(
+            "vol-rest",
+            &target,
+            p.attributes(&bucket, "shard-0"),
+            p.secrets(),
+        ))
+        .await
+        .expect("publish");
+    // The daemon reads with the keys from the tmpfs file: neither it nor
+    // the mounter has them in its environment.
+    assert_eq!(
+        std::fs::read_to_string(target.join("data.txt")).expect("read"),
+        content(0)
+    );
+    let keeper = p.daemon_pid(&target);
+    let keys_file = PathBuf::from(
+        environ_of(keeper, "RIFFLE_CREDENTIALS_FILE")
+            .expect("the daemon is told where its keys are"),
+    );
+    assert!(
+        keys_file.starts_with(&secrets_dir),
+        "{}",
+        keys_file.display()
+    );
+    assert_eq!(environ_of(keeper, "AWS_SECRET_ACCESS_KEY"), None);
+    assert_eq!(
+        std::fs::metadata(&keys_file).expect("stat").mode() & 0o777,
+        0o600
+    );
+    assert!(std::fs::read_to_string(&keys_file)
+        .expect("keys")
+        .contains(&secret));
+    no_secret_in_state("after publish");
+
+    // The plugin crashes; a new one adopts the mount.
+    p.kill();
+    no_secret_in_state("after SIGKILL of the plugin");
+    // With the plugin down, the daemon and its keeper die too (the mounter's
+    // container restarting): the next plugin must remount from the tmpfs.
+    let daemon = child_of(keeper).expect("the keeper's daemon");
+    for pid in [keeper, daemon] {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .expect("kill");
+    }
+    p.restart().await;
+    let text = read_eventually(&target.join("data.txt"), Duration::from_secs(60)).await;
+    assert_eq!(text, content(0));
+    assert_ne!(p.daemon_pid(&target), keeper, "remounted");
+    transcript("restarted plugin remounted the volume with the keys on the tmpfs");
+    no_secret_in_state("after the restart and remount");
+
+    p.csi
+        .unpublish("vol-rest", &target)
+        .await
+        .expect("unpublish");
+    assert!(!keys_file.exists(), "keys removed at unpublish");
+    assert_eq!(
+        std::fs::read_dir(&secrets_dir).expect("ls").count(),
+        0,
+        "nothing left on the tmpfs"
+    );
+    no_secret_in_state("after unpublish");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_volume_the_store_refuses_leaks_no_token_and_leaves_nothing() {
+    // The test RGW has no STS/OIDC provider: its AssumeRoleWithWebIdentity
+    // answers with an error (the daemon's debug log shows the SDK's web
+    // identity provider calling it), so the publish fails; the token must
+    // appear in no message, log or state file, and nothing may be left on
+    // the tmpfs. An assumed role end to end needs an STS this test lacks.
+    let _serial = SERIAL.lock().await;
+    let Some(env) = env() else { return };
+    let bucket = make_bucket(&env, 1).await;
+    let p = Plugin::start(&env).await;
+    let target = p.target("pod-role");
+    let token = "eyJhbGciOiJSUzI1NiJ9.PODTOKENPAYLOADFORTHETEST.c2ln";
+    let mut attrs = p.attributes(&bucket, "shard-0");
+    attrs.insert("roleArn".into(), "arn:aws:iam:::role/reader".into());
+    attrs.insert("stsEndpointUrl".into(), env.endpoint.clone());
+    attrs.insert(
+        riffle_csi::access::TOKENS_KEY.into(),
+        format!(r#"{{"sts.amazonaws.com":{{"token":"{token}","expirationTimestamp":"2030-01-01T00:00:00Z"}}}}"#),
+    );
+    let err = p
+        .csi
+        .clone()
+        .publish(publish_request("vol-role", &target, attrs, HashMap::new()))
+        .await
+        .expect_err("RGW without STS refuses the role");
+    println!(
+        "role volume on RGW without STS -> {:?}: {}",
+        err.code(),
+        err.message()
+    );
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("credentials"), "{}", err.message());
+    assert!(
+        !err.message().contains("PODTOKENPAYLOAD"),
+        "{}",
+        err.message()
+    );
+    let secrets_dir = common::node::secrets_dir(&p.state());
+    assert_eq!(
+        std::fs::read_dir(&secrets_dir).expect("ls").count(),
+        0,
+        "token removed"
+    );
+    assert_no_secret_under(&p.state(), &["PODTOKENPAYLOAD"]);
+    for log in [p.plugin_log(), p.mounter_log()] {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(
+            !text.contains("PODTOKENPAYLOAD"),
+            "token in {}",
+            log.display()
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

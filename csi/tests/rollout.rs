@@ -142,25 +142,32 @@ impl Node {
     fn new(env: &Env) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         // kubelet's directory, shared the way /var/lib/kubelet is on a node
-        // (the containers mount it Bidirectional).
-        let kubelet = dir.path().join("kubelet");
-        std::fs::create_dir_all(&kubelet).expect("mkdir");
-        nix::mount::mount(
-            Some(&kubelet),
-            &kubelet,
-            None::<&str>,
-            nix::mount::MsFlags::MS_BIND | nix::mount::MsFlags::MS_REC,
-            None::<&str>,
-        )
-        .expect("bind kubelet dir");
-        nix::mount::mount(
-            None::<&str>,
-            &kubelet,
-            None::<&str>,
-            nix::mount::MsFlags::MS_SHARED | nix::mount::MsFlags::MS_REC,
-            None::<&str>,
-        )
-        .expect("make kubelet dir rshared");
+        // (the containers mount it Bidirectional); likewise the secrets
+        // directory (/run/riffle-csi: Bidirectional in the plugin, which
+        // mounts a tmpfs there since the test directory is on disk, and
+        // HostToContainer in the mounter, whose daemons read the files).
+        for shared in [
+            dir.path().join("kubelet"),
+            common::node::secrets_dir(&dir.path().join("state")),
+        ] {
+            std::fs::create_dir_all(&shared).expect("mkdir");
+            nix::mount::mount(
+                Some(&shared),
+                &shared,
+                None::<&str>,
+                nix::mount::MsFlags::MS_BIND | nix::mount::MsFlags::MS_REC,
+                None::<&str>,
+            )
+            .expect("bind a shared dir");
+            nix::mount::mount(
+                None::<&str>,
+                &shared,
+                None::<&str>,
+                nix::mount::MsFlags::MS_SHARED | nix::mount::MsFlags::MS_REC,
+                None::<&str>,
+            )
+            .expect("make it rshared");
+        }
         Self {
             dir,
             env: env.clone(),

@@ -12,7 +12,8 @@
 
 mod common;
 
-use common::{capability, kubelet_target, map, publish_request, Csi};
+use common::{assert_no_secret_under, capability, kubelet_target, map, publish_request, Csi};
+use riffle_csi::access::AccessPolicy;
 use riffle_csi::fake::{FakeMounter, FAKE_MARKER};
 use riffle_csi::mounter::{MountError, MountErrorKind};
 use riffle_csi::proto::node_service_capability::rpc::Type as RpcType;
@@ -28,6 +29,7 @@ use riffle_csi::proto::{
 use riffle_csi::remote::client::RemoteMounter;
 use riffle_csi::remote::service::{self, RunningService};
 use riffle_csi::server::{self, PluginConfig, RunningPlugin};
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -72,6 +74,10 @@ fn log_text() -> String {
 /// directory.
 struct Fixture {
     dir: tempfile::TempDir,
+    /// The plugin's secrets directory, on the tmpfs at /dev/shm.
+    secrets: tempfile::TempDir,
+    allow_node_credentials: bool,
+    check_interval: Duration,
     fake: FakeMounter,
     plugin: Option<RunningPlugin>,
     mounter: Option<RunningService>,
@@ -79,19 +85,33 @@ struct Fixture {
 }
 
 impl Fixture {
+    /// A plugin that allows node credentials (most cases here publish
+    /// without a secret, as csi-sanity does).
     async fn new() -> Self {
-        Self::with_check_interval(Duration::from_millis(200)).await
+        Self::with_options(true, Duration::from_millis(200)).await
     }
 
     /// A fixture whose supervisor checks the mounts every `interval` (an hour: a dead mount
     /// stays dead for the test).
     async fn with_check_interval(interval: Duration) -> Self {
+        Self::with_options(true, interval).await
+    }
+
+    async fn with_node_credentials(allow: bool) -> Self {
+        Self::with_options(allow, Duration::from_millis(200)).await
+    }
+
+    async fn with_options(allow: bool, interval: Duration) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
+        let secrets = shm_dir();
         let fake = FakeMounter::new();
         let mounter = serve(dir.path(), &fake).await;
-        let (plugin, csi) = start_with(dir.path(), interval).await;
+        let (plugin, csi) = start_with(dir.path(), secrets.path(), allow, interval).await;
         Self {
             dir,
+            secrets,
+            allow_node_credentials: allow,
+            check_interval: interval,
             fake,
             plugin: Some(plugin),
             mounter: Some(mounter),
@@ -122,7 +142,13 @@ impl Fixture {
         if let Some(p) = self.plugin.take() {
             p.stop().await.expect("clean stop");
         }
-        let (plugin, csi) = start(self.dir.path()).await;
+        let (plugin, csi) = start_with(
+            self.dir.path(),
+            self.secrets.path(),
+            self.allow_node_credentials,
+            self.check_interval,
+        )
+        .await;
         self.plugin = Some(plugin);
         self.csi = csi;
     }
@@ -137,12 +163,12 @@ async fn serve(dir: &Path, fake: &FakeMounter) -> RunningService {
 }
 
 /// Waits until the fake mount at `target` is alive with a daemon other than
-/// `before` (the supervisor remounted it).
+/// `before` (the supervisor remounted it). A remount unmounts first, so the
+/// fake may have no mount there for a moment.
 async fn wait_remounted(fake: &FakeMounter, target: &Path, before: i32) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let m = fake.mount_at(target).expect("record");
-        if m.alive {
+        if let Some(m) = fake.mount_at(target).filter(|m| m.alive) {
             assert_ne!(m.daemon.pid, before);
             return;
         }
@@ -155,13 +181,31 @@ async fn wait_remounted(fake: &FakeMounter, target: &Path, before: i32) {
     }
 }
 
+/// A fresh directory on the tmpfs at /dev/shm (the plugin refuses to keep
+/// secrets anywhere else; it would mount a tmpfs, which these in-process
+/// tests would then have to unmount).
+fn shm_dir() -> tempfile::TempDir {
+    tempfile::tempdir_in("/dev/shm").expect("a tmpfs at /dev/shm")
+}
+
 /// A plugin using the mounter service at `dir`/mounter.sock.
-async fn start(dir: &Path) -> (RunningPlugin, Csi) {
-    start_with(dir, Duration::from_millis(200)).await
+async fn start(dir: &Path, secrets: &Path, allow_node_credentials: bool) -> (RunningPlugin, Csi) {
+    start_with(
+        dir,
+        secrets,
+        allow_node_credentials,
+        Duration::from_millis(200),
+    )
+    .await
 }
 
 /// [`start`], with the supervisor checking every `check_interval`.
-async fn start_with(dir: &Path, check_interval: Duration) -> (RunningPlugin, Csi) {
+async fn start_with(
+    dir: &Path,
+    secrets: &Path,
+    allow_node_credentials: bool,
+    check_interval: Duration,
+) -> (RunningPlugin, Csi) {
     logs();
     let socket = dir.join("csi.sock");
     let plugin = server::start(
@@ -169,6 +213,11 @@ async fn start_with(dir: &Path, check_interval: Duration) -> (RunningPlugin, Csi
             socket: socket.clone(),
             node_id: "node-a".into(),
             state_dir: dir.join("state"),
+            secrets_dir: secrets.to_path_buf(),
+            policy: AccessPolicy {
+                allow_node_credentials,
+                ..Default::default()
+            },
             check_interval,
             takeover_wait: Duration::ZERO,
         },
@@ -729,14 +778,23 @@ async fn secrets_stay_out_of_logs_messages_and_state() {
         .await
         .expect("publish with secret");
     let mount = f.fake.mount_at(&target).expect("mounted");
-    assert_eq!(
-        mount.env_names,
-        vec![
-            "AWS_ACCESS_KEY_ID",
-            "AWS_SECRET_ACCESS_KEY",
-            "AWS_SESSION_TOKEN"
-        ]
+    // The daemon is told where the keys are, not what they are.
+    let keys_file = f
+        .secrets
+        .path()
+        .join(riffle_csi::state::StateStore::key(&target))
+        .join("keys.json");
+    assert!(
+        mount.auth_env.contains(&(
+            "RIFFLE_CREDENTIALS_FILE".to_string(),
+            keys_file.to_string_lossy().into_owned()
+        )),
+        "{:?}",
+        mount.auth_env
     );
+    assert!(!mount.env_names.iter().any(|n| n == "AWS_SECRET_ACCESS_KEY"));
+    let keys = std::fs::read_to_string(&keys_file).expect("keys file");
+    assert!(keys.contains("FAKESECRETVALUE0123456789") && keys.contains("FAKESESSIONTOKENVALUE"));
     assert!(mount
         .flags
         .iter()
@@ -792,33 +850,23 @@ async fn secrets_stay_out_of_logs_messages_and_state() {
         err.message()
     );
 
-    // The record holds no secret; the secrets file is root-only.
+    // Nothing under the state directory holds a secret; the keys file on
+    // the tmpfs is root-only.
     let state = f.dir.path().join("state");
-    for entry in std::fs::read_dir(state.join("volumes")).expect("volumes") {
-        let text = std::fs::read_to_string(entry.expect("entry").path()).expect("read");
-        assert!(
-            !text.contains("FAKESECRET") && !text.contains("AKIDFAKE"),
-            "{text}"
-        );
-    }
+    assert_no_secret_under(&state, &["FAKESECRETVALUE", "FAKESESSIONTOKENVALUE"]);
     use std::os::unix::fs::MetadataExt;
-    let secret_files: Vec<_> = std::fs::read_dir(state.join("secrets"))
-        .expect("secrets")
-        .map(|e| e.expect("entry").path())
-        .collect();
-    assert_eq!(secret_files.len(), 1);
     assert_eq!(
-        std::fs::metadata(&secret_files[0]).expect("stat").mode() & 0o777,
+        std::fs::metadata(&keys_file).expect("stat").mode() & 0o777,
         0o600
     );
 
     f.csi.unpublish("vol-s", &target).await.expect("unpublish");
     assert_eq!(
-        std::fs::read_dir(state.join("secrets"))
+        std::fs::read_dir(f.secrets.path())
             .expect("secrets")
             .count(),
         0,
-        "secrets file deleted at unpublish"
+        "secrets deleted at unpublish"
     );
     let logs = log_text();
     assert!(logs.contains("NodePublishVolume"), "logging is captured");
@@ -835,6 +883,236 @@ async fn secrets_stay_out_of_logs_messages_and_state() {
                 .collect::<Vec<_>>()
         );
     }
+}
+
+// ------------------------------------------------------- pod identity
+
+/// The volume context kubelet sends with the CSIDriver's tokenRequests.
+fn pod_context(bucket_name: &str, role: Option<&str>, token: &str) -> HashMap<String, String> {
+    let tokens = format!(
+        r#"{{"sts.amazonaws.com":{{"token":"{token}","expirationTimestamp":"2030-01-01T00:00:00Z"}}}}"#
+    );
+    let mut attrs = map(&[
+        ("bucket", bucket_name),
+        ("csi.storage.k8s.io/pod.name", "trainer-0"),
+        ("csi.storage.k8s.io/pod.namespace", "ml"),
+        ("csi.storage.k8s.io/serviceAccount.name", "trainer"),
+        (riffle_csi::access::TOKENS_KEY, &tokens),
+    ]);
+    if let Some(role) = role {
+        attrs.insert("roleArn".into(), role.into());
+    }
+    attrs
+}
+
+fn env_value(env: &[(String, String)], name: &str) -> Option<String> {
+    env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+}
+
+#[tokio::test]
+async fn a_pod_token_reaches_the_daemon_and_a_republish_replaces_it_without_a_remount() {
+    use std::os::unix::fs::MetadataExt;
+    let mut f = Fixture::with_node_credentials(false).await;
+    let target = f.target("pod-irsa", "data");
+    let role = "arn:aws:iam::123456789012:role/trainer";
+    let first = "eyJhbGciOiJSUzI1NiJ9.FIRSTTOKENPAYLOAD.sig1";
+    f.csi
+        .publish(publish_request(
+            "vol-irsa",
+            &target,
+            pod_context("datasets", Some(role), first),
+            Default::default(),
+        ))
+        .await
+        .expect("publish with the pod's token");
+    let mount = f.fake.mount_at(&target).expect("mounted");
+    assert_eq!(
+        env_value(&mount.auth_env, "AWS_ROLE_ARN").as_deref(),
+        Some(role)
+    );
+    assert_eq!(
+        env_value(&mount.auth_env, "AWS_ROLE_SESSION_NAME").as_deref(),
+        Some("riffle-ml-trainer-0")
+    );
+    let token_file = PathBuf::from(
+        env_value(&mount.auth_env, "AWS_WEB_IDENTITY_TOKEN_FILE")
+            .expect("the daemon is told where the token is"),
+    );
+    assert!(
+        token_file.starts_with(f.secrets.path()),
+        "{}",
+        token_file.display()
+    );
+    assert_eq!(std::fs::read_to_string(&token_file).expect("token"), first);
+    let meta = std::fs::metadata(&token_file).expect("stat");
+    assert_eq!(meta.mode() & 0o777, 0o600);
+    assert!(riffle_csi::secrets::is_tmpfs(&token_file).expect("statfs"));
+    assert!(
+        !mount.env_names.iter().any(|n| n == "AWS_ACCESS_KEY_ID"),
+        "{:?}",
+        mount.env_names
+    );
+
+    // kubelet republishes (requiresRepublish) with a fresh token: the file
+    // is replaced, the daemon is the same, nothing is remounted.
+    let second = "eyJhbGciOiJSUzI1NiJ9.SECONDTOKENPAYLOAD.sig2";
+    f.csi
+        .publish(publish_request(
+            "vol-irsa",
+            &target,
+            pod_context("datasets", Some(role), second),
+            Default::default(),
+        ))
+        .await
+        .expect("republish");
+    assert_eq!(std::fs::read_to_string(&token_file).expect("token"), second);
+    assert_eq!(
+        std::fs::metadata(&token_file).expect("stat").mode() & 0o777,
+        0o600
+    );
+    let after = f.fake.mount_at(&target).expect("mounted");
+    assert_eq!(after.daemon, mount.daemon, "same daemon");
+    assert_eq!(f.fake.mount_calls(), 1, "no remount");
+    assert_eq!(after.auth_env, mount.auth_env);
+
+    // Neither token is in the state directory or the logs.
+    let checked = assert_no_secret_under(
+        &f.dir.path().join("state"),
+        &["FIRSTTOKENPAYLOAD", "SECONDTOKENPAYLOAD"],
+    );
+    assert!(checked > 0, "the volume record was checked");
+    let logs = log_text();
+    assert!(!logs.contains("TOKENPAYLOAD"), "a token is in the logs");
+
+    // A republish naming a secret instead: refused, the token stays.
+    let err = f
+        .csi
+        .publish(publish_request(
+            "vol-irsa",
+            &target,
+            bucket("datasets"),
+            map(&[("accessKeyId", "AKIDX"), ("secretAccessKey", "SECRETX")]),
+        ))
+        .await
+        .expect_err("another identity");
+    assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
+    assert_eq!(std::fs::read_to_string(&token_file).expect("token"), second);
+
+    f.csi
+        .unpublish("vol-irsa", &target)
+        .await
+        .expect("unpublish");
+    assert!(!token_file.exists(), "token removed at unpublish");
+    assert_eq!(std::fs::read_dir(f.secrets.path()).expect("ls").count(), 0);
+}
+
+#[tokio::test]
+async fn a_role_without_a_token_is_refused_with_the_fix() {
+    let mut f = Fixture::with_node_credentials(false).await;
+    let target = f.target("pod-notoken", "data");
+    let mut attrs = bucket("datasets");
+    attrs.insert("roleArn".into(), "arn:aws:iam::1:role/r".into());
+    let err = f
+        .csi
+        .publish(publish_request(
+            "vol-nt",
+            &target,
+            attrs,
+            Default::default(),
+        ))
+        .await
+        .expect_err("no token");
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("tokenRequests"), "{}", err.message());
+    assert_eq!(f.fake.mount_calls(), 0);
+}
+
+#[tokio::test]
+async fn a_volume_without_credentials_needs_the_node_credentials_setting() {
+    // Off (the default): an inline volume with no secret and no role is
+    // refused, with the setting named; kubelet's token alone changes nothing.
+    let mut f = Fixture::with_node_credentials(false).await;
+    let target = f.target("pod-inline", "data");
+    let mut inline = pod_context("datasets", None, "eyJ.NOROLETOKEN.sig");
+    inline.insert("csi.storage.k8s.io/ephemeral".into(), "true".into());
+    let err = f
+        .csi
+        .publish(publish_request(
+            "csi-inline-1",
+            &target,
+            inline.clone(),
+            Default::default(),
+        ))
+        .await
+        .expect_err("refused");
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message().contains("--allow-node-credentials"),
+        "{}",
+        err.message()
+    );
+    assert_eq!(err.message().lines().count(), 1, "one line");
+    assert_eq!(f.fake.mount_calls(), 0);
+    assert!(!target.exists(), "nothing was created");
+    // A public bucket (noSignRequest) and a volume with a secret need no
+    // permission.
+    let mut public = inline.clone();
+    public.insert("noSignRequest".into(), "true".into());
+    f.csi
+        .publish(publish_request(
+            "csi-inline-2",
+            &target,
+            public,
+            Default::default(),
+        ))
+        .await
+        .expect("anonymous");
+    f.csi
+        .unpublish("csi-inline-2", &target)
+        .await
+        .expect("unpublish");
+    let with_secret = f.target("pod-inline-secret", "data");
+    f.csi
+        .publish(publish_request(
+            "csi-inline-3",
+            &with_secret,
+            inline.clone(),
+            map(&[
+                ("accessKeyId", "AKIDINLINE"),
+                ("secretAccessKey", "SECRETINLINE"),
+            ]),
+        ))
+        .await
+        .expect("secret");
+    f.csi
+        .unpublish("csi-inline-3", &with_secret)
+        .await
+        .expect("unpublish");
+
+    // On: the same publish mounts with the node's identity.
+    let mut allowed = Fixture::with_node_credentials(true).await;
+    let target = allowed.target("pod-inline", "data");
+    allowed
+        .csi
+        .publish(publish_request(
+            "csi-inline-1",
+            &target,
+            inline,
+            Default::default(),
+        ))
+        .await
+        .expect("allowed");
+    let mount = allowed.fake.mount_at(&target).expect("mounted");
+    assert_eq!(mount.auth, riffle_csi::mounter::DaemonCredentials::Node);
+    assert!(
+        mount.env_names.is_empty(),
+        "the node's environment, untouched"
+    );
+    allowed
+        .csi
+        .unpublish("csi-inline-1", &target)
+        .await
+        .expect("unpublish");
 }
 
 #[tokio::test]
@@ -1001,10 +1279,13 @@ async fn restart_adopts_live_mounts_and_remounts_dead_ones() {
         after_dead.daemon.pid, dead_pid,
         "dead mount got a new daemon"
     );
-    assert_eq!(
-        after_dead.env_names,
-        vec!["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"],
-        "credentials came back from the state directory"
+    assert!(
+        matches!(
+            &after_dead.auth,
+            riffle_csi::mounter::DaemonCredentials::KeysFile { path } if path.is_file()
+        ),
+        "remounted with the keys kept on the tmpfs: {:?}",
+        after_dead.auth
     );
     assert_eq!(f.fake.mount_calls(), 3);
 
@@ -1120,7 +1401,8 @@ async fn stale_socket_from_a_dead_plugin_is_replaced() {
     assert!(socket.exists());
     let fake = FakeMounter::new();
     let _mounter = serve(dir.path(), &fake).await;
-    let (plugin, mut csi) = start(dir.path()).await;
+    let secrets = shm_dir();
+    let (plugin, mut csi) = start(dir.path(), secrets.path(), true).await;
     csi.identity
         .get_plugin_info(GetPluginInfoRequest {})
         .await

@@ -12,6 +12,7 @@
 //! on: transient ones are retried, `PreconditionFailed` means the object changed under a reader
 //! (its ETag no longer matches), and everything else is final.
 
+pub mod credentials_file;
 mod error;
 pub mod memory;
 pub mod retry;

@@ -55,6 +55,9 @@ impl S3Store {
         }
         if config.no_sign_request {
             loader = loader.no_credentials();
+        } else if let Some(file) = super::credentials_file::FileCredentials::from_env() {
+            // Keys the CSI plugin may replace while the daemon runs.
+            loader = loader.credentials_provider(file);
         }
         if let Some(region) = &config.region {
             loader = loader.region(Region::new(region.clone()));

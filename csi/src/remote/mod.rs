@@ -14,8 +14,10 @@
 //! four things of the [`Mounter`](crate::mounter::Mounter) trait over a
 //! root-only unix socket in a hostPath both containers share:
 //! - [`protocol`]: one JSON request and one JSON response per connection;
-//!   credentials travel only in the request body, never in a pod spec, an
-//!   argument or an environment variable the API server knows of;
+//!   no secret travels: a mount request names the files on the secrets
+//!   tmpfs the daemon reads ([`crate::mounter::DaemonCredentials`]); only
+//!   requests of plugins before that carry keys, in the body, never in a pod
+//!   spec, an argument or an environment variable the API server knows of;
 //! - [`client`]: [`client::RemoteMounter`], the plugin's `Mounter`;
 //! - [`service`]: the mounter's server, which checks the caller's uid and
 //!   hands each request to a local mounter ([`crate::riffle::RiffleMounter`]

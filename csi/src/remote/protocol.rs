@@ -13,13 +13,21 @@
 //! mounter's `riffle` does not know fails that mount with riffle's own
 //! "unexpected argument" message instead of being dropped silently; an
 //! operation the mounter does not know is answered with an
-//! `InvalidArgument` failure naming it as unreadable.
+//! `InvalidArgument` failure naming it as unreadable. A mount whose daemon
+//! reads its identity from files ([`DaemonCredentials::uses_files`]) is
+//! sent only to a mounter whose Pong lists [`FEATURE_CREDENTIAL_FILES`]: an
+//! older one would drop the field and run the daemon with the node's
+//! identity.
 
-use crate::mounter::{DaemonId, Health, MountErrorKind};
+use crate::mounter::{DaemonCredentials, DaemonId, Health, MountErrorKind};
 use crate::settings::VolumeSettings;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+
+/// The Pong feature of mounters that run daemons with
+/// [`DaemonCredentials`].
+pub const FEATURE_CREDENTIAL_FILES: &str = "credential-files";
 
 /// Longest request or response line accepted.
 pub const MAX_LINE: u64 = 1 << 20;
@@ -28,6 +36,8 @@ pub const MAX_LINE: u64 = 1 << 20;
 /// [`Mounter`](crate::mounter::Mounter), plus a ping.
 #[derive(Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
+// One message per connection, decoded once: its size does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum Request {
     /// Who are you (version, pid): logged by the plugin at start.
     Ping,
@@ -35,8 +45,14 @@ pub enum Request {
         target: PathBuf,
         settings: VolumeSettings,
         /// [`Credentials::to_json`](crate::credentials::Credentials::to_json)
-        /// of the volume's secret.
+        /// of the volume's secret, from plugins before `auth`; this plugin
+        /// sends no secret over the socket.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         credentials: Option<String>,
+        /// How the daemon authenticates (no secrets: paths and names).
+        /// Absent from older plugins' requests.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        auth: Option<DaemonCredentials>,
         pid_file: PathBuf,
         log_file: PathBuf,
     },
@@ -76,6 +92,9 @@ pub enum Response {
     Pong {
         version: String,
         pid: u32,
+        /// What this mounter can do beyond the first protocol.
+        #[serde(default)]
+        features: Vec<String>,
     },
     Mounted {
         daemon: Option<DaemonId>,
@@ -157,6 +176,7 @@ mod tests {
             credentials: Some(
                 r#"{"accessKeyId":"AKIDWIRE","secretAccessKey":"SECRETWIRE"}"#.into(),
             ),
+            auth: None,
             pid_file: "/s/run/k.pid".into(),
             log_file: "/s/logs/k.log".into(),
         };

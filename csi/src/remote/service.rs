@@ -17,10 +17,10 @@
 //! to anybody). Different targets proceed in parallel. Requests are logged
 //! by operation and target; credentials are never logged.
 
-use super::protocol::{read_line, write_line, Request, Response};
+use super::protocol::{read_line, write_line, Request, Response, FEATURE_CREDENTIAL_FILES};
 use crate::credentials::{scrub, Credentials};
 use crate::locks::KeyedLocks;
-use crate::mounter::{MountError, MountErrorKind, MountRequest, Mounter};
+use crate::mounter::{DaemonCredentials, MountError, MountErrorKind, MountRequest, Mounter};
 use crate::server::{self, ServerError};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -166,11 +166,13 @@ pub async fn handle(request: Request, mounter: &dyn Mounter, locks: &KeyedLocks)
         Request::Ping => Response::Pong {
             version: crate::VERSION.to_string(),
             pid: std::process::id(),
+            features: vec![FEATURE_CREDENTIAL_FILES.to_string()],
         },
         Request::Mount {
             target,
             settings,
             credentials,
+            auth,
             pid_file,
             log_file,
         } => {
@@ -185,10 +187,14 @@ pub async fn handle(request: Request, mounter: &dyn Mounter, locks: &KeyedLocks)
                     )
                 }
             };
+            // An older plugin sends keys and no `auth`: keys in the
+            // environment, else the node's identity (as it always did).
+            let auth = auth.unwrap_or(DaemonCredentials::Node);
             let _one_at_a_time = locks.lock(&target).await;
             let req = MountRequest {
                 target: &target,
                 settings: &settings,
+                auth: &auth,
                 credentials: credentials.as_ref(),
                 pid_file: &pid_file,
                 log_file: &log_file,
@@ -197,7 +203,7 @@ pub async fn handle(request: Request, mounter: &dyn Mounter, locks: &KeyedLocks)
                 Ok(daemon) => Response::Mounted { daemon },
                 // Neither the log below nor the plugin may see a secret
                 // that a failure message echoed.
-                Err(e) => failed(e.kind, scrub(credentials.as_ref(), &e.message)),
+                Err(e) => failed(e.kind, auth.scrub(&scrub(credentials.as_ref(), &e.message))),
             }
         }
         Request::Unmount { target, daemon } => {
@@ -258,6 +264,7 @@ mod tests {
         let req = MountRequest {
             target: &target,
             settings: &settings,
+            auth: &DaemonCredentials::Node,
             credentials: creds.as_ref(),
             pid_file: &pid_file,
             log_file: &dir.path().join("k.log"),
@@ -313,6 +320,7 @@ mod tests {
             )
             .expect("valid"),
             credentials: Some("{\"accessKeyId\": SECRETLEAK".into()),
+            auth: None,
             pid_file: "/nonexistent/pid".into(),
             log_file: "/nonexistent/log".into(),
         };
@@ -348,6 +356,7 @@ mod tests {
                     .mount(MountRequest {
                         target: &target,
                         settings: &settings,
+                        auth: &DaemonCredentials::Node,
                         credentials: None,
                         pid_file: &dir.join("p"),
                         log_file: &dir.join("l"),

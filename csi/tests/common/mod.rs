@@ -140,3 +140,36 @@ pub fn kubelet_target(base: &Path, pod: &str, volume: &str) -> PathBuf {
     std::fs::create_dir_all(&parent).expect("create target parent");
     parent.join("mount")
 }
+
+/// Asserts that no file below `root` (recursively, binary content included)
+/// contains any of `values`; returns how many files were read, so that a
+/// caller can make sure something was checked.
+pub fn assert_no_secret_under(root: &Path, values: &[&str]) -> usize {
+    let mut checked = 0;
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Ok(kind) = entry.file_type() else {
+                continue;
+            };
+            if kind.is_dir() {
+                stack.push(path);
+            } else if kind.is_file() {
+                let bytes = std::fs::read(&path).unwrap_or_default();
+                checked += 1;
+                for v in values {
+                    assert!(
+                        !bytes.windows(v.len()).any(|w| w == v.as_bytes()),
+                        "a secret is in {}",
+                        path.display()
+                    );
+                }
+            }
+        }
+    }
+    checked
+}

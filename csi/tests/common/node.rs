@@ -38,12 +38,21 @@ pub fn mounter_args(socket: &Path, cache_dir: &Path, riffle: &Path) -> Vec<Strin
     ]
 }
 
+/// Where the plugin of `state_dir` keeps volume secrets: `secrets` beside
+/// it. The test directories are on disk, so the plugin mounts a tmpfs there
+/// (as it does on a node whose /run is not one); the tests' cleanup detaches
+/// it with the rest.
+pub fn secrets_dir(state_dir: &Path) -> PathBuf {
+    state_dir.with_file_name("secrets")
+}
+
 /// `riffle-csi`'s arguments (supervisor checks every second).
 pub fn plugin_args(csi_socket: &Path, state_dir: &Path, mounter_socket: &Path) -> Vec<String> {
     vec![
         format!("--endpoint=unix://{}", csi_socket.display()),
         "--node-id=test-node".to_string(),
         format!("--state-dir={}", state_dir.display()),
+        format!("--secrets-dir={}", secrets_dir(state_dir).display()),
         format!("--mounter-socket={}", mounter_socket.display()),
         "--check-interval=1".to_string(),
         "--mount-timeout=60".to_string(),
