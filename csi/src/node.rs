@@ -119,7 +119,10 @@ pub fn validate_publish(
             mount.fs_type
         )));
     }
-    let settings = VolumeSettings::parse(&req.volume_context, &mount.mount_flags)
+    let mut settings = VolumeSettings::parse(&req.volume_context, &mount.mount_flags)
+        .map_err(|e| invalid(e.to_string()))?;
+    settings
+        .apply_mount_group(&mount.volume_mount_group)
         .map_err(|e| invalid(e.to_string()))?;
     let credentials =
         Credentials::from_secrets(&req.secrets).map_err(|e| invalid(e.to_string()))?;
@@ -212,14 +215,20 @@ impl Node for NodeService {
         &self,
         _request: Request<NodeGetCapabilitiesRequest>,
     ) -> Result<Response<NodeGetCapabilitiesResponse>, Status> {
-        // Volume stats and their condition; no staging, expansion or mount group.
+        // Volume stats and their condition, and the pod's fsGroup as the files' group
+        // (VOLUME_MOUNT_GROUP: kubelet hands it over instead of changing ownership, which a
+        // read-only mount cannot take); no staging or expansion.
         let rpc = |kind: RpcType| NodeServiceCapability {
             r#type: Some(CapabilityType::Rpc(Rpc {
                 r#type: kind as i32,
             })),
         };
         Ok(Response::new(NodeGetCapabilitiesResponse {
-            capabilities: vec![rpc(RpcType::GetVolumeStats), rpc(RpcType::VolumeCondition)],
+            capabilities: vec![
+                rpc(RpcType::GetVolumeStats),
+                rpc(RpcType::VolumeCondition),
+                rpc(RpcType::VolumeMountGroup),
+            ],
         }))
     }
 

@@ -54,6 +54,8 @@ pub enum SettingsError {
     MinFreeWithoutCache,
     #[error("stsEndpointUrl applies to roleArn; set roleArn as well")]
     StsEndpointWithoutRole,
+    #[error("the volume sets gid {gid} but the pod's fsGroup is {group}: drop gid from the volume (fsGroup sets the files' group) or make them equal")]
+    GidNotFsGroup { gid: String, group: String },
 }
 
 /// The kind of value a setting takes; decides validation and how the flag
@@ -356,6 +358,36 @@ impl VolumeSettings {
     /// always in `--flag=value` form so that no value can be taken for a
     /// flag. `cache_dir` is the node's shared cache, passed only when the
     /// volume enables the cache.
+    /// Applies the pod's fsGroup (kubelet's `volume_mount_group`, sent because the plugin
+    /// advertises `VOLUME_MOUNT_GROUP`): the files' group becomes it (`--gid`), instead of
+    /// kubelet changing ownership file by file, which a read-only mount cannot do. A `gid`
+    /// the volume sets itself must agree.
+    pub fn apply_mount_group(&mut self, group: &str) -> Result<(), SettingsError> {
+        if group.is_empty() {
+            return Ok(());
+        }
+        let gid = match group.trim().parse::<u32>() {
+            Ok(n) => n.to_string(),
+            Err(_) => {
+                return Err(invalid(
+                    "volume_mount_group (fsGroup)",
+                    group,
+                    "expected a numeric id",
+                ))
+            }
+        };
+        match self.options.get("gid") {
+            Some(set) if *set != gid => Err(SettingsError::GidNotFsGroup {
+                gid: set.clone(),
+                group: gid,
+            }),
+            _ => {
+                self.options.insert("gid".to_string(), gid);
+                Ok(())
+            }
+        }
+    }
+
     pub fn flags(&self, cache_dir: Option<&Path>) -> Vec<OsString> {
         let mut out = Vec::new();
         for (flag, value) in &self.options {
@@ -689,6 +721,33 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(err, SettingsError::Conflict { .. }), "{err}");
+    }
+
+    #[test]
+    fn the_pods_fs_group_becomes_the_files_group() {
+        let attrs = HashMap::from([("bucket".to_string(), "datasets".to_string())]);
+        let mut s = VolumeSettings::parse(&attrs, &[]).unwrap();
+        s.apply_mount_group("").unwrap();
+        assert!(!s.options.contains_key("gid"));
+        s.apply_mount_group("2000").unwrap();
+        assert_eq!(s.options.get("gid").map(String::as_str), Some("2000"));
+        assert!(s
+            .flags(None)
+            .iter()
+            .any(|f| f.to_str() == Some("--gid=2000")));
+        assert!(matches!(
+            s.apply_mount_group("staff"),
+            Err(SettingsError::InvalidValue { .. })
+        ));
+        // A gid the volume sets itself must agree with the fsGroup.
+        let with_gid = HashMap::from([
+            ("bucket".to_string(), "datasets".to_string()),
+            ("gid".to_string(), "100".to_string()),
+        ]);
+        let mut s = VolumeSettings::parse(&with_gid, &[]).unwrap();
+        s.apply_mount_group("100").unwrap();
+        let err = s.apply_mount_group("2000").unwrap_err();
+        assert!(err.to_string().contains("fsGroup is 2000"), "{err}");
     }
 
     #[test]

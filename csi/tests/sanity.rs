@@ -309,8 +309,57 @@ async fn node_get_capabilities() {
             None => None,
         })
         .collect();
-    // Volume stats and their condition; no staging or expansion.
-    assert_eq!(kinds, [RpcType::GetVolumeStats, RpcType::VolumeCondition]);
+    // Volume stats and their condition, the pod's fsGroup; no staging or expansion.
+    assert_eq!(
+        kinds,
+        [
+            RpcType::GetVolumeStats,
+            RpcType::VolumeCondition,
+            RpcType::VolumeMountGroup
+        ]
+    );
+}
+
+/// kubelet hands the pod's fsGroup over as `volume_mount_group` (VOLUME_MOUNT_GROUP): it
+/// becomes the files' group; a volume gid that disagrees is refused with both named.
+#[tokio::test]
+async fn the_pods_fs_group_is_the_files_group() {
+    let mut f = Fixture::new().await;
+    let with_group = |id: &str, target: &Path, flags: &[&str], group: &str| {
+        let mut req = publish_request(id, target, bucket("datasets"), Default::default());
+        let mut cap = capability(Mode::MultiNodeReaderOnly, flags);
+        if let Some(AccessType::Mount(m)) = cap.access_type.as_mut() {
+            m.volume_mount_group = group.to_string();
+        }
+        req.volume_capability = Some(cap);
+        req
+    };
+    let target = f.target("fsgroup", "data");
+    f.csi
+        .publish(with_group("vol-g", &target, &[], "2000"))
+        .await
+        .expect("publish with an fsGroup");
+    let mount = f.fake.mount_at(&target).expect("mounted");
+    assert!(
+        mount.flags.contains(&"--gid=2000".to_string()),
+        "{:?}",
+        mount.flags
+    );
+    f.csi.unpublish("vol-g", &target).await.expect("unpublish");
+
+    let target = f.target("fsgroup-conflict", "data");
+    let err = f
+        .csi
+        .publish(with_group("vol-h", &target, &["gid=100"], "2000"))
+        .await
+        .expect_err("a volume gid other than the fsGroup");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(
+        err.message().contains("fsGroup is 2000"),
+        "{}",
+        err.message()
+    );
+    assert!(f.fake.mount_at(&target).is_none());
 }
 
 fn stats_request(volume_id: &str, path: &Path) -> NodeGetVolumeStatsRequest {
