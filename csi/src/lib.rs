@@ -25,7 +25,8 @@
 //!   ([`locks`]: one async mutex per target path).
 //! - [`supervisor`]: start-up reconciliation and the periodic health loop.
 //! - [`volume_stats`]: NodeGetVolumeStats, from the mount's `.riffle-stats`;
-//!   [`cache_disk`]: refuses a node cache on the root disk.
+//!   [`cache_disk`]: refuses a node cache on the root disk; [`log_forward`]: the
+//!   daemons' logs to the mounter's standard output.
 //! - [`identity`], [`node`]: the gRPC services; [`server`]: the unix socket;
 //!   [`old_clients`]: a WARN for clients the HTTP/2 server rejects;
 //!   [`startup`]: logging and stop signals of the two binaries.
@@ -36,6 +37,7 @@ pub mod credentials;
 pub mod fake;
 pub mod identity;
 pub mod locks;
+pub mod log_forward;
 pub mod mounter;
 pub mod mountinfo;
 pub mod node;

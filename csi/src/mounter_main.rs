@@ -7,7 +7,8 @@
 //! ```
 //! Serves the plugin's mount, unmount and health requests on a root-only
 //! unix socket ([`riffle_csi::remote`]) and runs `riffle mount` for them;
-//! the daemons are this container's processes. It keeps no state of its own
+//! the daemons are this container's processes. The daemons' logs are forwarded to its
+//! standard output ([`riffle_csi::log_forward`]). It keeps no state of its own
 //! (the plugin's records are the truth) and stops on SIGTERM/SIGINT without
 //! touching the daemons; but a container runtime stopping this container
 //! kills them, which is why its DaemonSet is updated only `OnDelete`.
@@ -33,6 +34,17 @@ struct Args {
         default_value = "/var/lib/riffle-csi/mounter/mounter.sock"
     )]
     socket: PathBuf,
+    /// Where the plugin has the daemons write their logs; new lines are forwarded to this
+    /// program's standard output as `[volume <key>] ...` (`kubectl logs`).
+    #[arg(
+        long,
+        env = "RIFFLE_MOUNTER_LOGS_DIR",
+        default_value = "/var/lib/riffle-csi/logs"
+    )]
+    logs_dir: PathBuf,
+    /// Do not forward the daemons' logs to standard output.
+    #[arg(long, env = "RIFFLE_MOUNTER_NO_LOG_FORWARDING")]
+    no_log_forwarding: bool,
     #[command(flatten)]
     daemons: DaemonOptions,
 }
@@ -47,6 +59,9 @@ async fn main() -> anyhow::Result<()> {
         riffle = %mounter.binary.display(),
         "starting riffle-mounter"
     );
+    if !args.no_log_forwarding {
+        tokio::spawn(riffle_csi::log_forward::LogForwarder::new(&args.logs_dir).run());
+    }
     let running = service::start(&args.socket, Arc::new(mounter))
         .await
         .context("cannot start riffle-mounter")?;
