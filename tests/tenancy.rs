@@ -111,16 +111,7 @@ fn dataset(endpoint: &str) -> (String, Vec<(String, Vec<u8>)>) {
 
 /// What the store itself says to `user`'s GET of `key`: the policy works as the test assumes.
 fn store_allows_get(endpoint: &str, user: (&str, &str, &str), bucket: &str, key: &str) -> bool {
-    use aws_sdk_s3::config::{Credentials, Region, RequestChecksumCalculation};
-    let config = aws_sdk_s3::Config::builder()
-        .behavior_version(aws_sdk_s3::config::BehaviorVersion::latest())
-        .endpoint_url(endpoint)
-        .region(Region::new("us-east-1"))
-        .force_path_style(true)
-        .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
-        .credentials_provider(Credentials::new(user.1, user.2, None, None, "test"))
-        .build();
-    let s3 = aws_sdk_s3::Client::from_conf(config);
+    let s3 = client_as(endpoint, user.1, user.2);
     runtime().block_on(async { s3.get_object().bucket(bucket).key(key).send().await.is_ok() })
 }
 

@@ -249,13 +249,8 @@ impl Fetcher {
         };
         let id = disk.identity(obj);
         let key = id.entry_key();
-        match disk.proofs.verdict(&key) {
-            Some(crate::cache::Verdict::MayRead) => return Ok(()),
-            Some(crate::cache::Verdict::Refused) => {
-                self.stats.proofs_refused.fetch_add(1, Ordering::Relaxed);
-                return Err(FetchError::NotPermitted);
-            }
-            None => {}
+        if let Some(answer) = self.known_answer(disk, &key) {
+            return answer;
         }
         // Nothing cached: nothing to prove (this mount's own GETs will be its proof).
         match disk.cache.status(&id).await {
@@ -265,10 +260,8 @@ impl Fetcher {
         let proof = {
             let mut proving = self.proving.lock();
             // A proof that finished while this one looked at the cache.
-            match disk.proofs.verdict(&key) {
-                Some(crate::cache::Verdict::MayRead) => return Ok(()),
-                Some(crate::cache::Verdict::Refused) => return Err(FetchError::NotPermitted),
-                None => {}
+            if let Some(answer) = self.known_answer(disk, &key) {
+                return answer;
             }
             proving
                 .entry(key)
@@ -286,6 +279,21 @@ impl Fetcher {
                 .clone()
         };
         proof.await
+    }
+
+    /// What this mount's proofs already say of `key` (a refusal counted), if anything.
+    fn known_answer(
+        &self,
+        disk: &DiskTier,
+        key: &crate::cache::EntryKey,
+    ) -> Option<Result<(), FetchError>> {
+        match disk.proofs.verdict(key)? {
+            crate::cache::Verdict::MayRead => Some(Ok(())),
+            crate::cache::Verdict::Refused => {
+                self.stats.proofs_refused.fetch_add(1, Ordering::Relaxed);
+                Some(Err(FetchError::NotPermitted))
+            }
+        }
     }
 
     /// One proof request for `obj` (see [`Self::admit`]), its answer recorded.

@@ -236,7 +236,7 @@ mod with_disk {
     use super::*;
     use crate::cache::{CacheConfig, DiskCache, SizeLimit};
 
-    const DBS: u64 = 4096;
+    pub(super) const DBS: u64 = 4096;
 
     fn disk_fetcher(store: &Arc<MemoryStore>, dir: &std::path::Path) -> Arc<Fetcher> {
         disk_fetcher_with_memory(store, dir, 0)
@@ -248,6 +248,16 @@ mod with_disk {
         dir: &std::path::Path,
         block_cache_bytes: u64,
     ) -> Arc<Fetcher> {
+        fetcher_as(store.clone(), dir, "key:test", block_cache_bytes)
+    }
+
+    /// A fetcher over `store` with the NVMe cache at `dir`, signing as `principal`.
+    pub(super) fn fetcher_as(
+        store: Arc<dyn ObjectStore>,
+        dir: &std::path::Path,
+        principal: &str,
+        block_cache_bytes: u64,
+    ) -> Arc<Fetcher> {
         let mut cc = CacheConfig::new(dir, SizeLimit::Bytes(64 << 20));
         cc.block_size = DBS;
         cc.min_free = SizeLimit::Bytes(0);
@@ -256,7 +266,7 @@ mod with_disk {
             cache,
             "http://test",
             "bucket",
-            "key:test",
+            principal,
             None,
         ));
         let config = FetchConfig {
@@ -264,18 +274,13 @@ mod with_disk {
             block_cache_bytes,
             ..small()
         };
-        Fetcher::new(
-            store.clone(),
-            config,
-            tokio::runtime::Handle::current(),
-            Some(tier),
-        )
+        Fetcher::new(store, config, tokio::runtime::Handle::current(), Some(tier))
     }
 
     /// Waits until `obj` is complete in the NVMe cache and its write-behind entries (which
     /// hold buffer budget) have left the in-flight table: the cache counts a block as written
     /// a moment before the entry is released.
-    async fn wait_complete(f: &Fetcher, obj: &ObjectVersion) {
+    pub(super) async fn wait_complete(f: &Fetcher, obj: &ObjectVersion) {
         let tier = f.disk().unwrap();
         let id = tier.identity(obj);
         crate::test_support::eventually("the cache to complete", || {
@@ -284,7 +289,7 @@ mod with_disk {
         .await;
     }
 
-    fn version(store: &MemoryStore, key: &str, body: &[u8]) -> Arc<ObjectVersion> {
+    pub(super) fn version(store: &MemoryStore, key: &str, body: &[u8]) -> Arc<ObjectVersion> {
         let etag = store.put(key, body.to_vec());
         Arc::new(ObjectVersion {
             key: Arc::from(key),
@@ -773,12 +778,10 @@ mod larger_than_cache {
 /// The cache's proof rule ([`crate::cache::proofs`]): cached bytes only for a principal that
 /// has read the object version from the store.
 mod proofs {
+    use super::with_disk::{fetcher_as, version, wait_complete, DBS};
     use super::*;
-    use crate::cache::{CacheConfig, DiskCache, SizeLimit};
     use async_trait::async_trait;
     use parking_lot::Mutex;
-
-    const DBS: u64 = 4096;
 
     /// A principal that may list but not read: every GET is refused (counted).
     struct ListOnly {
@@ -815,23 +818,7 @@ mod proofs {
         dir: &std::path::Path,
         principal: &str,
     ) -> Arc<Fetcher> {
-        let mut cc = CacheConfig::new(dir, SizeLimit::Bytes(64 << 20));
-        cc.block_size = DBS;
-        cc.min_free = SizeLimit::Bytes(0);
-        let cache = DiskCache::open(cc).unwrap();
-        let tier = Arc::new(DiskTier::new(
-            cache,
-            "http://test",
-            "bucket",
-            principal,
-            None,
-        ));
-        let config = FetchConfig {
-            block_size: DBS,
-            block_cache_bytes: 0,
-            ..small()
-        };
-        Fetcher::new(store, config, tokio::runtime::Handle::current(), Some(tier))
+        fetcher_as(store, dir, principal, 0)
     }
 
     /// Fills the cache with `obj` as principal `A`.
@@ -844,21 +831,7 @@ mod proofs {
         let a = fetcher(store.clone(), dir, "key:A");
         a.admit(obj).await.unwrap();
         assert_eq!(&a.read(obj, 0..obj.size).await.unwrap()[..], body);
-        let tier = a.disk().unwrap();
-        let id = tier.identity(obj);
-        crate::test_support::eventually("the cache to complete", || {
-            tier.cache().is_complete(&id) && a.inflight.lock().is_empty()
-        })
-        .await;
-    }
-
-    fn version(store: &MemoryStore, key: &str, body: &[u8]) -> Arc<ObjectVersion> {
-        let etag = store.put(key, body.to_vec());
-        Arc::new(ObjectVersion {
-            key: Arc::from(key),
-            etag: Arc::from(etag.as_str()),
-            size: body.len() as u64,
-        })
+        wait_complete(&a, obj).await;
     }
 
     #[tokio::test]

@@ -55,6 +55,11 @@ pub fn runtime() -> tokio::runtime::Runtime {
 pub fn client(endpoint: &str) -> aws_sdk_s3::Client {
     let access = std::env::var("AWS_ACCESS_KEY_ID").expect("AWS_ACCESS_KEY_ID");
     let secret = std::env::var("AWS_SECRET_ACCESS_KEY").expect("AWS_SECRET_ACCESS_KEY");
+    client_as(endpoint, &access, &secret)
+}
+
+/// A client of the store signing with these keys.
+pub fn client_as(endpoint: &str, access: &str, secret: &str) -> aws_sdk_s3::Client {
     let config = aws_sdk_s3::Config::builder()
         .behavior_version(aws_sdk_s3::config::BehaviorVersion::latest())
         .endpoint_url(endpoint)
