@@ -237,4 +237,28 @@ pub trait Mounter: Send + Sync + 'static {
     /// Identifies the daemon whose pid is in `pid_file`, if it is alive
     /// (None also when that cannot be found out).
     async fn daemon_from_pid_file(&self, pid_file: &Path) -> Option<DaemonId>;
+
+    /// Takes over the live mount at `req.target` whose daemon died while a
+    /// copy of its FUSE connection stayed in the node's fd store (the
+    /// mounter's container restarted): a new daemon serves the same
+    /// connection, so pods reading it never see the mount go. Fails,
+    /// touching nothing, when there is nothing to take over (no fd store,
+    /// or it holds no live connection for the target); the caller then
+    /// remounts.
+    async fn take_over(&self, req: MountRequest<'_>) -> Result<Option<DaemonId>, MountError> {
+        Err(MountError::new(
+            MountErrorKind::FailedPrecondition,
+            format!(
+                "this mounter cannot take the mount at {} over",
+                req.target.display()
+            ),
+        ))
+    }
+
+    /// Names this mounter's process (None: it cannot tell), so that a
+    /// restart that happened between two checks is noticed: its daemons
+    /// died with it and their mounts need a successor at once.
+    async fn instance(&self) -> Result<Option<String>, MountError> {
+        self.available().await.map(|()| None)
+    }
 }

@@ -10,8 +10,12 @@
 //! the daemons are this container's processes. The daemons' logs are forwarded to its
 //! standard output ([`riffle_csi::log_forward`]). It keeps no state of its own
 //! (the plugin's records are the truth) and stops on SIGTERM/SIGINT without
-//! touching the daemons; but a container runtime stopping this container
-//! kills them, which is why its DaemonSet is updated only `OnDelete`.
+//! touching the daemons. A container runtime stopping this container kills
+//! them; with `--fd-store` (the node's `riffle fd-store`, in the plugin's
+//! pod) their FUSE connections live on there, pods' reads wait, and the
+//! plugin has the next mounter start daemons that take the mounts over
+//! (rollouts, crashes and OOM kills cost no read). A new mounter started
+//! while the old one still serves waits for its socket.
 
 use anyhow::Context;
 use clap::Parser;

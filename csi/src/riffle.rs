@@ -57,6 +57,10 @@ pub struct RiffleMounter {
     /// Refuse volumes that use the cache when `cache_dir` is on this root disk
     /// ([`crate::cache_disk`]); None: no check.
     pub root_disk: Option<RootDisk>,
+    /// The node's fd store (`riffle fd-store`, in the plugin's pod): every
+    /// daemon's keeper gives it a copy of its FUSE connection, so that the
+    /// mount outlives this container ([`Mounter::take_over`]).
+    pub fd_store: Option<PathBuf>,
 }
 
 /// How the local daemons are run: the options `riffle-mounter` and (without
@@ -82,6 +86,12 @@ pub struct DaemonOptions {
     /// on its filesystem (or on that of `/`) is on the root disk.
     #[arg(long, env = "RIFFLE_KUBELET_DIR", default_value = "/var/lib/kubelet")]
     pub kubelet_dir: PathBuf,
+    /// The node's fd store socket (`riffle fd-store`, run in the plugin's
+    /// pod): each daemon gives it a copy of its FUSE connection, so a
+    /// restart of this container (rollout, crash, OOM kill) costs no read; a
+    /// new mounter takes the live mounts over.
+    #[arg(long, env = "RIFFLE_FD_STORE")]
+    pub fd_store: Option<PathBuf>,
 }
 
 impl DaemonOptions {
@@ -100,6 +110,7 @@ impl DaemonOptions {
             self.cache_dir.clone(),
         );
         mounter.mount_timeout = Duration::from_secs(self.mount_timeout);
+        mounter.fd_store = self.fd_store.clone();
         if !self.allow_root_disk_cache {
             let root_disk = RootDisk::new(&self.kubelet_dir);
             if let Some(dir) = &self.cache_dir {
@@ -135,11 +146,13 @@ impl RiffleMounter {
             stop_grace: Duration::from_secs(5),
             probe_timeout: Duration::from_secs(10),
             root_disk: None,
+            fd_store: None,
         }
     }
 
-    /// The full argument list of `riffle mount` for `req`.
-    pub fn mount_args(&self, req: &MountRequest<'_>) -> Vec<OsString> {
+    /// The full argument list of `riffle mount` for `req` (with `take_over`:
+    /// only take the live mount the fd store holds over).
+    pub fn mount_args(&self, req: &MountRequest<'_>, take_over: bool) -> Vec<OsString> {
         let mut args: Vec<OsString> = vec![
             "mount".into(),
             req.settings.source_url().into(),
@@ -149,6 +162,14 @@ impl RiffleMounter {
             // answered by a successor that takes the mount over (riffle's `cli::keeper`).
             "--restart".into(),
         ];
+        if let Some(store) = &self.fd_store {
+            let mut flag = OsString::from("--fd-store=");
+            flag.push(store);
+            args.push(flag);
+            if take_over {
+                args.push("--take-over".into());
+            }
+        }
         args.extend(req.settings.flags(self.cache_dir.as_deref()));
         let mut pid = OsString::from("--pid-file=");
         pid.push(req.pid_file);
@@ -287,6 +308,43 @@ fn reason_line(stderr: &str) -> String {
 #[async_trait]
 impl Mounter for RiffleMounter {
     async fn mount(&self, req: MountRequest<'_>) -> Result<Option<DaemonId>, MountError> {
+        self.run_mount(req, false).await
+    }
+
+    async fn take_over(&self, req: MountRequest<'_>) -> Result<Option<DaemonId>, MountError> {
+        if self.fd_store.is_none() {
+            return Err(MountError::new(
+                MountErrorKind::FailedPrecondition,
+                format!(
+                    "no fd store holds the connection of {} (riffle-mounter runs without --fd-store)",
+                    req.target.display()
+                ),
+            ));
+        }
+        self.run_mount(req, true).await
+    }
+
+    async fn unmount(&self, target: &Path, daemon: Option<DaemonId>) -> Result<(), MountError> {
+        self.stop(target, daemon).await
+    }
+
+    async fn health(&self, target: &Path, daemon: Option<DaemonId>) -> Result<Health, MountError> {
+        Ok(self.inspect(target, daemon).await)
+    }
+
+    async fn daemon_from_pid_file(&self, pid_file: &Path) -> Option<DaemonId> {
+        process::from_pid_file(pid_file)
+    }
+}
+
+impl RiffleMounter {
+    /// Runs `riffle mount` for `req` (see [`Self::mount_args`]) and waits
+    /// for it to report the mount live.
+    async fn run_mount(
+        &self,
+        req: MountRequest<'_>,
+        take_over: bool,
+    ) -> Result<Option<DaemonId>, MountError> {
         if let (Some(root_disk), Some(dir), true) =
             (&self.root_disk, &self.cache_dir, req.settings.uses_cache())
         {
@@ -294,7 +352,7 @@ impl Mounter for RiffleMounter {
                 .check(dir)
                 .map_err(|refusal| MountError::new(MountErrorKind::FailedPrecondition, refusal))?;
         }
-        let args = self.mount_args(&req);
+        let args = self.mount_args(&req, take_over);
         let source = req.settings.source_url();
         let _ = std::fs::remove_file(req.pid_file);
         let stderr_path = req.pid_file.with_extension("stderr");
@@ -389,7 +447,8 @@ impl Mounter for RiffleMounter {
         Ok(None)
     }
 
-    async fn unmount(&self, target: &Path, daemon: Option<DaemonId>) -> Result<(), MountError> {
+    /// Unmounts `target` and stops `daemon` (see [`Mounter::unmount`]).
+    async fn stop(&self, target: &Path, daemon: Option<DaemonId>) -> Result<(), MountError> {
         let mounted = mountinfo::mount_at(target).map_err(|e| {
             MountError::new(
                 MountErrorKind::Internal,
@@ -443,16 +502,6 @@ impl Mounter for RiffleMounter {
         }
     }
 
-    async fn health(&self, target: &Path, daemon: Option<DaemonId>) -> Result<Health, MountError> {
-        Ok(self.inspect(target, daemon).await)
-    }
-
-    async fn daemon_from_pid_file(&self, pid_file: &Path) -> Option<DaemonId> {
-        process::from_pid_file(pid_file)
-    }
-}
-
-impl RiffleMounter {
     /// What is at `target` (see [`Mounter::health`]); local inspection
     /// cannot fail to ask.
     async fn inspect(&self, target: &Path, daemon: Option<DaemonId>) -> Health {
@@ -564,7 +613,7 @@ mod tests {
             log_file: Path::new("/s/logs/k.log"),
         };
         let args: Vec<String> = m
-            .mount_args(&req)
+            .mount_args(&req, false)
             .into_iter()
             .map(|a| a.to_string_lossy().into_owned())
             .collect();
@@ -585,6 +634,21 @@ mod tests {
         assert!(!args
             .iter()
             .any(|a| a.contains("AKIDARGS") || a.contains("SECRETARGS")));
+
+        // With the node's fd store: every daemon's keeper gives it a copy of its connection,
+        // and a take-over asks for the held mount only.
+        let mut m = m;
+        m.fd_store = Some("/var/lib/riffle-csi/fd-store/fd-store.sock".into());
+        let with_store = |take_over| -> Vec<String> {
+            m.mount_args(&req, take_over)
+                .into_iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect()
+        };
+        let store_flag = "--fd-store=/var/lib/riffle-csi/fd-store/fd-store.sock".to_string();
+        assert_eq!(with_store(false)[5], store_flag);
+        assert!(!with_store(false).contains(&"--take-over".to_string()));
+        assert_eq!(with_store(true)[5..7], [store_flag, "--take-over".into()]);
     }
 
     /// The environment the real `riffle mount` child gets: set variables

@@ -98,7 +98,7 @@ pub async fn bind_when_free(path: &Path, wait: Duration) -> Result<UnixListener,
         match bind(path).await {
             Err(ServerError::SocketInUse(p)) if tokio::time::Instant::now() < deadline => {
                 if !said {
-                    tracing::info!(socket = %p.display(), wait = ?wait, "another plugin still serves this socket (a rollout?); waiting for it to stop");
+                    tracing::info!(socket = %p.display(), wait = ?wait, "another process still serves this socket (a rollout?); waiting for it to stop");
                     said = true;
                 }
                 tokio::time::sleep(Duration::from_millis(250)).await;

@@ -12,9 +12,17 @@
 //! remount storm; targets with an operation in progress are skipped for that
 //! round. While the mounter itself cannot be asked (the `riffle-mounter`
 //! container restarting), rounds are skipped whole and count against no
-//! target: once it answers again, the next round (within one interval)
-//! remounts what its restart broke, instead of after a backoff that grew
-//! during the outage.
+//! target.
+//!
+//! A restart of the mounter's container takes every daemon of the node with
+//! it, while the pods' reads wait on connections the fd store kept alive
+//! (see [`crate::volumes`]): each second until a new daemon serves is a
+//! second of stalled training. So the mounter is pinged every
+//! [`MOUNTER_POLL`] (a local socket round trip), and a round runs at once,
+//! without waiting for the interval, when it answers again after an outage
+//! or when it answers as another process than before (a restart between
+//! two pings); targets in backoff are retried then too, since the outage,
+//! not the target, made them fail.
 
 use crate::volumes::{CheckOutcome, VolumeManager};
 use std::collections::HashMap;
@@ -24,6 +32,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 const MAX_BACKOFF: Duration = Duration::from_secs(300);
+
+/// How often the supervisor asks whether the mounter is the same process.
+pub const MOUNTER_POLL: Duration = Duration::from_millis(250);
 
 /// Checks every recorded target once; returns how many were recovered and
 /// how many failed.
@@ -103,12 +114,14 @@ impl Backoff {
 /// Checks all recorded targets every `interval`, forever.
 pub async fn run(manager: Arc<VolumeManager>, interval: Duration) {
     let mut backoff = Backoff::default();
-    let mut ticker = tokio::time::interval(interval);
+    let mut ticker = tokio::time::interval(interval.min(MOUNTER_POLL));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut paused = false;
+    let mut mounter: Option<String> = None;
+    let mut last_round: Option<Instant> = None;
     loop {
         ticker.tick().await;
-        match manager.mounter_available().await {
+        let now_mounter = match manager.mounter_instance().await {
             Err(e) => {
                 if !paused {
                     tracing::error!(error = %e, "the mounter cannot be asked; volume checks paused until it answers");
@@ -116,11 +129,24 @@ pub async fn run(manager: Arc<VolumeManager>, interval: Duration) {
                 }
                 continue;
             }
-            Ok(()) if paused => {
-                tracing::info!("the mounter answers again; checking every volume");
-                paused = false;
-            }
-            Ok(()) => {}
+            Ok(instance) => instance,
+        };
+        let restarted = matches!((&mounter, &now_mounter), (Some(a), Some(b)) if a != b);
+        let urgent = paused || restarted;
+        if paused {
+            tracing::info!("the mounter answers again; checking every volume");
+            paused = false;
+        } else if restarted {
+            tracing::warn!("the mounter restarted; checking every volume");
+        }
+        mounter = now_mounter.or(mounter);
+        let due = last_round.is_none_or(|at| at.elapsed() >= interval);
+        if !(urgent || due) {
+            continue;
+        }
+        last_round = Some(Instant::now());
+        if urgent {
+            backoff.entries.clear();
         }
         let records = match manager.store().list() {
             Ok(r) => r,

@@ -24,10 +24,14 @@
 //! node whose mounter is gone still terminates.
 //!
 //! Check (start-up reconciliation and the supervisor): a recorded target
-//! whose mount is live is adopted as it is; one whose daemon died (the mount
-//! answers ENOTCONN), or whose mount is gone, is detached and mounted again
-//! with the recorded settings and the secrets on the tmpfs (if they are gone,
-//! after a node reboot, the remount waits for kubelet's next publish). A
+//! whose mount is live is adopted as it is. One whose daemon died while its
+//! FUSE connection lives on in the node's fd store (the mounter's container
+//! restarted: pods' reads wait) is taken over: a new daemon serves the same
+//! connection, nothing is detached, and no pod sees the mount go. One whose
+//! mount is dead (it answers ENOTCONN: nothing held its connection) or gone
+//! is detached and mounted again with the recorded settings and the secrets
+//! on the tmpfs (if they are gone, after a node reboot, the remount waits for
+//! kubelet's next publish). A
 //! volume on the node's identity is not remounted while the driver does not
 //! allow it. A target whose parent directory has disappeared belongs to a
 //! pod kubelet has already cleaned up: its mount, record and secrets are
@@ -142,9 +146,9 @@ impl VolumeManager {
         Ok(moved.len())
     }
 
-    /// Whether the mounter can be asked (see [`Mounter::available`]).
-    pub async fn mounter_available(&self) -> Result<(), MountError> {
-        self.mounter.available().await
+    /// Which mounter answers, if one does (see [`Mounter::instance`]).
+    pub async fn mounter_instance(&self) -> Result<Option<String>, MountError> {
+        self.mounter.instance().await
     }
 
     pub fn store(&self) -> &StateStore {
@@ -215,7 +219,8 @@ impl VolumeManager {
                     Ok(())
                 }
                 Health::Foreign(fs) => Err(foreign(target, &fs)),
-                Health::NotMounted | Health::Broken(_) => self.recover(record).await,
+                Health::NotMounted => self.recover(record, false).await.map(|_| ()),
+                Health::Broken(_) => self.recover(record, true).await.map(|_| ()),
             };
         }
 
@@ -360,20 +365,30 @@ impl VolumeManager {
             Health::Live => Ok(CheckOutcome::Healthy),
             Health::Foreign(fs) => Ok(CheckOutcome::Foreign(fs)),
             Health::NotMounted => {
-                self.recover(record).await?;
+                self.recover(record, false).await?;
                 Ok(CheckOutcome::Recovered("not mounted".into()))
             }
-            Health::Broken(reason) => {
-                self.recover(record).await?;
-                Ok(CheckOutcome::Recovered(reason))
-            }
+            Health::Broken(reason) => Ok(CheckOutcome::Recovered(
+                match self.recover(record, true).await? {
+                    Recovery::TakenOver => {
+                        format!("{reason}; a new daemon took the live mount over")
+                    }
+                    Recovery::Remounted => reason,
+                },
+            )),
         }
     }
 
-    /// Detaches what is left of a broken mount and mounts the recorded
-    /// volume again, with the secrets on the tmpfs. Caller holds the
+    /// Brings a broken or missing mount back, with the secrets on the tmpfs:
+    /// a `broken` one (something is mounted, its daemon gone) is first taken
+    /// over, in case the fd store kept its connection; otherwise what is left
+    /// is detached and the recorded volume mounted again. Caller holds the
     /// target's lock.
-    async fn recover(&self, mut record: VolumeRecord) -> Result<(), VolumeError> {
+    async fn recover(
+        &self,
+        mut record: VolumeRecord,
+        broken: bool,
+    ) -> Result<Recovery, VolumeError> {
         let target = record.target.clone();
         let auth = record_auth(&record, &self.secrets);
         if auth == DaemonCredentials::Node && !self.allow_node_credentials {
@@ -389,6 +404,20 @@ impl VolumeManager {
                 target.display(),
                 self.secrets.root().display()
             )));
+        }
+        if broken {
+            match self.mount_as(&record, &auth, true).await {
+                Ok(daemon) => {
+                    record.daemon = daemon;
+                    record.auth = Some(auth);
+                    self.store.save(&record)?;
+                    tracing::warn!(volume_id = %record.volume_id, target = %target.display(), pid = ?daemon.map(|d| d.pid), "its daemon was gone; a new one took the live mount over (pods read on)");
+                    return Ok(Recovery::TakenOver);
+                }
+                Err(e) => {
+                    tracing::info!(volume_id = %record.volume_id, target = %target.display(), reason = %e, "the mount cannot be taken over")
+                }
+            }
         }
         tracing::warn!(volume_id = %record.volume_id, target = %target.display(), "remounting");
         if let Err(e) = self.mounter.unmount(&target, record.daemon).await {
@@ -410,27 +439,49 @@ impl VolumeManager {
         record.daemon = daemon;
         self.store.save(&record)?;
         tracing::info!(volume_id = %record.volume_id, target = %target.display(), pid = ?daemon.map(|d| d.pid), "remounted");
-        Ok(())
+        Ok(Recovery::Remounted)
     }
 
     async fn mount(
         &self,
         record: &VolumeRecord,
     ) -> Result<Option<crate::mounter::DaemonId>, MountError> {
+        let auth = record_auth(record, &self.secrets);
+        self.mount_as(record, &auth, false).await
+    }
+
+    /// Mounts `record` with `auth`; with `take_over`, only takes the live
+    /// mount at its target over (see [`Mounter::take_over`]).
+    async fn mount_as(
+        &self,
+        record: &VolumeRecord,
+        auth: &DaemonCredentials,
+        take_over: bool,
+    ) -> Result<Option<crate::mounter::DaemonId>, MountError> {
         let pid_file = self.store.pid_file(&record.target);
         let log_file = self.store.log_file(&record.target);
-        let auth = record_auth(record, &self.secrets);
-        self.mounter
-            .mount(MountRequest {
-                target: &record.target,
-                settings: &record.settings,
-                auth: &auth,
-                credentials: None,
-                pid_file: &pid_file,
-                log_file: &log_file,
-            })
-            .await
+        let req = MountRequest {
+            target: &record.target,
+            settings: &record.settings,
+            auth,
+            credentials: None,
+            pid_file: &pid_file,
+            log_file: &log_file,
+        };
+        if take_over {
+            self.mounter.take_over(req).await
+        } else {
+            self.mounter.mount(req).await
+        }
     }
+}
+
+/// How [`VolumeManager::recover`] brought a mount back.
+enum Recovery {
+    /// A new daemon serves the connection the fd store kept.
+    TakenOver,
+    /// Detached and mounted anew.
+    Remounted,
 }
 
 /// How the daemon of `record` authenticates; for records of earlier

@@ -17,13 +17,22 @@
 //!   remount on the host would not reach it. It holds one file open for
 //!   the whole run and reads every file in a loop, checking every byte.
 //!
-//! Scenario 1, rollout: a new plugin starts while the old one serves (it
-//! waits for the socket), then the old plugin's namespace is killed.
-//! Scenario 2, crash: the plugin's namespace is killed, the pod reads with
-//! no plugin at all, then a new plugin starts. Each runs [`ROUNDS`] times
-//! with one reader; the reader must report zero failed and zero wrong reads
-//! and must have made progress after every restart; unpublish through the
-//! last plugin must then leave no mount and no daemon.
+//! The plugin's pod has a second container, `riffle fd-store`, that keeps a
+//! copy of every volume's FUSE connection (each daemon's keeper gives it
+//! one); the mounter runs with `--fd-store`.
+//!
+//! Scenarios: plugin pod rollout (a new one starts while the old one serves,
+//! waiting for the sockets, then the old namespaces are killed); plugin pod
+//! crash (killed, the pod reads with no plugin at all, then a new one
+//! starts); volume daemon SIGKILL (its keeper starts a successor); mounter
+//! rollout (a new mounter container running a different build of `riffle`
+//! starts while the old one serves, then the old one's namespace is killed
+//! with every keeper and daemon); mounter crash (its namespace killed, a new
+//! one started). Each runs [`ROUNDS`] times with one reader; the reader must
+//! report zero failed and zero wrong reads and must have made progress
+//! after every restart, the pod's mount must keep its mount id (never
+//! remounted); unpublish through the last plugin must then leave no mount
+//! and no daemon.
 //!
 //! Needs what `real_mount.rs` needs (RGW, root, /dev/fuse) plus `unshare`
 //! (util-linux) and python3.
@@ -135,7 +144,10 @@ struct Node {
     env: Env,
     mounter: Option<Container>,
     plugin: Option<Container>,
+    /// `riffle fd-store`, the plugin pod's other container.
+    fd_store: Option<Container>,
     plugin_starts: usize,
+    mounter_starts: usize,
 }
 
 impl Node {
@@ -173,7 +185,9 @@ impl Node {
             env: env.clone(),
             mounter: None,
             plugin: None,
+            fd_store: None,
             plugin_starts: 0,
+            mounter_starts: 0,
         }
     }
 
@@ -189,18 +203,43 @@ impl Node {
         kubelet_target(&self.path("kubelet"), pod, "dataset")
     }
 
+    fn fd_store_socket(&self) -> PathBuf {
+        self.path("state/fd-store/fd-store.sock")
+    }
+
     async fn start_mounter(&mut self) {
-        self.mounter = Some(Container::start(
+        let riffle = self.env.riffle.clone();
+        let mounter = self.start_mounter_container(&riffle);
+        self.mounter = Some(mounter);
+        wait_for_mounter(&self.mounter_socket()).await;
+    }
+
+    /// Starts a mounter container whose daemons run `riffle` (a new mounter
+    /// waits for the socket while an old one still serves it).
+    fn start_mounter_container(&mut self, riffle: &Path) -> Container {
+        self.mounter_starts += 1;
+        let mut args = mounter_args(&self.mounter_socket(), &self.path("cache"), riffle);
+        args.push(format!("--fd-store={}", self.fd_store_socket().display()));
+        Container::start(
             "riffle-mounter",
             Path::new(env!("CARGO_BIN_EXE_riffle-mounter")),
-            &mounter_args(
-                &self.mounter_socket(),
-                &self.path("cache"),
-                &self.env.riffle,
-            ),
-            &self.path("mounter.log"),
-        ));
-        wait_for_mounter(&self.mounter_socket()).await;
+            &args,
+            &self.path(&format!("mounter-{}.log", self.mounter_starts)),
+        )
+    }
+
+    /// Starts the plugin pod's fd store container (it waits while an old
+    /// one still serves the socket).
+    fn start_fd_store(&self) -> Container {
+        Container::start(
+            "riffle fd-store",
+            &self.env.riffle,
+            &[
+                "fd-store".to_string(),
+                format!("--socket={}", self.fd_store_socket().display()),
+            ],
+            &self.path(&format!("fd-store-{}.log", self.plugin_starts)),
+        )
     }
 
     /// Starts a plugin container; it serves once the previous one (if still
@@ -265,6 +304,9 @@ impl Drop for Node {
     fn drop(&mut self) {
         if let Some(p) = self.plugin.take() {
             p.kill();
+        }
+        if let Some(f) = self.fd_store.take() {
+            f.kill();
         }
         if let Some(m) = self.mounter.take() {
             m.kill();
@@ -439,6 +481,20 @@ enum Scenario {
     /// The volume's daemon is SIGKILLed (what an OOM kill does); its keeper starts a
     /// successor that takes the live FUSE connection over.
     DaemonKill,
+    /// A new mounter container, running a different build of `riffle` (a copy of the
+    /// binary under another name), starts while the old one serves; then the old one's
+    /// namespace is killed with every keeper and daemon in it. The plugin has the new
+    /// mounter's daemons take the live mounts over from the fd store.
+    MounterRollout,
+    /// The mounter's namespace is killed (a crash, or an OOM kill of the container: with
+    /// memory.oom.group every process of it dies) and a new one starts a moment later.
+    MounterCrash,
+}
+
+impl Scenario {
+    fn kills_the_mounter(self) -> bool {
+        matches!(self, Scenario::MounterRollout | Scenario::MounterCrash)
+    }
 }
 
 /// The keeper (the riffle process of `target` whose parent is not one) and its daemon.
@@ -469,6 +525,7 @@ async fn restarts_leave_reads_alone(scenario: Scenario) {
     let mut node = Node::new(&env);
     node.start_mounter().await;
     node.plugin = Some(node.start_plugin());
+    node.fd_store = Some(node.start_fd_store());
     let mut csi = node.connect().await;
     let target = node.target("trainer-0");
     let started = Instant::now();
@@ -493,23 +550,93 @@ async fn restarts_leave_reads_alone(scenario: Scenario) {
     files.push(("shard-0/nested/deep.bin".to_string(), vec![7u8; 300_000]));
     let mut pod = Pod::start(&node, &target, &files);
     pod.wait_passes(3).await;
+    let first_mount = mount_id(&target).expect("the target is a mount");
+    // A different build for the mounter rollout: the same program under another name (the
+    // daemons that take the mounts over run it; an upgrade of the image does the same).
+    let next_build = node.path("riffle-next-build");
+    std::fs::copy(&env.riffle, &next_build).expect("copy the riffle binary");
 
     for round in 1..=rounds() {
+        if scenario.kills_the_mounter() {
+            // Every keeper has given the fd store its copy (the store itself restarts in
+            // the plugin scenarios, and keepers give it again).
+            wait_for_store_copies(&node, &[&target, &other]).await;
+        }
         let old = node.plugin.take().expect("a plugin runs");
         match scenario {
             Scenario::Rollout => {
                 let new = node.start_plugin();
-                // The new plugin waits for the socket while the old serves;
+                let new_store = node.start_fd_store();
+                // The new plugin pod waits for the sockets while the old serves;
                 // the pod reads throughout.
                 pod.wait_passes(2).await;
                 old.kill();
+                node.fd_store.take().expect("an fd store runs").kill();
                 node.plugin = Some(new);
+                node.fd_store = Some(new_store);
             }
             Scenario::Crash => {
                 old.kill();
+                node.fd_store.take().expect("an fd store runs").kill();
                 // No plugin at all: the pod must still read.
                 pod.wait_passes(3).await;
                 node.plugin = Some(node.start_plugin());
+                node.fd_store = Some(node.start_fd_store());
+            }
+            Scenario::MounterRollout | Scenario::MounterCrash => {
+                node.plugin = Some(old);
+                let riffle = if scenario == Scenario::MounterRollout && round % 2 == 1 {
+                    next_build.clone()
+                } else {
+                    env.riffle.clone()
+                };
+                let before = daemons_of(&target);
+                let old_mounter = node.mounter.take().expect("a mounter runs");
+                if scenario == Scenario::MounterRollout {
+                    let new = node.start_mounter_container(&riffle);
+                    pod.wait_passes(1).await;
+                    old_mounter.kill();
+                    node.mounter = Some(new);
+                } else {
+                    old_mounter.kill();
+                    // The runtime restarts the container after a moment; reads wait on
+                    // the connections the fd store keeps (nothing to assert about time).
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    node.mounter = Some(node.start_mounter_container(&riffle));
+                }
+                wait_for_mounter(&node.mounter_socket()).await;
+                let deadline = Instant::now() + Duration::from_secs(120);
+                // A daemon under a keeper has the keeper's socket in its environment.
+                let is_daemon = |pid: &i32| {
+                    std::fs::read(format!("/proc/{pid}/environ"))
+                        .unwrap_or_default()
+                        .split(|b| *b == 0)
+                        .any(|var| var.starts_with(b"RIFFLE_KEEPER_FD="))
+                };
+                loop {
+                    // Done when the new keeper and its daemon are all that runs for the
+                    // target (`riffle mount` itself has exited).
+                    let now = daemons_of(&target);
+                    if now.len() == 2
+                        && now.iter().all(|p| !before.contains(p))
+                        && now.iter().any(is_daemon)
+                    {
+                        break;
+                    }
+                    assert!(
+                        Instant::now() < deadline,
+                        "round {round}: no new keeper and daemon took the mount over: {now:?}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                daemons = daemons_of(&target);
+                let exe = std::fs::read_link(format!("/proc/{}/exe", keeper_and_daemon(&target).1))
+                    .expect("the new daemon's program");
+                assert_eq!(
+                    exe,
+                    std::fs::canonicalize(&riffle).expect("the riffle binary"),
+                    "round {round}: the daemon runs the mounter's build"
+                );
             }
             Scenario::DaemonKill => {
                 node.plugin = Some(old);
@@ -531,13 +658,32 @@ async fn restarts_leave_reads_alone(scenario: Scenario) {
             daemons,
             "round {round}: the same processes serve (adopted, not remounted)"
         );
+        assert_eq!(
+            mount_id(&target),
+            Some(first_mount),
+            "round {round}: the pod's mount is the one it started with (never remounted)"
+        );
         let what = match scenario {
             Scenario::DaemonKill => "volume daemon SIGKILLed, successor serving",
-            _ => "plugin container killed, new plugin ready",
+            Scenario::MounterRollout => {
+                "new mounter container started, old one killed; its daemons' mounts taken over"
+            }
+            Scenario::MounterCrash => {
+                "mounter container killed and started again; its daemons' mounts taken over"
+            }
+            _ => "plugin pod killed, new plugin ready",
         };
+        let opens = fuse_stats(&env, &target);
+        if scenario.kills_the_mounter() {
+            // Passthrough again from the new daemon: new opens of files whose cache
+            // entry is complete get their backing file from it.
+            assert!(opens["passthrough"] == "enabled", "round {round}: {opens}");
+        }
         transcript(format!(
-            "{scenario:?} round {round}: {what}, pod read on ({} passes so far)",
-            pod.passes()
+            "{scenario:?} round {round}: {what}, pod read on ({} passes so far); this daemon: {} of {} opens through passthrough",
+            pod.passes(),
+            opens["passthrough_opens"],
+            opens["opens"]
         ));
     }
     // The last plugin knows the volume: publishing again is a no-op.
@@ -614,6 +760,61 @@ async fn a_daemon_sigkill_leaves_reads_alone() {
     restarts_leave_reads_alone(Scenario::DaemonKill).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mounter_rollout_to_a_new_build_leaves_reads_alone() {
+    restarts_leave_reads_alone(Scenario::MounterRollout).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mounter_crash_leaves_reads_alone() {
+    restarts_leave_reads_alone(Scenario::MounterCrash).await;
+}
+
+/// The mount id of the topmost mount at `path` (a remount gets a new one).
+fn mount_id(path: &Path) -> Option<u64> {
+    let wanted = path.to_string_lossy().into_owned();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .expect("mountinfo")
+        .lines()
+        .filter(|line| line.split(' ').nth(4) == Some(wanted.as_str()))
+        .filter_map(|line| line.split(' ').next()?.parse().ok())
+        .next_back()
+}
+
+/// Waits until the keeper of every target has given the fd store a copy of its connection
+/// since the last mounter start (its log says so once per copy given).
+async fn wait_for_store_copies(node: &Node, targets: &[&Path]) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for target in targets {
+        let log = node.path("state/logs").join(format!(
+            "{}.log",
+            riffle_csi::state::StateStore::key(target)
+        ));
+        let held = || {
+            std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .matches("the fd store holds a copy of the connection")
+                .count()
+        };
+        let took = || {
+            std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .matches("took the mount over from the fd store")
+                .count()
+        };
+        // One copy for the first keeper, one per keeper that took the mount over since, one
+        // more per fd store restart: at least one more than the take-overs.
+        while held() < took() + 1 {
+            assert!(
+                Instant::now() < deadline,
+                "the keeper of {} never gave the fd store its connection",
+                target.display()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
 /// Reads `path` until it gives `expected`, for up to `limit`.
 async fn read_eventually(path: &Path, expected: &str, limit: Duration) {
     let deadline = Instant::now() + limit;
@@ -632,13 +833,15 @@ async fn read_eventually(path: &Path, expected: &str, limit: Duration) {
 }
 
 /// What the design does not protect against, and how it ends: the mounter
-/// container itself restarts (its upgrade, OOM kill). Its daemons die with
-/// it; the mount on the node answers ENOTCONN; the plugin reports the
-/// mounter unreachable, and once a new mounter answers, its supervisor
-/// remounts the volume on the node (reaching pods with HostToContainer
-/// propagation and new pods). Then a node reboot (everything but the state
-/// directory gone), and last a mounter deleted for good, with which
-/// unpublish still ends in a clean node.
+/// container and the fd store die together (both pods restarted at once, as
+/// in a node reboot). The daemons die with the mounter and nothing holds
+/// their connections: the mount on the node answers ENOTCONN; the plugin
+/// reports the mounter unreachable, and once a new mounter answers, its
+/// supervisor finds nothing to take over and remounts the volume on the node
+/// (reaching pods with HostToContainer propagation and new pods). Then a
+/// node reboot (everything but the state directory gone), and last a
+/// mounter deleted for good, with which unpublish still ends in a clean
+/// node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mounter_restart_is_reported_and_repaired() {
     let _serial = SERIAL.lock().await;
@@ -647,6 +850,7 @@ async fn a_mounter_restart_is_reported_and_repaired() {
     let mut node = Node::new(&env);
     node.start_mounter().await;
     node.plugin = Some(node.start_plugin());
+    node.fd_store = Some(node.start_fd_store());
     let mut csi = node.connect().await;
     let target = node.target("trainer-0");
     node.publish(&mut csi, "vol-train", &target, &bucket).await;
@@ -655,6 +859,7 @@ async fn a_mounter_restart_is_reported_and_repaired() {
     let before = daemons_of(&target);
     assert_eq!(before.len(), 2, "riffle's keeper and daemon: {before:?}");
 
+    node.fd_store.take().expect("fd store").kill();
     node.mounter.take().expect("mounter").kill();
     // statfs always reaches the daemon; stat may come from the attr cache.
     // The first call after the connection ended may get ECONNABORTED, the
@@ -676,7 +881,7 @@ async fn a_mounter_restart_is_reported_and_repaired() {
         "{err}"
     );
     transcript(format!(
-        "mounter container killed: its daemon died, statfs on the target gives {err}"
+        "fd store and mounter container killed together: the daemon died, statfs on the target gives {err}"
     ));
     // The plugin says why it cannot repair it yet.
     let log = node.path("plugin-1.log");

@@ -264,6 +264,12 @@ pub struct MountArgs {
     #[arg(long, value_name = "SOCKET", requires = "restart")]
     pub fd_store: Option<PathBuf>,
 
+    /// With --fd-store: only take over the live mount the fd store holds for this mountpoint
+    /// (its keeper and daemon died together, e.g. with their container); fail, mounting
+    /// nothing, when the store holds none
+    #[arg(long, requires = "fd_store")]
+    pub take_over: bool,
+
     /// Internal: the daemon's socket to its keeper (`--restart`)
     #[arg(long, hide = true, env = "RIFFLE_KEEPER_FD")]
     pub keeper_fd: Option<i32>,

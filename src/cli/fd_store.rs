@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use nix::sys::socket::{getsockopt, sockopt};
 use parking_lot::Mutex;
 
@@ -85,13 +85,23 @@ pub fn run(args: &FdStoreArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A seqpacket listener at `path` (a stale socket file is replaced; a live store's is not).
+/// A seqpacket listener at `path`. A stale socket file is replaced; while another store still
+/// answers on it (a rollout that starts the new store before the old one stops), this waits
+/// for it to go: the old store's holders give their connections to this one once it serves.
 fn bind(path: &std::path::Path) -> anyhow::Result<UnixListener> {
     use nix::sys::socket::{
         bind, listen, socket, AddressFamily, Backlog, SockFlag, SockType, UnixAddr,
     };
-    if protocol::connect(path).is_ok() {
-        bail!("another fd store serves {}", path.display());
+    let mut said = false;
+    while protocol::connect(path).is_ok() {
+        if !said {
+            eprintln!(
+                "riffle fd-store: another fd store serves {}; waiting for it to stop",
+                path.display()
+            );
+            said = true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
     let _ = std::fs::remove_file(path);
     if let Some(dir) = path.parent() {

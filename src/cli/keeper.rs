@@ -116,15 +116,17 @@ pub fn run(args: &MountArgs) -> anyhow::Result<()> {
     }
     let holder = Arc::new(Mutex::new(Holder::default()));
     let store = match &args.fd_store {
-        Some(socket) => match StoreLink::open(socket, &args.mountpoint, &holder, log) {
-            Ok(link) => Some(link),
-            Err(e) => {
-                let reason = super::one_line(&e);
-                note(log, &reason);
-                readiness.failed(&reason);
-                return Err(e);
+        Some(socket) => {
+            match StoreLink::open(socket, &args.mountpoint, args.take_over, &holder, log) {
+                Ok(link) => Some(link),
+                Err(e) => {
+                    let reason = super::one_line(&e);
+                    note(log, &reason);
+                    readiness.failed(&reason);
+                    return Err(e);
+                }
             }
-        },
+        }
         None => None,
     };
     let result = keep(&holder, store.as_ref(), &mut readiness, log);
@@ -148,10 +150,13 @@ struct StoreLink {
 
 impl StoreLink {
     /// Connects to the store and takes the mount's bundle if the store holds one; then keeps
-    /// giving the store a copy of the keeper's bundle (again after the store restarts).
+    /// giving the store a copy of the keeper's bundle (again after the store restarts). With
+    /// `take_over_only`, a store that holds no live connection for the mountpoint (or cannot
+    /// be asked) is an error: the caller wanted that mount, not a new one.
     fn open(
         socket: &std::path::Path,
         mountpoint: &std::path::Path,
+        take_over_only: bool,
         holder: &Arc<Mutex<Holder>>,
         log: Option<&std::path::Path>,
     ) -> anyhow::Result<StoreLink> {
@@ -164,6 +169,13 @@ impl StoreLink {
             key,
             took: false,
         };
+        let nothing_to_take = |why: &str| {
+            anyhow::anyhow!(
+                "--take-over: the fd store {} {why} for {}; nothing was mounted",
+                socket.display(),
+                absolute.display()
+            )
+        };
         let lease = match protocol::connect(socket) {
             Ok(conn) => match take_waiting_for_a_dead_lease(&conn, &link.key) {
                 Ok(fds)
@@ -173,6 +185,9 @@ impl StoreLink {
                 {
                     // A mount that ended while no keeper ran: forget it, mount afresh.
                     protocol::drop_key(conn.as_fd(), &link.key);
+                    if take_over_only {
+                        return Err(nothing_to_take("held a connection that has ended"));
+                    }
                     Some(conn)
                 }
                 Ok(fds) => {
@@ -183,16 +198,23 @@ impl StoreLink {
                     note(log, "took the mount over from the fd store");
                     Some(conn)
                 }
+                Err(ProtocolError::Nothing) if take_over_only => {
+                    return Err(nothing_to_take("holds no connection"))
+                }
                 Err(ProtocolError::Nothing) => Some(conn),
                 Err(ProtocolError::Busy) => bail!(
                     "another keeper serves {} (the fd store lent it its connection)",
                     absolute.display()
                 ),
+                Err(e) if take_over_only => return Err(nothing_to_take(&format!("failed ({e})"))),
                 Err(e) => {
                     note(log, &format!("fd store {}: {e}", socket.display()));
                     None
                 }
             },
+            Err(e) if take_over_only => {
+                return Err(nothing_to_take(&format!("is unreachable ({e})")))
+            }
             Err(e) => {
                 note(
                     log,

@@ -11,6 +11,7 @@
 
 use super::protocol::{
     read_line, write_line, Request, Response, WireError, FEATURE_CREDENTIAL_FILES,
+    FEATURE_TAKE_OVER,
 };
 use crate::mounter::{DaemonId, Health, MountError, MountErrorKind, MountRequest, Mounter};
 use async_trait::async_trait;
@@ -86,6 +87,7 @@ impl RemoteMounter {
                 version,
                 pid,
                 features,
+                ..
             } => Ok((version, pid, features)),
             other => Err(unexpected(&other)),
         }
@@ -153,6 +155,35 @@ impl Mounter for RemoteMounter {
 
     async fn available(&self) -> Result<(), MountError> {
         self.ping().await.map(|_| ())
+    }
+
+    async fn instance(&self) -> Result<Option<String>, MountError> {
+        match self.call(&Request::Ping, self.call_timeout).await? {
+            Response::Pong { instance, .. } => Ok(instance),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    async fn take_over(&self, req: MountRequest<'_>) -> Result<Option<DaemonId>, MountError> {
+        // An older mounter would not know the request; ask first (one local round trip).
+        let (_, _, features) = self.pong().await?;
+        if !features.iter().any(|f| f == FEATURE_TAKE_OVER) {
+            return Err(MountError::new(
+                MountErrorKind::FailedPrecondition,
+                "the riffle-mounter on this node is older than the plugin and cannot take mounts over",
+            ));
+        }
+        let request = Request::TakeOver {
+            target: req.target.to_path_buf(),
+            settings: req.settings.clone(),
+            auth: req.auth.clone(),
+            pid_file: req.pid_file.to_path_buf(),
+            log_file: req.log_file.to_path_buf(),
+        };
+        match self.call(&request, self.mount_timeout).await? {
+            Response::Mounted { daemon } => Ok(daemon),
+            other => Err(unexpected(&other)),
+        }
     }
 
     async fn daemon_from_pid_file(&self, pid_file: &Path) -> Option<DaemonId> {

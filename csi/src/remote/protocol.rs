@@ -29,6 +29,9 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWrite
 /// [`DaemonCredentials`].
 pub const FEATURE_CREDENTIAL_FILES: &str = "credential-files";
 
+/// The Pong feature of mounters that answer [`Request::TakeOver`].
+pub const FEATURE_TAKE_OVER: &str = "take-over";
+
 /// Longest request or response line accepted.
 pub const MAX_LINE: u64 = 1 << 20;
 
@@ -56,6 +59,17 @@ pub enum Request {
         pid_file: PathBuf,
         log_file: PathBuf,
     },
+    /// A new daemon for the live mount at `target`, whose FUSE connection
+    /// the node's fd store kept when the daemon died (see
+    /// [`Mounter::take_over`](crate::mounter::Mounter::take_over)). Sent only
+    /// to mounters whose Pong lists [`FEATURE_TAKE_OVER`].
+    TakeOver {
+        target: PathBuf,
+        settings: VolumeSettings,
+        auth: DaemonCredentials,
+        pid_file: PathBuf,
+        log_file: PathBuf,
+    },
     Unmount {
         target: PathBuf,
         daemon: Option<DaemonId>,
@@ -76,6 +90,14 @@ impl std::fmt::Debug for Request {
             Request::Mount {
                 target, settings, ..
             } => write!(f, "mount {} at {}", settings.source_url(), target.display()),
+            Request::TakeOver {
+                target, settings, ..
+            } => write!(
+                f,
+                "take over {} at {}",
+                settings.source_url(),
+                target.display()
+            ),
             Request::Unmount { target, .. } => write!(f, "unmount {}", target.display()),
             Request::Health { target, .. } => write!(f, "health {}", target.display()),
             Request::DaemonFromPidFile { pid_file } => {
@@ -95,6 +117,10 @@ pub enum Response {
         /// What this mounter can do beyond the first protocol.
         #[serde(default)]
         features: Vec<String>,
+        /// Names this mounter process (its pid and start time): a change
+        /// between two pings is a restart. Absent from older mounters.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        instance: Option<String>,
     },
     Mounted {
         daemon: Option<DaemonId>,

@@ -17,7 +17,9 @@
 //! to anybody). Different targets proceed in parallel. Requests are logged
 //! by operation and target; credentials are never logged.
 
-use super::protocol::{read_line, write_line, Request, Response, FEATURE_CREDENTIAL_FILES};
+use super::protocol::{
+    read_line, write_line, Request, Response, FEATURE_CREDENTIAL_FILES, FEATURE_TAKE_OVER,
+};
 use crate::credentials::{scrub, Credentials};
 use crate::locks::KeyedLocks;
 use crate::mounter::{DaemonCredentials, MountError, MountErrorKind, MountRequest, Mounter};
@@ -29,6 +31,9 @@ use std::time::Duration;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+
+/// How long a new mounter waits for an old one to release the socket.
+const TAKEOVER_WAIT: Duration = Duration::from_secs(600);
 
 /// How long a client may take to send its request line.
 pub const REQUEST_READ_LIMIT: Duration = Duration::from_secs(30);
@@ -58,7 +63,8 @@ pub async fn start(
     socket: &Path,
     mounter: Arc<dyn Mounter>,
 ) -> Result<RunningService, ServerError> {
-    let listener = server::bind(socket).await?;
+    // A rollout may start the new mounter before the old one stops (maxSurge): wait for it.
+    let listener = server::bind_when_free(socket, TAKEOVER_WAIT).await?;
     std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600)).map_err(|source| {
         ServerError::Socket {
             path: socket.to_path_buf(),
@@ -144,12 +150,27 @@ async fn serve_connection(
     let response = handle(request, mounter.as_ref(), &locks).await;
     if let Response::Failed { message, .. } = &response {
         tracing::warn!(request = %described, error = %message, "request failed");
-    } else if !described.starts_with("health") && !described.starts_with("daemon") {
+    } else if !["health", "daemon", "ping"]
+        .iter()
+        .any(|quiet| described.starts_with(quiet))
+    {
         tracing::info!(request = %described, "done");
     }
     if let Err(e) = write_line(&mut stream, &response).await {
         tracing::warn!(request = %described, error = %e, "the plugin went away before the answer (the work is done; the next plugin adopts it)");
     }
+}
+
+/// This process among the mounters the plugin has talked to: its pid and when it started
+/// (pids repeat across containers).
+fn instance() -> &'static str {
+    static INSTANCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    INSTANCE.get_or_init(|| {
+        let started = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        format!("{}@{started}", std::process::id())
+    })
 }
 
 fn failed(kind: MountErrorKind, message: String) -> Response {
@@ -166,8 +187,33 @@ pub async fn handle(request: Request, mounter: &dyn Mounter, locks: &KeyedLocks)
         Request::Ping => Response::Pong {
             version: crate::VERSION.to_string(),
             pid: std::process::id(),
-            features: vec![FEATURE_CREDENTIAL_FILES.to_string()],
+            features: vec![
+                FEATURE_CREDENTIAL_FILES.to_string(),
+                FEATURE_TAKE_OVER.to_string(),
+            ],
+            instance: Some(instance().to_string()),
         },
+        Request::TakeOver {
+            target,
+            settings,
+            auth,
+            pid_file,
+            log_file,
+        } => {
+            let _one_at_a_time = locks.lock(&target).await;
+            let req = MountRequest {
+                target: &target,
+                settings: &settings,
+                auth: &auth,
+                credentials: None,
+                pid_file: &pid_file,
+                log_file: &log_file,
+            };
+            match mounter.take_over(req).await {
+                Ok(daemon) => Response::Mounted { daemon },
+                Err(e) => failed(e.kind, auth.scrub(&e.message)),
+            }
+        }
         Request::Mount {
             target,
             settings,
