@@ -98,6 +98,11 @@ impl DiskCache {
         self.counters.journal_replays.load(Ordering::Relaxed)
     }
 
+    /// Bytes charged to the cache now (cheap: no walk of the index).
+    pub fn used_bytes(&self) -> u64 {
+        self.state.lock().used
+    }
+
     /// A snapshot of the cache's state and counters.
     pub fn stats(&self) -> CacheStats {
         let c = &self.counters;
