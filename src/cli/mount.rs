@@ -24,6 +24,7 @@ use crate::cache::{
 };
 use crate::control;
 use crate::control::MountControl;
+use crate::fetch::peer::{self, server::PeerServer};
 use crate::fetch::{DiskTier, FetchConfig, Fetcher};
 use crate::fs::handover::{protocol, request_resend, Handover, InitParams, Resumed};
 use crate::fs::ops::FuseOps;
@@ -162,6 +163,8 @@ struct Stack {
     /// `.riffle-stats`, given the control handler as its source once that exists.
     stats_file: Arc<crate::fs::stats_file::StatsFile>,
     flush_on_exit: Option<Arc<DiskTier>>,
+    /// The peer port (`--peer-listen`), served as long as the mount.
+    _peer_server: Option<PeerServer>,
 }
 
 /// The session and how to end it.
@@ -191,12 +194,13 @@ fn build(
     let s3_store = Arc::new(runtime.block_on(S3Store::new(&s3)));
     let raw: Arc<dyn ObjectStore> = s3_store.clone();
     runtime.block_on(probe(raw.clone(), args))?;
-    // After the probe: its LIST has shown the credentials work. Only the cache needs it.
-    let principal = match &args.cache_dir {
-        Some(_) => runtime
+    // After the probe: its LIST has shown the credentials work. Only the cache and peers
+    // need it.
+    let principal = match args.cache_dir.is_some() || args.peers.is_some() {
+        true => runtime
             .block_on(s3_store.principal_name())
             .context("cannot tell who signs this mount's requests")?,
-        None => String::new(),
+        false => String::new(),
     };
     let endpoint = args.endpoint_url.as_deref().unwrap_or("aws-s3");
     let kept = args.cache_dir.as_ref().map(|dir| {
@@ -273,6 +277,7 @@ fn build(
     };
     let flush_on_exit = disk.clone();
     let fetcher = Fetcher::new(store, fetch_config, runtime.handle().clone(), disk);
+    let peer_server = start_peers(args, runtime, &fetcher, endpoint, &principal)?;
     let prefetch = Prefetcher::new(
         ns.clone(),
         fetcher.clone(),
@@ -329,7 +334,51 @@ fn build(
         stats_file: fs.stats_file(),
         fs: Some(fs),
         flush_on_exit,
+        _peer_server: peer_server,
     })
+}
+
+/// With `--peers`: the fetcher asks the blocks' owners before the store, and with
+/// `--peer-listen` this node serves its cache to them (`fetch::peer`).
+fn start_peers(
+    args: &MountArgs,
+    runtime: &tokio::runtime::Runtime,
+    fetcher: &Arc<Fetcher>,
+    endpoint: &str,
+    principal: &str,
+) -> anyhow::Result<Option<PeerServer>> {
+    let Some(members) = &args.peers else {
+        return Ok(None);
+    };
+    let Some(secret_file) = &args.peer_secret_file else {
+        bail!("--peers needs --peer-secret-file");
+    };
+    let secret = peer::Secret::from_file(secret_file)?;
+    let config = peer::PeerConfig {
+        listen: args.peer_listen,
+        members: members.clone(),
+        secret,
+        timeout: args.peer_timeout,
+        bucket: args.source.bucket.clone(),
+        prefix: args.source.prefix.clone(),
+        principal: crate::cache::Principal::new(endpoint, principal).to_hex(),
+        block_size: fetcher.config().block_size,
+        backoff: Duration::from_secs(1),
+    };
+    let _in_runtime = runtime.enter();
+    let peers = peer::Peers::new(config);
+    if args.peer_listen.is_some() && !peers.ring().members().iter().any(|m| m.is_self) {
+        if let peer::Membership::Static(_) = members {
+            tracing::warn!("--peers does not list this node's --peer-listen address: it serves peers but owns no blocks");
+        }
+    }
+    peers.start_discovery();
+    fetcher.set_peers(peers.clone());
+    let server = match args.peer_listen {
+        Some(addr) => Some(peer::server::serve(addr, fetcher.clone(), peers)?),
+        None => None,
+    };
+    Ok(server)
 }
 
 /// fuser's session settings. With a keeper, every thread reads the one descriptor the keeper
