@@ -454,9 +454,14 @@ mod tests {
         );
         assert_eq!(m.peer_timeout, std::time::Duration::from_millis(500));
         assert_eq!(
-            parse(&["--peers", "dns:riffle-peers.ns.svc:7070", "--peer-secret-file", "/s"])
-                .unwrap()
-                .peers,
+            parse(&[
+                "--peers",
+                "dns:riffle-peers.ns.svc:7070",
+                "--peer-secret-file",
+                "/s"
+            ])
+            .unwrap()
+            .peers,
             Some(Membership::Dns {
                 name: "riffle-peers.ns.svc".into(),
                 port: 7070
@@ -471,10 +476,24 @@ mod tests {
             let e = parse(&["--peers", bad, "--peer-secret-file", "/s"]).unwrap_err();
             assert!(e.contains("--peers"), "{bad}: {e}");
         }
-        assert!(parse(&["--peer-listen", "host:1", "--peers", "a:1", "--peer-secret-file", "/s"])
-            .is_err());
-        assert!(parse(&["--peers", "a:1", "--peer-secret-file", "/s", "--peer-timeout", "1ms"])
-            .is_err());
+        assert!(parse(&[
+            "--peer-listen",
+            "host:1",
+            "--peers",
+            "a:1",
+            "--peer-secret-file",
+            "/s"
+        ])
+        .is_err());
+        assert!(parse(&[
+            "--peers",
+            "a:1",
+            "--peer-secret-file",
+            "/s",
+            "--peer-timeout",
+            "1ms"
+        ])
+        .is_err());
     }
 
     #[test]

@@ -855,9 +855,9 @@ impl Fetcher {
     /// Whether a block read from a peer is also written to the NVMe cache: only while the
     /// cache is below its size budget (a copy never evicts anything).
     fn keeps_peer_copies(&self) -> bool {
-        self.disk.as_ref().is_some_and(|d| {
-            d.cache.used_bytes() + self.config.block_size <= d.cache.limit()
-        })
+        self.disk
+            .as_ref()
+            .is_some_and(|d| d.cache.used_bytes() + self.config.block_size <= d.cache.limit())
     }
 
     /// Completes the blocks of `run` that the NVMe cache holds; returns the others.

@@ -11,7 +11,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 use super::auth::{self, AuthError, Fields, Secret};
-use super::{PeerConfig, ObjectVersion};
+use super::{ObjectVersion, PeerConfig};
 
 pub const PATH: &str = "/v1/block";
 pub const CRC: &str = "x-riffle-crc32c";

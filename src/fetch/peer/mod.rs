@@ -95,8 +95,8 @@ impl Membership {
     pub fn parse(s: &str) -> Result<Membership, String> {
         let s = s.trim();
         if let Some(rest) = s.strip_prefix("dns:") {
-            let (name, port) = split_host_port(rest)
-                .ok_or_else(|| format!("'{s}' is not dns:NAME:PORT"))?;
+            let (name, port) =
+                split_host_port(rest).ok_or_else(|| format!("'{s}' is not dns:NAME:PORT"))?;
             return Ok(Membership::Dns {
                 name: name.to_string(),
                 port,
@@ -120,7 +120,10 @@ impl Membership {
 pub fn split_host_port(s: &str) -> Option<(&str, u16)> {
     let (host, port) = s.rsplit_once(':')?;
     let port: u16 = port.parse().ok().filter(|p| *p != 0)?;
-    let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
     let plausible = !host.is_empty()
         && host.len() <= 253
         && (host.parse::<IpAddr>().is_ok()
@@ -323,7 +326,8 @@ impl Peers {
                             let members = addrs
                                 .iter()
                                 .map(|a| {
-                                    let me = this.config.listen.is_some_and(|l| is_self_addr(*a, l));
+                                    let me =
+                                        this.config.listen.is_some_and(|l| is_self_addr(*a, l));
                                     Member::new(&a.to_string(), me)
                                 })
                                 .collect();
@@ -353,7 +357,13 @@ impl Peers {
                 }
                 break;
             }
-            if !self.breakers.lock().entry(member.addr.clone()).or_default().allows(Instant::now()) {
+            if !self
+                .breakers
+                .lock()
+                .entry(member.addr.clone())
+                .or_default()
+                .allows(Instant::now())
+            {
                 continue;
             }
             tried += 1;
@@ -365,7 +375,13 @@ impl Peers {
             .unwrap_or(Err(client::PeerError::Timeout));
             match result {
                 Ok((data, proof)) => {
-                    if self.breakers.lock().entry(member.addr.clone()).or_default().succeeded() {
+                    if self
+                        .breakers
+                        .lock()
+                        .entry(member.addr.clone())
+                        .or_default()
+                        .succeeded()
+                    {
                         tracing::info!(peer = %member.addr, "peer answers again");
                     }
                     self.stats.blocks_fetched.fetch_add(1, Ordering::Relaxed);

@@ -98,13 +98,11 @@ impl Ring {
 
     /// The owner of `block`, if there are members.
     pub fn owner(&self, block: BlockName) -> Option<&Member> {
-        self.members
-            .iter()
-            .max_by(|a, b| {
-                a.score(block)
-                    .cmp(&b.score(block))
-                    .then_with(|| b.addr.cmp(&a.addr))
-            })
+        self.members.iter().max_by(|a, b| {
+            a.score(block)
+                .cmp(&b.score(block))
+                .then_with(|| b.addr.cmp(&a.addr))
+        })
     }
 }
 
@@ -205,7 +203,10 @@ mod tests {
             }
         }
         let share = moved as f64 / blocks.len() as f64;
-        assert!((0.10..0.15).contains(&share), "moved {share}, expected ~1/8");
+        assert!(
+            (0.10..0.15).contains(&share),
+            "moved {share}, expected ~1/8"
+        );
     }
 
     #[test]
@@ -215,7 +216,9 @@ mod tests {
             let total = 30_000u64;
             let mut counts = std::collections::HashMap::new();
             for b in blocks(total) {
-                *counts.entry(r.owner(b).unwrap().addr.clone()).or_insert(0u64) += 1;
+                *counts
+                    .entry(r.owner(b).unwrap().addr.clone())
+                    .or_insert(0u64) += 1;
             }
             assert_eq!(counts.len(), n);
             let mean = total as f64 / n as f64;
@@ -235,6 +238,8 @@ mod tests {
         ]);
         assert_eq!(r.len(), 2);
         assert!(r.members()[0].is_self);
-        assert!(Ring::default().owner(BlockName::new("b", "k", "e", 0)).is_none());
+        assert!(Ring::default()
+            .owner(BlockName::new("b", "k", "e", 0))
+            .is_none());
     }
 }

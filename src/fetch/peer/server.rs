@@ -164,7 +164,11 @@ fn parse_query(query: &str) -> Option<BlockQuery> {
     })
 }
 
-async fn handle(req: Request<Incoming>, fetcher: &Arc<Fetcher>, peers: &Peers) -> Response<Full<Bytes>> {
+async fn handle(
+    req: Request<Incoming>,
+    fetcher: &Arc<Fetcher>,
+    peers: &Peers,
+) -> Response<Full<Bytes>> {
     let stats = peers.stats();
     let refuse = |status: StatusCode, why: &'static str| {
         stats.errors.fetch_add(1, Ordering::Relaxed);
@@ -234,7 +238,10 @@ async fn handle(req: Request<Incoming>, fetcher: &Arc<Fetcher>, peers: &Peers) -
                 HeaderValue::from_static("application/octet-stream"),
             );
             h.insert(CRC, HeaderValue::from(crc));
-            h.insert(PROOF, HeaderValue::from_static(if proof { "1" } else { "0" }));
+            h.insert(
+                PROOF,
+                HeaderValue::from_static(if proof { "1" } else { "0" }),
+            );
             if let Ok(v) = HeaderValue::from_str(&mac) {
                 h.insert(auth::RESPONSE_MAC, v);
             }
@@ -287,8 +294,17 @@ mod tests {
                 block_size: 1024,
             })
         );
-        assert_eq!(parse_query("bucket=b&key=k&etag=e&size=1&block=x&bs=1"), None);
-        assert_eq!(parse_query("bucket=b&key=&etag=e&size=1&block=0&bs=1"), None);
-        assert_eq!(parse_query("bucket=b&key=k&etag=e&size=1&block=0&bs=0"), None);
+        assert_eq!(
+            parse_query("bucket=b&key=k&etag=e&size=1&block=x&bs=1"),
+            None
+        );
+        assert_eq!(
+            parse_query("bucket=b&key=&etag=e&size=1&block=0&bs=1"),
+            None
+        );
+        assert_eq!(
+            parse_query("bucket=b&key=k&etag=e&size=1&block=0&bs=0"),
+            None
+        );
     }
 }

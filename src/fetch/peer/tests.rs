@@ -73,7 +73,13 @@ fn fetcher(store: &Arc<MemoryStore>, disk: Option<(&std::path::Path, &str)>) -> 
         cc.block_size = BS;
         cc.min_free = SizeLimit::Bytes(0);
         let cache = DiskCache::open(cc).unwrap();
-        Arc::new(DiskTier::new(cache, "http://test", "bucket", principal, None))
+        Arc::new(DiskTier::new(
+            cache,
+            "http://test",
+            "bucket",
+            principal,
+            None,
+        ))
     });
     Fetcher::new(
         store.clone(),
@@ -149,7 +155,11 @@ async fn blocks_come_from_their_owner_which_fetches_each_once() {
     // A second node reading the same blocks: the owner has them.
     let got = a2.read(&v, 0..data.len() as u64).await.unwrap();
     assert_eq!(&got[..], &data[..]);
-    assert_eq!(asker_store.count(Op::Get), 0, "the asker never went to the store");
+    assert_eq!(
+        asker_store.count(Op::Get),
+        0,
+        "the asker never went to the store"
+    );
     // The owner fetched the 11 blocks once, in runs or one by one.
     let owner_bytes = load(&owner.fetcher.stats().get_bytes);
     assert_eq!(owner_bytes, data.len() as u64);
@@ -170,15 +180,17 @@ async fn the_owner_reads_itself_from_the_store_and_a_node_never_asks_itself() {
     assert!(peers.ring().members()[0].is_self);
     f.set_peers(peers.clone());
     let v = version(&s, "k");
-    assert_eq!(&f.read(&v, 0..data.len() as u64).await.unwrap()[..], &data[..]);
+    assert_eq!(
+        &f.read(&v, 0..data.len() as u64).await.unwrap()[..],
+        &data[..]
+    );
     assert_eq!(s.count(Op::Get), 1, "one GET of the run, from the store");
     assert_eq!(load(&peers.stats().errors), 0);
     assert_eq!(load(&peers.stats().store_fallbacks), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dead_owner_costs_one_failure_then_the_next_ranked_serves_and_the_breaker_keeps_it_out(
-) {
+async fn a_dead_owner_costs_one_failure_then_the_next_ranked_serves_and_the_breaker_keeps_it_out() {
     let objects_data: Vec<(String, Vec<u8>)> = (0..40)
         .map(|i| (format!("f{i:02}"), body(100 + i, i as u8)))
         .collect();
@@ -200,7 +212,10 @@ async fn a_dead_owner_costs_one_failure_then_the_next_ranked_serves_and_the_brea
         }
         assert_eq!(&f.read(&v, 0..v.size).await.unwrap()[..], &d[..]);
     }
-    assert!(owned_by_dead > 5, "the test needs blocks the dead peer owns");
+    assert!(
+        owned_by_dead > 5,
+        "the test needs blocks the dead peer owns"
+    );
     // One failed request to the dead peer; then its breaker kept it out and the live one
     // served everything; the store was never asked.
     assert_eq!(load(&peers.stats().errors), 1);
@@ -216,7 +231,10 @@ async fn when_every_peer_fails_the_store_serves() {
     // The owner's store fails: it answers 502, and the asker goes to its own store.
     let owner_store = store(objects);
     for _ in 0..10 {
-        owner_store.inject(Op::Get, Fault::Error(StoreError::Transient("injected".into())));
+        owner_store.inject(
+            Op::Get,
+            Fault::Error(StoreError::Transient("injected".into())),
+        );
     }
     let owner = Node::start(fetcher(&owner_store, None), "key:a");
     let mine = store(objects);
@@ -331,7 +349,11 @@ async fn requests_with_another_secret_or_a_stale_time_are_refused() {
     assert_eq!(send(fresh.clone(), false).await.unwrap().status(), 401);
     // And the same request signed and fresh is served.
     assert_eq!(send(fresh, true).await.unwrap().status(), 200);
-    assert_eq!(owner_store.count(Op::Get), 1, "refused requests fetch nothing");
+    assert_eq!(
+        owner_store.count(Op::Get),
+        1,
+        "refused requests fetch nothing"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
