@@ -15,8 +15,8 @@
 #
 # Columns per epoch: GETs at the store ÷ files read (cluster-wide), files/s of
 # the slowest rank, bytes the nodes fetched from peers, object bytes the store
-# sent. The table goes to benches/results/w6-MODE.md and into benches/README.md
-# between the W6 markers.
+# sent. The table goes to benches/results/w6-MODE.md (benches/README.md, which
+# benches/run.sh generates, points there).
 #
 #   benches/w6.sh [--quick|--full] [--release] [--rounds N]
 #
@@ -24,7 +24,8 @@
 # built binaries: target/debug by default (cargo build -p rifflefs -p
 # riffle-bench), target/release with --release.
 # Environment: RIFFLE_BENCH_W6_SCALE (W1's scale) [quick 0.05, full 0.3],
-# RIFFLE_BENCH_SEED [1].
+# RIFFLE_BENCH_SEED [1], RIFFLE_BENCH_W6_ROWS (a subset of: no-peers-whole
+# peers-whole no-peers-40 peers-40 peers-whole-kill) [all].
 
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -187,12 +188,18 @@ EOF
 : > "$WORK/rows.tsv"
 WHOLE=$((BYTES * 3 / 2 + (64 << 20)))
 PART=$((BYTES * 2 / 5))
+ROWS=${RIFFLE_BENCH_W6_ROWS:-no-peers-whole peers-whole no-peers-40 peers-40 peers-whole-kill}
 for round in $(seq 1 "$ROUNDS"); do
-    run_row "no-peers-whole" 0 "$WHOLE" 0 "$round"
-    run_row "peers-whole" 1 "$WHOLE" 0 "$round"
-    run_row "no-peers-40" 0 "$PART" 0 "$round"
-    run_row "peers-40" 1 "$PART" 0 "$round"
-    run_row "peers-whole-kill" 1 "$WHOLE" 1 "$round"
+    for row in $ROWS; do
+        case $row in
+            no-peers-whole) run_row "$row" 0 "$WHOLE" 0 "$round" ;;
+            peers-whole) run_row "$row" 1 "$WHOLE" 0 "$round" ;;
+            no-peers-40) run_row "$row" 0 "$PART" 0 "$round" ;;
+            peers-40) run_row "$row" 1 "$PART" 0 "$round" ;;
+            peers-whole-kill) run_row "$row" 1 "$WHOLE" 1 "$round" ;;
+            *) die "unknown row $row" ;;
+        esac
+    done
 done
 
 # The table: medians over rounds.
@@ -231,18 +238,4 @@ EOF
 cat "$TABLE"
 mkdir -p "$ROOT/benches/results"
 cp "$TABLE" "$ROOT/benches/results/w6-$MODE.md"
-README=$ROOT/benches/README.md
-BEGIN="<!-- W6 $MODE begin -->" END="<!-- W6 $MODE end -->"
-if grep -qF "$BEGIN" "$README"; then
-    python3 - "$README" "$BEGIN" "$END" "$TABLE" <<'EOF'
-import sys
-readme, begin, end, table = sys.argv[1:]
-text = open(readme).read()
-a = text.index(begin) + len(begin)
-b = text.index(end)
-open(readme, "w").write(text[:a] + "\n" + open(table).read() + text[b:])
-EOF
-    say "benches/README.md updated"
-else
-    say "no '$BEGIN' marker in benches/README.md: the table is in benches/results/w6-$MODE.md"
-fi
+say "the table is in benches/results/w6-$MODE.md"

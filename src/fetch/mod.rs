@@ -853,11 +853,16 @@ impl Fetcher {
     }
 
     /// Whether a block read from a peer is also written to the NVMe cache: only while the
-    /// cache is below its size budget (a copy never evicts anything).
+    /// cache is below its size budget and has never had to make room since it was opened.
+    /// A copy never evicts anything, and once the cache is full it holds what this node
+    /// owns (and reads from the store), not copies whose owners keep them: with caches
+    /// smaller than the dataset, copies would push out owned blocks the other nodes then
+    /// fetch from the store again.
     fn keeps_peer_copies(&self) -> bool {
-        self.disk
-            .as_ref()
-            .is_some_and(|d| d.cache.used_bytes() + self.config.block_size <= d.cache.limit())
+        self.disk.as_ref().is_some_and(|d| {
+            !d.cache.has_been_full()
+                && d.cache.used_bytes() + self.config.block_size <= d.cache.limit()
+        })
     }
 
     /// Completes the blocks of `run` that the NVMe cache holds; returns the others.

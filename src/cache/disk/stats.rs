@@ -103,6 +103,13 @@ impl DiskCache {
         self.state.lock().used
     }
 
+    /// Whether the cache has had to make room (evicted, or refused a write) since it was
+    /// opened (cheap: two counters).
+    pub fn has_been_full(&self) -> bool {
+        self.counters.evictions.load(Ordering::Relaxed) > 0
+            || self.counters.full.load(Ordering::Relaxed) > 0
+    }
+
     /// A snapshot of the cache's state and counters.
     pub fn stats(&self) -> CacheStats {
         let c = &self.counters;

@@ -486,3 +486,25 @@ fn membership_parses_and_recognises_this_node() {
     let flags: Vec<bool> = peers.ring().members().iter().map(|m| m.is_self).collect();
     assert_eq!(flags, vec![true, false]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dns_membership_resolves_the_name_and_recognises_this_node() {
+    let listen: SocketAddr = "127.0.0.1:7077".parse().unwrap();
+    let mut cfg = config(Vec::new(), Some(listen), "key:a");
+    cfg.members = Membership::Dns {
+        name: "localhost".into(),
+        port: 7077,
+    };
+    let peers = Peers::new(cfg);
+    assert_eq!(peers.member_count(), 0, "nothing before the first lookup");
+    peers.start_discovery();
+    crate::test_support::eventually("the name to resolve", || peers.member_count() > 0).await;
+    let ring = peers.ring();
+    assert!(
+        ring.members()
+            .iter()
+            .any(|m| m.addr == "127.0.0.1:7077" && m.is_self),
+        "{:?}",
+        ring.members()
+    );
+}

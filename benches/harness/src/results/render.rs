@@ -555,6 +555,11 @@ const README_TAIL: &str = "\
   time (uploading its 1.1 M objects to the local RGW takes ~20 min, and RGW's
   memstore then holds ~15 GB: restart it before the other workloads);
   `benches/run.sh W1 W2 W5` runs the others without it.
+- **W6** (three nodes reading as one data-parallel job, with and without
+  `--peers`) runs apart from `benches/run.sh`: `benches/w6.sh [--quick|--full]`
+  (debug binaries by default, `--release` for release ones). Its table goes to
+  `benches/results/w6-MODE.md`; the last one is quoted in the main README
+  (\"Many nodes: peers\").
 ";
 
 #[cfg(test)]
