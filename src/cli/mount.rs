@@ -278,6 +278,9 @@ fn build(
     let flush_on_exit = disk.clone();
     let fetcher = Fetcher::new(store, fetch_config, runtime.handle().clone(), disk);
     let peer_server = start_peers(args, runtime, &fetcher, endpoint, &principal)?;
+    if let Some(peers) = fetcher.peers() {
+        track_dataset_bytes(runtime, &ns, peers);
+    }
     let prefetch = Prefetcher::new(
         ns.clone(),
         fetcher.clone(),
@@ -336,6 +339,36 @@ fn build(
         flush_on_exit,
         _peer_server: peer_server,
     })
+}
+
+/// Keeps `peers` told how many bytes the mount has listed (its share of them is the room
+/// the cache keeps for owned blocks): every 2 s for the first minute, while a job's first
+/// listings come in, then every 30 s. Ends when the namespace goes.
+fn track_dataset_bytes(
+    runtime: &tokio::runtime::Runtime,
+    ns: &Arc<Namespace>,
+    peers: &Arc<peer::Peers>,
+) {
+    let ns = Arc::downgrade(ns);
+    let peers = Arc::downgrade(peers);
+    runtime.spawn(async move {
+        let started = std::time::Instant::now();
+        loop {
+            let Some(n) = ns.upgrade() else { return };
+            let bytes = tokio::task::spawn_blocking(move || n.listed_usage(None).bytes).await;
+            match (bytes, peers.upgrade()) {
+                (Ok(bytes), Some(p)) => p.set_dataset_bytes(bytes),
+                (_, None) => return,
+                _ => {}
+            }
+            let pause = if started.elapsed() < Duration::from_secs(60) {
+                2
+            } else {
+                30
+            };
+            tokio::time::sleep(Duration::from_secs(pause)).await;
+        }
+    });
 }
 
 /// With `--peers`: the fetcher asks the blocks' owners before the store, and with

@@ -853,15 +853,16 @@ impl Fetcher {
     }
 
     /// Whether a block read from a peer is also written to the NVMe cache: only while the
-    /// cache is below its size budget and has never had to make room since it was opened.
-    /// A copy never evicts anything, and once the cache is full it holds what this node
-    /// owns (and reads from the store), not copies whose owners keep them: with caches
-    /// smaller than the dataset, copies would push out owned blocks the other nodes then
-    /// fetch from the store again.
+    /// cache has room for it *and* for this node's share of the dataset (what it owns, see
+    /// [`peer::Peers::owned_share`]), and has never had to make room since it was opened. A
+    /// copy never evicts anything, and a cache smaller than the dataset holds what this node
+    /// owns rather than copies whose owners keep them: otherwise the copies would push out
+    /// owned blocks that the other nodes then fetch from the store again.
     fn keeps_peer_copies(&self) -> bool {
+        let reserve = self.peers.get().map_or(0, |p| p.owned_share());
         self.disk.as_ref().is_some_and(|d| {
             !d.cache.has_been_full()
-                && d.cache.used_bytes() + self.config.block_size <= d.cache.limit()
+                && d.cache.used_bytes() + self.config.block_size + reserve <= d.cache.limit()
         })
     }
 
