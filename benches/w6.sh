@@ -11,7 +11,8 @@
 # ranks at once; the page cache is dropped before every epoch. Rows: no peers
 # (today) and peers, with caches that hold the whole dataset and caches of 40%
 # of it each (120% together); and peers with the third daemon SIGKILLed before
-# epoch 3 (its rank stops; the other two read their shares).
+# epoch 3 (its rank stops; the other two read their shares), at both sizes.
+# In epoch 3 of those rows the files read are the two live ranks' shares.
 #
 # Columns per epoch: GETs at the store ÷ files read (cluster-wide), files/s of
 # the slowest rank, bytes the nodes fetched from peers, object bytes the store
@@ -25,7 +26,7 @@
 # riffle-bench), target/release with --release.
 # Environment: RIFFLE_BENCH_W6_SCALE (W1's scale) [quick 0.05, full 0.3],
 # RIFFLE_BENCH_SEED [1], RIFFLE_BENCH_W6_ROWS (a subset of: no-peers-whole
-# peers-whole no-peers-40 peers-40 peers-whole-kill) [all].
+# peers-whole no-peers-40 peers-40 peers-whole-kill peers-40-kill) [all].
 
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -188,7 +189,7 @@ EOF
 : > "$WORK/rows.tsv"
 WHOLE=$((BYTES * 3 / 2 + (64 << 20)))
 PART=$((BYTES * 2 / 5))
-ROWS=${RIFFLE_BENCH_W6_ROWS:-no-peers-whole peers-whole no-peers-40 peers-40 peers-whole-kill}
+ROWS=${RIFFLE_BENCH_W6_ROWS:-no-peers-whole peers-whole no-peers-40 peers-40 peers-whole-kill peers-40-kill}
 for round in $(seq 1 "$ROUNDS"); do
     for row in $ROWS; do
         case $row in
@@ -197,6 +198,7 @@ for round in $(seq 1 "$ROUNDS"); do
             no-peers-40) run_row "$row" 0 "$PART" 0 "$round" ;;
             peers-40) run_row "$row" 1 "$PART" 0 "$round" ;;
             peers-whole-kill) run_row "$row" 1 "$WHOLE" 1 "$round" ;;
+            peers-40-kill) run_row "$row" 1 "$PART" 1 "$round" ;;
             *) die "unknown row $row" ;;
         esac
     done
@@ -217,6 +219,7 @@ labels = {
     "no-peers-40": ("no peers (today)", "40% each"),
     "peers-40": ("peers", "40% each"),
     "peers-whole-kill": ("peers, node 3 SIGKILLed before epoch 3", "whole dataset"),
+    "peers-40-kill": ("peers, node 3 SIGKILLed before epoch 3", "40% each"),
 }
 med = lambda xs: statistics.median(xs)
 print(f"W6 ({mode}, {profile} build, commit {commit}): W1's dataset at scale {scale}, {files} files, "
