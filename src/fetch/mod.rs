@@ -23,6 +23,13 @@
 //! NVMe cache entry by the cache's I/O thread. It does so only when nothing has to wait and
 //! the block is not in flight; everything else (and any failed or mismatched disk read) goes
 //! through [`Fetcher::read`].
+//!
+//! With peers ([`peer`], `--peers`), a GET's run of missing blocks is first offered to the
+//! blocks' owners among the other nodes, block by block and all at once, holding the GET's
+//! budget; what they serve (CRC-checked) completes like a fetched block, and the blocks this
+//! node owns or that no peer could serve go to the store as before. Blocks asked for by a
+//! peer ([`Fetcher::serve_peer`]) are claimed like any other (so they join a fetch in flight)
+//! but are never offered to peers again, and take a budget of their own.
 
 mod blocks;
 mod disk;
