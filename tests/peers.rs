@@ -243,4 +243,9 @@ fn three_nodes_fetch_each_file_once_and_survive_a_killed_peer() {
         .map(|m| stats(m)["peer"]["errors"].as_u64().unwrap_or(0))
         .sum();
     eprintln!("epoch 3: {errors} failed peer requests (the dead node's breaker)");
+    // Only what the killed node owned and the others had no copy of goes to the store again.
+    assert!(
+        epoch3 <= read3 as u64 / 2,
+        "epoch 3: {epoch3} GETs for {read3} files"
+    );
 }
