@@ -659,6 +659,20 @@ mod tests {
             tokio::runtime::Handle::current(),
             Some(disk),
         );
+        // With peers, so their section is classified too.
+        fetcher.set_peers(crate::fetch::peer::Peers::new(
+            crate::fetch::peer::PeerConfig {
+                listen: None,
+                members: crate::fetch::peer::Membership::Static(vec!["127.0.0.1:9".into()]),
+                secret: crate::fetch::peer::Secret::from_bytes(b"0123456789abcdef"),
+                timeout: std::time::Duration::from_secs(2),
+                bucket: "bucket".into(),
+                prefix: String::new(),
+                principal: "00".repeat(16),
+                block_size: 1 << 20,
+                backoff: std::time::Duration::from_secs(1),
+            },
+        ));
         let fs = Arc::new(FsStatus::default());
         *fs.passthrough_mode.lock() = "enabled".into();
         let source = Arc::new(MountMetrics {
@@ -687,6 +701,7 @@ mod tests {
         assert!(!text.contains(" unknown\n"), "{text}");
         assert!(text.contains("riffle_cache_limit_bytes 67108864"), "{text}");
         assert_eq!(sample(&text, "riffle_fuse_passthrough_enabled"), Some("1"));
+        assert_eq!(sample(&text, "riffle_peer_members"), Some("1"));
         // Family names are unique (OpenMetrics requires it).
         let mut seen = HashSet::new();
         for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {

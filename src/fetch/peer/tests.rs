@@ -508,3 +508,54 @@ async fn dns_membership_resolves_the_name_and_recognises_this_node() {
         ring.members()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_blocks_are_kept_on_disk_only_beyond_the_room_for_this_nodes_share() {
+    let objects_data: Vec<(String, Vec<u8>)> = (0..24)
+        .map(|i| (format!("f{i:02}"), body(1000 + i, i as u8)))
+        .collect();
+    let objects: Vec<(&str, &[u8])> = objects_data
+        .iter()
+        .map(|(k, d)| (k.as_str(), d.as_slice()))
+        .collect();
+    let owner = Node::start(fetcher(&store(&objects), None), "key:a");
+    let me: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let read_all = |dataset_bytes: u64| {
+        let objects = &objects;
+        let owner = owner.addr();
+        async move {
+            let dir = tempfile::tempdir().unwrap();
+            let mine = store(objects);
+            let f = fetcher(&mine, Some((dir.path(), "key:a")));
+            let peers = Peers::new(config(vec![owner, me.to_string()], Some(me), "key:a"));
+            peers.set_dataset_bytes(dataset_bytes);
+            f.set_peers(peers.clone());
+            let mut from_peer = Vec::new();
+            for (k, _) in objects {
+                let v = version(&mine, k);
+                f.read(&v, 0..v.size).await.unwrap();
+                let name = BlockName::new("bucket", k, &v.etag, 0);
+                if !peers.ring().owner(name).unwrap().is_self {
+                    from_peer.push(v);
+                }
+            }
+            assert!(!from_peer.is_empty());
+            // Let the writes of kept copies land (a block leaves the in-flight table once
+            // its write is over).
+            crate::test_support::eventually("the copies' writes", || f.inflight.lock().is_empty())
+                .await;
+            let tier = f.disk().unwrap().clone();
+            let kept = from_peer
+                .iter()
+                .filter(|v| tier.cache().is_complete(&tier.identity(v)))
+                .count();
+            (kept, from_peer.len(), dir)
+        }
+    };
+    // A small dataset: room for this node's share and the copies.
+    let (kept, n, _dir) = read_all(1 << 20).await;
+    assert_eq!(kept, n, "every copy kept");
+    // A dataset whose share (half of it, two members) fills the 64 MiB cache: no copies.
+    let (kept, _, _dir) = read_all(128 << 20).await;
+    assert_eq!(kept, 0, "no copy kept");
+}
