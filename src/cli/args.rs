@@ -221,19 +221,18 @@ pub struct MountArgs {
 
     /// Serve this node's cached blocks to its peers on HOST:PORT (authenticated with
     /// --peer-secret-file; listen on the cluster network only)
-    #[arg(long, value_name = "HOST:PORT", value_parser = parse_peer_listen, requires = "peers")]
+    #[arg(long, value_name = "HOST:PORT", value_parser = parse_peer_listen)]
     pub peer_listen: Option<std::net::SocketAddr>,
 
     /// The nodes that serve each other's cache: HOST:PORT,HOST:PORT,... (the same list on
     /// every node; it may include this node's own --peer-listen address), or dns:NAME:PORT
     /// (every address of NAME, re-resolved every 30 s: a Kubernetes headless Service)
-    #[arg(long, value_name = "HOST:PORT,...|dns:NAME:PORT", value_parser = parse_peers,
-          requires = "peer_secret_file")]
+    #[arg(long, value_name = "HOST:PORT,...|dns:NAME:PORT", value_parser = parse_peers)]
     pub peers: Option<crate::fetch::peer::Membership>,
 
     /// A file holding the secret every peer shares (at least 16 bytes; surrounding whitespace
     /// is ignored); requests between peers are signed with it (HMAC-SHA256)
-    #[arg(long, value_name = "FILE", requires = "peers")]
+    #[arg(long, value_name = "FILE")]
     pub peer_secret_file: Option<PathBuf>,
 
     /// How long to wait for a peer's answer before asking the next one, then the store
@@ -359,6 +358,23 @@ fn parse_log_max_size(s: &str) -> Result<u64, String> {
     Ok(bytes)
 }
 
+impl MountArgs {
+    /// The peer options that only make sense together (clap's own message for a missing
+    /// companion names no option once cut to one line, so these are checked here).
+    pub fn check_peer_options(&self) -> Result<(), String> {
+        match (&self.peers, &self.peer_secret_file, &self.peer_listen) {
+            (Some(_), None, _) => {
+                Err("--peers needs --peer-secret-file FILE (the secret every peer shares)".into())
+            }
+            (None, Some(_), _) => Err("--peer-secret-file is only used with --peers".into()),
+            (None, None, Some(_)) => Err(
+                "--peer-listen needs --peers (the nodes it serves) and --peer-secret-file".into(),
+            ),
+            _ => Ok(()),
+        }
+    }
+}
+
 fn parse_peer_listen(s: &str) -> Result<std::net::SocketAddr, String> {
     s.parse::<std::net::SocketAddr>()
         .map_err(|_| format!("'{s}' is not IP:PORT (e.g. 10.0.0.5:7070, or 0.0.0.0:7070)"))
@@ -468,9 +484,21 @@ mod tests {
             })
         );
         // --peers without a secret, a secret or listen address without --peers.
-        assert!(parse(&["--peers", "a:1"]).is_err());
-        assert!(parse(&["--peer-secret-file", "/s"]).is_err());
-        assert!(parse(&["--peer-listen", "127.0.0.1:1"]).is_err());
+        let check = |extra: &[&str]| parse(extra).unwrap().check_peer_options();
+        assert!(check(&["--peers", "a:1"])
+            .unwrap_err()
+            .contains("--peer-secret-file"));
+        assert!(check(&["--peer-secret-file", "/s"])
+            .unwrap_err()
+            .contains("--peers"));
+        assert!(check(&["--peer-listen", "127.0.0.1:1"])
+            .unwrap_err()
+            .contains("--peers"));
+        assert_eq!(
+            check(&["--peers", "a:1", "--peer-secret-file", "/s"]),
+            Ok(())
+        );
+        assert_eq!(check(&[]), Ok(()));
         // Bad addresses and timeouts.
         for bad in ["a", "a:0", "a:x", "a:1,b", "", "dns:name"] {
             let e = parse(&["--peers", bad, "--peer-secret-file", "/s"]).unwrap_err();

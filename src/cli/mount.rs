@@ -48,6 +48,11 @@ const KERNEL_READ_AHEAD: u32 = 1 << 20;
 const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
 
 pub fn run(args: MountArgs) -> anyhow::Result<()> {
+    // Peer options that cannot be used are said at once, before any daemon starts.
+    args.check_peer_options().map_err(|e| anyhow!(e))?;
+    if let Some(path) = &args.peer_secret_file {
+        peer::Secret::from_file(path)?;
+    }
     if !args.foreground {
         let abs = std::path::absolute(&args.mountpoint).unwrap_or(args.mountpoint.clone());
         let (log, given) = match &args.log_file {
