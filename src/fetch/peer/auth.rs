@@ -219,7 +219,7 @@ impl Fields {
         Ok(Fields {
             time,
             node: node.to_string(),
-            principal: principal.to_ascii_lowercase(),
+            principal: principal.to_string(),
         })
     }
 }
