@@ -559,3 +559,37 @@ async fn peer_blocks_are_kept_on_disk_only_beyond_the_room_for_this_nodes_share(
     let (kept, _, _dir) = read_all(128 << 20).await;
     assert_eq!(kept, 0, "no copy kept");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_never_answers_costs_one_timeout_then_its_breaker_keeps_it_out() {
+    // Accepts connections and reads nothing: every request to it times out.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_addr = silent.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = silent.accept().await {
+            held.push(s);
+        }
+    });
+    let objects_data: Vec<(String, Vec<u8>)> = (0..6)
+        .map(|i| (format!("s{i}"), body(200, i as u8)))
+        .collect();
+    let objects: Vec<(&str, &[u8])> = objects_data
+        .iter()
+        .map(|(k, d)| (k.as_str(), d.as_slice()))
+        .collect();
+    let mine = store(&objects);
+    let f = fetcher(&mine, None);
+    let mut cfg = config(vec![silent_addr], None, "key:a");
+    cfg.timeout = Duration::from_millis(200);
+    let peers = Peers::new(cfg);
+    f.set_peers(peers.clone());
+    for (k, d) in &objects_data {
+        let v = version(&mine, k);
+        assert_eq!(&f.read(&v, 0..v.size).await.unwrap()[..], &d[..]);
+    }
+    // The first block waited for the timeout; the others did not ask the silent peer.
+    assert_eq!(load(&peers.stats().errors), 1);
+    assert_eq!(load(&peers.stats().store_fallbacks), 6);
+    assert_eq!(mine.count(Op::Get), 6);
+}
