@@ -88,6 +88,11 @@ impl Principal {
         Principal(out)
     }
 
+    /// The hash in hex (32 digits): how peers name a principal ([`crate::fetch::peer`]).
+    pub fn to_hex(&self) -> String {
+        self.hex()
+    }
+
     fn hex(&self) -> String {
         self.0.iter().map(|b| format!("{b:02x}")).collect()
     }

@@ -219,6 +219,26 @@ pub struct MountArgs {
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics_addr: Option<std::net::SocketAddr>,
 
+    /// Serve this node's cached blocks to its peers on HOST:PORT (authenticated with
+    /// --peer-secret-file; listen on the cluster network only)
+    #[arg(long, value_name = "HOST:PORT", value_parser = parse_peer_listen)]
+    pub peer_listen: Option<std::net::SocketAddr>,
+
+    /// The nodes that serve each other's cache: HOST:PORT,HOST:PORT,... (the same list on
+    /// every node; it may include this node's own --peer-listen address), or dns:NAME:PORT
+    /// (every address of NAME, re-resolved every 30 s: a Kubernetes headless Service)
+    #[arg(long, value_name = "HOST:PORT,...|dns:NAME:PORT", value_parser = parse_peers)]
+    pub peers: Option<crate::fetch::peer::Membership>,
+
+    /// A file holding the secret every peer shares (at least 16 bytes; surrounding whitespace
+    /// is ignored); requests between peers are signed with it (HMAC-SHA256)
+    #[arg(long, value_name = "FILE")]
+    pub peer_secret_file: Option<PathBuf>,
+
+    /// How long to wait for a peer's answer before asking the next one, then the store
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_peer_timeout)]
+    pub peer_timeout: std::time::Duration,
+
     /// Stay attached to the terminal instead of running as a background daemon
     #[arg(long)]
     pub foreground: bool,
@@ -344,6 +364,41 @@ fn parse_log_max_size(s: &str) -> Result<u64, String> {
     Ok(bytes)
 }
 
+impl MountArgs {
+    /// The peer options that only make sense together (clap's own message for a missing
+    /// companion names no option once cut to one line, so these are checked here).
+    pub fn check_peer_options(&self) -> Result<(), String> {
+        match (&self.peers, &self.peer_secret_file, &self.peer_listen) {
+            (Some(_), None, _) => {
+                Err("--peers needs --peer-secret-file FILE (the secret every peer shares)".into())
+            }
+            (None, Some(_), _) => Err("--peer-secret-file is only used with --peers".into()),
+            (None, None, Some(_)) => Err(
+                "--peer-listen needs --peers (the nodes it serves) and --peer-secret-file".into(),
+            ),
+            _ => Ok(()),
+        }
+    }
+}
+
+fn parse_peer_listen(s: &str) -> Result<std::net::SocketAddr, String> {
+    s.parse::<std::net::SocketAddr>()
+        .map_err(|_| format!("'{s}' is not IP:PORT (e.g. 10.0.0.5:7070, or 0.0.0.0:7070)"))
+}
+
+fn parse_peers(s: &str) -> Result<crate::fetch::peer::Membership, String> {
+    crate::fetch::peer::Membership::parse(s)
+}
+
+fn parse_peer_timeout(s: &str) -> Result<std::time::Duration, String> {
+    let d = humantime::parse_duration(s)
+        .map_err(|_| format!("'{s}' is not a duration like 2s or 500ms"))?;
+    if d < std::time::Duration::from_millis(10) || d > std::time::Duration::from_secs(600) {
+        return Err(format!("'{s}' must be from 10ms to 10m"));
+    }
+    Ok(d)
+}
+
 fn parse_endpoint(s: &str) -> Result<String, String> {
     let url = url::Url::parse(s).map_err(|e| format!("'{s}' is not a URL: {e}"))?;
     if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
@@ -386,6 +441,93 @@ mod tests {
             parse_endpoint("http://127.0.0.1:7480/").unwrap(),
             "http://127.0.0.1:7480"
         );
+    }
+
+    #[test]
+    fn peer_options_are_checked() {
+        use crate::fetch::peer::Membership;
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["riffle", "mount", "s3://bkt", "/m"];
+            argv.extend_from_slice(extra);
+            match Cli::try_parse_from(argv).map(|c| c.command) {
+                Ok(Command::Mount(m)) => Ok(m),
+                Ok(_) => panic!("not a mount"),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        let m = parse(&[
+            "--peer-listen",
+            "127.0.0.1:7001",
+            "--peers",
+            "127.0.0.1:7001, node-b:7001,[::1]:7001",
+            "--peer-secret-file",
+            "/s",
+            "--peer-timeout",
+            "500ms",
+        ])
+        .unwrap();
+        assert_eq!(
+            m.peers,
+            Some(Membership::Static(vec![
+                "127.0.0.1:7001".into(),
+                "node-b:7001".into(),
+                "[::1]:7001".into()
+            ]))
+        );
+        assert_eq!(m.peer_timeout, std::time::Duration::from_millis(500));
+        assert_eq!(
+            parse(&[
+                "--peers",
+                "dns:riffle-peers.ns.svc:7070",
+                "--peer-secret-file",
+                "/s"
+            ])
+            .unwrap()
+            .peers,
+            Some(Membership::Dns {
+                name: "riffle-peers.ns.svc".into(),
+                port: 7070
+            })
+        );
+        // --peers without a secret, a secret or listen address without --peers.
+        let check = |extra: &[&str]| parse(extra).unwrap().check_peer_options();
+        assert!(check(&["--peers", "a:1"])
+            .unwrap_err()
+            .contains("--peer-secret-file"));
+        assert!(check(&["--peer-secret-file", "/s"])
+            .unwrap_err()
+            .contains("--peers"));
+        assert!(check(&["--peer-listen", "127.0.0.1:1"])
+            .unwrap_err()
+            .contains("--peers"));
+        assert_eq!(
+            check(&["--peers", "a:1", "--peer-secret-file", "/s"]),
+            Ok(())
+        );
+        assert_eq!(check(&[]), Ok(()));
+        // Bad addresses and timeouts.
+        for bad in ["a", "a:0", "a:x", "a:1,b", "", "dns:name"] {
+            let e = parse(&["--peers", bad, "--peer-secret-file", "/s"]).unwrap_err();
+            assert!(e.contains("--peers"), "{bad}: {e}");
+        }
+        assert!(parse(&[
+            "--peer-listen",
+            "host:1",
+            "--peers",
+            "a:1",
+            "--peer-secret-file",
+            "/s"
+        ])
+        .is_err());
+        assert!(parse(&[
+            "--peers",
+            "a:1",
+            "--peer-secret-file",
+            "/s",
+            "--peer-timeout",
+            "1ms"
+        ])
+        .is_err());
     }
 
     #[test]

@@ -24,6 +24,7 @@ use crate::cache::{
 };
 use crate::control;
 use crate::control::MountControl;
+use crate::fetch::peer::{self, server::PeerServer};
 use crate::fetch::{DiskTier, FetchConfig, Fetcher};
 use crate::fs::handover::{protocol, request_resend, Handover, InitParams, Resumed};
 use crate::fs::ops::FuseOps;
@@ -47,6 +48,11 @@ const KERNEL_READ_AHEAD: u32 = 1 << 20;
 const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
 
 pub fn run(args: MountArgs) -> anyhow::Result<()> {
+    // Peer options that cannot be used are said at once, before any daemon starts.
+    args.check_peer_options().map_err(|e| anyhow!(e))?;
+    if let Some(path) = &args.peer_secret_file {
+        peer::Secret::from_file(path)?;
+    }
     if !args.foreground {
         let abs = std::path::absolute(&args.mountpoint).unwrap_or(args.mountpoint.clone());
         let (log, given) = match &args.log_file {
@@ -162,6 +168,8 @@ struct Stack {
     /// `.riffle-stats`, given the control handler as its source once that exists.
     stats_file: Arc<crate::fs::stats_file::StatsFile>,
     flush_on_exit: Option<Arc<DiskTier>>,
+    /// The peer port (`--peer-listen`), served as long as the mount.
+    _peer_server: Option<PeerServer>,
 }
 
 /// The session and how to end it.
@@ -191,12 +199,13 @@ fn build(
     let s3_store = Arc::new(runtime.block_on(S3Store::new(&s3)));
     let raw: Arc<dyn ObjectStore> = s3_store.clone();
     runtime.block_on(probe(raw.clone(), args))?;
-    // After the probe: its LIST has shown the credentials work. Only the cache needs it.
-    let principal = match &args.cache_dir {
-        Some(_) => runtime
+    // After the probe: its LIST has shown the credentials work. Only the cache and peers
+    // need it.
+    let principal = match args.cache_dir.is_some() || args.peers.is_some() {
+        true => runtime
             .block_on(s3_store.principal_name())
             .context("cannot tell who signs this mount's requests")?,
-        None => String::new(),
+        false => String::new(),
     };
     let endpoint = args.endpoint_url.as_deref().unwrap_or("aws-s3");
     let kept = args.cache_dir.as_ref().map(|dir| {
@@ -273,6 +282,10 @@ fn build(
     };
     let flush_on_exit = disk.clone();
     let fetcher = Fetcher::new(store, fetch_config, runtime.handle().clone(), disk);
+    let peer_server = start_peers(args, runtime, &fetcher, endpoint, &principal)?;
+    if let Some(peers) = fetcher.peers() {
+        track_dataset_bytes(runtime, &ns, peers);
+    }
     let prefetch = Prefetcher::new(
         ns.clone(),
         fetcher.clone(),
@@ -329,7 +342,81 @@ fn build(
         stats_file: fs.stats_file(),
         fs: Some(fs),
         flush_on_exit,
+        _peer_server: peer_server,
     })
+}
+
+/// Keeps `peers` told how many bytes the mount has listed (its share of them is the room
+/// the cache keeps for owned blocks): every 2 s for the first minute, while a job's first
+/// listings come in, then every 30 s. Ends when the namespace goes.
+fn track_dataset_bytes(
+    runtime: &tokio::runtime::Runtime,
+    ns: &Arc<Namespace>,
+    peers: &Arc<peer::Peers>,
+) {
+    let ns = Arc::downgrade(ns);
+    let peers = Arc::downgrade(peers);
+    runtime.spawn(async move {
+        let started = std::time::Instant::now();
+        loop {
+            let Some(n) = ns.upgrade() else { return };
+            let bytes = tokio::task::spawn_blocking(move || n.listed_usage(None).bytes).await;
+            match (bytes, peers.upgrade()) {
+                (Ok(bytes), Some(p)) => p.set_dataset_bytes(bytes),
+                (_, None) => return,
+                _ => {}
+            }
+            let pause = if started.elapsed() < Duration::from_secs(60) {
+                2
+            } else {
+                30
+            };
+            tokio::time::sleep(Duration::from_secs(pause)).await;
+        }
+    });
+}
+
+/// With `--peers`: the fetcher asks the blocks' owners before the store, and with
+/// `--peer-listen` this node serves its cache to them (`fetch::peer`).
+fn start_peers(
+    args: &MountArgs,
+    runtime: &tokio::runtime::Runtime,
+    fetcher: &Arc<Fetcher>,
+    endpoint: &str,
+    principal: &str,
+) -> anyhow::Result<Option<PeerServer>> {
+    let Some(members) = &args.peers else {
+        return Ok(None);
+    };
+    let Some(secret_file) = &args.peer_secret_file else {
+        bail!("--peers needs --peer-secret-file");
+    };
+    let secret = peer::Secret::from_file(secret_file)?;
+    let config = peer::PeerConfig {
+        listen: args.peer_listen,
+        members: members.clone(),
+        secret,
+        timeout: args.peer_timeout,
+        bucket: args.source.bucket.clone(),
+        prefix: args.source.prefix.clone(),
+        principal: crate::cache::Principal::new(endpoint, principal).to_hex(),
+        block_size: fetcher.config().block_size,
+        backoff: Duration::from_secs(1),
+    };
+    let _in_runtime = runtime.enter();
+    let peers = peer::Peers::new(config);
+    if args.peer_listen.is_some() && !peers.ring().members().iter().any(|m| m.is_self) {
+        if let peer::Membership::Static(_) = members {
+            tracing::warn!("--peers does not list this node's --peer-listen address: it serves peers but owns no blocks");
+        }
+    }
+    peers.start_discovery();
+    fetcher.set_peers(peers.clone());
+    let server = match args.peer_listen {
+        Some(addr) => Some(peer::server::serve(addr, fetcher.clone(), peers)?),
+        None => None,
+    };
+    Ok(server)
 }
 
 /// fuser's session settings. With a keeper, every thread reads the one descriptor the keeper

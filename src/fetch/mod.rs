@@ -23,10 +23,18 @@
 //! NVMe cache entry by the cache's I/O thread. It does so only when nothing has to wait and
 //! the block is not in flight; everything else (and any failed or mismatched disk read) goes
 //! through [`Fetcher::read`].
+//!
+//! With peers ([`peer`], `--peers`), a GET's run of missing blocks is first offered to the
+//! blocks' owners among the other nodes, block by block and all at once, holding the GET's
+//! budget; what they serve (CRC-checked) completes like a fetched block, and the blocks this
+//! node owns or that no peer could serve go to the store as before. Blocks asked for by a
+//! peer ([`Fetcher::serve_peer`]) are claimed like any other (so they join a fetch in flight)
+//! but are never offered to peers again, and take a budget of their own.
 
 mod blocks;
 mod disk;
 mod object;
+pub mod peer;
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -132,6 +140,10 @@ pub struct Fetcher {
     disk: Option<Arc<DiskTier>>,
     /// Proof requests in flight, so concurrent opens of one object make one.
     proving: Mutex<HashMap<crate::cache::EntryKey, Proof>>,
+    /// Other nodes whose caches this one reads through ([`peer`]), once set.
+    peers: std::sync::OnceLock<Arc<peer::Peers>>,
+    /// Fetches made to serve peers, at most (their own limit: see [`peer::server`]).
+    peer_limit: Arc<Semaphore>,
 }
 
 type Proof = Shared<futures::future::BoxFuture<'static, Result<(), FetchError>>>;
@@ -196,7 +208,19 @@ impl Fetcher {
             config,
             disk,
             proving: Mutex::new(HashMap::new()),
+            peers: std::sync::OnceLock::new(),
+            peer_limit: Arc::new(Semaphore::new(config.max_inflight)),
         })
+    }
+
+    /// From now on, blocks missing here are asked of their owners among `peers` before the
+    /// store ([`peer`]). Set once; a second call is ignored.
+    pub fn set_peers(&self, peers: Arc<peer::Peers>) {
+        let _ = self.peers.set(peers);
+    }
+
+    pub fn peers(&self) -> Option<&Arc<peer::Peers>> {
+        self.peers.get()
     }
 
     pub fn config(&self) -> &FetchConfig {
@@ -257,6 +281,16 @@ impl Fetcher {
             Ok(Some(status)) if status.blocks_present > 0 => {}
             _ => return Ok(()),
         }
+        self.prove_once(obj).await
+    }
+
+    /// This mount's answer for `obj`: a proof or refusal it knows, or one proof request
+    /// shared by concurrent callers.
+    async fn prove_once(self: &Arc<Self>, obj: &ObjectVersion) -> Result<(), FetchError> {
+        let Some(disk) = &self.disk else {
+            return Ok(());
+        };
+        let key = disk.entry_key(obj);
         let proof = {
             let mut proving = self.proving.lock();
             // A proof that finished while this one looked at the cache.
@@ -640,9 +674,27 @@ impl Fetcher {
             _ => None,
         };
         for (run, budget) in runs {
-            self.start_get(obj.clone(), run, budget, priority);
+            self.start_get(obj.clone(), run, budget, priority, mode == Mode::Peer);
         }
         slots
+    }
+
+    /// Block `index` of `obj` for a peer that asked this node ([`peer::server`]): from memory,
+    /// the NVMe cache or the store, joined with a fetch of it in flight, never from another
+    /// peer; under its own concurrency limit.
+    pub(crate) async fn serve_peer(
+        self: &Arc<Self>,
+        obj: &Arc<ObjectVersion>,
+        index: u64,
+    ) -> BlockResult {
+        if index >= self.block_count(obj) {
+            return Err(FetchError::Store(StoreError::NotFound));
+        }
+        match self.claim(obj, index..index + 1, Mode::Peer).pop() {
+            Some(Slot::Ready(data)) => Ok(data),
+            Some(Slot::Wait(w)) => w.await,
+            None => Err(FetchError::Cancelled),
+        }
     }
 
     fn run_bytes(&self, obj: &ObjectVersion, run: &[NewBlock]) -> u64 {
@@ -677,6 +729,7 @@ impl Fetcher {
         run: Vec<NewBlock>,
         budget: Option<Budget>,
         priority: Option<Priority>,
+        for_peer: bool,
     ) {
         let (Some(first), Some(last)) = (run.first(), run.last()) else {
             return;
@@ -689,12 +742,19 @@ impl Fetcher {
             if run.is_empty() {
                 return;
             }
-            let _budget = match budget {
-                Some(b) => b,
-                None => match this.wait_budget(range.end - range.start, priority).await {
-                    Some(b) => b,
-                    None => return,
-                },
+            let budget = match budget {
+                Some(b) => Some(b),
+                None if for_peer => this.wait_peer_budget().await,
+                None => this.wait_budget(range.end - range.start, priority).await,
+            };
+            let Some(_budget) = budget else {
+                return;
+            };
+            // A block asked for by a peer is fetched here, never from another peer.
+            let peers = this.peers.get().filter(|_| !for_peer).cloned();
+            let run = match peers {
+                Some(peers) => this.from_peers(&obj, run, &peers).await,
+                None => run,
             };
             for part in split_contiguous(run) {
                 let (Some(first), Some(last)) = (part.first(), part.last()) else {
@@ -713,6 +773,104 @@ impl Fetcher {
         } else {
             self.runtime.spawn(work);
         }
+    }
+
+    /// Asks the owners among `peers` for the blocks of `run` (all at once), completes those a
+    /// peer served, and returns the rest, sorted, for the store: the blocks this node owns and
+    /// those every peer asked failed (see [`peer`]).
+    async fn from_peers(
+        self: &Arc<Self>,
+        obj: &Arc<ObjectVersion>,
+        run: Vec<NewBlock>,
+        peers: &Arc<peer::Peers>,
+    ) -> Vec<NewBlock> {
+        let asks = run.into_iter().map(|block| {
+            let range = self.block_range(obj, block.index);
+            async move {
+                let outcome = peers
+                    .fetch_block(obj, block.index, range.end - range.start)
+                    .await;
+                (block, outcome)
+            }
+        });
+        let answers = futures::future::join_all(asks).await;
+        let mut rest = Vec::new();
+        let mut accepted: Option<PeerVerdict> = None;
+        for (block, outcome) in answers {
+            let (data, proof) = match outcome {
+                peer::Outcome::Local | peer::Outcome::Fallback => {
+                    rest.push(block);
+                    continue;
+                }
+                peer::Outcome::Got { data, proof } => (data, proof),
+            };
+            // One verdict per run (it is one object version).
+            let verdict = match accepted {
+                Some(v) => v,
+                None => {
+                    let v = self.accept_from_peer(obj, proof).await;
+                    accepted = Some(v);
+                    v
+                }
+            };
+            match verdict {
+                PeerVerdict::Serve => {
+                    let index = block.index;
+                    let keep = self.keeps_peer_copies();
+                    let writing = self.complete(obj, block, Ok(data.clone()), keep);
+                    if keep {
+                        self.persist(obj, index, data, writing).await;
+                    }
+                }
+                PeerVerdict::Refused => {
+                    self.complete(obj, block, Err(FetchError::NotPermitted), false);
+                }
+                PeerVerdict::Store => rest.push(block),
+            }
+        }
+        rest.sort_by_key(|b| b.index);
+        rest
+    }
+
+    /// Whether this mount may be served bytes of `obj` a peer sent, `proof` being the
+    /// owner's attestation of a read proof for this mount's principal: with it, a proof is
+    /// recorded here (no request); without it, this mount's own proof (one shared proof
+    /// request unless it has an answer). Without an NVMe tier (no proof log), unattested
+    /// bytes are taken from the store instead.
+    async fn accept_from_peer(self: &Arc<Self>, obj: &ObjectVersion, proof: bool) -> PeerVerdict {
+        let Some(disk) = &self.disk else {
+            return if proof {
+                PeerVerdict::Serve
+            } else {
+                PeerVerdict::Store
+            };
+        };
+        if proof {
+            disk.fetched(&disk.identity(obj));
+            return PeerVerdict::Serve;
+        }
+        if disk.may_serve(obj) {
+            return PeerVerdict::Serve;
+        }
+        match self.prove_once(obj).await {
+            Ok(()) => PeerVerdict::Serve,
+            Err(FetchError::NotPermitted) => PeerVerdict::Refused,
+            Err(_) => PeerVerdict::Store,
+        }
+    }
+
+    /// Whether a block read from a peer is also written to the NVMe cache: only while the
+    /// cache has room for it *and* for this node's share of the dataset (what it owns, see
+    /// [`peer::Peers::owned_share`]), and has never had to make room since it was opened. A
+    /// copy never evicts anything, and a cache smaller than the dataset holds what this node
+    /// owns rather than copies whose owners keep them: otherwise the copies would push out
+    /// owned blocks that the other nodes then fetch from the store again.
+    fn keeps_peer_copies(&self) -> bool {
+        let reserve = self.peers.get().map_or(0, |p| p.owned_share());
+        self.disk.as_ref().is_some_and(|d| {
+            !d.cache.has_been_full()
+                && d.cache.used_bytes() + self.config.block_size + reserve <= d.cache.limit()
+        })
     }
 
     /// Completes the blocks of `run` that the NVMe cache holds; returns the others.
@@ -917,6 +1075,18 @@ impl Fetcher {
         writing
     }
 
+    /// A slot of the peer-serving limit (a fetch for a peer takes no slot of this node's own
+    /// readers: two nodes asking each other cannot hold each other's slots).
+    async fn wait_peer_budget(&self) -> Option<Budget> {
+        let request = self.peer_limit.clone().acquire_owned().await.ok()?;
+        let memory = self.memory.clone().acquire_many_owned(0).await.ok()?;
+        Some(Budget {
+            _request: request,
+            _memory: memory,
+            _limits: Vec::new(),
+        })
+    }
+
     /// Waits for a GET slot and buffer memory; background work first takes a slot of its
     /// priority's limiter, so it can never hold every GET slot and starve demand reads.
     async fn wait_budget(&self, bytes: u64, priority: Option<Priority>) -> Option<Budget> {
@@ -975,6 +1145,18 @@ enum Mode {
     Demand,
     ReadAhead,
     Background(Priority),
+    /// A block a peer asked this node for.
+    Peer,
+}
+
+/// What a mount may do with a block a peer sent ([`Fetcher::accept_from_peer`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PeerVerdict {
+    Serve,
+    /// The store refused this mount's principal the object.
+    Refused,
+    /// Fetch it from the store (the proof could not be had, or there is no proof log).
+    Store,
 }
 
 #[cfg(test)]

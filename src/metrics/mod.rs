@@ -112,6 +112,18 @@ impl StatsSource for MountMetrics {
                 "index_memory_per_object": c.index_memory.per_object,
             })
         });
+        let peer = self.fetcher.peers().map(|p| {
+            let s = p.stats();
+            json!({
+                "members": p.member_count(),
+                "bytes_served": load(&s.bytes_served),
+                "blocks_served": load(&s.blocks_served),
+                "bytes_fetched": load(&s.bytes_fetched),
+                "blocks_fetched": load(&s.blocks_fetched),
+                "store_fallbacks": load(&s.store_fallbacks),
+                "errors": load(&s.errors),
+            })
+        });
         let volume = self.volume_usage();
         json!({
             "source": self.source,
@@ -140,6 +152,7 @@ impl StatsSource for MountMetrics {
                 "kernel_read_ahead": self.fs.kernel_read_ahead.lock().clone(),
             },
             "cache": cache,
+            "peer": peer,
             "blocks": {
                 "disk_hits": load(&f.disk_hits),
                 "hits": load(&f.block_hits),

@@ -178,6 +178,13 @@ pub const STATS: &[StatSpec] = &[
     spec("volume.listed_entries", "riffle_volume_listed_entries", Gauge, None, "Files and directories listed so far (the volume's inodes in NodeGetVolumeStats)."),
     spec("volume.listed_bytes", "riffle_volume_listed", Gauge, BYTES, "Bytes of the files listed so far (the volume's total bytes in NodeGetVolumeStats)."),
     spec("volume.cached_bytes", "riffle_volume_cached", Gauge, BYTES, "Bytes of the listed files the node's disk cache holds whole (the volume's used bytes in NodeGetVolumeStats)."),
+    spec("peer.members", "riffle_peer_members", Gauge, None, "Members of the peer ring (this node included when it is one)."),
+    spec("peer.bytes_served", "riffle_peer_served", Counter, BYTES, "Bytes of blocks served to peers."),
+    spec("peer.blocks_served", "riffle_peer_blocks_served", Counter, None, "Blocks served to peers."),
+    spec("peer.bytes_fetched", "riffle_peer_fetched", Counter, BYTES, "Bytes of blocks fetched from peers (CRC-checked)."),
+    spec("peer.blocks_fetched", "riffle_peer_blocks_fetched", Counter, None, "Blocks fetched from peers (CRC-checked)."),
+    spec("peer.store_fallbacks", "riffle_peer_store_fallbacks", Counter, None, "Blocks fetched from the store because the peers asked failed."),
+    spec("peer.errors", "riffle_peer_errors", Counter, None, "Failed requests to peers, and refused requests from them."),
     spec("inflight.requests", "riffle_inflight_requests", Gauge, None, "GET requests in flight."),
     spec("inflight.bytes", "riffle_inflight", Gauge, BYTES, "Bytes of GET buffers reserved."),
     spec("namespace.inodes", "riffle_namespace_inodes", Gauge, None, "Inodes known to the namespace."),
@@ -652,6 +659,20 @@ mod tests {
             tokio::runtime::Handle::current(),
             Some(disk),
         );
+        // With peers, so their section is classified too.
+        fetcher.set_peers(crate::fetch::peer::Peers::new(
+            crate::fetch::peer::PeerConfig {
+                listen: None,
+                members: crate::fetch::peer::Membership::Static(vec!["127.0.0.1:9".into()]),
+                secret: crate::fetch::peer::Secret::from_bytes(b"0123456789abcdef"),
+                timeout: std::time::Duration::from_secs(2),
+                bucket: "bucket".into(),
+                prefix: String::new(),
+                principal: "00".repeat(16),
+                block_size: 1 << 20,
+                backoff: std::time::Duration::from_secs(1),
+            },
+        ));
         let fs = Arc::new(FsStatus::default());
         *fs.passthrough_mode.lock() = "enabled".into();
         let source = Arc::new(MountMetrics {
@@ -680,6 +701,7 @@ mod tests {
         assert!(!text.contains(" unknown\n"), "{text}");
         assert!(text.contains("riffle_cache_limit_bytes 67108864"), "{text}");
         assert_eq!(sample(&text, "riffle_fuse_passthrough_enabled"), Some("1"));
+        assert_eq!(sample(&text, "riffle_peer_members"), Some("1"));
         // Family names are unique (OpenMetrics requires it).
         let mut seen = HashSet::new();
         for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {

@@ -555,6 +555,30 @@ const README_TAIL: &str = "\
   time (uploading its 1.1 M objects to the local RGW takes ~20 min, and RGW's
   memstore then holds ~15 GB: restart it before the other workloads);
   `benches/run.sh W1 W2 W5` runs the others without it.
+- **W6** (three nodes reading as one data-parallel job, with and without
+  `--peers`) runs apart from `benches/run.sh`: `benches/w6.sh [--quick|--full]`
+  (debug binaries by default, `--release` for release ones). Its table goes to
+  `benches/results/w6-MODE.md`; the last one is quoted in the main README
+  (\"Many nodes: peers\").
+- **W6 on paper: 64 nodes × 8 GPUs.** The model W6 measures (3 nodes here):
+  without peers each node's epoch prefetch pulls the whole set from the store
+  in epoch 1 (3.00 GETs per file on 3 nodes, so N× the egress), and with caches
+  smaller than the set a node's cache misses about its uncached share every
+  epoch (0.93 GETs per file at 40% each); with peers the cluster fetches each
+  file once in epoch 1 and never again while the caches together hold the set
+  (each node keeps room for its owned share, set ÷ N), and a node reads
+  (N−1)/N of its share from peers. Per-node read rate assumed: 8 GPUs at
+  ~375 images/s each (ResNet-50 on A100) ≈ 3,000 files/s ≈ 330 MB/s.
+
+  | dataset, cache per node | egress epoch 1 / later, no peers | egress epoch 1 / later, peers | peer traffic per node and epoch (in ≈ out) | network per node |
+  |---|---|---|---|---|
+  | ImageNet-1k (1.28 M files, 150 GB), 150 GB (whole set) | 9.6 TB / 0 | 150 GB / 0 | 2.3 GB of reads (+ up to 150 GB in epoch 1 if every node's prefetch copies the set) | ≈ 2.6 Gbit/s |
+  | ImageNet-1k, 60 GB (40%) | ≈ 320 GB / ≈ 140 GB every epoch | 150 GB / 0 (owned share 2.3 GB fits) | 2.3 GB | ≈ 2.6 Gbit/s |
+  | 50 TB set, 4 TB NVMe (8%) | ≥ 50 TB / ≈ 46 TB every epoch | 50 TB / 0 (owned share 780 GB fits) | ≈ 770 GB | at 1 GB/s read per node ≈ 8 Gbit/s in and out |
+
+  So peers turn N× (or every-epoch) egress into one copy of the set per job,
+  at a peer bandwidth equal to the node's own read rate: a few Gbit/s on
+  100–400 Gbit/s GPU-node networks.
 ";
 
 #[cfg(test)]
