@@ -3,6 +3,7 @@
 # under each reader load of issue 39, against the local Ceph RGW:
 #
 #   benches/memory.sh [--quick] [--debug] [--no-build] [--budgets "64M 256M 1G"]
+#                     [--riffle PATH] [--out FILE]
 #
 #   small    64 readers of small files (W1 files, read-fs --threads 64)
 #   shards   6 shards read in parallel, 1 MiB reads (W2, --threads 6)
@@ -17,11 +18,12 @@
 # VmHWM from /proc/PID/status and its listed entries (riffle stats).
 #
 # The bound checked: peak RSS <= --max-memory + OVERHEAD + listed entries x
-# PER_OBJECT (README.md, "Memory"), OVERHEAD 64 MiB and PER_OBJECT 512 bytes
+# PER_OBJECT (README.md, "Memory"), OVERHEAD 64 MiB and PER_OBJECT 300 bytes
 # unless RIFFLE_MEM_OVERHEAD / RIFFLE_MEM_PER_OBJECT say otherwise. Writes
 # benches/results/memory.md (the table) and puts it into benches/README.md
-# (section "Memory bound", also kept by `riffle-bench report`). Exits 1 when
-# a row is over its bound or a reader saw wrong bytes.
+# (section "Memory bound", also kept by `riffle-bench report`); with --out,
+# only FILE (e.g. another build's riffle, --riffle, for a before/after).
+# Exits 1 when a row is over its bound or a reader saw wrong bytes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -30,12 +32,16 @@ QUICK=0
 PROFILE=release
 BUILD=1
 BUDGETS="64M 256M 1G"
+RIFFLE=
+OUT=
 while [ $# -gt 0 ]; do
     case $1 in
         --quick) QUICK=1 ;;
         --debug) PROFILE=debug ;;
         --no-build) BUILD=0 ;;
         --budgets) BUDGETS=$2; shift ;;
+        --riffle) RIFFLE=$2; shift ;;
+        --out) OUT=$2; shift ;;
         -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
         *) echo "benches/memory.sh: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -49,7 +55,7 @@ mkdir -p "$WORK/run" "$LOG_DIR" "$WORK/mnt"
 . benches/lib/common.sh
 
 OVERHEAD_MIB=${RIFFLE_MEM_OVERHEAD:-64}
-PER_OBJECT=${RIFFLE_MEM_PER_OBJECT:-512}
+PER_OBJECT=${RIFFLE_MEM_PER_OBJECT:-300}
 if [ "$QUICK" = 1 ]; then
     W1_SCALE=0.02 W2_SCALE=0.05 W3_SCALE=0.03 W4_SCALE=0.002 DURATION=3s
 else
@@ -59,6 +65,7 @@ else
 fi
 
 if [ "$PROFILE" = release ]; then BIN=$ROOT/target/release; else BIN=$ROOT/target/debug; fi
+RIFFLE=${RIFFLE:-$BIN/riffle}
 if [ "$BUILD" = 1 ]; then
     flags=()
     [ "$PROFILE" = release ] && flags+=(--release)
@@ -84,7 +91,7 @@ CACHE=$WORK/cache
 DAEMON_PID=
 cleanup() {
     if in_mount_table "$MNT"; then
-        "$BIN/riffle" unmount "$MNT" >/dev/null 2>&1 || umount -l "$MNT" 2>/dev/null || true
+        "$RIFFLE" unmount "$MNT" >/dev/null 2>&1 || umount -l "$MNT" 2>/dev/null || true
     fi
 }
 trap cleanup EXIT
@@ -94,7 +101,7 @@ mount_riffle() { # BUDGET TAG
     rm -rf "$CACHE"; mkdir -p "$CACHE" "$MNT"
     local pidf="$WORK/run/riffle.pid"
     rm -f "$pidf"
-    "$BIN/riffle" mount "s3://$BUCKET" "$MNT" --endpoint-url "$ENDPOINT" --force-path-style \
+    "$RIFFLE" mount "s3://$BUCKET" "$MNT" --endpoint-url "$ENDPOINT" --force-path-style \
         --metadata-ttl indefinite --max-memory "$1" --cache-dir "$CACHE" --cache-min-free 1G \
         --log-file "$LOG_DIR/riffle-$2.log" --pid-file "$pidf" >>"$LOG_DIR/riffle-$2.out" 2>&1 \
         || die "riffle mount failed (see $LOG_DIR/riffle-$2.out)"
@@ -152,7 +159,7 @@ for budget in $BUDGETS; do
             drop_caches || true
             epoch "$wl" "$e" "$tag-e$e" || { s=$?; [ "$s" = 1 ] && wrong=1; }
         done
-        listed=$("$BIN/riffle" stats "$MNT" --json 2>/dev/null \
+        listed=$("$RIFFLE" stats "$MNT" --json 2>/dev/null \
             | python3 -c 'import json,sys; print(json.load(sys.stdin)["volume"]["listed_entries"])' \
             2>/dev/null || echo 0)
         peak_kb=$(peak_rss_kb "$DAEMON_PID")
@@ -172,7 +179,7 @@ for budget in $BUDGETS; do
 done
 
 mode=full; [ "$QUICK" = 1 ] && mode=quick
-out=benches/results/memory.md
+out=${OUT:-benches/results/memory.md}
 {
     echo "## Memory bound"
     echo
@@ -188,7 +195,7 @@ out=benches/results/memory.md
     cat "$TABLE"
     echo
 } > "$out"
-python3 - "$out" benches/README.md <<'PY'
+[ -n "$OUT" ] || python3 - "$out" benches/README.md <<'PY'
 import sys, re
 section = open(sys.argv[1]).read()
 readme_path = sys.argv[2]
@@ -205,6 +212,6 @@ else:
         text = text[:tail] + section + "\n" + text[tail:]
 open(readme_path, "w").write(text)
 PY
-say "wrote $out and its section of benches/README.md"
+say "wrote $out"
 cat "$out"
 exit "$STATUS"

@@ -35,10 +35,12 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use futures::future::{FutureExt, Shared};
+use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use parking_lot::Mutex;
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
+use crate::cache::ring::AlignedBuf;
 use crate::store::{ObjectStore, StoreError};
 pub use blocks::BlockCache;
 pub use disk::DiskTier;
@@ -495,10 +497,21 @@ impl Fetcher {
         if self.whole_on_disk(obj) {
             return Ok(());
         }
-        for slot in self.claim(obj, blocks, Mode::Background(priority)) {
-            if let Slot::Wait(w) = slot {
-                w.await?;
-            }
+        // Each block is let go as soon as it is in (in completion order): a completed block
+        // waited for in a list kept its bytes alive in its shared future until the loop got
+        // to it, so a file's blocks that came in before its first one were held outside
+        // `--max-memory` (up to a whole file per prefetch in flight: 150 MiB of a 64M budget
+        // reading six W2 shards).
+        let mut waiting: FuturesUnordered<Waiter> = self
+            .claim(obj, blocks, Mode::Background(priority))
+            .into_iter()
+            .filter_map(|slot| match slot {
+                Slot::Wait(w) => Some(w),
+                Slot::Ready(_) => None,
+            })
+            .collect();
+        while let Some(done) = waiting.next().await {
+            done?;
         }
         Ok(())
     }
@@ -665,7 +678,7 @@ impl Fetcher {
             .ok()?;
         Some(Budget {
             _request: request,
-            _memory: memory,
+            memory,
             _limits: Vec::new(),
         })
     }
@@ -689,7 +702,7 @@ impl Fetcher {
             if run.is_empty() {
                 return;
             }
-            let _budget = match budget {
+            let mut budget = match budget {
                 Some(b) => b,
                 None => match this.wait_budget(range.end - range.start, priority).await {
                     Some(b) => b,
@@ -703,7 +716,7 @@ impl Fetcher {
                 let range = this.block_range(&obj, first.index).start
                     ..this.block_range(&obj, last.index).end;
                 this.stats.get_requests.fetch_add(1, Ordering::Relaxed);
-                this.stream_run(&obj, range, part).await;
+                this.stream_run(&obj, range, part, &mut budget).await;
             }
         };
         // Background work yields the cache's metadata slots to demand reads.
@@ -751,13 +764,16 @@ impl Fetcher {
     /// Hands a fetched block to the NVMe cache; waits while `WRITE_PERMITS` writes are in
     /// flight, which slows the GET down rather than buffering without bound. `writing` (from
     /// [`Self::complete`]) keeps the block's finished entry in the in-flight table until the
-    /// write is over, however it ends.
+    /// write is over, however it ends. `memory` is the block's share of its GET's memory
+    /// budget, held until the write is over: a block waiting for the disk stays inside
+    /// `--max-memory` (before, up to `WRITE_PERMITS` blocks waited outside it).
     async fn persist(
         &self,
         obj: &Arc<ObjectVersion>,
         index: u64,
         data: Bytes,
         writing: Option<WriteBehind>,
+        memory: Option<OwnedSemaphorePermit>,
     ) {
         let Some(disk) = &self.disk else {
             return;
@@ -772,6 +788,7 @@ impl Fetcher {
             let _permit = permit;
             let _hold = hold;
             let _writing = writing;
+            let _memory = memory;
             if disk.cache.write_block(&id, index, data).await.is_ok() {
                 disk.wrote(&id);
             }
@@ -780,8 +797,16 @@ impl Fetcher {
 
     /// Receives one GET's body and completes each block as soon as its last byte arrives.
     /// If the body fails or ends early, the rest of the run is fetched again with a plain
-    /// (retried, length-checked) ranged GET.
-    async fn stream_run(&self, obj: &Arc<ObjectVersion>, range: Range<u64>, run: Vec<NewBlock>) {
+    /// (retried, length-checked) ranged GET. Each block is received into its own aligned
+    /// buffer ([`AlignedBuf`]: written to the NVMe cache with `O_DIRECT` without a copy), and
+    /// takes its share of `budget`'s memory along to the cache write ([`Self::persist`]).
+    async fn stream_run(
+        &self,
+        obj: &Arc<ObjectVersion>,
+        range: Range<u64>,
+        run: Vec<NewBlock>,
+        budget: &mut Budget,
+    ) {
         let mut pending = run.into_iter().peekable();
         let mut failure: Option<FetchError> = None;
         match self
@@ -792,7 +817,7 @@ impl Fetcher {
             Err(e) => failure = Some(e.into()),
             Ok(mut chunks) => {
                 self.read_from_store(obj);
-                let mut buf = BytesMut::new();
+                let mut buf: Option<AlignedBuf> = None;
                 while let Some(chunk) = chunks.next().await {
                     let mut data = match chunk {
                         Ok(d) => d,
@@ -809,18 +834,18 @@ impl Fetcher {
                         let want = (self.block_range(obj, block.index).end
                             - self.block_range(obj, block.index).start)
                             as usize;
-                        if buf.is_empty() {
-                            // One exact allocation per block: a cached block pins only itself.
-                            buf = BytesMut::with_capacity(want);
-                        }
-                        let take = (want - buf.len()).min(data.len());
-                        buf.extend_from_slice(&data.split_to(take));
-                        if buf.len() == want {
-                            if let Some(block) = pending.next() {
+                        // One exact allocation per block: a cached block pins only itself.
+                        let filling = buf.get_or_insert_with(|| AlignedBuf::with_capacity(want));
+                        let take = filling
+                            .extend_from_slice(&data[..(want - filling.len()).min(data.len())]);
+                        let _ = data.split_to(take);
+                        if filling.len() == want {
+                            if let (Some(block), Some(full)) = (pending.next(), buf.take()) {
                                 let index = block.index;
-                                let data = std::mem::take(&mut buf).freeze();
+                                let data = Bytes::from_owner(full);
+                                let memory = budget.take_memory(data.len() as u64);
                                 let writing = self.complete(obj, block, Ok(data.clone()), true);
-                                self.persist(obj, index, data, writing).await;
+                                self.persist(obj, index, data, writing, memory).await;
                             }
                         }
                     }
@@ -862,12 +887,13 @@ impl Fetcher {
                 // Copy: a cached block must not pin the whole part's buffer.
                 let lo = (block.index * bs - retry_range.start) as usize;
                 let hi = (lo + bs as usize).min(data.len());
-                Bytes::copy_from_slice(&data[lo..hi])
+                Bytes::from_owner(AlignedBuf::copy_from(&data[lo..hi]))
             });
             let index = block.index;
             let writing = self.complete(obj, block, out.clone(), true);
             if let Ok(data) = out {
-                self.persist(obj, index, data, writing).await;
+                let memory = budget.take_memory(data.len() as u64);
+                self.persist(obj, index, data, writing, memory).await;
             }
         }
     }
@@ -936,7 +962,7 @@ impl Fetcher {
             .ok()?;
         Some(Budget {
             _request: request,
-            _memory: memory,
+            memory,
             _limits: limits,
         })
     }
@@ -954,11 +980,23 @@ fn split_contiguous(blocks: Vec<NewBlock>) -> Vec<Vec<NewBlock>> {
     runs
 }
 
-/// Permits held for the life of one GET.
+/// Permits held for the life of one GET; its blocks take their memory along to the cache
+/// write ([`Budget::take_memory`]).
 struct Budget {
     _request: OwnedSemaphorePermit,
-    _memory: OwnedSemaphorePermit,
+    memory: OwnedSemaphorePermit,
     _limits: Vec<OwnedSemaphorePermit>,
+}
+
+impl Budget {
+    /// Splits the memory permits of `bytes` off this budget (as many as it still has).
+    fn take_memory(&mut self, bytes: u64) -> Option<OwnedSemaphorePermit> {
+        let units = (Fetcher::memory_units(bytes) as usize).min(self.memory.num_permits());
+        if units == 0 {
+            return None;
+        }
+        self.memory.split(units)
+    }
 }
 
 /// Who asked for a fetch, which decides who waits for whom.
