@@ -190,7 +190,8 @@ out=${OUT:-benches/results/memory.md}
     echo "${OVERHEAD_MIB} MiB + ${PER_OBJECT} bytes per listed entry (README.md, \"Memory\")."
     echo "small: 64 readers of W1 files; shards: 6 W2 shards at once (1 MiB reads);"
     echo "random: 16 threads of random 4 KiB-1 MiB preads of the W3 file for $DURATION;"
-    echo "mixed: the three at once and a walk (with stat) of the W4 tree."
+    echo "mixed: the three at once and a walk (with stat) of the W4 tree. The same run on"
+    echo "the build before the memory bound (issue 39): \`benches/results/memory-before.md\`."
     echo
     cat "$TABLE"
     echo

@@ -119,15 +119,15 @@ type Waiter = Shared<futures::future::BoxFuture<'static, BlockResult>>;
 /// Memory permits are counted in units of this many bytes (fits a part in a `u32`).
 const MEMORY_UNIT: u64 = 4096;
 
-/// What a GET's connection buffers besides its data, charged to the memory budget with it.
-/// The HTTP client (hyper) reads each response into a per-connection buffer that grows with
-/// what the socket delivers at once (up to about 400 KiB) and keeps it while the connection
-/// waits in the pool for its next request: 64 readers of W1's small files (110 KB) at
-/// `--max-memory 64M` ran ~256 GETs at once and their connections held 54 MiB of buffers
-/// beside 32 MiB of data (heaptrack). A connection serves one GET at a time and is reused, so
-/// charging each GET this much bounds the buffers of the connections the budget lets run at
-/// once; on small files it lowers how many GETs a small budget runs at once (64M: 89 instead
-/// of 256 for 110 KB files; 256M and more: still `--max-inflight`).
+/// The most a GET's connection buffers are charged besides its data (twice the data below
+/// that). The HTTP client (hyper) reads each response into a per-connection buffer that
+/// doubles while reads fill it (up to about 400 KiB: 128–256 KiB for a 110 KB body) and keeps
+/// it while the connection waits in the pool for its next request: 64 readers of W1's small
+/// files at `--max-memory 64M` ran ~256 GETs at once and their connections held 54 MiB of
+/// buffers beside 32 MiB of data (heaptrack). A connection serves one GET at a time and is
+/// reused, so charging each GET for it bounds the buffers of the connections the budget lets
+/// run at once; on small files a small budget runs fewer GETs at once (64M: ~100 instead of
+/// 256 for 110 KB files; 256M and more: still `--max-inflight`).
 pub const CONNECTION_BUFFER: u64 = 256 << 10;
 
 /// See the module documentation.
@@ -680,11 +680,13 @@ impl Fetcher {
         bytes.div_ceil(MEMORY_UNIT).max(1) as u32
     }
 
-    /// The memory permits of a GET of `bytes`: its data and [`CONNECTION_BUFFER`], at most
-    /// the whole budget (a GET larger than it could never start).
+    /// The memory permits of a GET of `bytes`: its data and its connection's read buffer
+    /// (twice the data, at most [`CONNECTION_BUFFER`]), at most the whole budget (a GET larger
+    /// than it could never start).
     fn get_units(&self, bytes: u64) -> u32 {
         let total = (self.config.inflight_memory / MEMORY_UNIT).max(1) as u32;
-        Self::memory_units(bytes + CONNECTION_BUFFER).min(total)
+        let buffer = bytes.saturating_mul(2).min(CONNECTION_BUFFER);
+        Self::memory_units(bytes + buffer).min(total)
     }
 
     fn try_budget(&self, bytes: u64) -> Option<Budget> {
