@@ -222,7 +222,7 @@ pub enum IoBuf {
 /// multiples of [`ALIGN`] (a fetched block is received into an [`AlignedBuf`], so it needs no
 /// aligned copy, which would double its memory while it is written).
 pub fn is_aligned(data: &[u8]) -> bool {
-    (data.as_ptr() as usize).is_multiple_of(ALIGN) && data.len().is_multiple_of(ALIGN)
+    (data.as_ptr() as usize) % ALIGN == 0 && data.len() % ALIGN == 0
 }
 
 impl IoBuf {
