@@ -74,14 +74,15 @@ async fn main() -> anyhow::Result<()> {
     if !args.no_log_forwarding {
         tokio::spawn(riffle_csi::log_forward::LogForwarder::new(&args.logs_dir).run());
     }
+    // Metrics are optional: a busy port is logged, and mounts are served all the same.
     let _metrics = match args.metrics_addr {
-        Some(addr) => Some(
-            metrics_proxy::serve(
-                addr,
-                Arc::new(metrics_proxy::MetricsProxy::new(&args.state_dir)),
-            )
-            .await?,
-        ),
+        Some(addr) => {
+            let proxy = Arc::new(metrics_proxy::MetricsProxy::new(&args.state_dir));
+            metrics_proxy::serve(addr, proxy)
+                .await
+                .map_err(|e| tracing::error!(error = %e, "no metrics endpoint"))
+                .ok()
+        }
         None => None,
     };
     let running = service::start(&args.socket, Arc::new(mounter))
