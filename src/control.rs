@@ -16,6 +16,8 @@ use anyhow::Context;
 use serde::Serialize;
 use serde_json::json;
 
+use crate::fs::ops::FuseOps;
+use crate::metrics::Exporter;
 use crate::prefetch::plan::Plan;
 use crate::prefetch::Prefetcher;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -52,11 +54,28 @@ pub trait ControlHandler: Send + Sync + 'static {
     ) -> Result<serde_json::Value, String>;
 }
 
-/// The commands of a mount: `stats` (the mount's counters with the prefetcher's), `plan`,
-/// `warm`, `warm-status`, `warm-cancel`.
+/// The commands of a mount: `stats` (the mount's counters with the prefetcher's), `metrics`
+/// (the same as Prometheus text, `{"pid": PID, "text": "..."}`), `plan`, `warm`,
+/// `warm-status`, `warm-cancel`.
 pub struct MountControl {
     pub stats: Arc<dyn StatsSource>,
     pub prefetch: Arc<Prefetcher>,
+    /// The FUSE latency histograms the `metrics` command adds.
+    pub fuse_ops: Arc<FuseOps>,
+}
+
+impl MountControl {
+    /// The mount's metrics in the OpenMetrics text format, as `--metrics-addr` serves them.
+    fn metrics_text(&self) -> Result<String, String> {
+        let source = Arc::new(MountControl {
+            stats: self.stats.clone(),
+            prefetch: self.prefetch.clone(),
+            fuse_ops: self.fuse_ops.clone(),
+        });
+        Exporter::new(source, self.fuse_ops.clone())
+            .encode()
+            .map_err(|_| "cannot encode the metrics".to_string())
+    }
 }
 
 impl StatsSource for MountControl {
@@ -84,6 +103,7 @@ impl ControlHandler for MountControl {
         };
         match command {
             "stats" => Ok(StatsSource::stats(self)),
+            "metrics" => Ok(json!({ "pid": std::process::id(), "text": self.metrics_text()? })),
             "plan" => {
                 let text = argument.get("text").and_then(|t| t.as_str());
                 let plan = text.map(Plan::parse).transpose()?;
@@ -181,7 +201,14 @@ async fn answer(stream: UnixStream, source: Arc<dyn ControlHandler>) -> anyhow::
     } else {
         serde_json::from_str(argument).map_err(|e| format!("bad argument: {e}"))
     };
-    let reply = match argument.and_then(|a| source.handle(command, a)) {
+    // Off the runtime's workers: `stats` and `metrics` walk the disk cache's index.
+    let command = command.to_string();
+    let answered =
+        tokio::task::spawn_blocking(move || argument.and_then(|a| source.handle(&command, a)))
+            .await
+            .map_err(|_| "the command failed".to_string())
+            .and_then(|r| r);
+    let reply = match answered {
         Ok(value) => value,
         Err(error) => serde_json::to_value(ErrorReply { error: &error })?,
     };

@@ -29,6 +29,19 @@
 //! daemon: 306 MB), at the same speed within the noise (warm ÷ local disk 0.63–0.94× in all
 //! three). So [`limit_arenas`] caps them at [`ARENAS`] at start-up, unless the user set
 //! `MALLOC_ARENA_MAX` or `GLIBC_TUNABLES` (theirs wins).
+//!
+//! # Large allocations
+//! glibc serves an allocation of [`MMAP_THRESHOLD`] or more with pages of its own (`mmap`),
+//! given back at `free`, but by default it raises that threshold to the size of every such
+//! allocation freed (up to 32 MiB), after which they come from the arenas and what they free
+//! stays there, in holes between live allocations. The daemon's large allocations come and
+//! go by the thousand (the HTTP client's per-connection read buffers, 128–400 KiB; small
+//! files' blocks; listing pages), so RSS ended far above what was live: with `--max-memory
+//! 64M`, 64 readers of small files peaked at 133–152 MiB, six shards at 109–127 MiB; with the
+//! threshold fixed at 128 KiB (which also stops the dynamic adjustment), 99–104 and 74–76 MiB,
+//! at the same speed (`benches/memory.sh`). [`limit_arenas`] fixes it, unless the user set
+//! `MALLOC_MMAP_THRESHOLD_` or `GLIBC_TUNABLES`. (Blocks of 256 KiB and more are mapped by
+//! the cache's own buffers, `cache::ring::AlignedBuf`, which keep a few for reuse.)
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
@@ -63,18 +76,27 @@ pub fn trim_soon() {
 /// Allocator arenas at most (module documentation, "Arenas").
 pub const ARENAS: i32 = 2;
 
-/// Caps glibc's arenas at [`ARENAS`]; call before any thread starts. Does nothing when the
-/// environment sets the allocator's tunables, or on other C libraries.
+/// Allocations of this many bytes or more get pages of their own, given back at `free`
+/// (module documentation, "Large allocations").
+pub const MMAP_THRESHOLD: i32 = 128 * 1024;
+
+/// Caps glibc's arenas at [`ARENAS`] and fixes its mmap threshold at [`MMAP_THRESHOLD`]; call
+/// before any thread starts. Leaves a setting alone when the environment sets it (or
+/// `GLIBC_TUNABLES` is set); does nothing on other C libraries.
 pub fn limit_arenas() {
-    if std::env::var_os("MALLOC_ARENA_MAX").is_some()
-        || std::env::var_os("GLIBC_TUNABLES").is_some()
-    {
+    if std::env::var_os("GLIBC_TUNABLES").is_some() {
         return;
     }
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only sets an allocator parameter; called before other threads exist.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, ARENAS);
+    {
+        if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+            // SAFETY: mallopt only sets an allocator parameter; called before other threads.
+            unsafe { libc::mallopt(libc::M_ARENA_MAX, ARENAS) };
+        }
+        if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_none() {
+            // SAFETY: as above.
+            unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD) };
+        }
     }
 }
 

@@ -26,7 +26,8 @@
 //! - [`supervisor`]: start-up reconciliation and the periodic health loop.
 //! - [`volume_stats`]: NodeGetVolumeStats, from the mount's `.riffle-stats`;
 //!   [`cache_disk`]: refuses a node cache on the root disk; [`log_forward`]: the
-//!   daemons' logs to the mounter's standard output.
+//!   daemons' logs to the mounter's standard output; [`metrics_proxy`]: every
+//!   daemon's Prometheus metrics on one mounter port, labelled by volume.
 //! - [`identity`], [`node`]: the gRPC services; [`server`]: the unix socket;
 //!   [`old_clients`]: a WARN for clients the HTTP/2 server rejects;
 //!   [`startup`]: logging and stop signals of the two binaries.
@@ -38,6 +39,7 @@ pub mod fake;
 pub mod identity;
 pub mod locks;
 pub mod log_forward;
+pub mod metrics_proxy;
 pub mod mounter;
 pub mod mountinfo;
 pub mod node;

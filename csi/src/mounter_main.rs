@@ -19,6 +19,7 @@
 
 use anyhow::Context;
 use clap::Parser;
+use riffle_csi::metrics_proxy;
 use riffle_csi::remote::service;
 use riffle_csi::riffle::DaemonOptions;
 use std::path::PathBuf;
@@ -49,6 +50,17 @@ struct Args {
     /// Do not forward the daemons' logs to standard output.
     #[arg(long, env = "RIFFLE_MOUNTER_NO_LOG_FORWARDING")]
     no_log_forwarding: bool,
+    /// Serve every volume daemon's Prometheus metrics on http://HOST:PORT/metrics, each
+    /// series labelled with its volume ([`riffle_csi::metrics_proxy`]).
+    #[arg(long, env = "RIFFLE_MOUNTER_METRICS_ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
+    /// The plugin's state directory, whose volume records name the volumes (for the metrics).
+    #[arg(
+        long,
+        env = "RIFFLE_CSI_STATE_DIR",
+        default_value = "/var/lib/riffle-csi"
+    )]
+    state_dir: PathBuf,
     #[command(flatten)]
     daemons: DaemonOptions,
 }
@@ -66,6 +78,17 @@ async fn main() -> anyhow::Result<()> {
     if !args.no_log_forwarding {
         tokio::spawn(riffle_csi::log_forward::LogForwarder::new(&args.logs_dir).run());
     }
+    // Metrics are optional: a busy port is logged, and mounts are served all the same.
+    let _metrics = match args.metrics_addr {
+        Some(addr) => {
+            let proxy = Arc::new(metrics_proxy::MetricsProxy::new(&args.state_dir));
+            metrics_proxy::serve(addr, proxy)
+                .await
+                .map_err(|e| tracing::error!(error = %e, "no metrics endpoint"))
+                .ok()
+        }
+        None => None,
+    };
     let running = service::start(&args.socket, Arc::new(mounter))
         .await
         .context("cannot start riffle-mounter")?;

@@ -134,11 +134,29 @@ pub fn validate_publish(
                 Status::failed_precondition(e.to_string())
             }
         })?;
+    let pod = pod_info(&req.volume_context);
     Ok(PublishSpec {
         volume_id: req.volume_id.clone(),
         target,
         settings,
         access,
+        pod,
+    })
+}
+
+/// `namespace/name` of the pod a publish is for, from the pod info kubelet adds to the volume
+/// context (`podInfoOnMount`); None without a pod name.
+fn pod_info(volume_context: &std::collections::HashMap<String, String>) -> Option<String> {
+    let get = |k: &str| {
+        volume_context
+            .get(&format!("csi.storage.k8s.io/pod.{k}"))
+            .map(|v| v.trim())
+            .filter(|v| !v.is_empty())
+    };
+    let name = get("name")?;
+    Some(match get("namespace") {
+        Some(namespace) => format!("{namespace}/{name}"),
+        None => name.to_string(),
     })
 }
 

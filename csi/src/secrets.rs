@@ -395,6 +395,7 @@ mod tests {
                 has_credentials: true,
                 auth: None,
                 daemon: None,
+                pod: None,
             })
             .expect("save");
         let creds = Credentials::from_secrets(&map(&[

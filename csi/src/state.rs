@@ -62,6 +62,10 @@ pub struct VolumeRecord {
     pub auth: Option<DaemonCredentials>,
     /// The daemon serving the mount; None while the mount is being made.
     pub daemon: Option<DaemonId>,
+    /// The pod it was published for, `namespace/name` (kubelet's pod info), when known: a
+    /// label of the volume's metrics ([`crate::metrics_proxy`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
 }
 
 /// The state directory.
@@ -218,6 +222,7 @@ mod tests {
                 pid: 42,
                 start_time: 7,
             }),
+            pod: Some("ml/trainer-0".into()),
         }
     }
 

@@ -78,6 +78,8 @@ pub struct PublishSpec {
     pub target: PathBuf,
     pub settings: VolumeSettings,
     pub access: VolumeAccess,
+    /// `namespace/name` of the pod, when kubelet said (podInfoOnMount).
+    pub pod: Option<String>,
 }
 
 /// What a check found and did.
@@ -246,6 +248,7 @@ impl VolumeManager {
             has_credentials: auth.uses_files(),
             auth: Some(auth),
             daemon: None,
+            pod: spec.pod,
         };
         self.store.save(&record)?;
         match self.mount(&record).await {

@@ -39,6 +39,8 @@ struct Plugin {
     dir: tempfile::TempDir,
     child: Option<Child>,
     mounter: Option<Child>,
+    /// The mounter's metrics endpoint (`--metrics-addr`).
+    metrics: std::net::SocketAddr,
     env: Env,
     csi: Csi,
 }
@@ -52,12 +54,13 @@ impl Plugin {
     /// test's `kubelet` directory as kubelet's root).
     async fn start_with(env: &Env, allow_root_disk_cache: bool) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mounter = spawn_mounter(env, dir.path(), allow_root_disk_cache).await;
+        let (mounter, metrics) = spawn_mounter(env, dir.path(), allow_root_disk_cache).await;
         let (child, csi) = spawn_plugin(dir.path()).await;
         Self {
             dir,
             child: Some(child),
             mounter: Some(mounter),
+            metrics,
             env: env.clone(),
             csi,
         }
@@ -175,10 +178,20 @@ fn mounter_socket(dir: &Path) -> PathBuf {
     dir.join("state/mounter/mounter.sock")
 }
 
-/// Starts `riffle-mounter` and waits until it answers.
-async fn spawn_mounter(env: &Env, dir: &Path, allow_root_disk_cache: bool) -> Child {
+/// Starts `riffle-mounter` (with its metrics endpoint on a free port of 127.0.0.1) and waits
+/// until it answers.
+async fn spawn_mounter(
+    env: &Env,
+    dir: &Path,
+    allow_root_disk_cache: bool,
+) -> (Child, std::net::SocketAddr) {
     let socket = mounter_socket(dir);
     let mut args = mounter_args(&socket, &dir.join("cache"), &env.riffle);
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    args.push(format!("--metrics-addr={metrics}"));
+    args.push(format!("--state-dir={}", dir.join("state").display()));
     if !allow_root_disk_cache {
         args.retain(|a| a != riffle_csi::cache_disk::ALLOW_FLAG);
         args.push(format!("--kubelet-dir={}", dir.join("kubelet").display()));
@@ -191,7 +204,27 @@ async fn spawn_mounter(env: &Env, dir: &Path, allow_root_disk_cache: bool) -> Ch
     .spawn()
     .expect("start riffle-mounter");
     wait_for_mounter(&socket).await;
-    child
+    (child, metrics)
+}
+
+/// `GET /metrics` from the mounter at `addr`: the body.
+fn scrape(addr: std::net::SocketAddr) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect to the metrics port");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).expect("read");
+    let (head, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains("application/openmetrics-text"), "{head}");
+    body.to_string()
 }
 
 async fn spawn_plugin(dir: &Path) -> (Child, Csi) {
@@ -972,6 +1005,105 @@ async fn root_disk_cache_is_refused() {
     );
     p.csi
         .unpublish("vol-root", &target)
+        .await
+        .expect("unpublish");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mounter_metrics_carry_each_volumes_labels() {
+    let _serial = SERIAL.lock().await;
+    let Some(env) = env() else { return };
+    let bucket = make_bucket(&env, 2).await;
+    let mut p = Plugin::start(&env).await;
+    // Two pods, two volumes; kubelet adds the pod's name (podInfoOnMount).
+    let pods = [
+        ("vol-metrics-a", "trainer-a"),
+        ("vol-metrics-b", "trainer-b"),
+    ];
+    let mut targets = Vec::new();
+    for (i, (volume, pod)) in pods.iter().enumerate() {
+        let target = p.target(pod);
+        let mut attributes = p.attributes(&bucket, &format!("shard-{i}"));
+        attributes.insert("csi.storage.k8s.io/pod.name".into(), pod.to_string());
+        attributes.insert("csi.storage.k8s.io/pod.namespace".into(), "ml".into());
+        attributes.insert("csi.storage.k8s.io/ephemeral".into(), "false".into());
+        p.csi
+            .publish(publish_request(volume, &target, attributes, p.secrets()))
+            .await
+            .expect("publish");
+        assert_eq!(
+            std::fs::read_to_string(target.join("data.txt")).expect("read"),
+            content(i)
+        );
+        targets.push(target);
+    }
+    let text = scrape(p.metrics);
+    transcript(format!("GET /metrics ({} lines):", text.lines().count()));
+    for line in text.lines().filter(|l| {
+        l.starts_with("riffle_mounter")
+            || l.starts_with("riffle_store_get_requests")
+            || l.starts_with("riffle_blocks_hits")
+            || l.contains("riffle_fuse_opens")
+            || l.starts_with("riffle_build")
+    }) {
+        transcript(line);
+    }
+    assert!(text.ends_with("# EOF\n"), "{text}");
+    assert!(text.contains("\nriffle_mounter_volumes 2\n"), "{text}");
+    for ((volume, pod), target) in pods.iter().zip(&targets) {
+        let key = riffle_csi::state::StateStore::key(target);
+        let labels = format!("{{volume=\"{volume}\",pod=\"ml/{pod}\",key=\"{key}\"");
+        for series in [
+            "riffle_store_get_requests_total",
+            "riffle_fuse_opens_total",
+            "riffle_mounter_volume_up",
+            "riffle_fuse_op_duration_seconds_count",
+        ] {
+            assert!(
+                text.lines()
+                    .any(|l| l.starts_with(&format!("{series}{labels}"))),
+                "{series}{labels} in\n{text}"
+            );
+        }
+        assert!(
+            text.contains(&format!("riffle_mounter_volume_up{labels}}} 1\n")),
+            "{volume} answered"
+        );
+        // Its files were opened: the daemon's own counter, under its own label.
+        let opens = text
+            .lines()
+            .find(|l| l.starts_with(&format!("riffle_fuse_opens_total{labels}")))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .expect("an opens sample");
+        assert!(opens >= 1.0, "{volume}: {opens} opens");
+    }
+    // Each family is described once, with both volumes' samples under it.
+    for descriptor in [
+        "# TYPE riffle_store_get_requests counter",
+        "# TYPE riffle_fuse_op_duration_seconds histogram",
+        "# TYPE riffle_mounter_volume_up gauge",
+    ] {
+        assert_eq!(
+            text.lines().filter(|l| *l == descriptor).count(),
+            1,
+            "{descriptor}"
+        );
+    }
+    // No secret in the metrics.
+    assert!(!text.contains(&p.env.secret_key));
+    assert!(!text.contains(&p.env.access_key));
+    // An unpublished volume leaves the metrics.
+    p.csi
+        .unpublish(pods[0].0, &targets[0])
+        .await
+        .expect("unpublish");
+    let text = scrape(p.metrics);
+    assert!(text.contains("\nriffle_mounter_volumes 1\n"), "{text}");
+    assert!(!text.contains(&format!("volume=\"{}\"", pods[0].0)));
+    assert!(text.contains(&format!("volume=\"{}\"", pods[1].0)));
+    p.csi
+        .unpublish(pods[1].0, &targets[1])
         .await
         .expect("unpublish");
 }

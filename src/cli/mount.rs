@@ -593,6 +593,7 @@ fn serve_until_unmounted(
         let handler = Arc::new(MountControl {
             stats: stack.metrics.clone(),
             prefetch: prefetch.clone(),
+            fuse_ops: stack.fuse_ops.clone(),
         });
         stack.stats_file.set_source(handler.clone());
         let metrics_server = args

@@ -7,6 +7,18 @@
 //! Plain LRU rather than moka's default TinyLFU, whose admission filter may refuse a new entry
 //! that looks less frequent than the one it would evict: a block fetched ahead of a sequential
 //! reader has been seen exactly once, and must be kept until the reader arrives.
+//!
+//! **A hard bound.** moka applies inserts and evicts in batches: an insert is logged and the
+//! cache's size is brought back under its capacity only when 64 writes are pending or after a
+//! while, so under a burst of fetches it held up to 64 blocks (64 MiB of 1 MiB blocks) more
+//! than its capacity, beyond `--max-memory`. Here every byte inserted is counted at once
+//! ([`BlockCache::held`]; an eviction, replacement or removal gives its bytes back through
+//! moka's eviction listener) and an insert that takes the count past the capacity runs moka's
+//! pending maintenance itself, so the cache holds at most its capacity plus the blocks being
+//! inserted at that moment.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use bytes::Bytes;
 
@@ -16,18 +28,32 @@ use super::BlockKey;
 #[derive(Clone)]
 pub struct BlockCache {
     inner: Option<moka::sync::Cache<BlockKey, Bytes>>,
+    /// Bytes inserted and not yet evicted, replaced or removed (moka's count lags).
+    held: Arc<AtomicU64>,
+    max_bytes: u64,
 }
 
 impl BlockCache {
     pub fn new(max_bytes: u64) -> Self {
+        let held = Arc::new(AtomicU64::new(0));
         let inner = (max_bytes > 0).then(|| {
+            let released = held.clone();
             moka::sync::Cache::builder()
                 .eviction_policy(moka::policy::EvictionPolicy::lru())
                 .max_capacity(max_bytes)
                 .weigher(|_k: &BlockKey, v: &Bytes| v.len().try_into().unwrap_or(u32::MAX))
+                .eviction_listener(move |_k, v: Bytes, _cause| {
+                    let _ = released.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |h| {
+                        Some(h.saturating_sub(v.len() as u64))
+                    });
+                })
                 .build()
         });
-        BlockCache { inner }
+        BlockCache {
+            inner,
+            held,
+            max_bytes,
+        }
     }
 
     pub fn get(&self, key: &BlockKey) -> Option<Bytes> {
@@ -36,7 +62,12 @@ impl BlockCache {
 
     pub fn insert(&self, key: BlockKey, data: Bytes) {
         if let Some(c) = &self.inner {
+            let len = data.len() as u64;
             c.insert(key, data);
+            if self.held.fetch_add(len, Ordering::Relaxed) + len > self.max_bytes {
+                // Over the capacity: evict now rather than after moka's next batch.
+                c.run_pending_tasks();
+            }
         }
     }
 
@@ -52,5 +83,39 @@ impl BlockCache {
             c.run_pending_tasks();
             c.weighted_size()
         })
+    }
+
+    /// Bytes inserted and not yet given back (at least what moka holds).
+    pub fn held(&self) -> u64 {
+        self.held.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fetch::ObjectVersion;
+
+    #[test]
+    fn a_burst_of_inserts_never_holds_more_than_the_capacity() {
+        let cache = BlockCache::new(8 << 20);
+        let obj = Arc::new(ObjectVersion {
+            key: Arc::from("k"),
+            etag: Arc::from("e"),
+            size: 1 << 30,
+        });
+        for i in 0..200u64 {
+            cache.insert((obj.clone(), i), Bytes::from(vec![0u8; 1 << 20]));
+            assert!(
+                cache.held() <= (8 << 20) + (1 << 20),
+                "{} bytes held after {i} inserts",
+                cache.held()
+            );
+        }
+        assert!(cache.weighted_size() <= 8 << 20);
+        cache.insert((obj.clone(), 0), Bytes::from(vec![0u8; 1 << 20]));
+        cache.remove(&(obj.clone(), 0));
+        cache.weighted_size();
+        assert!(cache.held() <= 8 << 20);
     }
 }

@@ -43,10 +43,12 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use futures::future::{FutureExt, Shared};
+use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use parking_lot::Mutex;
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
+use crate::cache::ring::AlignedBuf;
 use crate::store::{ObjectStore, StoreError};
 pub use blocks::BlockCache;
 pub use disk::DiskTier;
@@ -124,6 +126,17 @@ type Waiter = Shared<futures::future::BoxFuture<'static, BlockResult>>;
 
 /// Memory permits are counted in units of this many bytes (fits a part in a `u32`).
 const MEMORY_UNIT: u64 = 4096;
+
+/// The most a GET's connection buffers are charged besides its data (twice the data below
+/// that). The HTTP client (hyper) reads each response into a per-connection buffer that
+/// doubles while reads fill it (up to about 400 KiB: 128–256 KiB for a 110 KB body) and keeps
+/// it while the connection waits in the pool for its next request: 64 readers of W1's small
+/// files at `--max-memory 64M` ran ~256 GETs at once and their connections held 54 MiB of
+/// buffers beside 32 MiB of data (heaptrack). A connection serves one GET at a time and is
+/// reused, so charging each GET for it bounds the buffers of the connections the budget lets
+/// run at once; on small files a small budget runs fewer GETs at once (64M: ~100 instead of
+/// 256 for 110 KB files; 256M and more: still `--max-inflight`).
+pub const CONNECTION_BUFFER: u64 = 256 << 10;
 
 /// See the module documentation.
 pub struct Fetcher {
@@ -529,10 +542,21 @@ impl Fetcher {
         if self.whole_on_disk(obj) {
             return Ok(());
         }
-        for slot in self.claim(obj, blocks, Mode::Background(priority)) {
-            if let Slot::Wait(w) = slot {
-                w.await?;
-            }
+        // Each block is let go as soon as it is in (in completion order): a completed block
+        // waited for in a list kept its bytes alive in its shared future until the loop got
+        // to it, so a file's blocks that came in before its first one were held outside
+        // `--max-memory` (up to a whole file per prefetch in flight: 150 MiB of a 64M budget
+        // reading six W2 shards).
+        let mut waiting: FuturesUnordered<Waiter> = self
+            .claim(obj, blocks, Mode::Background(priority))
+            .into_iter()
+            .filter_map(|slot| match slot {
+                Slot::Wait(w) => Some(w),
+                Slot::Ready(_) => None,
+            })
+            .collect();
+        while let Some(done) = waiting.next().await {
+            done?;
         }
         Ok(())
     }
@@ -708,16 +732,25 @@ impl Fetcher {
         bytes.div_ceil(MEMORY_UNIT).max(1) as u32
     }
 
+    /// The memory permits of a GET of `bytes`: its data and its connection's read buffer
+    /// (twice the data, at most [`CONNECTION_BUFFER`]), at most the whole budget (a GET larger
+    /// than it could never start).
+    fn get_units(&self, bytes: u64) -> u32 {
+        let total = (self.config.inflight_memory / MEMORY_UNIT).max(1) as u32;
+        let buffer = bytes.saturating_mul(2).min(CONNECTION_BUFFER);
+        Self::memory_units(bytes + buffer).min(total)
+    }
+
     fn try_budget(&self, bytes: u64) -> Option<Budget> {
         let request = self.requests.clone().try_acquire_owned().ok()?;
         let memory = self
             .memory
             .clone()
-            .try_acquire_many_owned(Self::memory_units(bytes))
+            .try_acquire_many_owned(self.get_units(bytes))
             .ok()?;
         Some(Budget {
             _request: request,
-            _memory: memory,
+            memory,
             _limits: Vec::new(),
         })
     }
@@ -742,18 +775,18 @@ impl Fetcher {
             if run.is_empty() {
                 return;
             }
-            let budget = match budget {
+            let waited = match budget {
                 Some(b) => Some(b),
-                None if for_peer => this.wait_peer_budget().await,
+                None if for_peer => this.wait_peer_budget(range.end - range.start).await,
                 None => this.wait_budget(range.end - range.start, priority).await,
             };
-            let Some(_budget) = budget else {
+            let Some(mut budget) = waited else {
                 return;
             };
             // A block asked for by a peer is fetched here, never from another peer.
             let peers = this.peers.get().filter(|_| !for_peer).cloned();
             let run = match peers {
-                Some(peers) => this.from_peers(&obj, run, &peers).await,
+                Some(peers) => this.from_peers(&obj, run, &peers, &mut budget).await,
                 None => run,
             };
             for part in split_contiguous(run) {
@@ -763,7 +796,7 @@ impl Fetcher {
                 let range = this.block_range(&obj, first.index).start
                     ..this.block_range(&obj, last.index).end;
                 this.stats.get_requests.fetch_add(1, Ordering::Relaxed);
-                this.stream_run(&obj, range, part).await;
+                this.stream_run(&obj, range, part, &mut budget).await;
             }
         };
         // Background work yields the cache's metadata slots to demand reads.
@@ -783,6 +816,7 @@ impl Fetcher {
         obj: &Arc<ObjectVersion>,
         run: Vec<NewBlock>,
         peers: &Arc<peer::Peers>,
+        budget: &mut Budget,
     ) -> Vec<NewBlock> {
         let asks = run.into_iter().map(|block| {
             let range = self.block_range(obj, block.index);
@@ -819,7 +853,9 @@ impl Fetcher {
                     let keep = self.keeps_peer_copies();
                     let writing = self.complete(obj, block, Ok(data.clone()), keep);
                     if keep {
-                        self.persist(obj, index, data, writing).await;
+                        // The copy waits for the disk inside the run's memory budget.
+                        let memory = budget.take_memory(data.len() as u64);
+                        self.persist(obj, index, data, writing, memory).await;
                     }
                 }
                 PeerVerdict::Refused => {
@@ -909,13 +945,16 @@ impl Fetcher {
     /// Hands a fetched block to the NVMe cache; waits while `WRITE_PERMITS` writes are in
     /// flight, which slows the GET down rather than buffering without bound. `writing` (from
     /// [`Self::complete`]) keeps the block's finished entry in the in-flight table until the
-    /// write is over, however it ends.
+    /// write is over, however it ends. `memory` is the block's share of its GET's memory
+    /// budget, held until the write is over: a block waiting for the disk stays inside
+    /// `--max-memory` (before, up to `WRITE_PERMITS` blocks waited outside it).
     async fn persist(
         &self,
         obj: &Arc<ObjectVersion>,
         index: u64,
         data: Bytes,
         writing: Option<WriteBehind>,
+        memory: Option<OwnedSemaphorePermit>,
     ) {
         let Some(disk) = &self.disk else {
             return;
@@ -930,6 +969,7 @@ impl Fetcher {
             let _permit = permit;
             let _hold = hold;
             let _writing = writing;
+            let _memory = memory;
             if disk.cache.write_block(&id, index, data).await.is_ok() {
                 disk.wrote(&id);
             }
@@ -938,8 +978,16 @@ impl Fetcher {
 
     /// Receives one GET's body and completes each block as soon as its last byte arrives.
     /// If the body fails or ends early, the rest of the run is fetched again with a plain
-    /// (retried, length-checked) ranged GET.
-    async fn stream_run(&self, obj: &Arc<ObjectVersion>, range: Range<u64>, run: Vec<NewBlock>) {
+    /// (retried, length-checked) ranged GET. Each block is received into its own aligned
+    /// buffer ([`AlignedBuf`]: written to the NVMe cache with `O_DIRECT` without a copy), and
+    /// takes its share of `budget`'s memory along to the cache write ([`Self::persist`]).
+    async fn stream_run(
+        &self,
+        obj: &Arc<ObjectVersion>,
+        range: Range<u64>,
+        run: Vec<NewBlock>,
+        budget: &mut Budget,
+    ) {
         let mut pending = run.into_iter().peekable();
         let mut failure: Option<FetchError> = None;
         match self
@@ -950,7 +998,7 @@ impl Fetcher {
             Err(e) => failure = Some(e.into()),
             Ok(mut chunks) => {
                 self.read_from_store(obj);
-                let mut buf = BytesMut::new();
+                let mut buf: Option<AlignedBuf> = None;
                 while let Some(chunk) = chunks.next().await {
                     let mut data = match chunk {
                         Ok(d) => d,
@@ -967,18 +1015,18 @@ impl Fetcher {
                         let want = (self.block_range(obj, block.index).end
                             - self.block_range(obj, block.index).start)
                             as usize;
-                        if buf.is_empty() {
-                            // One exact allocation per block: a cached block pins only itself.
-                            buf = BytesMut::with_capacity(want);
-                        }
-                        let take = (want - buf.len()).min(data.len());
-                        buf.extend_from_slice(&data.split_to(take));
-                        if buf.len() == want {
-                            if let Some(block) = pending.next() {
+                        // One exact allocation per block: a cached block pins only itself.
+                        let filling = buf.get_or_insert_with(|| AlignedBuf::with_capacity(want));
+                        let take = filling
+                            .extend_from_slice(&data[..(want - filling.len()).min(data.len())]);
+                        let _ = data.split_to(take);
+                        if filling.len() == want {
+                            if let (Some(block), Some(full)) = (pending.next(), buf.take()) {
                                 let index = block.index;
-                                let data = std::mem::take(&mut buf).freeze();
+                                let data = Bytes::from_owner(full);
+                                let memory = budget.take_memory(data.len() as u64);
                                 let writing = self.complete(obj, block, Ok(data.clone()), true);
-                                self.persist(obj, index, data, writing).await;
+                                self.persist(obj, index, data, writing, memory).await;
                             }
                         }
                     }
@@ -1020,12 +1068,13 @@ impl Fetcher {
                 // Copy: a cached block must not pin the whole part's buffer.
                 let lo = (block.index * bs - retry_range.start) as usize;
                 let hi = (lo + bs as usize).min(data.len());
-                Bytes::copy_from_slice(&data[lo..hi])
+                Bytes::from_owner(AlignedBuf::copy_from(&data[lo..hi]))
             });
             let index = block.index;
             let writing = self.complete(obj, block, out.clone(), true);
             if let Ok(data) = out {
-                self.persist(obj, index, data, writing).await;
+                let memory = budget.take_memory(data.len() as u64);
+                self.persist(obj, index, data, writing, memory).await;
             }
         }
     }
@@ -1077,12 +1126,18 @@ impl Fetcher {
 
     /// A slot of the peer-serving limit (a fetch for a peer takes no slot of this node's own
     /// readers: two nodes asking each other cannot hold each other's slots).
-    async fn wait_peer_budget(&self) -> Option<Budget> {
+    /// The buffer memory of its `bytes` comes from the node's one budget, like any GET's.
+    async fn wait_peer_budget(&self, bytes: u64) -> Option<Budget> {
         let request = self.peer_limit.clone().acquire_owned().await.ok()?;
-        let memory = self.memory.clone().acquire_many_owned(0).await.ok()?;
+        let memory = self
+            .memory
+            .clone()
+            .acquire_many_owned(self.get_units(bytes))
+            .await
+            .ok()?;
         Some(Budget {
             _request: request,
-            _memory: memory,
+            memory,
             _limits: Vec::new(),
         })
     }
@@ -1101,12 +1156,12 @@ impl Fetcher {
         let memory = self
             .memory
             .clone()
-            .acquire_many_owned(Self::memory_units(bytes))
+            .acquire_many_owned(self.get_units(bytes))
             .await
             .ok()?;
         Some(Budget {
             _request: request,
-            _memory: memory,
+            memory,
             _limits: limits,
         })
     }
@@ -1124,11 +1179,23 @@ fn split_contiguous(blocks: Vec<NewBlock>) -> Vec<Vec<NewBlock>> {
     runs
 }
 
-/// Permits held for the life of one GET.
+/// Permits held for the life of one GET; its blocks take their memory along to the cache
+/// write ([`Budget::take_memory`]).
 struct Budget {
     _request: OwnedSemaphorePermit,
-    _memory: OwnedSemaphorePermit,
+    memory: OwnedSemaphorePermit,
     _limits: Vec<OwnedSemaphorePermit>,
+}
+
+impl Budget {
+    /// Splits the memory permits of `bytes` off this budget (as many as it still has).
+    fn take_memory(&mut self, bytes: u64) -> Option<OwnedSemaphorePermit> {
+        let units = (Fetcher::memory_units(bytes) as usize).min(self.memory.num_permits());
+        if units == 0 {
+            return None;
+        }
+        self.memory.split(units)
+    }
 }
 
 /// Who asked for a fetch, which decides who waits for whom.

@@ -322,6 +322,36 @@ mod with_disk {
         assert_eq!(f.stats().disk_hits.load(Ordering::Relaxed), 11);
     }
 
+    /// Fetched blocks take their GET's memory budget along to their cache writes and give it
+    /// back when written: after a demand read and a background fetch, with every write over,
+    /// the whole budget is free again (none kept by a write, none lost by a split).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cache_writes_give_their_memory_budget_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(MemoryStore::new());
+        let f = disk_fetcher(&store, dir.path());
+        let body = data(10 * DBS as usize + 100, 12);
+        let obj = version(&store, "read", &body);
+        assert_eq!(
+            &f.read(&obj, 0..body.len() as u64).await.unwrap()[..],
+            &body[..]
+        );
+        let other = version(&store, "background", &data(7 * DBS as usize, 13));
+        f.fetch_background(&other, 0..7, Priority::Prefetch)
+            .await
+            .unwrap();
+        wait_complete(&f, &obj).await;
+        wait_complete(&f, &other).await;
+        crate::test_support::eventually("the memory budget to be free", || f.inflight_bytes() == 0)
+            .await;
+        // The blocks on disk are the fetched bytes (written from their aligned buffers).
+        let again = disk_fetcher(&store, dir.path());
+        assert_eq!(
+            &again.read(&obj, 0..body.len() as u64).await.unwrap()[..],
+            &body[..]
+        );
+    }
+
     /// A block the memory cache does not keep (here it keeps nothing) is not fetched again
     /// while its write to the NVMe cache is still going on: the finished fetch stays in the
     /// in-flight table until the write is over.

@@ -233,7 +233,11 @@ impl DiskCache {
         let crc = crc32c::crc32c(&data);
         let (file, buf) = match &entry.direct {
             Some(d) if len % ALIGN as u64 == 0 && !half_data => {
-                (d, IoBuf::Aligned(AlignedBuf::copy_from(&data)))
+                if crate::cache::ring::is_aligned(&data) {
+                    (d, IoBuf::Bytes(data))
+                } else {
+                    (d, IoBuf::Aligned(AlignedBuf::copy_from(&data)))
+                }
             }
             _ if half_data => (&entry.data, IoBuf::Bytes(data.slice(..data.len() / 2))),
             _ => (&entry.data, IoBuf::Bytes(data)),

@@ -125,8 +125,13 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 .to_string()
         })
     };
-    std::fs::write(&a.readme, readme(&modes, &plot))
-        .with_context(|| format!("write {}", a.readme.display()))?;
+    let mut text = readme(&modes, &plot);
+    // The memory workload's table (benches/memory.sh), kept across reports.
+    if let Ok(memory) = std::fs::read_to_string(a.results_dir.join("memory.md")) {
+        let at = text.find("## Not in every run").unwrap_or(text.len());
+        text.insert_str(at, &format!("{}\n\n", memory.trim_end()));
+    }
+    std::fs::write(&a.readme, text).with_context(|| format!("write {}", a.readme.display()))?;
     eprintln!("wrote {}", a.readme.display());
     if a.check && !wrong.is_empty() {
         for w in &wrong {
