@@ -9,8 +9,10 @@
 #    absent). When both run, their outputs must be the same objects. The
 #    rendered plugin (riffle-csi-node) and mounter (riffle-mounter)
 #    DaemonSets must agree on the mounter's socket and the state dir, both
-#    must tolerate every taint, and the mounter must keep OnDelete, no
-#    liveness probe, no memory limit, its root-disk check (no
+#    must tolerate every taint, and the mounter must keep OnDelete and no
+#    memory limit unless it passes --fd-store to an fd store of the plugin's
+#    pod (then a rolling update must start the new pod first), no
+#    liveness probe, its root-disk check (no
 #    --allow-root-disk-cache, --kubelet-dir where kubelet's dir is mounted).
 # 3. Validates, in strict mode (unknown fields are errors), the rendered
 #    base and every manifest in deploy/kubernetes and deploy/examples,
@@ -116,12 +118,25 @@ for o, c in ((plugin_ds, plugin), (mounter_ds, mounter)):
         errors.append(f"{c['name']}: /var/lib/kubelet must be mounted Bidirectional")
 if flag(plugin, "cache-dir") is not None:
     errors.append("--cache-dir is the mounter's option, not the plugin's")
-if mounter_ds["spec"].get("updateStrategy", {}).get("type") != "OnDelete":
-    errors.append("the mounter must be updated OnDelete (a restart ends its daemons)")
+strategy = mounter_ds["spec"].get("updateStrategy", {})
+store_flag = flag(mounter, "fd-store")
+if strategy.get("type") != "OnDelete":
+    # A rolling update is safe only with the node's fd store holding the connections.
+    if not store_flag:
+        errors.append("the mounter must pass --fd-store, or be updated OnDelete (a restart ends its daemons)")
+    if strategy.get("rollingUpdate", {}).get("maxUnavailable", 1) not in (0, "0", "0%"):
+        errors.append("the mounter's rolling update must start the new pod first (maxSurge 1, maxUnavailable 0)")
+if store_flag:
+    stores = [c for c in plugin_ds["spec"]["template"]["spec"]["containers"]
+              if c.get("args", [])[:2] == ["riffle", "fd-store"]]
+    if not stores or f"--socket={store_flag}" not in stores[0].get("args", []):
+        errors.append(f"the plugin's pod must run `riffle fd-store --socket={store_flag}` (the mounter's --fd-store)")
+    elif mount_path(plugin_ds, stores[0], "state-dir")[0] != mount_path(mounter_ds, mounter, "state-dir")[0]:
+        errors.append("the fd store and the mounter must see the state dir at the same path")
 if "livenessProbe" in mounter:
     errors.append("the mounter must have no liveness probe (a restart ends its daemons)")
-if "memory" in mounter.get("resources", {}).get("limits", {}):
-    errors.append("the mounter must have no memory limit (one OOM kill would end every daemon)")
+if "memory" in mounter.get("resources", {}).get("limits", {}) and not store_flag:
+    errors.append("without --fd-store the mounter must have no memory limit (one OOM kill would end every daemon)")
 for o in (plugin_ds, mounter_ds):
     tolerations = o["spec"]["template"]["spec"].get("tolerations", [])
     if {"operator": "Exists"} not in tolerations:

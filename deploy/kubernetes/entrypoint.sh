@@ -3,6 +3,7 @@
 #
 #   riffle-entrypoint riffle-csi     [ARGS...]   the CSI node plugin
 #   riffle-entrypoint riffle-mounter [ARGS...]   the holder of the mount daemons
+#   riffle-entrypoint riffle fd-store [ARGS...]  the node's fd store (plugin pod)
 #
 # The first argument names the binary (in /usr/local/bin) to keep running;
 # the rest are its arguments. (For manifests written for the old
@@ -25,11 +26,12 @@
 # On SIGTERM (tini forwards it to this process group, the binary included;
 # the daemons are in their own sessions and do not get it) the loop waits
 # for the binary to stop and exits. The daemons of riffle-mounter end with
-# the container: that is why its DaemonSet is updated only OnDelete.
+# the container; their FUSE connections live on in the fd store of the
+# plugin's pod, and the next mounter takes the mounts over.
 set -u
 
 case ${1-} in
-    riffle-csi | riffle-mounter)
+    riffle-csi | riffle-mounter | riffle)
         bin=$1
         shift
         ;;
@@ -37,7 +39,7 @@ case ${1-} in
         bin=riffle-csi
         ;;
     *)
-        echo "riffle-entrypoint: unknown program '$1' (riffle-csi or riffle-mounter)" >&2
+        echo "riffle-entrypoint: unknown program '$1' (riffle-csi, riffle-mounter or riffle)" >&2
         exit 64
         ;;
 esac

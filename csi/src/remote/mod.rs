@@ -5,9 +5,11 @@
 //! container, every rollout of the plugin, and every crash or OOM kill of
 //! it, would kill every FUSE daemon on the node at once, and pods would get
 //! `ENOTCONN` on every read. So the daemons live in a second, long-lived
-//! container: the **mounter** (`riffle-mounter`, its own DaemonSet with the
-//! `OnDelete` update strategy, so it is replaced only when an operator says
-//! so; it holds no CSI logic and changes rarely).
+//! container: the **mounter** (`riffle-mounter`, its own DaemonSet; it holds
+//! no CSI logic and changes rarely). The mounter's own restarts cost no read
+//! either: the node's fd store, in the plugin's pod, keeps a copy of every
+//! daemon's FUSE connection, and a new mounter's daemons take the mounts over
+//! ([`crate::volumes`]), so its DaemonSet rolls like any other.
 //!
 //! The plugin keeps everything that changes often (the CSI services, volume
 //! records, reconciliation, the supervisor) and asks the mounter to do the
