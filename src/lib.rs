@@ -18,6 +18,7 @@
 //! - [`metrics`]: what a mount reports (`riffle stats` JSON, Prometheus endpoint).
 //! - [`control`]: the per-mount control socket (`riffle stats`, `plan`, `warm`).
 //! - [`heap_trim`]: gives freed heap back to the system after bursts of listings.
+//! - [`http_server`]: the bounded HTTP/1.1 server of the metrics endpoint and the peer port.
 //! - [`cli`]: the `riffle` command line: mount (daemon and keeper), unmount, stats, warm.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
@@ -28,6 +29,7 @@ pub mod control;
 pub mod fetch;
 pub mod fs;
 pub mod heap_trim;
+pub mod http_server;
 pub mod metrics;
 pub mod namespace;
 pub mod prefetch;

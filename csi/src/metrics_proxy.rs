@@ -384,6 +384,18 @@ struct Parsed<'a> {
     samples: Vec<&'a str>,
 }
 
+impl Parsed<'_> {
+    /// A family with nothing in it yet.
+    fn named(name: &str) -> Self {
+        Parsed {
+            name: name.to_string(),
+            kind: None,
+            descriptors: Vec::new(),
+            samples: Vec::new(),
+        }
+    }
+}
+
 /// Splits an OpenMetrics (or Prometheus) text into its families: a `# HELP`, `# TYPE` or
 /// `# UNIT` line of a new name starts one; a sample whose name is not the current family's
 /// (or that name with an OpenMetrics suffix) starts an untyped family of its own.
@@ -405,12 +417,7 @@ fn parse_families(text: &str) -> Vec<Parsed<'_>> {
                 continue;
             };
             if out.last().is_none_or(|f| f.name != name) {
-                out.push(Parsed {
-                    name: name.to_string(),
-                    kind: None,
-                    descriptors: Vec::new(),
-                    samples: Vec::new(),
-                });
+                out.push(Parsed::named(name));
             }
             if let Some(f) = out.last_mut() {
                 if what == "TYPE" {
@@ -434,12 +441,7 @@ fn parse_families(text: &str) -> Vec<Parsed<'_>> {
                     .is_some_and(|s| SUFFIXES.contains(&s))
         });
         if !belongs {
-            out.push(Parsed {
-                name: name.to_string(),
-                kind: None,
-                descriptors: Vec::new(),
-                samples: Vec::new(),
-            });
+            out.push(Parsed::named(name));
         }
         if let Some(f) = out.last_mut() {
             f.samples.push(line);

@@ -790,21 +790,17 @@ async fn wait_for_store_copies(node: &Node, targets: &[&Path]) {
             "{}.log",
             riffle_csi::state::StateStore::key(target)
         ));
-        let held = || {
+        let said = |line: &str| {
             std::fs::read_to_string(&log)
                 .unwrap_or_default()
-                .matches("the fd store holds a copy of the connection")
-                .count()
-        };
-        let took = || {
-            std::fs::read_to_string(&log)
-                .unwrap_or_default()
-                .matches("took the mount over from the fd store")
+                .matches(line)
                 .count()
         };
         // One copy for the first keeper, one per keeper that took the mount over since, one
         // more per fd store restart: at least one more than the take-overs.
-        while held() < took() + 1 {
+        while said("the fd store holds a copy of the connection")
+            < said("took the mount over from the fd store") + 1
+        {
             assert!(
                 Instant::now() < deadline,
                 "the keeper of {} never gave the fd store its connection",

@@ -1129,17 +1129,7 @@ impl Fetcher {
     /// The buffer memory of its `bytes` comes from the node's one budget, like any GET's.
     async fn wait_peer_budget(&self, bytes: u64) -> Option<Budget> {
         let request = self.peer_limit.clone().acquire_owned().await.ok()?;
-        let memory = self
-            .memory
-            .clone()
-            .acquire_many_owned(self.get_units(bytes))
-            .await
-            .ok()?;
-        Some(Budget {
-            _request: request,
-            memory,
-            _limits: Vec::new(),
-        })
+        self.wait_memory(request, bytes, Vec::new()).await
     }
 
     /// Waits for a GET slot and buffer memory; background work first takes a slot of its
@@ -1153,6 +1143,16 @@ impl Fetcher {
             limits.push(self.background_limit.clone().acquire_owned().await.ok()?);
         }
         let request = self.requests.clone().acquire_owned().await.ok()?;
+        self.wait_memory(request, bytes, limits).await
+    }
+
+    /// Waits for the buffer memory of a GET of `bytes` that holds `request` and `limits`.
+    async fn wait_memory(
+        &self,
+        request: OwnedSemaphorePermit,
+        bytes: u64,
+        limits: Vec<OwnedSemaphorePermit>,
+    ) -> Option<Budget> {
         let memory = self
             .memory
             .clone()

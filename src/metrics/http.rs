@@ -1,10 +1,7 @@
 //! A minimal HTTP/1.1 server for Prometheus: `GET /metrics` and a tiny index at `GET /`.
 //!
-//! Built on hyper's HTTP/1 server connection (hyper 1 is already compiled into riffle for the
-//! AWS SDK's client, so only its `server` feature is new), driven by a plain tokio accept
-//! loop, rather than a hand-written parser: request-line and header parsing, keep-alive,
-//! `HEAD`, pipelining and malformed input are hyper's well-tested code, and the rest of this
-//! module is routing and limits. The limits ([`HttpLimits`]) keep a scraper or a port scanner
+//! Served by [`crate::http_server`] (hyper's HTTP/1 connection and a bounded accept loop);
+//! this module is routing and limits. The limits ([`HttpLimits`]) keep a scraper or a port scanner
 //! from holding resources: request headers are bounded in size (431 past it) and must arrive
 //! within a timeout, each connection lives at most a fixed time, and at most a fixed number
 //! of connections are served at once (more are closed at accept). Request bodies are never
@@ -15,7 +12,6 @@
 //! answers a one-link HTML page; any other path is 404, and another method on a known path
 //! 405. Dropping the [`MetricsServer`] stops the accept loop and every open connection.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,12 +21,10 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, ALLOW, CACHE_CONTROL, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::TcpListener;
-use tokio::task::{JoinHandle, JoinSet};
 
 use super::prometheus::{Exporter, CONTENT_TYPE as OPENMETRICS};
 use super::MetricsError;
+use crate::http_server::{self, ServeError, ServerLimits};
 
 const INDEX: &str = "<!DOCTYPE html>\n<html><head><title>riffle</title></head>\
 <body><h1>riffle</h1><p><a href=\"/metrics\">metrics</a></p></body></html>\n";
@@ -60,24 +54,7 @@ impl Default for HttpLimits {
 }
 
 /// A running metrics endpoint; dropping it stops it (listener and connections).
-#[derive(Debug)]
-pub struct MetricsServer {
-    addr: SocketAddr,
-    task: JoinHandle<()>,
-}
-
-impl MetricsServer {
-    /// The address actually bound (useful with port 0).
-    pub fn local_addr(&self) -> SocketAddr {
-        self.addr
-    }
-}
-
-impl Drop for MetricsServer {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
+pub type MetricsServer = crate::http_server::HttpServer;
 
 /// Binds `addr` and serves `exporter` on the current tokio runtime with [`HttpLimits`]'s
 /// defaults. Must be called inside a runtime context (`Runtime::enter` or a task); the bind
@@ -92,69 +69,17 @@ pub fn serve_with_limits(
     exporter: Arc<Exporter>,
     limits: HttpLimits,
 ) -> Result<MetricsServer, MetricsError> {
-    let runtime = tokio::runtime::Handle::try_current().map_err(|_| MetricsError::NoRuntime)?;
-    let bind_error = |source| MetricsError::Bind { addr, source };
-    let std_listener = std::net::TcpListener::bind(addr).map_err(bind_error)?;
-    std_listener.set_nonblocking(true).map_err(bind_error)?;
-    let local = std_listener.local_addr().map_err(bind_error)?;
-    let listener = {
-        let _in_runtime = runtime.enter();
-        TcpListener::from_std(std_listener).map_err(bind_error)?
-    };
-    let limits = HttpLimits {
-        max_header_bytes: limits.max_header_bytes.max(8 * 1024),
+    let limits = ServerLimits {
+        header_timeout: limits.header_timeout,
+        max_header_bytes: Some(limits.max_header_bytes.max(8 * 1024)),
         max_connections: limits.max_connections.max(1),
-        ..limits
+        connection_lifetime: Some(limits.connection_lifetime),
     };
-    let task = runtime.spawn(accept_loop(listener, exporter, limits));
-    Ok(MetricsServer { addr: local, task })
-}
-
-async fn accept_loop(listener: TcpListener, exporter: Arc<Exporter>, limits: HttpLimits) {
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout)
-        .max_buf_size(limits.max_header_bytes)
-        .max_header_size(limits.max_header_bytes)
-        .keep_alive(true);
-    let builder = Arc::new(builder);
-    // Dropping the set (when this task is aborted) aborts every connection.
-    let mut connections = JoinSet::new();
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
-        };
-        let (stream, peer) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                // Out of file descriptors and the like: back off instead of spinning.
-                tracing::warn!(error = %e, "metrics endpoint: accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        if connections.len() >= limits.max_connections {
-            tracing::debug!(%peer, "metrics endpoint: too many connections; closing");
-            drop(stream);
-            continue;
-        }
-        let builder = builder.clone();
-        let exporter = exporter.clone();
-        connections.spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let exporter = exporter.clone();
-                async move { Ok::<_, Infallible>(route(req, exporter).await) }
-            });
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
-            match tokio::time::timeout(limits.connection_lifetime, conn).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "metrics connection failed"),
-                Err(_) => tracing::debug!(%peer, "metrics connection reached its lifetime"),
-            }
-        });
-    }
+    let handler = move |req| route(req, exporter.clone());
+    http_server::serve(addr, limits, "metrics endpoint", handler).map_err(|e| match e {
+        ServeError::Bind(source) => MetricsError::Bind { addr, source },
+        ServeError::NoRuntime => MetricsError::NoRuntime,
+    })
 }
 
 async fn route(req: Request<Incoming>, exporter: Arc<Exporter>) -> Response<Full<Bytes>> {

@@ -94,6 +94,21 @@ impl RemoteMounter {
     }
 }
 
+impl RemoteMounter {
+    /// Fails with FailedPrecondition when the mounter's Pong does not list `feature`; the
+    /// message says it cannot `what`.
+    async fn require(&self, feature: &str, what: &str) -> Result<(), MountError> {
+        let (_, _, features) = self.pong().await?;
+        if features.iter().any(|f| f == feature) {
+            return Ok(());
+        }
+        Err(MountError::new(
+            MountErrorKind::FailedPrecondition,
+            format!("the riffle-mounter on this node is older than the plugin and cannot {what}"),
+        ))
+    }
+}
+
 fn unexpected(response: &Response) -> MountError {
     MountError::new(
         MountErrorKind::Internal,
@@ -107,13 +122,11 @@ impl Mounter for RemoteMounter {
         if req.auth.uses_files() {
             // An older mounter would drop `auth` and run the daemon with the
             // node's identity: ask first (one local round trip).
-            let (_, _, features) = self.pong().await?;
-            if !features.iter().any(|f| f == FEATURE_CREDENTIAL_FILES) {
-                return Err(MountError::new(
-                    MountErrorKind::FailedPrecondition,
-                    "the riffle-mounter on this node is older than the plugin and cannot give a volume its own credentials; update it: drain the node, then delete its riffle-mounter pod (see deploy/kubernetes/README.md, Upgrading)",
-                ));
-            }
+            self.require(
+                FEATURE_CREDENTIAL_FILES,
+                "give a volume its own credentials; update it (see deploy/kubernetes/README.md, Upgrading)",
+            )
+            .await?;
         }
         let request = Request::Mount {
             target: req.target.to_path_buf(),
@@ -166,13 +179,7 @@ impl Mounter for RemoteMounter {
 
     async fn take_over(&self, req: MountRequest<'_>) -> Result<Option<DaemonId>, MountError> {
         // An older mounter would not know the request; ask first (one local round trip).
-        let (_, _, features) = self.pong().await?;
-        if !features.iter().any(|f| f == FEATURE_TAKE_OVER) {
-            return Err(MountError::new(
-                MountErrorKind::FailedPrecondition,
-                "the riffle-mounter on this node is older than the plugin and cannot take mounts over",
-            ));
-        }
+        self.require(FEATURE_TAKE_OVER, "take mounts over").await?;
         let request = Request::TakeOver {
             target: req.target.to_path_buf(),
             settings: req.settings.clone(),

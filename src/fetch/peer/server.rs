@@ -14,10 +14,9 @@
 //! not in the store, 409 another block size, 412 the object changed, 403 the store refused
 //! this node's credential, 416 a block past the end, 502 the store failed.
 //!
-//! Connections are HTTP/1.1 keep-alive (hyper's server, as for the metrics endpoint), at most
+//! Connections are HTTP/1.1 keep-alive ([`crate::http_server`], as for the metrics endpoint), at most
 //! [`MAX_CONNECTIONS`] at once; request headers must arrive within [`HEADER_TIMEOUT`].
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -28,14 +27,12 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::TcpListener;
-use tokio::task::{JoinHandle, JoinSet};
 
 use super::auth::{self, Fields};
 use super::client::{CRC, PATH, PROOF};
 use super::Peers;
 use crate::fetch::{FetchError, Fetcher, ObjectVersion};
+use crate::http_server::{self, ServerLimits};
 use crate::store::StoreError;
 
 pub const MAX_CONNECTIONS: usize = 1024;
@@ -53,23 +50,7 @@ pub enum ServeError {
 }
 
 /// A running peer port; dropping it stops it.
-#[derive(Debug)]
-pub struct PeerServer {
-    addr: SocketAddr,
-    task: JoinHandle<()>,
-}
-
-impl PeerServer {
-    pub fn local_addr(&self) -> SocketAddr {
-        self.addr
-    }
-}
-
-impl Drop for PeerServer {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
+pub type PeerServer = crate::http_server::HttpServer;
 
 /// Binds `addr` (before returning) and serves `fetcher`'s blocks to `peers`' members.
 pub fn serve(
@@ -77,63 +58,22 @@ pub fn serve(
     fetcher: Arc<Fetcher>,
     peers: Arc<Peers>,
 ) -> Result<PeerServer, ServeError> {
-    let runtime = tokio::runtime::Handle::try_current().map_err(|_| ServeError::NoRuntime)?;
-    let bind_error = |source| ServeError::Bind { addr, source };
-    let std_listener = std::net::TcpListener::bind(addr).map_err(bind_error)?;
-    std_listener.set_nonblocking(true).map_err(bind_error)?;
-    let local = std_listener.local_addr().map_err(bind_error)?;
-    let listener = {
-        let _in_runtime = runtime.enter();
-        TcpListener::from_std(std_listener).map_err(bind_error)?
+    let limits = ServerLimits {
+        header_timeout: HEADER_TIMEOUT,
+        max_header_bytes: None,
+        max_connections: MAX_CONNECTIONS,
+        connection_lifetime: None,
     };
-    let task = runtime.spawn(accept_loop(listener, fetcher, peers));
-    tracing::info!(addr = %local, "serving cached blocks to peers");
-    Ok(PeerServer { addr: local, task })
-}
-
-async fn accept_loop(listener: TcpListener, fetcher: Arc<Fetcher>, peers: Arc<Peers>) {
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_TIMEOUT)
-        .keep_alive(true);
-    let builder = Arc::new(builder);
-    let mut connections = JoinSet::new();
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
-        };
-        let (stream, remote) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::warn!(error = %e, "peer port: accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        if connections.len() >= MAX_CONNECTIONS {
-            tracing::debug!(%remote, "peer port: too many connections; closing");
-            continue;
-        }
-        let _ = stream.set_nodelay(true);
-        let builder = builder.clone();
-        let fetcher = fetcher.clone();
-        let peers = peers.clone();
-        connections.spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let fetcher = fetcher.clone();
-                let peers = peers.clone();
-                async move { Ok::<_, Infallible>(handle(req, &fetcher, &peers).await) }
-            });
-            if let Err(e) = builder
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                tracing::debug!(%remote, error = %e, "peer connection ended with an error");
-            }
-        });
-    }
+    let handler = move |req| {
+        let (fetcher, peers) = (fetcher.clone(), peers.clone());
+        async move { handle(req, &fetcher, &peers).await }
+    };
+    let server = http_server::serve(addr, limits, "peer port", handler).map_err(|e| match e {
+        http_server::ServeError::Bind(source) => ServeError::Bind { addr, source },
+        http_server::ServeError::NoRuntime => ServeError::NoRuntime,
+    })?;
+    tracing::info!(addr = %server.local_addr(), "serving cached blocks to peers");
+    Ok(server)
 }
 
 /// The query of a block request.
