@@ -11,10 +11,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
-        // The request carrying credentials gets a hand-written Debug impl
-        // that redacts them (see src/proto.rs), so an accidental `{:?}`
+        // The requests carrying credentials get hand-written Debug impls
+        // that redact them (see src/proto.rs), so an accidental `{:?}`
         // can never print a secret.
-        .skip_debug(["csi.v1.NodePublishVolumeRequest"])
+        .skip_debug([
+            "csi.v1.NodePublishVolumeRequest",
+            "csi.v1.NodeStageVolumeRequest",
+        ])
         .compile_fds(descriptors)?;
     Ok(())
 }

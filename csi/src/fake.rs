@@ -35,6 +35,9 @@ pub struct FakeMount {
     /// The variables of `auth` that would have been set, with their values
     /// (paths, a role, a session name: no secrets).
     pub auth_env: Vec<(String, String)>,
+    /// For a bind ([`Mounter::bind`]): the mount it shows. It is live while that mount is
+    /// live and served by the same daemon (a remount leaves the bind on the old one).
+    pub bind_of: Option<PathBuf>,
 }
 
 #[derive(Default)]
@@ -98,6 +101,15 @@ impl FakeMounter {
         self.lock().mounts.len()
     }
 
+    /// Number of daemons the mounts present are served by (binds share their daemon).
+    pub fn daemon_count(&self) -> usize {
+        self.lock()
+            .mounts
+            .values()
+            .filter(|m| m.bind_of.is_none())
+            .count()
+    }
+
     /// Total number of mount calls so far (successful or not).
     pub fn mount_calls(&self) -> usize {
         self.mount_calls.load(Ordering::SeqCst)
@@ -114,6 +126,16 @@ struct InFlight<'a>(&'a AtomicUsize);
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Whether `m`, if a bind, still shows a live mount of the same daemon.
+fn bind_is_live(mounts: &HashMap<PathBuf, FakeMount>, m: &FakeMount) -> bool {
+    match &m.bind_of {
+        None => true,
+        Some(source) => mounts
+            .get(source)
+            .is_some_and(|s| s.alive && s.daemon == m.daemon),
     }
 }
 
@@ -182,6 +204,7 @@ impl Mounter for FakeMounter {
                 env_names,
                 auth: req.auth.clone(),
                 auth_env,
+                bind_of: None,
             },
         );
         Ok(Some(daemon))
@@ -195,11 +218,40 @@ impl Mounter for FakeMounter {
     }
 
     async fn health(&self, target: &Path, _daemon: Option<DaemonId>) -> Result<Health, MountError> {
-        Ok(match self.lock().mounts.get(target) {
+        let inner = self.lock();
+        Ok(match inner.mounts.get(target) {
             None => Health::NotMounted,
-            Some(m) if m.alive => Health::Live,
+            Some(m) if m.alive && bind_is_live(&inner.mounts, m) => Health::Live,
             Some(_) => Health::Broken("transport endpoint is not connected".into()),
         })
+    }
+
+    async fn bind(&self, source: &Path, target: &Path) -> Result<(), MountError> {
+        let mut inner = self.lock();
+        let Some(shown) = inner.mounts.get(source).filter(|m| m.alive).cloned() else {
+            return Err(MountError::new(
+                crate::mounter::MountErrorKind::Internal,
+                format!("fake bind: nothing live at {}", source.display()),
+            ));
+        };
+        std::fs::write(target.join(FAKE_MARKER), &shown.source).map_err(|e| {
+            MountError::new(
+                crate::mounter::MountErrorKind::FailedPrecondition,
+                format!("fake bind cannot write into {}: {e}", target.display()),
+            )
+        })?;
+        inner.mounts.insert(
+            target.to_path_buf(),
+            FakeMount {
+                bind_of: Some(source.to_path_buf()),
+                ..shown
+            },
+        );
+        Ok(())
+    }
+
+    async fn unbind(&self, target: &Path) -> Result<(), MountError> {
+        self.unmount(target, None).await
     }
 
     async fn daemon_from_pid_file(&self, pid_file: &Path) -> Option<DaemonId> {

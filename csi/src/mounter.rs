@@ -261,4 +261,60 @@ pub trait Mounter: Send + Sync + 'static {
     async fn instance(&self) -> Result<Option<String>, MountError> {
         self.available().await.map(|()| None)
     }
+
+    /// Makes the live mount at `source` (a shared daemon's, see
+    /// [`crate::volumes`]) also appear at `target` (an existing directory), read-only:
+    /// another pod's view of the same daemon. By default this process binds it
+    /// ([`crate::mountinfo::bind_read_only`]).
+    async fn bind(&self, source: &Path, target: &Path) -> Result<(), MountError> {
+        bind_here(source, target).await
+    }
+
+    /// Removes what [`Mounter::bind`] put at `target`, leaving the daemon behind it
+    /// running (other pods read through it). Succeeds when nothing is there.
+    async fn unbind(&self, target: &Path) -> Result<(), MountError> {
+        unbind_here(target).await
+    }
+}
+
+/// [`Mounter::bind`] in this process.
+pub async fn bind_here(source: &Path, target: &Path) -> Result<(), MountError> {
+    let (source, target) = (source.to_path_buf(), target.to_path_buf());
+    tokio::task::spawn_blocking(move || {
+        crate::mountinfo::bind_read_only(&source, &target).map_err(|e| {
+            MountError::new(
+                MountErrorKind::Internal,
+                format!(
+                    "cannot bind {} at {}: {e}",
+                    source.display(),
+                    target.display()
+                ),
+            )
+        })
+    })
+    .await
+    .map_err(|e| MountError::new(MountErrorKind::Internal, e.to_string()))?
+}
+
+/// [`Mounter::unbind`] in this process.
+pub async fn unbind_here(target: &Path) -> Result<(), MountError> {
+    let owned = target.to_path_buf();
+    tokio::task::spawn_blocking(move || crate::mountinfo::detach_all(&owned))
+        .await
+        .map_err(|e| MountError::new(MountErrorKind::Internal, e.to_string()))?;
+    match crate::mountinfo::mount_at(target) {
+        Ok(None) => Ok(()),
+        Ok(Some(m)) => Err(MountError::new(
+            MountErrorKind::Internal,
+            format!(
+                "{} is still mounted ({}) after unbinding it",
+                target.display(),
+                m.fs_type
+            ),
+        )),
+        Err(e) => Err(MountError::new(
+            MountErrorKind::Internal,
+            format!("cannot read mountinfo: {e}"),
+        )),
+    }
 }

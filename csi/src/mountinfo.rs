@@ -84,6 +84,32 @@ pub async fn probe(path: &Path, limit: Duration) -> Probe {
     }
 }
 
+/// Bind-mounts `source` (a riffle mount) at `target`, read-only, nosuid and nodev: how one
+/// shared daemon's mount reaches each pod that uses it. Two steps, as mount(8) does: a bind
+/// takes no flags of its own, so the new mount is then remounted with them. A failed
+/// second step detaches the bind again, so no writable bind is ever left behind.
+pub fn bind_read_only(source: &Path, target: &Path) -> io::Result<()> {
+    use nix::mount::{mount, MsFlags};
+    mount(
+        Some(source),
+        target,
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .map_err(io::Error::from)?;
+    let flags = MsFlags::MS_BIND
+        | MsFlags::MS_REMOUNT
+        | MsFlags::MS_RDONLY
+        | MsFlags::MS_NOSUID
+        | MsFlags::MS_NODEV;
+    if let Err(e) = mount(None::<&str>, target, None::<&str>, flags, None::<&str>) {
+        let _ = nix::mount::umount2(target, nix::mount::MntFlags::MNT_DETACH);
+        return Err(io::Error::from(e));
+    }
+    Ok(())
+}
+
 /// Lazily detaches whatever is mounted at `target`, stacked mounts included
 /// (at most 16 deep). A FUSE daemon whose mount is detached this way exits by
 /// itself once nothing uses the mount any more.

@@ -12,6 +12,12 @@
 //! `ReadOnlyMany`); anything else asks for a writable volume and is refused
 //! with INVALID_ARGUMENT saying how to fix the manifest.
 //!
+//! NodeStageVolume and NodeUnstageVolume (STAGE_UNSTAGE_VOLUME): a staged volume's
+//! publishes share one daemon per identity and options ([`crate::volumes`]' `shared`
+//! module); stage validates what it is given and prepares the staging directory, unstage
+//! stops the shared daemons. Inline ephemeral volumes are not staged by kubelet and get a
+//! daemon of their own, as before.
+//!
 //! NodeGetVolumeStats is answered by [`crate::volume_stats`].
 //!
 //! Status codes: AlreadyExists for a target taken with other settings,
@@ -31,7 +37,9 @@ use crate::proto::{
     NodeGetCapabilitiesRequest, NodeGetCapabilitiesResponse, NodeGetInfoRequest,
     NodeGetInfoResponse, NodeGetVolumeStatsRequest, NodeGetVolumeStatsResponse,
     NodePublishVolumeRequest, NodePublishVolumeResponse, NodeServiceCapability,
-    NodeUnpublishVolumeRequest, NodeUnpublishVolumeResponse,
+    NodeStageVolumeRequest, NodeStageVolumeResponse, NodeUnpublishVolumeRequest,
+    NodeUnpublishVolumeResponse, NodeUnstageVolumeRequest, NodeUnstageVolumeResponse,
+    VolumeCapability,
 };
 use crate::settings::VolumeSettings;
 use crate::volumes::{PublishSpec, VolumeError, VolumeManager};
@@ -76,19 +84,46 @@ fn target_path(raw: &str) -> Result<PathBuf, Status> {
     Ok(path.to_path_buf())
 }
 
-/// Validates a publish request into a [`PublishSpec`].
-pub fn validate_publish(
-    req: &NodePublishVolumeRequest,
-    policy: &AccessPolicy,
-) -> Result<PublishSpec, Status> {
+/// The optional staging path of a publish: empty (not staged) or absolute.
+fn staging_path(raw: &str) -> Result<Option<PathBuf>, Status> {
+    if raw.is_empty() {
+        return Ok(None);
+    }
+    let path = Path::new(raw);
+    if !path.is_absolute() {
+        return Err(invalid(format!(
+            "staging_target_path {raw:?} must be an absolute path"
+        )));
+    }
+    Ok(Some(path.to_path_buf()))
+}
+
+/// Validates a stage request: the staging path, the capability's access type and file
+/// system type, and the volume's attributes and mount options (so that a bad attribute is
+/// reported at stage, before any pod waits on a publish). Returns the staging path.
+pub fn validate_stage(req: &NodeStageVolumeRequest) -> Result<PathBuf, Status> {
     if req.volume_id.is_empty() {
         return Err(invalid("volume_id is required"));
     }
-    let target = target_path(&req.target_path)?;
+    let staging = staging_path(&req.staging_target_path)?
+        .ok_or_else(|| invalid("staging_target_path is required"))?;
     let capability = req
         .volume_capability
         .as_ref()
         .ok_or_else(|| invalid("volume_capability is required"))?;
+    let mount = mount_capability(capability)?;
+    let mut settings = VolumeSettings::parse(&req.volume_context, &mount.mount_flags)
+        .map_err(|e| invalid(e.to_string()))?;
+    settings
+        .apply_mount_group(&mount.volume_mount_group)
+        .map_err(|e| invalid(e.to_string()))?;
+    Ok(staging)
+}
+
+/// The capability's mount access with a file system type rifflefs serves.
+fn mount_capability(
+    capability: &VolumeCapability,
+) -> Result<&crate::proto::volume_capability::MountVolume, Status> {
     let mount = match &capability.access_type {
         Some(AccessType::Mount(m)) => m,
         Some(AccessType::Block(_)) => {
@@ -98,6 +133,30 @@ pub fn validate_publish(
         }
         None => return Err(invalid("volume_capability.access_type is required (mount)")),
     };
+    if !FS_TYPES.contains(&mount.fs_type.as_str()) {
+        return Err(invalid(format!(
+            "fsType {:?} is not supported: leave it empty or use fuse.riffle",
+            mount.fs_type
+        )));
+    }
+    Ok(mount)
+}
+
+/// Validates a publish request into a [`PublishSpec`].
+pub fn validate_publish(
+    req: &NodePublishVolumeRequest,
+    policy: &AccessPolicy,
+) -> Result<PublishSpec, Status> {
+    if req.volume_id.is_empty() {
+        return Err(invalid("volume_id is required"));
+    }
+    let target = target_path(&req.target_path)?;
+    let staging = staging_path(&req.staging_target_path)?;
+    let capability = req
+        .volume_capability
+        .as_ref()
+        .ok_or_else(|| invalid("volume_capability is required"))?;
+    let mount = mount_capability(capability)?;
     let mode = capability
         .access_mode
         .as_ref()
@@ -111,12 +170,6 @@ pub fn validate_publish(
         return Err(invalid(format!(
             "rifflefs volumes are read-only but a writable volume was requested (access mode {}, readonly=false): use accessModes [ReadOnlyMany] on the PV and PVC, or readOnly: true on the volume",
             mode.as_str_name()
-        )));
-    }
-    if !FS_TYPES.contains(&mount.fs_type.as_str()) {
-        return Err(invalid(format!(
-            "fsType {:?} is not supported: leave it empty or use fuse.riffle",
-            mount.fs_type
         )));
     }
     let mut settings = VolumeSettings::parse(&req.volume_context, &mount.mount_flags)
@@ -141,6 +194,7 @@ pub fn validate_publish(
         settings,
         access,
         pod,
+        staging,
     })
 }
 
@@ -229,13 +283,55 @@ impl Node for NodeService {
         Ok(Response::new(NodeUnpublishVolumeResponse {}))
     }
 
+    async fn node_stage_volume(
+        &self,
+        request: Request<NodeStageVolumeRequest>,
+    ) -> Result<Response<NodeStageVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let staging = validate_stage(&req).inspect_err(|s| {
+            tracing::warn!(volume_id = %req.volume_id, staging = %req.staging_target_path, error = %s.message(), "NodeStageVolume refused");
+        })?;
+        if !req.secrets.is_empty() {
+            tracing::warn!(volume_id = %req.volume_id, "NodeStageVolume carries a nodeStageSecretRef secret, which rifflefs does not use: a volume's keys come with each publish (nodePublishSecretRef)");
+        }
+        tracing::info!(volume_id = %req.volume_id, staging = %staging.display(), "NodeStageVolume");
+        self.manager
+            .stage(&req.volume_id, &staging)
+            .await
+            .map_err(|e| to_status(&e))?;
+        Ok(Response::new(NodeStageVolumeResponse {}))
+    }
+
+    async fn node_unstage_volume(
+        &self,
+        request: Request<NodeUnstageVolumeRequest>,
+    ) -> Result<Response<NodeUnstageVolumeResponse>, Status> {
+        let req = request.into_inner();
+        if req.volume_id.is_empty() {
+            return Err(invalid("volume_id is required"));
+        }
+        let staging = staging_path(&req.staging_target_path)?
+            .ok_or_else(|| invalid("staging_target_path is required"))?;
+        tracing::info!(volume_id = %req.volume_id, staging = %staging.display(), "NodeUnstageVolume");
+        self.manager
+            .unstage(&req.volume_id, &staging)
+            .await
+            .map_err(|e| {
+                let status = to_status(&e);
+                tracing::error!(volume_id = %req.volume_id, staging = %staging.display(), error = %status.message(), "NodeUnstageVolume failed");
+                status
+            })?;
+        Ok(Response::new(NodeUnstageVolumeResponse {}))
+    }
+
     async fn node_get_capabilities(
         &self,
         _request: Request<NodeGetCapabilitiesRequest>,
     ) -> Result<Response<NodeGetCapabilitiesResponse>, Status> {
-        // Volume stats and their condition, and the pod's fsGroup as the files' group
-        // (VOLUME_MOUNT_GROUP: kubelet hands it over instead of changing ownership, which a
-        // read-only mount cannot take); no staging or expansion.
+        // Staging (one daemon per staged volume, identity and options, shared by the pods
+        // on the node), volume stats and their condition, and the pod's fsGroup as the
+        // files' group (VOLUME_MOUNT_GROUP: kubelet hands it over instead of changing
+        // ownership, which a read-only mount cannot take); no expansion.
         let rpc = |kind: RpcType| NodeServiceCapability {
             r#type: Some(CapabilityType::Rpc(Rpc {
                 r#type: kind as i32,
@@ -243,6 +339,7 @@ impl Node for NodeService {
         };
         Ok(Response::new(NodeGetCapabilitiesResponse {
             capabilities: vec![
+                rpc(RpcType::StageUnstageVolume),
                 rpc(RpcType::GetVolumeStats),
                 rpc(RpcType::VolumeCondition),
                 rpc(RpcType::VolumeMountGroup),

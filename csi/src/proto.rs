@@ -1,7 +1,7 @@
 //! The CSI v1 types and Identity/Node service stubs generated from
 //! `proto/csi.proto` by build.rs.
 //!
-//! `NodePublishVolumeRequest` carries credentials in `secrets`; its `Debug`
+//! `NodePublishVolumeRequest` and `NodeStageVolumeRequest` carry credentials in `secrets`; their `Debug`
 //! is written here by hand (code generation is told to skip it) and prints
 //! only the secret *keys*, never values, so that no log line built with
 //! `{:?}` can leak them. The same goes for the service account tokens
@@ -35,6 +35,21 @@ impl std::fmt::Debug for NodePublishVolumeRequest {
             .field("readonly", &self.readonly)
             .field("secrets", &format_args!("<redacted: keys {secret_keys:?}>"))
             .field("volume_context", &context)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for NodeStageVolumeRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut secret_keys: Vec<&String> = self.secrets.keys().collect();
+        secret_keys.sort();
+        f.debug_struct("NodeStageVolumeRequest")
+            .field("volume_id", &self.volume_id)
+            .field("publish_context", &self.publish_context)
+            .field("staging_target_path", &self.staging_target_path)
+            .field("volume_capability", &self.volume_capability)
+            .field("secrets", &format_args!("<redacted: keys {secret_keys:?}>"))
+            .field("volume_context", &self.volume_context)
             .finish()
     }
 }

@@ -396,6 +396,8 @@ mod tests {
                 auth: None,
                 daemon: None,
                 pod: None,
+                bind_of: None,
+                staging: None,
             })
             .expect("save");
         let creds = Credentials::from_secrets(&map(&[

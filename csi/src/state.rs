@@ -5,7 +5,9 @@
 //! ```text
 //! STATE/volumes/KEY.json   VolumeRecord: volume id, target, settings, settings
 //!                          hash, how the daemon authenticates (paths and
-//!                          names, no values), daemon pid + start time.
+//!                          names, no values), daemon pid + start time; for a
+//!                          pod served by a shared daemon, the shared mount
+//!                          it binds; for a shared mount, its staging path.
 //! STATE/run/KEY.pid        pid file written by the mount daemon
 //! STATE/logs/KEY.log       the mount daemon's log
 //! ```
@@ -66,6 +68,14 @@ pub struct VolumeRecord {
     /// label of the volume's metrics ([`crate::metrics_proxy`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<String>,
+    /// A pod's target served by a shared daemon: the shared mount it is a bind of
+    /// (see [`crate::volumes`]). Such a record has no daemon and no secrets of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bind_of: Option<PathBuf>,
+    /// A shared daemon's mount: the staging path (NodeStageVolume) it lives under, which
+    /// NodeUnstageVolume clears.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staging: Option<PathBuf>,
 }
 
 /// The state directory.
@@ -223,6 +233,8 @@ mod tests {
                 start_time: 7,
             }),
             pod: Some("ml/trainer-0".into()),
+            bind_of: None,
+            staging: None,
         }
     }
 

@@ -12,7 +12,10 @@
 
 mod common;
 
-use common::{assert_no_secret_under, capability, kubelet_target, map, publish_request, Csi};
+use common::{
+    assert_no_secret_under, capability, kubelet_staging, kubelet_target, map, publish_request,
+    staged_publish_request, Csi,
+};
 use riffle_csi::access::AccessPolicy;
 use riffle_csi::fake::{FakeMounter, FAKE_MARKER};
 use riffle_csi::mounter::{MountError, MountErrorKind};
@@ -309,10 +312,11 @@ async fn node_get_capabilities() {
             None => None,
         })
         .collect();
-    // Volume stats and their condition, the pod's fsGroup; no staging or expansion.
+    // Staging, volume stats and their condition, the pod's fsGroup; no expansion.
     assert_eq!(
         kinds,
         [
+            RpcType::StageUnstageVolume,
             RpcType::GetVolumeStats,
             RpcType::VolumeCondition,
             RpcType::VolumeMountGroup
@@ -1457,4 +1461,302 @@ async fn stale_socket_from_a_dead_plugin_is_replaced() {
         .await
         .expect("serving on the replaced socket");
     plugin.stop().await.expect("stop");
+}
+
+// ---------------------------------------------------------------- Staging
+
+impl Fixture {
+    fn staging(&self, volume: &str) -> PathBuf {
+        kubelet_staging(&self.dir.path().join("kubelet"), volume)
+    }
+
+    /// Publishes the staged volume `id` (bucket `datasets`) at `target` with `secrets`.
+    async fn publish_staged(
+        &mut self,
+        id: &str,
+        staging: &Path,
+        target: &Path,
+        secrets: HashMap<String, String>,
+    ) -> Result<(), tonic::Status> {
+        self.csi
+            .publish(staged_publish_request(
+                id,
+                staging,
+                target,
+                bucket("datasets"),
+                secrets,
+            ))
+            .await
+    }
+
+    /// The shared mounts (directories) under `staging`.
+    fn shared_mounts(&self, staging: &Path) -> Vec<PathBuf> {
+        let mut dirs: Vec<PathBuf> = std::fs::read_dir(staging)
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        dirs.sort();
+        dirs
+    }
+}
+
+fn keys(id: &str, secret: &str) -> HashMap<String, String> {
+    map(&[("accessKeyId", id), ("secretAccessKey", secret)])
+}
+
+fn marker(target: &Path) -> String {
+    std::fs::read_to_string(target.join(FAKE_MARKER)).unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_staged_volume_is_one_daemon_for_every_pod() {
+    let mut f = Fixture::new().await;
+    let staging = f.staging("vol-stage");
+    f.csi
+        .stage("vol-stage", &staging, bucket("datasets"))
+        .await
+        .expect("stage");
+    assert_eq!(
+        f.fake.daemon_count(),
+        0,
+        "the daemon waits for the first pod"
+    );
+    let (a, b) = (f.target("pod-a", "data"), f.target("pod-b", "data"));
+    let secret = keys("AKIDSHARED", "SHAREDSECRET");
+    f.publish_staged("vol-stage", &staging, &a, secret.clone())
+        .await
+        .expect("publish a");
+    f.publish_staged("vol-stage", &staging, &b, secret.clone())
+        .await
+        .expect("publish b");
+    assert_eq!(f.fake.daemon_count(), 1, "two pods, one daemon");
+    assert_eq!(f.fake.mount_calls(), 1);
+    let shared = f.shared_mounts(&staging);
+    assert_eq!(shared.len(), 1, "{shared:?}");
+    let daemon = f.fake.mount_at(&shared[0]).expect("shared mount").daemon;
+    for target in [&a, &b] {
+        let bind = f.fake.mount_at(target).expect("a bind at the pod's target");
+        assert_eq!(bind.bind_of.as_deref(), Some(shared[0].as_path()));
+        assert_eq!(bind.daemon, daemon);
+        assert_eq!(marker(target), "s3://datasets/");
+    }
+    // A repeated publish changes nothing.
+    f.publish_staged("vol-stage", &staging, &a, secret.clone())
+        .await
+        .expect("publish a again");
+    assert_eq!(f.fake.mount_calls(), 1);
+
+    // One pod goes; the other reads on through the same daemon.
+    f.csi.unpublish("vol-stage", &a).await.expect("unpublish a");
+    assert!(!a.exists());
+    assert!(f.fake.mount_at(&a).is_none());
+    assert_eq!(marker(&b), "s3://datasets/");
+    assert_eq!(
+        f.fake.mount_at(&shared[0]).expect("still there").daemon,
+        daemon
+    );
+
+    // Unstaging while a pod still uses it is refused; after the last one it stops the daemon.
+    let busy = f
+        .csi
+        .unstage("vol-stage", &staging)
+        .await
+        .expect_err("b still reads");
+    assert_eq!(busy.code(), Code::FailedPrecondition, "{busy:?}");
+    assert!(
+        busy.message().contains("still published"),
+        "{}",
+        busy.message()
+    );
+    f.csi.unpublish("vol-stage", &b).await.expect("unpublish b");
+    f.csi.unstage("vol-stage", &staging).await.expect("unstage");
+    assert_eq!(f.fake.daemon_count(), 0);
+    assert_eq!(f.fake.mount_count(), 0);
+    assert!(
+        f.shared_mounts(&staging).is_empty(),
+        "staging path left empty"
+    );
+    f.csi
+        .unstage("vol-stage", &staging)
+        .await
+        .expect("unstage again is OK");
+    assert_no_secret_under(f.secrets.path(), &["SHAREDSECRET"]);
+    assert_no_secret_under(f.dir.path(), &["SHAREDSECRET"]);
+}
+
+#[tokio::test]
+async fn other_keys_or_a_pods_own_token_stage_apart() {
+    let mut f = Fixture::with_node_credentials(false).await;
+    let staging = f.staging("vol-tenants");
+    f.csi
+        .stage("vol-tenants", &staging, bucket("datasets"))
+        .await
+        .expect("stage");
+    let (a, b, c) = (
+        f.target("pod-a", "data"),
+        f.target("pod-b", "data"),
+        f.target("pod-c", "data"),
+    );
+    f.publish_staged("vol-tenants", &staging, &a, keys("AKIDONE", "SECRETONE"))
+        .await
+        .expect("tenant one");
+    // The same key id with another secret is another identity: never served by the first.
+    f.publish_staged("vol-tenants", &staging, &b, keys("AKIDONE", "WRONGSECRET"))
+        .await
+        .expect("tenant two");
+    assert_eq!(f.fake.daemon_count(), 2);
+    assert_ne!(
+        f.fake.mount_at(&a).expect("a").daemon,
+        f.fake.mount_at(&b).expect("b").daemon
+    );
+    // A role assumed with the pod's token is the pod's own: a daemon at its target.
+    let role = "arn:aws:iam::123456789012:role/trainer";
+    f.csi
+        .publish(staged_publish_request(
+            "vol-tenants",
+            &staging,
+            &c,
+            pod_context("datasets", Some(role), "eyJ.PODTOKEN.sig"),
+            Default::default(),
+        ))
+        .await
+        .expect("a pod with its own token");
+    let own = f.fake.mount_at(&c).expect("c");
+    assert!(own.bind_of.is_none(), "a daemon of its own");
+    assert_eq!(f.fake.daemon_count(), 3);
+    assert_eq!(f.shared_mounts(&staging).len(), 2);
+    for (target, id) in [
+        (&a, "vol-tenants"),
+        (&b, "vol-tenants"),
+        (&c, "vol-tenants"),
+    ] {
+        f.csi.unpublish(id, target).await.expect("unpublish");
+    }
+    f.csi
+        .unstage("vol-tenants", &staging)
+        .await
+        .expect("unstage");
+    assert_eq!(f.fake.mount_count(), 0);
+}
+
+#[tokio::test]
+async fn a_dead_shared_daemon_is_brought_back_and_every_pod_bound_again() {
+    let mut f = Fixture::new().await;
+    let staging = f.staging("vol-heal");
+    f.csi
+        .stage("vol-heal", &staging, bucket("datasets"))
+        .await
+        .expect("stage");
+    let (a, b) = (f.target("pod-a", "data"), f.target("pod-b", "data"));
+    for t in [&a, &b] {
+        f.publish_staged("vol-heal", &staging, t, Default::default())
+            .await
+            .expect("publish");
+    }
+    let shared = f.shared_mounts(&staging).remove(0);
+    let before = f.fake.mount_at(&shared).expect("shared").daemon;
+    assert!(f.fake.kill(&shared));
+    // The supervisor remounts the shared daemon and binds both pods to the new one.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = f
+            .fake
+            .mount_at(&shared)
+            .filter(|m| m.alive)
+            .map(|m| m.daemon);
+        let bound = [&a, &b]
+            .iter()
+            .all(|t| f.fake.mount_at(t).map(|m| m.daemon) == now);
+        if now.is_some_and(|d| d != before) && bound {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not brought back in time"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(f.fake.daemon_count(), 1);
+    for t in [&a, &b] {
+        f.csi.unpublish("vol-heal", t).await.expect("unpublish");
+    }
+    f.csi.unstage("vol-heal", &staging).await.expect("unstage");
+    assert_eq!(f.fake.mount_count(), 0);
+}
+
+#[tokio::test]
+async fn a_plugin_restart_between_stage_and_publish_and_after_it() {
+    let mut f = Fixture::with_check_interval(Duration::from_secs(3600)).await;
+    let staging = f.staging("vol-crash");
+    f.csi
+        .stage("vol-crash", &staging, bucket("datasets"))
+        .await
+        .expect("stage");
+    f.restart().await;
+    let (a, b) = (f.target("pod-a", "data"), f.target("pod-b", "data"));
+    f.publish_staged("vol-crash", &staging, &a, Default::default())
+        .await
+        .expect("publish after the restart");
+    let daemon = f.fake.mount_at(&a).expect("a").daemon;
+    f.restart().await;
+    // The restarted plugin adopts the shared daemon: the next pod binds it, no new mount.
+    f.publish_staged("vol-crash", &staging, &b, Default::default())
+        .await
+        .expect("publish b");
+    assert_eq!(f.fake.mount_at(&b).expect("b").daemon, daemon);
+    assert_eq!(f.fake.mount_calls(), 1);
+    for t in [&a, &b] {
+        f.csi.unpublish("vol-crash", t).await.expect("unpublish");
+    }
+    f.csi.unstage("vol-crash", &staging).await.expect("unstage");
+    assert_eq!(f.fake.mount_count(), 0);
+}
+
+#[tokio::test]
+async fn stage_requests_are_validated() {
+    let mut f = Fixture::new().await;
+    let staging = f.staging("vol-bad");
+    let relative = f
+        .csi
+        .stage("vol-bad", Path::new("relative/path"), bucket("datasets"))
+        .await
+        .expect_err("relative staging path");
+    assert_eq!(relative.code(), Code::InvalidArgument);
+    let missing = f
+        .csi
+        .stage("vol-bad", Path::new(""), bucket("datasets"))
+        .await
+        .expect_err("no staging path");
+    assert_eq!(missing.code(), Code::InvalidArgument);
+    assert!(
+        missing.message().contains("staging_target_path"),
+        "{}",
+        missing.message()
+    );
+    let no_id = f
+        .csi
+        .stage("", &staging, bucket("datasets"))
+        .await
+        .expect_err("no volume id");
+    assert_eq!(no_id.code(), Code::InvalidArgument);
+    let bad = f
+        .csi
+        .stage(
+            "vol-bad",
+            &staging,
+            map(&[("bucket", "datasets"), ("cacheSize", "lots")]),
+        )
+        .await
+        .expect_err("a bad attribute is reported at stage");
+    assert_eq!(bad.code(), Code::InvalidArgument);
+    let unstage = f
+        .csi
+        .unstage("vol-bad", Path::new(""))
+        .await
+        .expect_err("no staging path");
+    assert_eq!(unstage.code(), Code::InvalidArgument);
+    // Unstaging what was never staged is OK (idempotent).
+    f.csi
+        .unstage("vol-bad", &staging)
+        .await
+        .expect("nothing to unstage");
 }

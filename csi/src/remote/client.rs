@@ -10,7 +10,7 @@
 //! bring back the problem the mounter exists to solve.
 
 use super::protocol::{
-    read_line, write_line, Request, Response, WireError, FEATURE_CREDENTIAL_FILES,
+    read_line, write_line, Request, Response, WireError, FEATURE_BIND, FEATURE_CREDENTIAL_FILES,
     FEATURE_TAKE_OVER,
 };
 use crate::mounter::{DaemonId, Health, MountError, MountErrorKind, MountRequest, Mounter};
@@ -95,11 +95,16 @@ impl RemoteMounter {
 }
 
 impl RemoteMounter {
+    /// Whether the mounter's Pong lists `feature`.
+    async fn has(&self, feature: &str) -> Result<bool, MountError> {
+        let (_, _, features) = self.pong().await?;
+        Ok(features.iter().any(|f| f == feature))
+    }
+
     /// Fails with FailedPrecondition when the mounter's Pong does not list `feature`; the
     /// message says it cannot `what`.
     async fn require(&self, feature: &str, what: &str) -> Result<(), MountError> {
-        let (_, _, features) = self.pong().await?;
-        if features.iter().any(|f| f == feature) {
+        if self.has(feature).await? {
             return Ok(());
         }
         Err(MountError::new(
@@ -189,6 +194,33 @@ impl Mounter for RemoteMounter {
         };
         match self.call(&request, self.mount_timeout).await? {
             Response::Mounted { daemon } => Ok(daemon),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    async fn bind(&self, source: &Path, target: &Path) -> Result<(), MountError> {
+        if !self.has(FEATURE_BIND).await? {
+            return crate::mounter::bind_here(source, target).await;
+        }
+        let request = Request::Bind {
+            source: source.to_path_buf(),
+            target: target.to_path_buf(),
+        };
+        match self.call(&request, self.call_timeout).await? {
+            Response::Bound => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    async fn unbind(&self, target: &Path) -> Result<(), MountError> {
+        if !self.has(FEATURE_BIND).await? {
+            return crate::mounter::unbind_here(target).await;
+        }
+        let request = Request::Unbind {
+            target: target.to_path_buf(),
+        };
+        match self.call(&request, self.call_timeout).await? {
+            Response::Unmounted => Ok(()),
             other => Err(unexpected(&other)),
         }
     }

@@ -32,6 +32,11 @@ pub const FEATURE_CREDENTIAL_FILES: &str = "credential-files";
 /// The Pong feature of mounters that answer [`Request::TakeOver`].
 pub const FEATURE_TAKE_OVER: &str = "take-over";
 
+/// The Pong feature of mounters that answer [`Request::Bind`] and [`Request::Unbind`]
+/// (older ones: the plugin binds in its own container, which sees the same kubelet
+/// directory).
+pub const FEATURE_BIND: &str = "bind";
+
 /// Longest request or response line accepted.
 pub const MAX_LINE: u64 = 1 << 20;
 
@@ -81,6 +86,16 @@ pub enum Request {
     DaemonFromPidFile {
         pid_file: PathBuf,
     },
+    /// A read-only bind of the shared daemon's mount at `source` to `target`
+    /// (see [`Mounter::bind`](crate::mounter::Mounter::bind)).
+    Bind {
+        source: PathBuf,
+        target: PathBuf,
+    },
+    /// Detaches the bind at `target`; the daemon behind it keeps running.
+    Unbind {
+        target: PathBuf,
+    },
 }
 
 impl std::fmt::Debug for Request {
@@ -103,6 +118,10 @@ impl std::fmt::Debug for Request {
             Request::DaemonFromPidFile { pid_file } => {
                 write!(f, "daemon of pid file {}", pid_file.display())
             }
+            Request::Bind { source, target } => {
+                write!(f, "bind {} at {}", source.display(), target.display())
+            }
+            Request::Unbind { target } => write!(f, "unbind {}", target.display()),
         }
     }
 }
@@ -126,6 +145,8 @@ pub enum Response {
         daemon: Option<DaemonId>,
     },
     Unmounted,
+    /// A [`Request::Bind`] is done.
+    Bound,
     Health {
         health: Health,
     },

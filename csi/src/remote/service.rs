@@ -18,7 +18,8 @@
 //! by operation and target; credentials are never logged.
 
 use super::protocol::{
-    read_line, write_line, Request, Response, FEATURE_CREDENTIAL_FILES, FEATURE_TAKE_OVER,
+    read_line, write_line, Request, Response, FEATURE_BIND, FEATURE_CREDENTIAL_FILES,
+    FEATURE_TAKE_OVER,
 };
 use crate::credentials::{scrub, Credentials};
 use crate::locks::KeyedLocks;
@@ -190,6 +191,7 @@ pub async fn handle(request: Request, mounter: &dyn Mounter, locks: &KeyedLocks)
             features: vec![
                 FEATURE_CREDENTIAL_FILES.to_string(),
                 FEATURE_TAKE_OVER.to_string(),
+                FEATURE_BIND.to_string(),
             ],
             instance: Some(instance().to_string()),
         },
@@ -266,6 +268,20 @@ pub async fn handle(request: Request, mounter: &dyn Mounter, locks: &KeyedLocks)
         Request::DaemonFromPidFile { pid_file } => Response::Daemon {
             daemon: mounter.daemon_from_pid_file(&pid_file).await,
         },
+        Request::Bind { source, target } => {
+            let _one_at_a_time = locks.lock(&target).await;
+            match mounter.bind(&source, &target).await {
+                Ok(()) => Response::Bound,
+                Err(e) => from_error(e),
+            }
+        }
+        Request::Unbind { target } => {
+            let _one_at_a_time = locks.lock(&target).await;
+            match mounter.unbind(&target).await {
+                Ok(()) => Response::Unmounted,
+                Err(e) => from_error(e),
+            }
+        }
     }
 }
 

@@ -12,7 +12,8 @@ use riffle_csi::proto::node_client::NodeClient;
 use riffle_csi::proto::volume_capability::access_mode::Mode;
 use riffle_csi::proto::volume_capability::{AccessMode, AccessType, MountVolume};
 use riffle_csi::proto::{
-    NodePublishVolumeRequest, NodeUnpublishVolumeRequest, ProbeRequest, VolumeCapability,
+    NodePublishVolumeRequest, NodeStageVolumeRequest, NodeUnpublishVolumeRequest,
+    NodeUnstageVolumeRequest, ProbeRequest, VolumeCapability,
 };
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -81,6 +82,36 @@ impl Csi {
         self.node.node_publish_volume(req).await.map(|_| ())
     }
 
+    /// NodeStageVolume of `volume_id` at `staging` with `attributes`, as kubelet sends it for
+    /// a PersistentVolume (ReadOnlyMany, no stage secret).
+    pub async fn stage(
+        &mut self,
+        volume_id: &str,
+        staging: &Path,
+        attributes: HashMap<String, String>,
+    ) -> Result<(), tonic::Status> {
+        self.node
+            .node_stage_volume(NodeStageVolumeRequest {
+                volume_id: volume_id.to_string(),
+                staging_target_path: staging.to_string_lossy().into_owned(),
+                volume_capability: Some(capability(Mode::MultiNodeReaderOnly, &[])),
+                volume_context: attributes,
+                ..Default::default()
+            })
+            .await
+            .map(|_| ())
+    }
+
+    pub async fn unstage(&mut self, volume_id: &str, staging: &Path) -> Result<(), tonic::Status> {
+        self.node
+            .node_unstage_volume(NodeUnstageVolumeRequest {
+                volume_id: volume_id.to_string(),
+                staging_target_path: staging.to_string_lossy().into_owned(),
+            })
+            .await
+            .map(|_| ())
+    }
+
     pub async fn unpublish(&mut self, volume_id: &str, target: &Path) -> Result<(), tonic::Status> {
         self.node
             .node_unpublish_volume(NodeUnpublishVolumeRequest {
@@ -126,6 +157,32 @@ pub fn publish_request(
         secrets,
         volume_context: attributes,
         ..Default::default()
+    }
+}
+
+/// `base/plugins/kubernetes.io/csi/<driver>/<hash of the volume>/globalmount`, like kubelet's
+/// staging paths (created, as kubelet does before NodeStageVolume).
+pub fn kubelet_staging(base: &Path, volume: &str) -> PathBuf {
+    let path = base
+        .join("plugins/kubernetes.io/csi")
+        .join(riffle_csi::DRIVER_NAME)
+        .join(hex::encode(<sha2::Sha256 as sha2::Digest>::digest(volume)))
+        .join("globalmount");
+    std::fs::create_dir_all(&path).expect("create the staging path");
+    path
+}
+
+/// A publish of a staged volume: [`publish_request`] with kubelet's staging path.
+pub fn staged_publish_request(
+    volume_id: &str,
+    staging: &Path,
+    target: &Path,
+    attributes: HashMap<String, String>,
+    secrets: HashMap<String, String>,
+) -> NodePublishVolumeRequest {
+    NodePublishVolumeRequest {
+        staging_target_path: staging.to_string_lossy().into_owned(),
+        ..publish_request(volume_id, target, attributes, secrets)
     }
 }
 

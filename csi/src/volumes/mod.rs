@@ -49,6 +49,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+mod shared;
+
 /// A failed volume operation.
 #[derive(Debug, thiserror::Error)]
 pub enum VolumeError {
@@ -80,6 +82,9 @@ pub struct PublishSpec {
     pub access: VolumeAccess,
     /// `namespace/name` of the pod, when kubelet said (podInfoOnMount).
     pub pod: Option<String>,
+    /// The volume's staging path when kubelet staged it (NodeStageVolume): a daemon there
+    /// may serve this publish and others ([`shared`]).
+    pub staging: Option<PathBuf>,
 }
 
 /// What a check found and did.
@@ -169,9 +174,12 @@ impl VolumeManager {
 
     /// NodePublishVolume.
     pub async fn publish(&self, spec: PublishSpec) -> Result<(), VolumeError> {
+        let hash = spec.settings.digest(&spec.volume_id);
+        if let Some(share) = shared::shared_path(&spec, &hash) {
+            return self.publish_shared(spec, hash, share).await;
+        }
         let target = spec.target.as_path();
         let _guard = self.locks.lock(target).await;
-        let hash = spec.settings.digest(&spec.volume_id);
 
         if let Some(mut record) = self.store.load(target)? {
             if record.volume_id != spec.volume_id {
@@ -249,6 +257,8 @@ impl VolumeManager {
             auth: Some(auth),
             daemon: None,
             pod: spec.pod,
+            bind_of: None,
+            staging: None,
         };
         self.store.save(&record)?;
         match self.mount(&record).await {
@@ -299,6 +309,13 @@ impl VolumeManager {
                 );
             }
         }
+        if record.as_ref().is_some_and(|r| r.bind_of.is_some()) {
+            self.unbind(target).await?;
+            remove_target(target, true)?;
+            self.store.remove(target)?;
+            tracing::info!(volume_id = %volume_id, target = %target.display(), "unpublished (the shared daemon serves on until NodeUnstageVolume)");
+            return Ok(());
+        }
         let daemon = match record.as_ref().and_then(|r| r.daemon) {
             Some(d) => Some(d),
             None => {
@@ -348,11 +365,18 @@ impl VolumeManager {
         };
         if target.parent().is_some_and(|p| !p.exists()) {
             tracing::warn!(volume_id = %record.volume_id, target = %target.display(), "pod volume directory is gone; cleaning up instead of remounting");
-            self.mounter.unmount(target, record.daemon).await?;
+            if record.bind_of.is_some() {
+                self.unbind(target).await?;
+            } else {
+                self.mounter.unmount(target, record.daemon).await?;
+            }
             remove_target(target, true)?;
             self.secrets.remove(target)?;
             self.store.remove(target)?;
             return Ok(CheckOutcome::Orphaned);
+        }
+        if let Some(share) = record.bind_of.clone() {
+            return self.check_bound(&record, &share).await;
         }
         if record.daemon.is_none() {
             if let Some(d) = self
@@ -364,6 +388,13 @@ impl VolumeManager {
                 self.store.save(&record)?;
             }
         }
+        self.revive(record).await
+    }
+
+    /// Brings the mount of `record` back if it is broken or gone (see [`Self::check`]);
+    /// caller holds its target's lock.
+    async fn revive(&self, record: VolumeRecord) -> Result<CheckOutcome, VolumeError> {
+        let target = record.target.as_path();
         match self.mounter.health(target, record.daemon).await? {
             Health::Live => Ok(CheckOutcome::Healthy),
             Health::Foreign(fs) => Ok(CheckOutcome::Foreign(fs)),
