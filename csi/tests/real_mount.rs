@@ -22,7 +22,10 @@ use common::node::{
     detach_mounts_under, mounter_args, node_process, plugin_args, print_tails, wait_for_mounter,
 };
 use common::rgw::{content, env, make_bucket, Env};
-use common::{assert_no_secret_under, kubelet_target, map, publish_request, Csi};
+use common::{
+    assert_no_secret_under, kubelet_staging, kubelet_target, map, publish_request,
+    staged_publish_request, Csi,
+};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Child;
@@ -1106,4 +1109,151 @@ async fn mounter_metrics_carry_each_volumes_labels() {
         .unpublish(pods[1].0, &targets[1])
         .await
         .expect("unpublish");
+}
+
+/// Resident memory of process `pid` and its first child (a keeper and its daemon), KiB.
+fn rss_kib(pid: i32) -> u64 {
+    let of = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("VmRSS:"))
+                    .and_then(|l| l.split_whitespace().nth(1))
+                    .and_then(|v| v.parse::<u64>().ok())
+            })
+            .unwrap_or(0)
+    };
+    of(pid) + child_of(pid).map_or(0, of)
+}
+
+/// kubelet's calls for a PersistentVolume used by eight pods of one job on a node: without
+/// staging (as before: a publish each), eight daemons; staged (NodeStageVolume, then a
+/// publish per pod), one daemon bound into every pod. One pod leaving leaves the others
+/// reading; NodeUnstageVolume stops the daemon. The plugin is restarted between the stage
+/// and the first publish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_staged_volume_is_one_daemon_for_eight_pods() {
+    let _serial = SERIAL.lock().await;
+    let Some(env) = env() else { return };
+    let bucket = make_bucket(&env, 1).await;
+    let mut p = Plugin::start(&env).await;
+    let pods = 8;
+    let read_all = |targets: &[PathBuf]| {
+        for target in targets {
+            assert_eq!(
+                std::fs::read_to_string(target.join("data.txt")).expect("read"),
+                content(0)
+            );
+            assert_eq!(
+                std::fs::read(target.join("nested/deep.bin"))
+                    .expect("read")
+                    .len(),
+                300_000
+            );
+        }
+    };
+
+    // Before: a publish per pod, no staging.
+    let direct: Vec<PathBuf> = (0..pods)
+        .map(|i| p.target(&format!("direct-{i}")))
+        .collect();
+    for target in &direct {
+        let req = publish_request(
+            "vol-job",
+            target,
+            p.attributes(&bucket, "shard-0"),
+            p.secrets(),
+        );
+        p.csi.publish(req).await.expect("publish");
+    }
+    read_all(&direct);
+    let mut pids: Vec<i32> = direct.iter().map(|t| p.daemon_pid(t)).collect();
+    pids.sort();
+    pids.dedup();
+    let rss_before: u64 = pids.iter().map(|&pid| rss_kib(pid)).sum();
+    transcript(format!(
+        "without staging: {pods} pods -> {} daemons, {} MiB resident together",
+        pids.len(),
+        rss_before / 1024
+    ));
+    assert_eq!(pids.len(), pods);
+    for target in &direct {
+        p.csi.unpublish("vol-job", target).await.expect("unpublish");
+    }
+
+    // After: NodeStageVolume once, the plugin restarted, then a publish per pod.
+    let staging = kubelet_staging(&p.dir.path().join("kubelet"), "vol-job");
+    p.csi
+        .stage("vol-job", &staging, p.attributes(&bucket, "shard-0"))
+        .await
+        .expect("stage");
+    p.restart().await;
+    let staged: Vec<PathBuf> = (0..pods)
+        .map(|i| p.target(&format!("staged-{i}")))
+        .collect();
+    for target in &staged {
+        let req = staged_publish_request(
+            "vol-job",
+            &staging,
+            target,
+            p.attributes(&bucket, "shard-0"),
+            p.secrets(),
+        );
+        p.csi.publish(req).await.expect("staged publish");
+        assert_eq!(fstype_at(target).as_deref(), Some("fuse.riffle"));
+    }
+    read_all(&staged);
+    let shared: Vec<PathBuf> = std::fs::read_dir(&staging)
+        .expect("staging")
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(shared.len(), 1, "one shared mount: {shared:?}");
+    let daemon = p.daemon_pid(&shared[0]);
+    let rss_after = rss_kib(daemon);
+    transcript(format!(
+        "staged: {pods} pods -> 1 daemon (pid {daemon}), {} MiB resident",
+        rss_after / 1024
+    ));
+    assert!(
+        staged.iter().all(|t| p.recorded_pid(t).is_none()),
+        "pods' targets are binds, with no daemon of their own"
+    );
+    // Writes are refused through a bind as through the mount.
+    assert!(std::fs::write(staged[0].join("new.txt"), b"x").is_err());
+
+    // One pod goes: the others read on, from the same daemon.
+    p.csi
+        .unpublish("vol-job", &staged[0])
+        .await
+        .expect("unpublish one");
+    assert!(!staged[0].exists());
+    read_all(&staged[1..]);
+    assert!(
+        riffle_csi::process::identify(daemon).is_some(),
+        "the shared daemon runs"
+    );
+    transcript("unpublished staged-0: the 7 other pods read on through the same daemon");
+
+    for target in &staged[1..] {
+        p.csi.unpublish("vol-job", target).await.expect("unpublish");
+    }
+    p.csi.unstage("vol-job", &staging).await.expect("unstage");
+    assert!(
+        std::fs::read_dir(&staging)
+            .expect("staging")
+            .next()
+            .is_none(),
+        "the staging path is left empty for kubelet"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while riffle_csi::process::identify(daemon).is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "daemon {daemon} still runs after unstage"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    transcript(format!("NodeUnstageVolume -> OK; daemon {daemon} exited"));
 }
