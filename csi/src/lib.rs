@@ -25,7 +25,8 @@
 //!   ([`locks`]: one async mutex per target path).
 //! - [`supervisor`]: start-up reconciliation and the periodic health loop.
 //! - [`volume_stats`]: NodeGetVolumeStats, from the mount's `.riffle-stats`;
-//!   [`cache_disk`]: refuses a node cache on the root disk; [`log_forward`]: the
+//!   [`cache_disk`]: refuses a node cache on the root disk; [`cache_shares`]: the node
+//!   cache's one budget, shared out to the volumes; [`log_forward`]: the
 //!   daemons' logs to the mounter's standard output; [`metrics_proxy`]: every
 //!   daemon's Prometheus metrics on one mounter port, labelled by volume.
 //! - [`identity`], [`node`]: the gRPC services; [`server`]: the unix socket;
@@ -34,6 +35,7 @@
 
 pub mod access;
 pub mod cache_disk;
+pub mod cache_shares;
 pub mod credentials;
 pub mod fake;
 pub mod identity;

@@ -99,7 +99,7 @@ async fn mounter(args: &Args) -> anyhow::Result<Arc<dyn Mounter>> {
         }
         return Ok(Arc::new(remote));
     }
-    let local = daemons.mounter()?;
+    let local = daemons.mounter(&args.state_dir)?;
     tracing::info!(
         riffle = %local.binary.display(),
         "mount daemons run as children of this process (no --mounter-socket): they die with this container"

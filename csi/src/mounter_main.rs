@@ -69,7 +69,11 @@ struct Args {
 async fn main() -> anyhow::Result<()> {
     riffle_csi::startup::init_logging();
     let args = Args::parse();
-    let mounter = args.daemons.mounter()?;
+    let shares_dir = args
+        .socket
+        .parent()
+        .map_or_else(|| args.state_dir.clone(), std::path::Path::to_path_buf);
+    let mounter = args.daemons.mounter(&shares_dir)?;
     tracing::info!(
         version = riffle_csi::VERSION,
         riffle = %mounter.binary.display(),

@@ -28,6 +28,7 @@
 //! for, SIGTERMed, SIGKILLed.
 
 use crate::cache_disk::RootDisk;
+use crate::cache_shares::{CacheShares, Grant};
 use crate::credentials::{scrub, Credentials};
 use crate::mounter::{
     DaemonCredentials, DaemonId, Health, MountError, MountErrorKind, MountRequest, Mounter,
@@ -54,6 +55,9 @@ pub struct RiffleMounter {
     pub stop_grace: Duration,
     /// Time limit for stat on a mount when checking its health.
     pub probe_timeout: Duration,
+    /// The node cache's budget, shared by the volumes that use the cache
+    /// ([`crate::cache_shares`]); None: each volume gets what it asks for.
+    pub cache_shares: Option<std::sync::Arc<CacheShares>>,
     /// Refuse volumes that use the cache when `cache_dir` is on this root disk
     /// ([`crate::cache_disk`]); None: no check.
     pub root_disk: Option<RootDisk>,
@@ -92,11 +96,17 @@ pub struct DaemonOptions {
     /// new mounter takes the live mounts over.
     #[arg(long, env = "RIFFLE_FD_STORE")]
     pub fd_store: Option<PathBuf>,
+    /// The node cache's budget, a size or a percentage of the cache disk: the volumes'
+    /// cacheSize are shares of it and together never exceed it (first come, first served;
+    /// see `cache_shares`).
+    #[arg(long, env = "RIFFLE_CACHE_SIZE", default_value = crate::cache_shares::DEFAULT_BUDGET)]
+    pub cache_size: String,
 }
 
 impl DaemonOptions {
-    /// The mounter these options describe (creating the cache directory).
-    pub fn mounter(&self) -> std::io::Result<RiffleMounter> {
+    /// The mounter these options describe (creating the cache directory); the node cache's
+    /// shares are recorded in `state_dir`.
+    pub fn mounter(&self, state_dir: &Path) -> std::io::Result<RiffleMounter> {
         if let Some(dir) = &self.cache_dir {
             std::fs::create_dir_all(dir).map_err(|e| {
                 std::io::Error::new(
@@ -111,6 +121,12 @@ impl DaemonOptions {
         );
         mounter.mount_timeout = Duration::from_secs(self.mount_timeout);
         mounter.fd_store = self.fd_store.clone();
+        if let Some(dir) = &self.cache_dir {
+            let shares =
+                CacheShares::new(dir, &self.cache_size, &state_dir.join("cache-shares.json"))
+                    .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+            mounter.cache_shares = Some(std::sync::Arc::new(shares));
+        }
         if !self.allow_root_disk_cache {
             let root_disk = RootDisk::new(&self.kubelet_dir);
             if let Some(dir) = &self.cache_dir {
@@ -147,6 +163,7 @@ impl RiffleMounter {
             probe_timeout: Duration::from_secs(10),
             root_disk: None,
             fd_store: None,
+            cache_shares: None,
         }
     }
 
@@ -308,7 +325,7 @@ fn reason_line(stderr: &str) -> String {
 #[async_trait]
 impl Mounter for RiffleMounter {
     async fn mount(&self, req: MountRequest<'_>) -> Result<Option<DaemonId>, MountError> {
-        self.run_mount(req, false).await
+        self.run_mount_in_budget(req, false).await
     }
 
     async fn take_over(&self, req: MountRequest<'_>) -> Result<Option<DaemonId>, MountError> {
@@ -321,11 +338,15 @@ impl Mounter for RiffleMounter {
                 ),
             ));
         }
-        self.run_mount(req, true).await
+        self.run_mount_in_budget(req, true).await
     }
 
     async fn unmount(&self, target: &Path, daemon: Option<DaemonId>) -> Result<(), MountError> {
-        self.stop(target, daemon).await
+        self.stop(target, daemon).await?;
+        if let Some(shares) = &self.cache_shares {
+            shares.release(target);
+        }
+        Ok(())
     }
 
     async fn health(&self, target: &Path, daemon: Option<DaemonId>) -> Result<Health, MountError> {
@@ -338,6 +359,51 @@ impl Mounter for RiffleMounter {
 }
 
 impl RiffleMounter {
+    /// [`Self::run_mount`] with the volume's share of the node cache's budget
+    /// ([`crate::cache_shares`]) as its cache size.
+    async fn run_mount_in_budget(
+        &self,
+        req: MountRequest<'_>,
+        take_over: bool,
+    ) -> Result<Option<DaemonId>, MountError> {
+        let Some(shares) = self
+            .cache_shares
+            .as_ref()
+            .filter(|_| req.settings.uses_cache())
+        else {
+            return self.run_mount(req, take_over).await;
+        };
+        let (settings, grant) = shares.apply(req.target, req.settings).map_err(|e| {
+            MountError::new(
+                MountErrorKind::Internal,
+                format!("cannot grant a share of the node cache: {e}"),
+            )
+        })?;
+        let volume = req.settings.source_url();
+        match grant {
+            Some(Grant::Reduced { asked, granted }) => tracing::warn!(
+                target = %req.target.display(), %volume, asked, granted,
+                "the volume asked for more of the node cache than the other volumes' shares leave in riffle-mounter's --cache-size budget; it caches in what is left"
+            ),
+            Some(Grant::Nothing { asked }) => tracing::warn!(
+                target = %req.target.display(), %volume, asked,
+                "the other volumes' shares take riffle-mounter's whole --cache-size budget: this volume runs without the disk cache (its reads go to the store)"
+            ),
+            _ => {}
+        }
+        let result = self
+            .run_mount(
+                MountRequest {
+                    settings: &settings,
+                    ..req
+                },
+                take_over,
+            )
+            .await;
+        shares.settled(req.target, result.is_ok());
+        result
+    }
+
     /// Runs `riffle mount` for `req` (see [`Self::mount_args`]) and waits
     /// for it to report the mount live.
     async fn run_mount(

@@ -597,34 +597,40 @@ fn percent(value: &str) -> Option<u8> {
     value.strip_suffix('%')?.parse().ok()
 }
 
-/// "123", "1.5GiB", "512M", "2gb": a number and an optional binary or
-/// decimal unit.
+/// "123", "1.5GiB", "512M", "2gb": a number and an optional unit.
 fn is_size(value: &str) -> bool {
+    size_bytes(value).is_some()
+}
+
+/// The bytes of a size such as "123", "1.5GiB", "512M" or "2gb", with binary units as riffle
+/// reads them (K = 1024, and GB means GiB); None if it is not one.
+pub fn size_bytes(value: &str) -> Option<u64> {
     let split = value
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(value.len());
     let (number, unit) = value.split_at(split);
-    let number_ok = !number.is_empty()
-        && number
-            .parse::<f64>()
-            .is_ok_and(|n| n > 0.0 && n.is_finite());
-    let unit_ok = matches!(
-        unit.to_ascii_lowercase().as_str(),
-        "" | "b"
-            | "k"
-            | "kb"
-            | "kib"
-            | "m"
-            | "mb"
-            | "mib"
-            | "g"
-            | "gb"
-            | "gib"
-            | "t"
-            | "tb"
-            | "tib"
-    );
-    number_ok && unit_ok
+    let number = number
+        .parse::<f64>()
+        .ok()
+        .filter(|n| *n > 0.0 && n.is_finite())?;
+    let shift = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return None,
+    };
+    Some((number * (1u64 << shift) as f64) as u64)
+}
+
+/// The bytes of a size or of a percentage ("80%") of `total`; None if it is neither.
+pub fn size_or_percent_bytes(value: &str, total: u64) -> Option<u64> {
+    match percent(value) {
+        Some(p) if (1..=100).contains(&p) => Some(total / 100 * u64::from(p)),
+        Some(_) => None,
+        None => size_bytes(value),
+    }
 }
 
 #[cfg(test)]

@@ -1257,3 +1257,77 @@ async fn a_staged_volume_is_one_daemon_for_eight_pods() {
     }
     transcript(format!("NodeUnstageVolume -> OK; daemon {daemon} exited"));
 }
+
+/// `--cache-size=...` on the command line of the daemon serving `target`.
+fn cache_size_arg(p: &Plugin, target: &Path) -> Option<String> {
+    let pid = p.daemon_pid(target);
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).expect("cmdline");
+    cmdline
+        .split(|b| *b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .find_map(|a| a.strip_prefix("--cache-size=").map(str::to_string))
+}
+
+/// Two volumes that each ask for 80% of the node cache: the first gets it, the second what
+/// the mounter's budget (85% by default) leaves, and the first one's share goes back when it
+/// is unpublished. Never more than the budget together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volumes_share_the_node_cache_budget() {
+    let _serial = SERIAL.lock().await;
+    let Some(env) = env() else { return };
+    let bucket = make_bucket(&env, 1).await;
+    let p = Plugin::start(&env).await;
+    let mut attributes = p.attributes(&bucket, "shard-0");
+    attributes.insert("cacheSize".into(), "80%".into());
+    attributes.insert("cacheMinFree".into(), "0".into());
+    let disk = nix::sys::statvfs::statvfs(&p.dir.path().join("cache")).expect("statvfs");
+    let total = disk.blocks() * disk.fragment_size();
+    let (a, b, c) = (p.target("first"), p.target("second"), p.target("third"));
+    let mut csi = p.csi.clone();
+    for (id, target) in [("vol-a", &a), ("vol-b", &b)] {
+        csi.publish(publish_request(id, target, attributes.clone(), p.secrets()))
+            .await
+            .expect("publish");
+        assert_eq!(
+            std::fs::read_to_string(target.join("data.txt")).expect("read"),
+            content(0)
+        );
+    }
+    let first: u64 = cache_size_arg(&p, &a)
+        .expect("a cache")
+        .parse()
+        .expect("bytes");
+    let second: u64 = cache_size_arg(&p, &b)
+        .expect("b cache")
+        .parse()
+        .expect("bytes");
+    transcript(format!(
+        "cache disk {} GiB; budget 85%; both ask 80%: first gets {} GiB, second {} GiB",
+        total >> 30,
+        first >> 30,
+        second >> 30
+    ));
+    assert_eq!(first, total / 100 * 80);
+    assert!(first + second <= total / 100 * 85, "{first} + {second}");
+    assert!(second > 0 && second < first);
+    csi.unpublish("vol-a", &a).await.expect("unpublish a");
+    csi.publish(publish_request(
+        "vol-c",
+        &c,
+        attributes.clone(),
+        p.secrets(),
+    ))
+    .await
+    .expect("publish c");
+    let third: u64 = cache_size_arg(&p, &c)
+        .expect("c cache")
+        .parse()
+        .expect("bytes");
+    assert!(
+        third > second && third + second <= total / 100 * 85,
+        "{third}"
+    );
+    for (id, target) in [("vol-b", &b), ("vol-c", &c)] {
+        csi.unpublish(id, target).await.expect("unpublish");
+    }
+}
