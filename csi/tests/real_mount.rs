@@ -1222,6 +1222,24 @@ async fn a_staged_volume_is_one_daemon_for_eight_pods() {
     );
     // Writes are refused through a bind as through the mount.
     assert!(std::fs::write(staged[0].join("new.txt"), b"x").is_err());
+    // kubelet asks for a pod's volume stats at its own path: the shared daemon answers.
+    let stats = p
+        .csi
+        .node
+        .node_get_volume_stats(riffle_csi::proto::NodeGetVolumeStatsRequest {
+            volume_id: "vol-job".into(),
+            volume_path: staged[3].to_string_lossy().into_owned(),
+            staging_target_path: staging.to_string_lossy().into_owned(),
+        })
+        .await
+        .expect("NodeGetVolumeStats")
+        .into_inner();
+    let listed = stats.usage.first().map(|u| u.total);
+    assert!(listed.is_some_and(|t| t > 0), "{stats:?}");
+    assert!(
+        stats.volume_condition.as_ref().is_some_and(|c| !c.abnormal),
+        "{stats:?}"
+    );
 
     // One pod goes: the others read on, from the same daemon.
     p.csi
