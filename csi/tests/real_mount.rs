@@ -1349,3 +1349,71 @@ async fn volumes_share_the_node_cache_budget() {
         csi.unpublish(id, target).await.expect("unpublish");
     }
 }
+
+/// A staged volume's shared daemon dies with its keeper (nothing held its connection): the
+/// supervisor mounts it again and binds every pod to the new mount; pods read on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_shared_daemon_is_remounted_and_its_pods_bound_again() {
+    let _serial = SERIAL.lock().await;
+    let Some(env) = env() else { return };
+    let bucket = make_bucket(&env, 1).await;
+    let mut p = Plugin::start(&env).await;
+    let staging = kubelet_staging(&p.dir.path().join("kubelet"), "vol-heal");
+    p.csi
+        .stage("vol-heal", &staging, p.attributes(&bucket, "shard-0"))
+        .await
+        .expect("stage");
+    let pods: Vec<PathBuf> = (0..2).map(|i| p.target(&format!("heal-{i}"))).collect();
+    for target in &pods {
+        let req = staged_publish_request(
+            "vol-heal",
+            &staging,
+            target,
+            p.attributes(&bucket, "shard-0"),
+            p.secrets(),
+        );
+        p.csi.publish(req).await.expect("publish");
+    }
+    let shared = std::fs::read_dir(&staging)
+        .expect("staging")
+        .flatten()
+        .map(|e| e.path())
+        .next()
+        .expect("a shared mount");
+    let keeper = p.daemon_pid(&shared);
+    let daemon = child_of(keeper).expect("the keeper's daemon");
+    for pid in [keeper, daemon] {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .expect("kill");
+    }
+    transcript(format!(
+        "shared daemon: keeper {keeper} and daemon {daemon} SIGKILLed"
+    ));
+    for target in &pods {
+        let text = read_eventually(&target.join("data.txt"), Duration::from_secs(60)).await;
+        assert_eq!(text, content(0));
+    }
+    let new_keeper = p.daemon_pid(&shared);
+    assert_ne!(new_keeper, keeper);
+    transcript(format!(
+        "the supervisor remounted the shared mount (keeper {new_keeper}) and bound both pods again: readable"
+    ));
+    for target in &pods {
+        p.csi
+            .unpublish("vol-heal", target)
+            .await
+            .expect("unpublish");
+    }
+    p.csi.unstage("vol-heal", &staging).await.expect("unstage");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while riffle_csi::process::identify(new_keeper).is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "{new_keeper} still runs after unstage"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
