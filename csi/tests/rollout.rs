@@ -43,7 +43,7 @@ use common::node::{
     detach_mounts_under, mounter_args, node_process, plugin_args, print_tails, wait_for_mounter,
 };
 use common::rgw::{content, env, make_bucket, Env};
-use common::{kubelet_target, map, publish_request, Csi};
+use common::{kubelet_staging, kubelet_target, map, publish_request, staged_publish_request, Csi};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use sha2::{Digest, Sha256};
@@ -942,4 +942,111 @@ async fn a_mounter_restart_is_reported_and_repaired() {
     transcript(
         "mounter deleted, then unpublish: target removed, no daemon, no stale mount on the node",
     );
+}
+
+/// A staged volume (one daemon for the node's pods, bound into each) through mounter
+/// rollouts: the new mounter's daemon takes the shared mount over, so the pods' binds, on
+/// the same FUSE connection, never change and their reads never fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mounter_rollout_leaves_a_staged_volumes_pods_reading() {
+    let _serial = SERIAL.lock().await;
+    let Some(env) = env() else { return };
+    let bucket = make_bucket(&env, 4).await;
+    let mut node = Node::new(&env);
+    node.start_mounter().await;
+    node.plugin = Some(node.start_plugin());
+    node.fd_store = Some(node.start_fd_store());
+    let mut csi = node.connect().await;
+    let staging = kubelet_staging(&node.path("kubelet"), "vol-shared");
+    csi.stage("vol-shared", &staging, node.attributes(&bucket))
+        .await
+        .expect("stage");
+    let pods = [node.target("trainer-0"), node.target("trainer-1")];
+    for target in &pods {
+        csi.publish(staged_publish_request(
+            "vol-shared",
+            &staging,
+            target,
+            node.attributes(&bucket),
+            node.secrets(),
+        ))
+        .await
+        .expect("staged publish");
+    }
+    let shared = std::fs::read_dir(&staging)
+        .expect("staging")
+        .flatten()
+        .map(|e| e.path())
+        .next()
+        .expect("the shared mount");
+    assert_eq!(daemons_of(&shared).len(), 2, "one keeper and its daemon");
+    let mut files: Vec<(String, Vec<u8>)> = (0..4)
+        .map(|i| (format!("shard-{i}/data.txt"), content(i).into_bytes()))
+        .collect();
+    files.push(("shard-0/nested/deep.bin".to_string(), vec![7u8; 300_000]));
+    let mut pod = Pod::start(&node, &pods[0], &files);
+    pod.wait_passes(3).await;
+    let mounts: Vec<Option<u64>> = pods.iter().map(|t| mount_id(t)).collect();
+    for round in 1..=rounds() {
+        wait_for_store_copies(&node, &[&shared]).await;
+        let before = daemons_of(&shared);
+        let old = node.mounter.take().expect("a mounter runs");
+        let riffle = env.riffle.clone();
+        let new = node.start_mounter_container(&riffle);
+        pod.wait_passes(1).await;
+        old.kill();
+        node.mounter = Some(new);
+        wait_for_mounter(&node.mounter_socket()).await;
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let now = daemons_of(&shared);
+            if now.len() == 2 && now.iter().all(|p| !before.contains(p)) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: no new daemon took the shared mount over: {now:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        pod.wait_passes(2).await;
+        let now: Vec<Option<u64>> = pods.iter().map(|t| mount_id(t)).collect();
+        assert_eq!(
+            now, mounts,
+            "round {round}: the pods' binds are the ones they had"
+        );
+        transcript(format!(
+            "staged volume, mounter rollout round {round}: the shared mount was taken over; both pods' binds unchanged, the pod read on ({} passes)",
+            pod.passes()
+        ));
+    }
+    let result = pod.finish();
+    transcript(format!(
+        "staged volume: {} rounds; reads {}, failed {}, wrong {}, longest read {} ms",
+        rounds(),
+        result.reads,
+        result.failed,
+        result.wrong,
+        result.longest_ms
+    ));
+    assert_eq!(result.failed, 0, "failed reads: {:?}", result.errors);
+    assert_eq!(result.wrong, 0, "wrong bytes: {:?}", result.errors);
+    assert_eq!(
+        std::fs::read_to_string(pods[1].join("shard-2/data.txt")).expect("the other pod reads"),
+        content(2)
+    );
+    for target in &pods {
+        csi.unpublish("vol-shared", target)
+            .await
+            .expect("unpublish");
+    }
+    csi.unstage("vol-shared", &staging).await.expect("unstage");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !daemons_of(&shared).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the shared daemon outlived unstage"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
