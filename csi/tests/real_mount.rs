@@ -1127,6 +1127,72 @@ fn rss_kib(pid: i32) -> u64 {
     of(pid) + child_of(pid).map_or(0, of)
 }
 
+/// Stages `volume` (prefix shard-0 of `bucket`) and publishes it to `pods`, as kubelet does
+/// for a PV used by those pods on one node; returns the staging path and the shared mount.
+async fn stage_and_publish(
+    p: &mut Plugin,
+    volume: &str,
+    bucket: &str,
+    pods: &[PathBuf],
+    restart_between: bool,
+) -> (PathBuf, PathBuf) {
+    let staging = kubelet_staging(&p.dir.path().join("kubelet"), volume);
+    p.csi
+        .stage(volume, &staging, p.attributes(bucket, "shard-0"))
+        .await
+        .expect("stage");
+    if restart_between {
+        p.restart().await;
+    }
+    for target in pods {
+        let req = staged_publish_request(
+            volume,
+            &staging,
+            target,
+            p.attributes(bucket, "shard-0"),
+            p.secrets(),
+        );
+        p.csi.publish(req).await.expect("staged publish");
+        assert_eq!(fstype_at(target).as_deref(), Some("fuse.riffle"));
+    }
+    let shared: Vec<PathBuf> = std::fs::read_dir(&staging)
+        .expect("staging")
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(shared.len(), 1, "one shared mount: {shared:?}");
+    (staging, shared[0].clone())
+}
+
+/// Unpublishes `pods`, unstages `volume` and waits for its daemon `keeper` to exit.
+async fn unpublish_and_unstage(
+    p: &mut Plugin,
+    volume: &str,
+    staging: &Path,
+    pods: &[PathBuf],
+    keeper: i32,
+) {
+    for target in pods {
+        p.csi.unpublish(volume, target).await.expect("unpublish");
+    }
+    p.csi.unstage(volume, staging).await.expect("unstage");
+    assert!(
+        std::fs::read_dir(staging)
+            .expect("staging")
+            .next()
+            .is_none(),
+        "the staging path is left empty for kubelet"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while riffle_csi::process::identify(keeper).is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "{keeper} still runs after unstage"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// kubelet's calls for a PersistentVolume used by eight pods of one job on a node: without
 /// staging (as before: a publish each), eight daemons; staged (NodeStageVolume, then a
 /// publish per pod), one daemon bound into every pod. One pod leaving leaves the others
@@ -1183,34 +1249,12 @@ async fn a_staged_volume_is_one_daemon_for_eight_pods() {
     }
 
     // After: NodeStageVolume once, the plugin restarted, then a publish per pod.
-    let staging = kubelet_staging(&p.dir.path().join("kubelet"), "vol-job");
-    p.csi
-        .stage("vol-job", &staging, p.attributes(&bucket, "shard-0"))
-        .await
-        .expect("stage");
-    p.restart().await;
     let staged: Vec<PathBuf> = (0..pods)
         .map(|i| p.target(&format!("staged-{i}")))
         .collect();
-    for target in &staged {
-        let req = staged_publish_request(
-            "vol-job",
-            &staging,
-            target,
-            p.attributes(&bucket, "shard-0"),
-            p.secrets(),
-        );
-        p.csi.publish(req).await.expect("staged publish");
-        assert_eq!(fstype_at(target).as_deref(), Some("fuse.riffle"));
-    }
+    let (staging, shared) = stage_and_publish(&mut p, "vol-job", &bucket, &staged, true).await;
     read_all(&staged);
-    let shared: Vec<PathBuf> = std::fs::read_dir(&staging)
-        .expect("staging")
-        .flatten()
-        .map(|e| e.path())
-        .collect();
-    assert_eq!(shared.len(), 1, "one shared mount: {shared:?}");
-    let daemon = p.daemon_pid(&shared[0]);
+    let daemon = p.daemon_pid(&shared);
     let rss_after = rss_kib(daemon);
     transcript(format!(
         "staged: {pods} pods -> 1 daemon (pid {daemon}), {} MiB resident",
@@ -1254,25 +1298,7 @@ async fn a_staged_volume_is_one_daemon_for_eight_pods() {
     );
     transcript("unpublished staged-0: the 7 other pods read on through the same daemon");
 
-    for target in &staged[1..] {
-        p.csi.unpublish("vol-job", target).await.expect("unpublish");
-    }
-    p.csi.unstage("vol-job", &staging).await.expect("unstage");
-    assert!(
-        std::fs::read_dir(&staging)
-            .expect("staging")
-            .next()
-            .is_none(),
-        "the staging path is left empty for kubelet"
-    );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while riffle_csi::process::identify(daemon).is_some() {
-        assert!(
-            Instant::now() < deadline,
-            "daemon {daemon} still runs after unstage"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    unpublish_and_unstage(&mut p, "vol-job", &staging, &staged[1..], daemon).await;
     transcript(format!("NodeUnstageVolume -> OK; daemon {daemon} exited"));
 }
 
@@ -1358,28 +1384,8 @@ async fn a_dead_shared_daemon_is_remounted_and_its_pods_bound_again() {
     let Some(env) = env() else { return };
     let bucket = make_bucket(&env, 1).await;
     let mut p = Plugin::start(&env).await;
-    let staging = kubelet_staging(&p.dir.path().join("kubelet"), "vol-heal");
-    p.csi
-        .stage("vol-heal", &staging, p.attributes(&bucket, "shard-0"))
-        .await
-        .expect("stage");
     let pods: Vec<PathBuf> = (0..2).map(|i| p.target(&format!("heal-{i}"))).collect();
-    for target in &pods {
-        let req = staged_publish_request(
-            "vol-heal",
-            &staging,
-            target,
-            p.attributes(&bucket, "shard-0"),
-            p.secrets(),
-        );
-        p.csi.publish(req).await.expect("publish");
-    }
-    let shared = std::fs::read_dir(&staging)
-        .expect("staging")
-        .flatten()
-        .map(|e| e.path())
-        .next()
-        .expect("a shared mount");
+    let (staging, shared) = stage_and_publish(&mut p, "vol-heal", &bucket, &pods, false).await;
     let keeper = p.daemon_pid(&shared);
     let daemon = child_of(keeper).expect("the keeper's daemon");
     for pid in [keeper, daemon] {
@@ -1401,19 +1407,5 @@ async fn a_dead_shared_daemon_is_remounted_and_its_pods_bound_again() {
     transcript(format!(
         "the supervisor remounted the shared mount (keeper {new_keeper}) and bound both pods again: readable"
     ));
-    for target in &pods {
-        p.csi
-            .unpublish("vol-heal", target)
-            .await
-            .expect("unpublish");
-    }
-    p.csi.unstage("vol-heal", &staging).await.expect("unstage");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while riffle_csi::process::identify(new_keeper).is_some() {
-        assert!(
-            Instant::now() < deadline,
-            "{new_keeper} still runs after unstage"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    unpublish_and_unstage(&mut p, "vol-heal", &staging, &pods, new_keeper).await;
 }

@@ -275,17 +275,23 @@ impl VolumeManager {
                 Ok(())
             }
             Err(e) => {
-                if let Err(se) = self.store.remove(target) {
-                    tracing::warn!(error = %se, "cannot remove state after failed mount");
-                }
-                if let Err(se) = self.secrets.remove(target) {
-                    tracing::warn!(error = %se, "cannot remove secrets after failed mount");
-                }
-                if created {
-                    let _ = std::fs::remove_dir(target);
-                }
+                self.forget_failed_mount(target, created);
                 Err(e.into())
             }
+        }
+    }
+
+    /// Removes what a publish wrote for `target` before its mount failed: the record, the
+    /// secrets, and the directory if the publish `created` it.
+    fn forget_failed_mount(&self, target: &Path, created: bool) {
+        if let Err(e) = self.store.remove(target) {
+            tracing::warn!(error = %e, "cannot remove state after a failed mount");
+        }
+        if let Err(e) = self.secrets.remove(target) {
+            tracing::warn!(error = %e, "cannot remove secrets after a failed mount");
+        }
+        if created {
+            let _ = std::fs::remove_dir(target);
         }
     }
 

@@ -284,15 +284,7 @@ impl VolumeManager {
                 Ok(daemon)
             }
             Err(e) => {
-                if let Err(se) = self.store.remove(share) {
-                    tracing::warn!(error = %se, "cannot remove state after a failed mount");
-                }
-                if let Err(se) = self.secrets.remove(share) {
-                    tracing::warn!(error = %se, "cannot remove secrets after a failed mount");
-                }
-                if created {
-                    let _ = std::fs::remove_dir(share);
-                }
+                self.forget_failed_mount(share, created);
                 Err(e.into())
             }
         }
