@@ -580,13 +580,7 @@ async fn no_secret_at_rest_after_publish_crash_and_unpublish() {
     // With the plugin down, the daemon and its keeper die too (the mounter's
     // container restarting): the next plugin must remount from the tmpfs.
     let daemon = child_of(keeper).expect("the keeper's daemon");
-    for pid in [keeper, daemon] {
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .expect("kill");
-    }
+    sigkill(&[keeper, daemon]);
     p.restart().await;
     let text = read_eventually(&target.join("data.txt"), Duration::from_secs(60)).await;
     assert_eq!(text, content(0));
@@ -704,6 +698,17 @@ async fn eight_volumes_published_concurrently() {
     assert!(targets.iter().all(|t| !t.exists()));
 }
 
+/// SIGKILLs every process of `pids`.
+fn sigkill(pids: &[i32]) {
+    for &pid in pids {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .expect("kill");
+    }
+}
+
 /// The first child of process `pid` (riffle's keeper has one: its daemon).
 fn child_of(pid: i32) -> Option<i32> {
     std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
@@ -782,13 +787,7 @@ async fn killed_mount_daemon_is_recovered() {
     // plugin finds the dead mount at start and remounts it.
     p.kill();
     let daemon = child_of(keeper).expect("the keeper's daemon");
-    for pid in [keeper, daemon] {
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .expect("kill");
-    }
+    sigkill(&[keeper, daemon]);
     tokio::time::sleep(Duration::from_millis(300)).await;
     // statfs always reaches the (dead) daemon; stat may be answered from
     // the kernel's attribute cache.
@@ -1388,13 +1387,7 @@ async fn a_dead_shared_daemon_is_remounted_and_its_pods_bound_again() {
     let (staging, shared) = stage_and_publish(&mut p, "vol-heal", &bucket, &pods, false).await;
     let keeper = p.daemon_pid(&shared);
     let daemon = child_of(keeper).expect("the keeper's daemon");
-    for pid in [keeper, daemon] {
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .expect("kill");
-    }
+    sigkill(&[keeper, daemon]);
     transcript(format!(
         "shared daemon: keeper {keeper} and daemon {daemon} SIGKILLed"
     ));

@@ -191,6 +191,17 @@ impl Node {
         }
     }
 
+    /// A node with a mounter, a plugin and the fd store running, and a CSI client of the
+    /// plugin.
+    async fn start_all(env: &Env) -> (Self, Csi) {
+        let mut node = Node::new(env);
+        node.start_mounter().await;
+        node.plugin = Some(node.start_plugin());
+        node.fd_store = Some(node.start_fd_store());
+        let csi = node.connect().await;
+        (node, csi)
+    }
+
     fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
@@ -522,11 +533,7 @@ async fn restarts_leave_reads_alone(scenario: Scenario) {
     let _serial = SERIAL.lock().await;
     let Some(env) = env() else { return };
     let bucket = make_bucket(&env, 4).await;
-    let mut node = Node::new(&env);
-    node.start_mounter().await;
-    node.plugin = Some(node.start_plugin());
-    node.fd_store = Some(node.start_fd_store());
-    let mut csi = node.connect().await;
+    let (mut node, mut csi) = Node::start_all(&env).await;
     let target = node.target("trainer-0");
     let started = Instant::now();
     node.publish(&mut csi, "vol-train", &target, &bucket).await;
@@ -843,11 +850,7 @@ async fn a_mounter_restart_is_reported_and_repaired() {
     let _serial = SERIAL.lock().await;
     let Some(env) = env() else { return };
     let bucket = make_bucket(&env, 1).await;
-    let mut node = Node::new(&env);
-    node.start_mounter().await;
-    node.plugin = Some(node.start_plugin());
-    node.fd_store = Some(node.start_fd_store());
-    let mut csi = node.connect().await;
+    let (mut node, mut csi) = Node::start_all(&env).await;
     let target = node.target("trainer-0");
     node.publish(&mut csi, "vol-train", &target, &bucket).await;
     let file = target.join("shard-0/data.txt");
@@ -952,11 +955,7 @@ async fn a_mounter_rollout_leaves_a_staged_volumes_pods_reading() {
     let _serial = SERIAL.lock().await;
     let Some(env) = env() else { return };
     let bucket = make_bucket(&env, 4).await;
-    let mut node = Node::new(&env);
-    node.start_mounter().await;
-    node.plugin = Some(node.start_plugin());
-    node.fd_store = Some(node.start_fd_store());
-    let mut csi = node.connect().await;
+    let (mut node, mut csi) = Node::start_all(&env).await;
     let staging = kubelet_staging(&node.path("kubelet"), "vol-shared");
     csi.stage("vol-shared", &staging, node.attributes(&bucket))
         .await

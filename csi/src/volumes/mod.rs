@@ -183,12 +183,7 @@ impl VolumeManager {
 
         if let Some(mut record) = self.store.load(target)? {
             if record.volume_id != spec.volume_id {
-                return Err(VolumeError::AlreadyExists(format!(
-                    "target path {} already has volume {:?} published; refusing to publish volume {:?} there",
-                    target.display(),
-                    record.volume_id,
-                    spec.volume_id
-                )));
+                return Err(taken(&record, &spec.volume_id));
             }
             if record.settings_hash != hash {
                 return Err(VolumeError::AlreadyExists(format!(
@@ -536,6 +531,15 @@ fn record_auth(record: &VolumeRecord, secrets: &SecretStore) -> DaemonCredential
         (None, false) if record.settings.anonymous() => DaemonCredentials::Anonymous,
         (None, false) => DaemonCredentials::Node,
     }
+}
+
+/// The target of `record` is asked for by another volume.
+fn taken(record: &VolumeRecord, volume_id: &str) -> VolumeError {
+    VolumeError::AlreadyExists(format!(
+        "target path {} already has volume {:?} published; refusing to publish volume {volume_id:?} there",
+        record.target.display(),
+        record.volume_id,
+    ))
 }
 
 fn foreign(target: &Path, fs_type: &str) -> VolumeError {

@@ -31,7 +31,7 @@
 //!
 //! Locks: a pod's target first, then its shared mount; never the other way round.
 
-use super::{ensure_dir, foreign, remove_target, CheckOutcome, VolumeError, VolumeManager};
+use super::{ensure_dir, foreign, remove_target, taken, CheckOutcome, VolumeError, VolumeManager};
 use crate::access::VolumeAccess;
 use crate::mounter::{Health, MountErrorKind};
 use crate::state::VolumeRecord;
@@ -138,12 +138,7 @@ impl VolumeManager {
         let _guard = self.locks.lock(&target).await;
         if let Some(record) = self.store.load(&target)? {
             if record.volume_id != spec.volume_id {
-                return Err(VolumeError::AlreadyExists(format!(
-                    "target path {} already has volume {:?} published; refusing to publish volume {:?} there",
-                    target.display(),
-                    record.volume_id,
-                    spec.volume_id
-                )));
+                return Err(taken(&record, &spec.volume_id));
             }
             if record.bind_of.as_deref() != Some(share.as_path()) {
                 return Err(VolumeError::AlreadyExists(format!(
