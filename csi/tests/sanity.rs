@@ -1760,3 +1760,79 @@ async fn stage_requests_are_validated() {
         .await
         .expect("nothing to unstage");
 }
+
+#[tokio::test]
+async fn a_rotated_secret_reaches_the_shared_daemon_without_a_remount() {
+    let mut f = Fixture::with_node_credentials(false).await;
+    let staging = f.staging("vol-rotate");
+    f.csi
+        .stage("vol-rotate", &staging, bucket("datasets"))
+        .await
+        .expect("stage");
+    let (a, b) = (f.target("pod-a", "data"), f.target("pod-b", "data"));
+    for t in [&a, &b] {
+        f.publish_staged("vol-rotate", &staging, t, keys("AKIDOLD", "OLDSECRET"))
+            .await
+            .expect("publish");
+    }
+    let shared = f.shared_mounts(&staging).remove(0);
+    let mount = f.fake.mount_at(&shared).expect("shared");
+    let keys_file =
+        PathBuf::from(env_value(&mount.auth_env, "RIFFLE_CREDENTIALS_FILE").expect("a keys file"));
+    // requiresRepublish brings the PV's Secret's new values to each pod in turn.
+    for t in [&a, &b] {
+        f.publish_staged("vol-rotate", &staging, t, keys("AKIDNEW", "NEWSECRET"))
+            .await
+            .expect("a republish with rotated keys");
+    }
+    assert_eq!(f.fake.mount_calls(), 1, "no remount");
+    assert_eq!(f.fake.daemon_count(), 1);
+    let text = std::fs::read_to_string(&keys_file).expect("keys");
+    assert!(
+        text.contains("NEWSECRET") && !text.contains("OLDSECRET"),
+        "the daemon re-reads the new keys"
+    );
+    // Other settings on a republish are still refused.
+    let other = f
+        .csi
+        .publish(staged_publish_request(
+            "vol-rotate",
+            &staging,
+            &a,
+            map(&[("bucket", "elsewhere")]),
+            keys("AKIDNEW", "NEWSECRET"),
+        ))
+        .await
+        .expect_err("other settings");
+    assert_eq!(other.code(), Code::AlreadyExists);
+    for t in [&a, &b] {
+        f.csi.unpublish("vol-rotate", t).await.expect("unpublish");
+    }
+    f.csi
+        .unstage("vol-rotate", &staging)
+        .await
+        .expect("unstage");
+    assert_no_secret_under(f.secrets.path(), &["NEWSECRET", "OLDSECRET"]);
+}
+
+#[tokio::test]
+async fn a_pod_published_before_staging_keeps_its_own_daemon() {
+    let mut f = Fixture::new().await;
+    let target = f.target("pod-old", "data");
+    f.publish_datasets("vol-upgrade", &target).await;
+    let daemon = f.fake.mount_at(&target).expect("mounted").daemon;
+    // After the upgrade kubelet's republish names a staging path it never staged.
+    let staging = f.staging("vol-upgrade");
+    f.publish_staged("vol-upgrade", &staging, &target, Default::default())
+        .await
+        .expect("a republish");
+    let now = f.fake.mount_at(&target).expect("mounted");
+    assert!(now.bind_of.is_none(), "not moved to a shared daemon");
+    assert_eq!(now.daemon, daemon);
+    assert_eq!(f.fake.mount_calls(), 1);
+    f.csi
+        .unpublish("vol-upgrade", &target)
+        .await
+        .expect("unpublish");
+    assert_eq!(f.fake.mount_count(), 0);
+}

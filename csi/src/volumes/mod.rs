@@ -175,7 +175,13 @@ impl VolumeManager {
     /// NodePublishVolume.
     pub async fn publish(&self, spec: PublishSpec) -> Result<(), VolumeError> {
         let hash = spec.settings.digest(&spec.volume_id);
-        if let Some(share) = shared::shared_path(&spec, &hash) {
+        // A target published with a daemon of its own stays so (an earlier plugin did not
+        // stage; kubelet's republish now names a staging path).
+        let own_daemon = self
+            .store
+            .load(&spec.target)?
+            .is_some_and(|r| r.bind_of.is_none());
+        if let Some(share) = shared::shared_path(&spec, &hash).filter(|_| !own_daemon) {
             return self.publish_shared(spec, hash, share).await;
         }
         let target = spec.target.as_path();

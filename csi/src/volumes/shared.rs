@@ -20,6 +20,13 @@
 //! sends once the last pod on the node has gone, stops every shared daemon under the
 //! staging path; it refuses while a pod's bind of one is still recorded.
 //!
+//! A rotated Secret: every pod of a PV carries the PV's one `nodePublishSecretRef`, and
+//! `requiresRepublish` brings its new values to each running pod in turn. Such a republish
+//! computes another KEY, but a running pod's view of its volume cannot be moved to another
+//! mount, so the daemon it is bound to gets the new keys instead (re-read without a
+//! remount); pods published after the rotation start from the new KEY. A daemon's keys are
+//! only ever replaced by a pod bound to it, that is one that held its keys when first bound.
+//!
 //! Crash safety, as for a daemon of one's own: a record is written before what it
 //! describes (the pod's record, with `bind_of`, before the shared mount and the bind; the
 //! shared mount's record before its daemon), so a plugin that dies half-way finds both
@@ -33,10 +40,19 @@
 
 use super::{ensure_dir, foreign, remove_target, taken, CheckOutcome, VolumeError, VolumeManager};
 use crate::access::VolumeAccess;
-use crate::mounter::{Health, MountErrorKind};
+use crate::mounter::{DaemonCredentials, Health, MountErrorKind};
 use crate::state::VolumeRecord;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
+
+/// A repeated publish of `record` with other settings or another kind of identity.
+fn changed(record: &VolumeRecord) -> VolumeError {
+    VolumeError::AlreadyExists(format!(
+        "volume {:?} is already published at {} with other settings or another identity; unpublish it before changing its attributes, mount options or role",
+        record.volume_id,
+        record.target.display()
+    ))
+}
 
 /// Prefix of the shared mounts' directories under a staging path.
 const SHARED_PREFIX: &str = "riffle-";
@@ -140,16 +156,10 @@ impl VolumeManager {
             if record.volume_id != spec.volume_id {
                 return Err(taken(&record, &spec.volume_id));
             }
-            if record.bind_of.as_deref() != Some(share.as_path()) {
-                return Err(VolumeError::AlreadyExists(format!(
-                    "volume {:?} is already published at {} with other settings or another identity; unpublish it before changing its attributes, mount options, secret or role",
-                    record.volume_id,
-                    target.display()
-                )));
-            }
+            let bound = self.bound_share(&record, &spec, &hash, &share)?;
             // A repeat: the shared mount and the bind are made live if they are not.
-            self.ensure_share(Some((&spec, &hash)), &share).await?;
-            self.bind_again_if_needed(&record, &share).await?;
+            self.ensure_share(Some((&spec, &hash)), &bound).await?;
+            self.bind_again_if_needed(&record, &bound).await?;
             tracing::info!(volume_id = %spec.volume_id, target = %target.display(), "already published");
             return Ok(());
         }
@@ -203,6 +213,40 @@ impl VolumeManager {
                 Err(e)
             }
         }
+    }
+
+    /// The shared mount a repeated publish of the pod `record` goes to: the one it is bound
+    /// to. A publish that computes another one (`share`) is refused, unless only the keys of
+    /// its Secret changed: a rotation (a PV's pods all carry its one `nodePublishSecretRef`,
+    /// and `requiresRepublish` brings its new values). The daemon the pod reads from then
+    /// gets the new keys, which it re-reads without a remount; a running pod's view of its
+    /// volume cannot be moved to another mount. A daemon's keys are thus only ever replaced
+    /// by a pod bound to it, which held its keys when it was first bound.
+    fn bound_share(
+        &self,
+        record: &VolumeRecord,
+        spec: &super::PublishSpec,
+        hash: &str,
+        share: &Path,
+    ) -> Result<PathBuf, VolumeError> {
+        let Some(bound) = &record.bind_of else {
+            return Err(changed(record));
+        };
+        if bound == share {
+            return Ok(bound.clone());
+        }
+        let keys_only = record.settings_hash == hash
+            && matches!(spec.access, VolumeAccess::Secret(_))
+            && self
+                .store
+                .load(bound)?
+                .and_then(|r| r.auth)
+                .is_some_and(|a| matches!(a, DaemonCredentials::KeysFile { .. }));
+        if !keys_only {
+            return Err(changed(record));
+        }
+        tracing::info!(volume_id = %record.volume_id, target = %record.target.display(), shared = %bound.display(), "the volume's Secret changed (a rotation): the shared daemon this pod reads from gets the new keys, without a remount");
+        Ok(bound.clone())
     }
 
     /// Makes the shared mount at `share` live and returns its daemon: adopts it, brings it
