@@ -28,6 +28,8 @@
 //!   [`cache_disk`]: refuses a node cache on the root disk; [`log_forward`]: the
 //!   daemons' logs to the mounter's standard output; [`metrics_proxy`]: every
 //!   daemon's Prometheus metrics on one mounter port, labelled by volume.
+//! - [`peers`]: the daemons' peer flags in Kubernetes (the ring of a
+//!   volume's data, its port on every node, collisions on one node).
 //! - [`identity`], [`node`]: the gRPC services; [`server`]: the unix socket;
 //!   [`old_clients`]: a WARN for clients the HTTP/2 server rejects;
 //!   [`startup`]: logging and stop signals of the two binaries.
@@ -44,6 +46,7 @@ pub mod mounter;
 pub mod mountinfo;
 pub mod node;
 pub mod old_clients;
+pub mod peers;
 pub mod process;
 pub mod proto;
 pub mod remote;

@@ -33,12 +33,14 @@ use crate::mounter::{
     DaemonCredentials, DaemonId, Health, MountError, MountErrorKind, MountRequest, Mounter,
 };
 use crate::mountinfo::{self, Probe, RIFFLE_FSTYPE};
+use crate::peers::{NodePeers, PeerOptions};
 use crate::process;
 use async_trait::async_trait;
 use std::ffi::OsString;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::process::Command;
 
@@ -61,6 +63,9 @@ pub struct RiffleMounter {
     /// daemon's keeper gives it a copy of its FUSE connection, so that the
     /// mount outlives this container ([`Mounter::take_over`]).
     pub fd_store: Option<PathBuf>,
+    /// The node's peers ([`crate::peers`]): each daemon's `--peer-listen`, `--peers` and
+    /// `--peer-secret-file`, by the ring of its data.
+    pub peers: Option<Arc<NodePeers>>,
 }
 
 /// How the local daemons are run: the options `riffle-mounter` and (without
@@ -92,6 +97,9 @@ pub struct DaemonOptions {
     /// new mounter takes the live mounts over.
     #[arg(long, env = "RIFFLE_FD_STORE")]
     pub fd_store: Option<PathBuf>,
+    /// Peers: the nodes serve each other's cache ([`crate::peers`]).
+    #[command(flatten)]
+    pub peers: PeerOptions,
 }
 
 impl DaemonOptions {
@@ -111,6 +119,7 @@ impl DaemonOptions {
         );
         mounter.mount_timeout = Duration::from_secs(self.mount_timeout);
         mounter.fd_store = self.fd_store.clone();
+        mounter.peers = self.peers.setup();
         if !self.allow_root_disk_cache {
             let root_disk = RootDisk::new(&self.kubelet_dir);
             if let Some(dir) = &self.cache_dir {
@@ -147,6 +156,7 @@ impl RiffleMounter {
             probe_timeout: Duration::from_secs(10),
             root_disk: None,
             fd_store: None,
+            peers: None,
         }
     }
 
@@ -178,6 +188,22 @@ impl RiffleMounter {
         log.push(req.log_file);
         args.push(log);
         args
+    }
+
+    /// The peer flags of the daemon `req` starts ([`NodePeers::flags`]: its ring's port,
+    /// if this node can give it); none without peers.
+    pub fn peer_flags(&self, req: &MountRequest<'_>) -> Vec<OsString> {
+        match &self.peers {
+            Some(peers) => peers.flags(req.settings, req.target),
+            None => Vec::new(),
+        }
+    }
+
+    /// Frees the peer port of the daemon at `target` (unmounted, or not mounted after all).
+    fn release_peer_port(&self, target: &Path) {
+        if let Some(peers) = &self.peers {
+            peers.release(target);
+        }
     }
 
     /// The `riffle mount` command with `args` and the environment of
@@ -308,7 +334,12 @@ fn reason_line(stderr: &str) -> String {
 #[async_trait]
 impl Mounter for RiffleMounter {
     async fn mount(&self, req: MountRequest<'_>) -> Result<Option<DaemonId>, MountError> {
-        self.run_mount(req, false).await
+        let target = req.target;
+        let mounted = self.run_mount(req, false).await;
+        if mounted.is_err() {
+            self.release_peer_port(target);
+        }
+        mounted
     }
 
     async fn take_over(&self, req: MountRequest<'_>) -> Result<Option<DaemonId>, MountError> {
@@ -321,11 +352,18 @@ impl Mounter for RiffleMounter {
                 ),
             ));
         }
-        self.run_mount(req, true).await
+        let target = req.target;
+        let mounted = self.run_mount(req, true).await;
+        if mounted.is_err() {
+            self.release_peer_port(target);
+        }
+        mounted
     }
 
     async fn unmount(&self, target: &Path, daemon: Option<DaemonId>) -> Result<(), MountError> {
-        self.stop(target, daemon).await
+        self.stop(target, daemon).await?;
+        self.release_peer_port(target);
+        Ok(())
     }
 
     async fn health(&self, target: &Path, daemon: Option<DaemonId>) -> Result<Health, MountError> {
@@ -352,7 +390,8 @@ impl RiffleMounter {
                 .check(dir)
                 .map_err(|refusal| MountError::new(MountErrorKind::FailedPrecondition, refusal))?;
         }
-        let args = self.mount_args(&req, take_over);
+        let mut args = self.mount_args(&req, take_over);
+        args.extend(self.peer_flags(&req));
         let source = req.settings.source_url();
         let _ = std::fs::remove_file(req.pid_file);
         let stderr_path = req.pid_file.with_extension("stderr");
