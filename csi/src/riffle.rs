@@ -690,6 +690,76 @@ mod tests {
         assert_eq!(with_store(true)[5..7], [store_flag, "--take-over".into()]);
     }
 
+    #[test]
+    fn daemons_get_their_rings_peer_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, "a-secret-of-32-bytes-0123456789a\n").unwrap();
+        let settings = |pairs: &[(&str, &str)]| -> VolumeSettings {
+            let attrs: HashMap<String, String> = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            VolumeSettings::parse(&attrs, &[]).expect("valid")
+        };
+        let mut m = RiffleMounter::new("riffle".into(), None);
+        // Without peers configured: nothing.
+        let a = settings(&[("bucket", "datasets")]);
+        let req = |target: &'static str, s: &'static VolumeSettings| MountRequest {
+            target: Path::new(target),
+            settings: s,
+            auth: &DaemonCredentials::Anonymous,
+            credentials: None,
+            pid_file: Path::new("/s/run/k.pid"),
+            log_file: Path::new("/s/logs/k.log"),
+        };
+        let a: &'static VolumeSettings = Box::leak(Box::new(a));
+        let off: &'static VolumeSettings = Box::leak(Box::new(settings(&[
+            ("bucket", "datasets"),
+            ("peers", "false"),
+        ])));
+        assert!(m.peer_flags(&req("/t/a", a)).is_empty());
+        // The same range on every node: the port of a ring is the same everywhere. Port 1 is
+        // not ours to bind in a test, so use a range around a free port.
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = free.local_addr().unwrap().port();
+        drop(free);
+        m.peers = Some(Arc::new(NodePeers::new(
+            "riffle-peers.riffle-csi.svc.cluster.local".into(),
+            "127.0.0.1".parse().unwrap(),
+            crate::peers::PortRange {
+                first: port,
+                last: port,
+            },
+            secret.clone(),
+        )));
+        let strings = |flags: Vec<OsString>| -> Vec<String> {
+            flags
+                .into_iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect()
+        };
+        let first = strings(m.peer_flags(&req("/t/a", a)));
+        assert_eq!(
+            first,
+            vec![
+                format!("--peer-listen=127.0.0.1:{port}"),
+                format!("--peers=dns:riffle-peers.riffle-csi.svc.cluster.local:{port}"),
+                format!("--peer-secret-file={}", secret.display()),
+            ]
+        );
+        assert!(!first.iter().any(|f| f.contains("a-secret")));
+        // A second daemon of the same data on this node asks, the first serves.
+        let second = strings(m.peer_flags(&req("/t/b", a)));
+        assert_eq!(second, first[1..].to_vec());
+        // peers: "false" opts a volume out.
+        assert!(m.peer_flags(&req("/t/c", off)).is_empty());
+        // The first unmounts (`unmount` releases it after stopping the daemon): the port is
+        // free for the next daemon.
+        m.release_peer_port(Path::new("/t/a"));
+        assert_eq!(strings(m.peer_flags(&req("/t/b", a))), first);
+    }
+
     /// The environment the real `riffle mount` child gets: set variables
     /// with their values, removed ones as None.
     fn child_env(auth: &DaemonCredentials) -> HashMap<String, Option<String>> {
