@@ -3,7 +3,7 @@
 # in one run:
 #
 #   benches/run.sh [--quick] [--debug] [--no-plots] [--systems LIST] [--direct LIST]
-#                  [--no-build] [--build-mountpoint] [W1 W2 W3 W4 W5]
+#                  [--no-build] [--build-mountpoint] [W1 W2 W3 W4 W5 W6]
 #
 # Builds the binaries, starts the local Ceph RGW if it is down, installs the
 # peers (s3fs, rclone) with apt when missing, generates the datasets
@@ -16,7 +16,9 @@
 # the page cache dropped before each epoch, GETs counted at the proxy and
 # riffle's counters saved around each epoch. W4 (listing, benches/lib/w4.sh)
 # walks its 1.1 M names instead of reading: find, stat of every file, daemon
-# RSS, then the same after a remount, LISTs and HEADs counted at the proxy. Prints the tables, merges them into benches/results/{quick,full}.json
+# RSS, then the same after a remount, LISTs and HEADs counted at the proxy.
+# W6 (benches/w6.sh, benches/lib/w6.sh) mounts W1's data three times as three
+# nodes, with and without --peers, and reads DistributedSampler shares. Prints the tables, merges them into benches/results/{quick,full}.json
 # and writes benches/README.md and the plots in benches/plots/. Exits
 # non-zero if any system returned wrong bytes, and with --quick also if a
 # riffle variant failed to run or hit I/O errors. Every mount is unmounted on
@@ -33,13 +35,15 @@ ROOT=$PWD
 
 usage() {
     cat <<USAGE
-Usage: benches/run.sh [--quick] [options] [W1 W2 W3 W4 W5]
+Usage: benches/run.sh [--quick] [options] [W1 W2 W3 W4 W5 W6]
 
   --quick          scaled-down datasets (scale 0.05, W3 reads 2 s, W4 scale
                    0.01): a smoke test of a few minutes that fails on wrong
                    bytes (or a wrong W4 count) or a failed riffle
-                   [default workloads W1 W2 W3 W5; add W4 to run it]
-                   (without --quick: full datasets, default workloads W1 W2 W5 W4)
+                   [default workloads W1 W2 W3 W5; add W4 or W6 to run
+                   them: W6's six rows take ~4 min in debug on this shared
+                   machine, too long for CI's smoke run]
+                   (without --quick: full datasets, default workloads W1 W2 W5 W4 W6)
   --debug          build and run the debug profile (cargo build without
                    --release: what CI builds for the tests); also
                    RIFFLE_BENCH_PROFILE=debug
@@ -65,7 +69,9 @@ RIFFLE_BENCH_W3_DURATION [quick 2s, full 30s], RIFFLE_BENCH_W4_SCALE [quick
 0.01, full 1], RIFFLE_BENCH_W4_TIMEOUT (seconds each W4 pass may take, per
 system) [quick 120, full 600], RIFFLE_BENCH_W4_ROUNDS (rounds of W4's goal
 comparisons: the S3 client, riffle, riffle's sequential walk) [quick 2, full
-3], RIFFLE_BENCH_CACHE_MIN_FREE (riffle's --cache-min-free: the caches
+3], RIFFLE_BENCH_W6_ROUNDS (rounds of W6's rows; its table shows medians)
+[quick 1, full 3], RIFFLE_BENCH_W6_SCALE (W1's scale for W6) [quick 0.05,
+full 0.3], RIFFLE_BENCH_CACHE_MIN_FREE (riffle's --cache-min-free: the caches
 are scratch, bounded by the datasets; rclone and s3fs keep no floor) [1G],
 RIFFLE_BENCH_PY_WORKERS (the
 Python reader's worker processes) [8], MOUNTPOINT_* (see
@@ -94,7 +100,7 @@ while [ $# -gt 0 ]; do
         --no-build) BUILD=0 ;;
         --build-mountpoint) BUILD_MOUNTPOINT=1 ;;
         -h|--help) usage; exit 0 ;;
-        [wW][1-5]) WORKLOADS+=("$(echo "$1" | tr 'W' 'w')") ;;
+        [wW][1-6]) WORKLOADS+=("$(echo "$1" | tr 'W' 'w')") ;;
         *) usage >&2; exit 2 ;;
     esac
     shift
@@ -118,6 +124,8 @@ if [ "$MODE" = quick ]; then
     W4_TIMEOUT=${RIFFLE_BENCH_W4_TIMEOUT:-120}
     W4_ROUNDS=${RIFFLE_BENCH_W4_ROUNDS:-2}
     # W4 is not in the quick default (CI's smoke test): see benches/README.md.
+    W6_ROUNDS=${RIFFLE_BENCH_W6_ROUNDS:-1}
+    # Nor W6 (~4 min in debug): `benches/run.sh --quick W6` runs it.
     [ ${#WORKLOADS[@]} -gt 0 ] || WORKLOADS=(w1 w2 w3 w5)
 else
     SCALE=1
@@ -134,7 +142,8 @@ else
     # Each W4 round walks 1.1 M names three times over (the S3 client, riffle
     # with its remount, the sequential walk): 3 rounds, not GOAL_ROUNDS.
     W4_ROUNDS=${RIFFLE_BENCH_W4_ROUNDS:-3}
-    [ ${#WORKLOADS[@]} -gt 0 ] || WORKLOADS=(w1 w2 w5 w4)
+    W6_ROUNDS=${RIFFLE_BENCH_W6_ROUNDS:-3}
+    [ ${#WORKLOADS[@]} -gt 0 ] || WORKLOADS=(w1 w2 w5 w4 w6)
 fi
 W4_SCALE=${RIFFLE_BENCH_W4_SCALE:-$W4_DEFAULT_SCALE}
 # RGW's memory for W4 at scale 1 (GB), for check_memory: the OSD's RSS grew
@@ -142,6 +151,7 @@ W4_SCALE=${RIFFLE_BENCH_W4_SCALE:-$W4_DEFAULT_SCALE}
 W4_RGW_GB_PER_SCALE=15
 [ "$DIRECT" = none ] && DIRECT=
 [[ $GOAL_ROUNDS =~ ^[1-9][0-9]*$ ]] || { echo "benches/run.sh: RIFFLE_BENCH_GOAL_ROUNDS must be a whole number ≥ 1" >&2; exit 2; }
+[[ $W6_ROUNDS =~ ^[1-9][0-9]*$ ]] || { echo "benches/run.sh: RIFFLE_BENCH_W6_ROUNDS must be a whole number ≥ 1" >&2; exit 2; }
 [[ $W4_ROUNDS =~ ^[1-9][0-9]*$ ]] || { echo "benches/run.sh: RIFFLE_BENCH_W4_ROUNDS must be a whole number ≥ 1" >&2; exit 2; }
 [[ $W4_TIMEOUT =~ ^[1-9][0-9]*$ ]] || { echo "benches/run.sh: RIFFLE_BENCH_W4_TIMEOUT must be a whole number of seconds ≥ 1" >&2; exit 2; }
 [[ $W4_SCALE =~ ^(0?\.[0-9]*[1-9][0-9]*|1(\.0*)?)$ ]] || { echo "benches/run.sh: RIFFLE_BENCH_W4_SCALE must be in (0, 1]" >&2; exit 2; }
@@ -172,6 +182,9 @@ mkdir -p "$WORK"/{mnt,run,cache,local,manifests} "$LOG_DIR" "$RES_DIR"
 . "$ROOT/benches/lib/w4.sh"
 # shellcheck source=benches/lib/w5.sh
 . "$ROOT/benches/lib/w5.sh"
+# shellcheck source=benches/lib/w6.sh
+. "$ROOT/benches/lib/w6.sh"
+W6_FAILED=
 # The Mountpoint peer (mount_mountpoint, unmount_mountpoint, build_mountpoint).
 if [ -f "$ROOT/benches/lib/mountpoint.sh" ]; then
     # shellcheck source=benches/lib/mountpoint.sh
@@ -214,7 +227,10 @@ say "all workloads done in $((SECONDS - RUN_STARTED)) s ($((SECONDS - BUILT_AT))
 rc=0
 checks=(--check)
 [ "$MODE" = quick ] && checks+=(--require riffle)
-"$BIN/riffle-bench" report --run "$RUN_FILE" --results-dir benches/results \
+# A run of W6 alone records no rows (its table is benches/results/w6-MODE.md).
+run_arg=()
+[ -s "$RUN_FILE" ] && run_arg=(--run "$RUN_FILE")
+"$BIN/riffle-bench" report "${run_arg[@]}" --results-dir benches/results \
     --readme benches/README.md --plots-dir benches/plots \
     --plot-data "$RES_DIR/plot-data.json" "${checks[@]}" || rc=$?
 if [ "$PLOTS" = 1 ] && [ -x benches/.venv/bin/python ]; then
@@ -223,6 +239,10 @@ if [ "$PLOTS" = 1 ] && [ -x benches/.venv/bin/python ]; then
     "$BIN/riffle-bench" report --results-dir benches/results --readme benches/README.md \
         --plots-dir benches/plots >/dev/null 2>&1 || true
 fi
-[ $rc = 0 ] || say "FAILED: a system returned wrong bytes (W4: counted wrong), or a riffle variant failed (see above)"
+if [ -n "$W6_FAILED" ]; then
+    say "FAILED: W6: $W6_FAILED"
+    rc=1
+fi
+[ $rc = 0 ] || say "FAILED: a system returned wrong bytes (W4: counted wrong; W6: a failed read or run), or a riffle variant failed (see above)"
 say "total $((SECONDS - RUN_STARTED)) s ($((SECONDS - BUILT_AT)) s after the build)"
 exit "$rc"

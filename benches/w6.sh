@@ -16,8 +16,11 @@
 #
 # Columns per epoch: GETs at the store ÷ files read (cluster-wide), files/s of
 # the slowest rank, bytes the nodes fetched from peers, object bytes the store
-# sent. The table goes to benches/results/w6-MODE.md (benches/README.md, which
-# benches/run.sh generates, points there).
+# sent, and issue 38's goals under the table. The table goes to
+# benches/results/w6-MODE.md, and from there into benches/README.md (as W6
+# of the mode, like the other workloads; `riffle-bench report`).
+# benches/run.sh runs this script for its W6 (in full runs, and with
+# --quick W6).
 #
 #   benches/w6.sh [--quick|--full] [--release] [--rounds N]
 #
@@ -46,7 +49,7 @@ case $MODE in
     full) SCALE=${RIFFLE_BENCH_W6_SCALE:-0.3} ;;
 esac
 SEED=${RIFFLE_BENCH_SEED:-1}
-BIN=$ROOT/target/$PROFILE
+BIN=${CARGO_TARGET_DIR:-$ROOT/target}/$PROFILE
 WORK=${RIFFLE_BENCH_WORK:-$ROOT/benches/.work}/w6
 NODES=3
 WORKERS=4
@@ -237,8 +240,39 @@ for name, (system, cache) in labels.items():
     failed = sum(r[6] for ep in eps for r in ep)
     print(f"| {system} | {cache} | {col(2, lambda v: f'{v:.2f}')} | {col(3, lambda v: f'{v:.0f}')} | "
           f"{col(4, lambda v: f'{v / 1e6:.0f}')} | {col(5, lambda v: f'{v / 1e6:.0f}')} | {failed} |")
+# Issue 38's goals, on the medians above (each only when its rows ran).
+def m(name, epoch, i):
+    rs = rows.get((name, epoch))
+    return med([r[i] for r in rs]) if rs else None
+goals = []
+def goal(ok, text):
+    goals.append(f"- {'met' if ok else 'NOT met'}: {text}")
+for size, suffix in (("whole dataset", "whole"), ("40% each", "40")):
+    p, n, k = f"peers-{suffix}", f"no-peers-{suffix}", f"peers-{suffix}-kill"
+    e1 = m(p, 1, 2)
+    if e1 is not None:
+        goal(e1 <= 1.02, f"{size}: with peers, epoch 1 store GETs ≤ 1.02 × files read: {e1:.2f}")
+        late = max(m(p, 2, 2), m(p, 3, 2))
+        goal(late <= 0.02, f"{size}: with peers, epochs 2–3 store GETs ≤ 0.02 × files read: {late:.2f}")
+    if e1 is not None and m(n, 2, 3) is not None:
+        ratios = [m(p, e, 3) / max(m(n, e, 3), 1e-9) for e in (2, 3)]
+        goal(min(ratios) >= 2, f"{size}: epochs 2–3 files/s ≥ 2 × no peers (slowest ranks): "
+             + " / ".join(f"{r:.1f}×" for r in ratios))
+    if m(k, 3, 2) is not None:
+        failed = sum(r[6] for e in (1, 2, 3) for r in rows[(k, e)])
+        goal(failed == 0, f"{size}: a daemon SIGKILLed before epoch 3 costs the other two no failed read: {failed}")
+        goal(m(k, 3, 2) <= 0.45, f"{size}: then epoch 3 store GETs ≤ 0.45 × files read: {m(k, 3, 2):.2f}")
+if goals:
+    print()
+    print("Goals (issue 38), this run:")
+    print()
+    print("\n".join(goals))
 EOF
 cat "$TABLE"
 mkdir -p "$ROOT/benches/results"
 cp "$TABLE" "$ROOT/benches/results/w6-$MODE.md"
 say "the table is in benches/results/w6-$MODE.md"
+# benches/README.md shows it as W6 of its mode (benches/run.sh reports again after).
+"$BIN/riffle-bench" report --results-dir "$ROOT/benches/results" --readme "$ROOT/benches/README.md" \
+    --plots-dir "$ROOT/benches/plots" >/dev/null 2>&1 \
+    && say "benches/README.md updated" || say "benches/README.md not updated (riffle-bench report failed)"

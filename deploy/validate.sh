@@ -14,6 +14,10 @@
 #    pod (then a rolling update must start the new pod first), no
 #    liveness probe, its root-disk check (no
 #    --allow-root-disk-cache, --kubelet-dir where kubelet's dir is mounted).
+#    The optional peers.yaml (headless Service) must select the mounter pods
+#    under the name of its --peer-service, the daemons must listen on the pod
+#    IP, the secret must be a file of an optional Secret volume, and the peer
+#    port range must stay clear of the mounter's other ports.
 # 3. Validates, in strict mode (unknown fields are errors), the rendered
 #    base and every manifest in deploy/kubernetes and deploy/examples,
 #    against each Kubernetes version in $K8S_VERSIONS.
@@ -149,6 +153,91 @@ if "--allow-root-disk-cache" in mounter.get("args", []):
 if errors:
     sys.exit("\n".join(errors))
 print("   riffle-csi-node and riffle-mounter agree (socket, state dir, secrets dir, propagation, tolerations, token audience, root-disk check)")
+PY
+
+echo "== checking the optional peers component (peers.yaml) against the mounter"
+"$py" - "$rendered" "$here/kubernetes/peers.yaml" "$here/kubernetes/kustomization.yaml" <<'PY'
+# Peers only work if the mounter's flags, its pod and the headless Service agree:
+# the Service must list the mounter pods, under the name the daemons resolve; the
+# daemons must listen on the address the Service lists (the pod IP); the secret
+# must come from an optional Secret volume as a file (never an argument); the port
+# range must stay clear of the mounter's other port and of the node's NodePort and
+# ephemeral ranges (host network).
+import sys, yaml
+objs = {(o["kind"], o["metadata"]["name"]): o for o in yaml.safe_load_all(open(sys.argv[1])) if o}
+peers = [o for o in yaml.safe_load_all(open(sys.argv[2])) if o]
+base = yaml.safe_load(open(sys.argv[3]))
+errors = []
+ds = objs[("DaemonSet", "riffle-mounter")]
+pod = ds["spec"]["template"]["spec"]
+c = [c for c in pod["containers"] if c["name"] == "riffle-mounter"][0]
+def flag(name):
+    for a in c.get("args", []):
+        if a.startswith(f"--{name}="):
+            return a.split("=", 1)[1]
+    return None
+if "peers.yaml" in base.get("resources", []):
+    errors.append("peers.yaml is optional (like podmonitor.yaml): keep it out of the base's resources")
+services = [o for o in peers if o["kind"] == "Service"]
+if len(services) != 1:
+    errors.append(f"peers.yaml must hold one Service, not {len(services)}")
+else:
+    svc = services[0]
+    spec = svc["spec"]
+    if spec.get("clusterIP") != "None":
+        errors.append("the peers Service must be headless (clusterIP: None): one DNS address per mounter pod")
+    if spec.get("publishNotReadyAddresses"):
+        errors.append("the peers Service must list only ready mounter pods")
+    labels = ds["spec"]["template"]["metadata"]["labels"]
+    selector = spec.get("selector") or {}
+    if not selector or any(labels.get(k) != v for k, v in selector.items()):
+        errors.append(f"the peers Service's selector {selector} does not select the mounter pods {labels}")
+    if svc["metadata"].get("namespace") != ds["metadata"].get("namespace"):
+        errors.append("the peers Service must be in the mounter's namespace")
+    service_flag = flag("peer-service")
+    name = svc["metadata"]["name"]
+    if service_flag is None:
+        errors.append("the mounter must pass --peer-service (the peers Service's name)")
+    elif service_flag.split(".")[0] != name or (
+        "." in service_flag and service_flag.split(".")[1] != svc["metadata"].get("namespace")
+    ):
+        errors.append(f"--peer-service={service_flag} does not name the Service {name}")
+if flag("peer-service") is not None:
+    if not pod.get("hostNetwork"):
+        errors.append("peers expect the mounter on the host network (the Service's addresses are the nodes')")
+    env = {e["name"]: e for e in c.get("env", [])}
+    address = env.get("RIFFLE_PEER_ADDRESS", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+    if address != "status.podIP" and flag("peer-address") is None:
+        errors.append("RIFFLE_PEER_ADDRESS must come from status.podIP (the address the Service lists)")
+    secret_file = flag("peer-secret-file") or "/etc/riffle-peers/secret"
+    vols = {v["name"]: v for v in pod.get("volumes", [])}
+    mounts = [m for m in c.get("volumeMounts", []) if secret_file.startswith(m["mountPath"].rstrip("/") + "/")]
+    if not mounts:
+        errors.append(f"--peer-secret-file={secret_file} is on no volume of the mounter")
+    else:
+        v = vols.get(mounts[0]["name"], {})
+        if "secret" not in v:
+            errors.append(f"--peer-secret-file={secret_file} must come from a Secret volume")
+        elif not v["secret"].get("optional"):
+            errors.append("the peer Secret volume must be optional (no Secret: no peers, the mounter still runs)")
+        if not mounts[0].get("readOnly"):
+            errors.append("the peer Secret must be mounted readOnly")
+    if any("secret=" in a.lower() and not a.startswith("--peer-secret-file=") for a in c.get("args", [])):
+        errors.append("a secret value in the mounter's args")
+    ports = flag("peer-ports") or "7000-7999"
+    first, _, last = ports.partition("-")
+    first, last = int(first), int(last or first)
+    if not 1024 <= first <= last < 30000:
+        errors.append(f"--peer-ports={ports} must be within 1024-29999 (clear of NodePorts and ephemeral ports)")
+    others = [p["containerPort"] for p in c.get("ports", [])]
+    metrics = flag("metrics-addr")
+    if metrics:
+        others.append(int(metrics.rsplit(":", 1)[1]))
+    if any(first <= p <= last for p in others):
+        errors.append(f"--peer-ports={ports} overlaps the mounter's other ports {others}")
+if errors:
+    sys.exit("\n".join(errors))
+print("   peers.yaml and riffle-mounter agree (headless Service over the mounter pods, --peer-service, pod IP, optional Secret file, port range)")
 PY
 
 manifests=("$rendered")

@@ -81,6 +81,8 @@ check_memory() {
             # memstore OSD keeps each object's head and bucket index entry
             # (W4_RGW_GB_PER_SCALE, benches/run.sh).
             w4) gb=$W4_RGW_GB_PER_SCALE; scale=$W4_SCALE ;;
+            # W1's data at W6's own scale, in a bucket of its own.
+            w6) gb=4.1; scale=${RIFFLE_BENCH_W6_SCALE:-$([ "$MODE" = quick ] && echo 0.05 || echo 0.3)} ;;
             *) gb=0 ;;
         esac
         need=$(awk -v a="$need" -v b="$gb" -v s="$scale" 'BEGIN {print a + b * s}')

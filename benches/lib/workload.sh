@@ -400,6 +400,7 @@ run_workload() {
     case $WL in
         w4) run_w4; return 0 ;;
         w5) run_w5; return 0 ;;
+        w6) run_w6; return 0 ;;
     esac
     TABLES=$(tables_of "$WL")
     case $WL in w1) KEEP_CACHES=1 ;; *) KEEP_CACHES= ;; esac

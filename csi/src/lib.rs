@@ -29,6 +29,8 @@
 //!   cache's one budget, shared out to the volumes; [`log_forward`]: the
 //!   daemons' logs to the mounter's standard output; [`metrics_proxy`]: every
 //!   daemon's Prometheus metrics on one mounter port, labelled by volume.
+//! - [`peers`]: the daemons' peer flags in Kubernetes (the ring of a
+//!   volume's data, its port on every node, collisions on one node).
 //! - [`identity`], [`node`]: the gRPC services; [`server`]: the unix socket;
 //!   [`old_clients`]: a WARN for clients the HTTP/2 server rejects;
 //!   [`startup`]: logging and stop signals of the two binaries.
@@ -46,6 +48,7 @@ pub mod mounter;
 pub mod mountinfo;
 pub mod node;
 pub mod old_clients;
+pub mod peers;
 pub mod process;
 pub mod proto;
 pub mod remote;

@@ -18,7 +18,7 @@
 //! daemon), `riffle_mounter_volume_up` (1 when the volume's daemon answered this scrape) and
 //! `riffle_mounter_daemon_restarts_total` (daemon processes replaced under the volume's keeper
 //! as this mounter saw them between scrapes: a new pid; a restart and a second one between two
-//! scrapes count once).
+//! scrapes count once), and `riffle_mounter_peer_port_conflicts_total` ([`crate::peers`]).
 //!
 //! Bounds: daemons are asked in parallel, each within [`DAEMON_TIMEOUT`], and an answer longer
 //! than [`MAX_ANSWER`] is dropped; the HTTP side ([`serve`]) serves a fixed number of
@@ -216,6 +216,13 @@ impl MetricsProxy {
             "counter",
             "Daemons of the volume replaced by a successor (a new pid) as this mounter saw them.",
             &restarts,
+        );
+        family(
+            &mut out,
+            "riffle_mounter_peer_port_conflicts",
+            "counter",
+            "Daemons that could not serve their ring's peer port on this node (another volume's daemon or another program holds it); they mount and ask their peers all the same.",
+            &[(None, crate::peers::PORT_CONFLICTS.load(std::sync::atomic::Ordering::Relaxed))],
         );
         let _ = writeln!(
             out,

@@ -16,6 +16,11 @@
 //! plugin has the next mounter start daemons that take the mounts over
 //! (rollouts, crashes and OOM kills cost no read). A new mounter started
 //! while the old one still serves waits for its socket.
+//!
+//! With `--peer-service` (the headless Service of `deploy/kubernetes/peers.yaml`),
+//! `--peer-address` (the pod IP) and the Secret's file at `--peer-secret-file`, every
+//! daemon also joins the ring of the nodes that mount the same data, on that ring's port of
+//! `--peer-ports` ([`riffle_csi::peers`]).
 
 use anyhow::Context;
 use clap::Parser;

@@ -34,12 +34,14 @@ use crate::mounter::{
     DaemonCredentials, DaemonId, Health, MountError, MountErrorKind, MountRequest, Mounter,
 };
 use crate::mountinfo::{self, Probe, RIFFLE_FSTYPE};
+use crate::peers::{NodePeers, PeerOptions};
 use crate::process;
 use async_trait::async_trait;
 use std::ffi::OsString;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::process::Command;
 
@@ -65,6 +67,9 @@ pub struct RiffleMounter {
     /// daemon's keeper gives it a copy of its FUSE connection, so that the
     /// mount outlives this container ([`Mounter::take_over`]).
     pub fd_store: Option<PathBuf>,
+    /// The node's peers ([`crate::peers`]): each daemon's `--peer-listen`, `--peers` and
+    /// `--peer-secret-file`, by the ring of its data.
+    pub peers: Option<Arc<NodePeers>>,
 }
 
 /// How the local daemons are run: the options `riffle-mounter` and (without
@@ -101,6 +106,9 @@ pub struct DaemonOptions {
     /// see `cache_shares`).
     #[arg(long, env = "RIFFLE_CACHE_SIZE", default_value = crate::cache_shares::DEFAULT_BUDGET)]
     pub cache_size: String,
+    /// Peers: the nodes serve each other's cache ([`crate::peers`]).
+    #[command(flatten)]
+    pub peers: PeerOptions,
 }
 
 impl DaemonOptions {
@@ -127,6 +135,7 @@ impl DaemonOptions {
                     .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
             mounter.cache_shares = Some(std::sync::Arc::new(shares));
         }
+        mounter.peers = self.peers.setup();
         if !self.allow_root_disk_cache {
             let root_disk = RootDisk::new(&self.kubelet_dir);
             if let Some(dir) = &self.cache_dir {
@@ -164,6 +173,7 @@ impl RiffleMounter {
             root_disk: None,
             fd_store: None,
             cache_shares: None,
+            peers: None,
         }
     }
 
@@ -195,6 +205,22 @@ impl RiffleMounter {
         log.push(req.log_file);
         args.push(log);
         args
+    }
+
+    /// The peer flags of the daemon `req` starts ([`NodePeers::flags`]: its ring's port,
+    /// if this node can give it); none without peers.
+    pub fn peer_flags(&self, req: &MountRequest<'_>) -> Vec<OsString> {
+        match &self.peers {
+            Some(peers) => peers.flags(req.settings, req.target),
+            None => Vec::new(),
+        }
+    }
+
+    /// Frees the peer port of the daemon at `target` (unmounted, or not mounted after all).
+    fn release_peer_port(&self, target: &Path) {
+        if let Some(peers) = &self.peers {
+            peers.release(target);
+        }
     }
 
     /// The `riffle mount` command with `args` and the environment of
@@ -325,7 +351,12 @@ fn reason_line(stderr: &str) -> String {
 #[async_trait]
 impl Mounter for RiffleMounter {
     async fn mount(&self, req: MountRequest<'_>) -> Result<Option<DaemonId>, MountError> {
-        self.run_mount_in_budget(req, false).await
+        let target = req.target;
+        let mounted = self.run_mount_in_budget(req, false).await;
+        if mounted.is_err() {
+            self.release_peer_port(target);
+        }
+        mounted
     }
 
     async fn take_over(&self, req: MountRequest<'_>) -> Result<Option<DaemonId>, MountError> {
@@ -338,7 +369,12 @@ impl Mounter for RiffleMounter {
                 ),
             ));
         }
-        self.run_mount_in_budget(req, true).await
+        let target = req.target;
+        let mounted = self.run_mount_in_budget(req, true).await;
+        if mounted.is_err() {
+            self.release_peer_port(target);
+        }
+        mounted
     }
 
     async fn unmount(&self, target: &Path, daemon: Option<DaemonId>) -> Result<(), MountError> {
@@ -346,6 +382,7 @@ impl Mounter for RiffleMounter {
         if let Some(shares) = &self.cache_shares {
             shares.release(target);
         }
+        self.release_peer_port(target);
         Ok(())
     }
 
@@ -418,7 +455,8 @@ impl RiffleMounter {
                 .check(dir)
                 .map_err(|refusal| MountError::new(MountErrorKind::FailedPrecondition, refusal))?;
         }
-        let args = self.mount_args(&req, take_over);
+        let mut args = self.mount_args(&req, take_over);
+        args.extend(self.peer_flags(&req));
         let source = req.settings.source_url();
         let _ = std::fs::remove_file(req.pid_file);
         let stderr_path = req.pid_file.with_extension("stderr");
@@ -715,6 +753,76 @@ mod tests {
         assert_eq!(with_store(false)[5], store_flag);
         assert!(!with_store(false).contains(&"--take-over".to_string()));
         assert_eq!(with_store(true)[5..7], [store_flag, "--take-over".into()]);
+    }
+
+    #[test]
+    fn daemons_get_their_rings_peer_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, "a-secret-of-32-bytes-0123456789a\n").unwrap();
+        let settings = |pairs: &[(&str, &str)]| -> VolumeSettings {
+            let attrs: HashMap<String, String> = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            VolumeSettings::parse(&attrs, &[]).expect("valid")
+        };
+        let mut m = RiffleMounter::new("riffle".into(), None);
+        // Without peers configured: nothing.
+        let a = settings(&[("bucket", "datasets")]);
+        let req = |target: &'static str, s: &'static VolumeSettings| MountRequest {
+            target: Path::new(target),
+            settings: s,
+            auth: &DaemonCredentials::Anonymous,
+            credentials: None,
+            pid_file: Path::new("/s/run/k.pid"),
+            log_file: Path::new("/s/logs/k.log"),
+        };
+        let a: &'static VolumeSettings = Box::leak(Box::new(a));
+        let off: &'static VolumeSettings = Box::leak(Box::new(settings(&[
+            ("bucket", "datasets"),
+            ("peers", "false"),
+        ])));
+        assert!(m.peer_flags(&req("/t/a", a)).is_empty());
+        // The same range on every node: the port of a ring is the same everywhere. Port 1 is
+        // not ours to bind in a test, so use a range around a free port.
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = free.local_addr().unwrap().port();
+        drop(free);
+        m.peers = Some(Arc::new(NodePeers::new(
+            "riffle-peers.riffle-csi.svc.cluster.local".into(),
+            "127.0.0.1".parse().unwrap(),
+            crate::peers::PortRange {
+                first: port,
+                last: port,
+            },
+            secret.clone(),
+        )));
+        let strings = |flags: Vec<OsString>| -> Vec<String> {
+            flags
+                .into_iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect()
+        };
+        let first = strings(m.peer_flags(&req("/t/a", a)));
+        assert_eq!(
+            first,
+            vec![
+                format!("--peer-listen=127.0.0.1:{port}"),
+                format!("--peers=dns:riffle-peers.riffle-csi.svc.cluster.local:{port}"),
+                format!("--peer-secret-file={}", secret.display()),
+            ]
+        );
+        assert!(!first.iter().any(|f| f.contains("a-secret")));
+        // A second daemon of the same data on this node asks, the first serves.
+        let second = strings(m.peer_flags(&req("/t/b", a)));
+        assert_eq!(second, first[1..].to_vec());
+        // peers: "false" opts a volume out.
+        assert!(m.peer_flags(&req("/t/c", off)).is_empty());
+        // The first unmounts (`unmount` releases it after stopping the daemon): the port is
+        // free for the next daemon.
+        m.release_peer_port(Path::new("/t/a"));
+        assert_eq!(strings(m.peer_flags(&req("/t/b", a))), first);
     }
 
     /// The environment the real `riffle mount` child gets: set variables

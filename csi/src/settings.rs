@@ -193,6 +193,12 @@ pub struct VolumeSettings {
     /// store with STS (Ceph RGW, MinIO) serves it at its own endpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sts_endpoint_url: Option<String>,
+    /// Whether the volume's daemon joins its nodes' peer ring (volume
+    /// attribute `peers`; absent: yes, wherever riffle-mounter has peers
+    /// configured, [`crate::peers`]). Not a `riffle mount` flag: the mounter
+    /// turns it into `--peer-listen`, `--peers` and `--peer-secret-file`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peers: Option<bool>,
 }
 
 impl VolumeSettings {
@@ -208,6 +214,7 @@ impl VolumeSettings {
         let mut prefix = String::new();
         let mut role_arn = None;
         let mut sts_endpoint_url = None;
+        let mut peers = None;
 
         let mut keys: Vec<&String> = attributes.keys().collect();
         keys.sort();
@@ -220,6 +227,7 @@ impl VolumeSettings {
                 "stsEndpointUrl" => {
                     sts_endpoint_url = canonical(&STS_ENDPOINT, "stsEndpointUrl", value)?
                 }
+                "peers" => peers = Some(canonical(&PEERS, "peers", value)?.is_some()),
                 k if k.starts_with(KUBELET_PREFIX) => {}
                 k => match OPTIONS.iter().find(|o| o.attribute == k) {
                     Some(spec) => {
@@ -233,7 +241,7 @@ impl VolumeSettings {
             }
         }
         if !unknown.is_empty() {
-            let mut supported = vec!["bucket", "prefix", "roleArn", "stsEndpointUrl"];
+            let mut supported = vec!["bucket", "prefix", "roleArn", "stsEndpointUrl", "peers"];
             supported.extend(OPTIONS.iter().map(|o| o.attribute));
             return Err(SettingsError::UnknownAttributes {
                 names: unknown.join(", "),
@@ -303,6 +311,7 @@ impl VolumeSettings {
             options,
             role_arn,
             sts_endpoint_url,
+            peers,
         })
     }
 
@@ -314,6 +323,12 @@ impl VolumeSettings {
     /// Whether the volume asks for unsigned (anonymous) requests.
     pub fn anonymous(&self) -> bool {
         self.options.contains_key("no-sign-request")
+    }
+
+    /// Whether the volume's daemon may join the peer ring (the `peers`
+    /// attribute; default true).
+    pub fn peers_enabled(&self) -> bool {
+        self.peers != Some(false)
     }
 
     /// Whether the volume uses the node's block cache.
@@ -333,9 +348,12 @@ impl VolumeSettings {
         // The identity attributes enter only when set, so that the digest
         // of a volume without them is what it was before they existed
         // (records written by earlier plugins stay "the same publish").
+        // So does `peers`.
+        let peers = self.peers.map(|p| p.to_string());
         let identity = [
             ("roleArn", &self.role_arn),
             ("stsEndpointUrl", &self.sts_endpoint_url),
+            ("peers", &peers),
         ];
         let identity = identity
             .iter()
@@ -443,6 +461,9 @@ fn parse_bucket(value: &str) -> Result<String, SettingsError> {
 
 /// How `stsEndpointUrl` is checked (the same rules as `endpointUrl`).
 const STS_ENDPOINT: OptionSpec = opt("stsEndpointUrl", None, "", Kind::Url);
+
+/// How `peers` is checked: "true" or "false".
+const PEERS: OptionSpec = opt("peers", None, "", Kind::Bool);
 
 /// An IAM role ARN: `arn:PARTITION:iam::ACCOUNT:role/NAME` (RGW's have an
 /// empty account). Checked loosely: STS has the last word.
@@ -843,6 +864,35 @@ mod tests {
         let err = VolumeSettings::parse(&attrs(&[("bucket", "abc"), ("cacheMinFree", "0")]), &[])
             .expect_err("no cache");
         assert_eq!(err, SettingsError::MinFreeWithoutCache);
+    }
+
+    #[test]
+    fn peers_is_a_setting_but_not_a_flag() {
+        let plain = VolumeSettings::parse(&attrs(&[("bucket", "abc")]), &[]).expect("valid");
+        assert_eq!(plain.peers, None);
+        assert!(plain.peers_enabled(), "peers are on by default");
+        let off = VolumeSettings::parse(&attrs(&[("bucket", "abc"), ("peers", "False")]), &[])
+            .expect("valid");
+        assert_eq!(off.peers, Some(false));
+        assert!(!off.peers_enabled());
+        assert!(flags(&off).is_empty(), "{:?}", flags(&off));
+        let on = VolumeSettings::parse(&attrs(&[("bucket", "abc"), ("peers", "true")]), &[])
+            .expect("valid");
+        assert!(on.peers_enabled());
+        // Set, it changes the digest (a different daemon); absent, the digest and the
+        // record are what they were before the attribute existed.
+        assert_ne!(off.digest("v"), plain.digest("v"));
+        assert_ne!(on.digest("v"), plain.digest("v"));
+        let json = serde_json::to_string(&plain).expect("json");
+        assert!(!json.contains("peers"), "{json}");
+        let back: VolumeSettings =
+            serde_json::from_str(&serde_json::to_string(&off).expect("json")).expect("back");
+        assert_eq!(back, off);
+        let err = VolumeSettings::parse(&attrs(&[("bucket", "abc"), ("peers", "yes")]), &[])
+            .expect_err("not a boolean");
+        assert!(err.to_string().contains("peers"), "{err}");
+        // Not a mount option.
+        assert!(VolumeSettings::parse(&attrs(&[("bucket", "abc")]), &["peers".into()]).is_err());
     }
 
     #[test]

@@ -413,7 +413,7 @@ fn start_peers(
     peers.start_discovery();
     fetcher.set_peers(peers.clone());
     let server = match args.peer_listen {
-        Some(addr) => Some(peer::server::serve(addr, fetcher.clone(), peers)?),
+        Some(addr) => peer::server::serve_or_warn(addr, fetcher.clone(), peers),
         None => None,
     };
     Ok(server)

@@ -76,6 +76,25 @@ pub fn serve(
     Ok(server)
 }
 
+/// [`serve`], but a port that cannot be bound (another program holds it) is a WARN and no
+/// server, never a failed mount: the node still asks its peers, fetches the blocks it owns
+/// from the store itself, and the other nodes' requests to it fail over to the next-ranked
+/// member (in Kubernetes the mounter hands out the ports and checks them first: this is the
+/// race it cannot see; csi's `peers` module).
+pub fn serve_or_warn(
+    addr: SocketAddr,
+    fetcher: Arc<Fetcher>,
+    peers: Arc<Peers>,
+) -> Option<PeerServer> {
+    match serve(addr, fetcher, peers) {
+        Ok(server) => Some(server),
+        Err(e) => {
+            tracing::warn!(error = %e, "not serving peers: this node asks its peers and serves none");
+            None
+        }
+    }
+}
+
 /// The query of a block request.
 #[derive(Debug, PartialEq, Eq)]
 struct BlockQuery {

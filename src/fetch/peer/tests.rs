@@ -417,6 +417,18 @@ async fn without_a_proof_log_unattested_blocks_come_from_the_store() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_taken_peer_port_is_no_server_and_no_error() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let store = store(&[]);
+    let peers = Peers::new(config(vec![], None, "key:a"));
+    assert!(server::serve(addr, fetcher(&store, None), peers.clone()).is_err());
+    assert!(server::serve_or_warn(addr, fetcher(&store, None), peers.clone()).is_none());
+    drop(taken);
+    assert!(server::serve_or_warn(addr, fetcher(&store, None), peers).is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_owner_serves_only_its_own_bucket_and_prefix() {
     let data = body(BS as usize, 9);
     let objects: &[(&str, &[u8])] = &[("k", &data)];

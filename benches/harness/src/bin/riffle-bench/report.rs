@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use riffle_bench::outcome::Outcome;
 use riffle_bench::results::goals::goals;
-use riffle_bench::results::render::{plot_tables, readme, table, MODES};
+use riffle_bench::results::render::{insert_w6, plot_tables, readme, table, MODES};
 use riffle_bench::results::store::{load, merge, read_run};
 use riffle_bench::results::{tables_of, Row};
 
@@ -126,6 +126,12 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         })
     };
     let mut text = readme(&modes, &plot);
+    // W6's tables (benches/w6.sh, also run by benches/run.sh), kept across reports.
+    for (mode, _) in MODES {
+        if let Ok(w6) = std::fs::read_to_string(a.results_dir.join(format!("w6-{mode}.md"))) {
+            insert_w6(&mut text, mode, &w6);
+        }
+    }
     // The memory workload's table (benches/memory.sh), kept across reports.
     if let Ok(memory) = std::fs::read_to_string(a.results_dir.join("memory.md")) {
         let at = text.find("## Not in every run").unwrap_or(text.len());
