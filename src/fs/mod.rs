@@ -248,6 +248,7 @@ impl RiffleFs {
         let _ = self.handles.table.set(table);
     }
 
+    /// Where the mount puts a duplicate of the session's `/dev/fuse` descriptor once the
     /// session exists; with it, backing ids are opened ahead of the opens that use them.
     pub fn fuse_device(&self) -> FuseDevice {
         self.device.clone()
@@ -259,6 +260,7 @@ impl RiffleFs {
         self.stats_file.clone()
     }
 
+    /// Sets passthrough and the lookup readahead up, given whether the connection has
     /// passthrough (`Err`: why not); at INIT, or from a predecessor's INIT parameters.
     fn configure(&mut self, negotiated: Result<(), String>) {
         let mode = if !self.config.passthrough {

@@ -69,8 +69,6 @@ impl RiffleFs {
         );
     }
 
-    /// Where the mount puts a duplicate of the session's `/dev/fuse` descriptor once the
-
     pub(super) fn opener(&self) -> Opener {
         Opener {
             fetcher: self.fetcher.clone(),
@@ -145,8 +143,6 @@ impl RiffleFs {
         opener.answer(ino, fh, &target.etag, Some(backing), reply);
         None
     }
-
-    /// Sets passthrough and the lookup readahead up, given whether the connection has
 
     /// The open of `fh` (of `ino`, by `caller`) that needs the store or the disk: the object's
     /// current version (revalidated per the TTL), a new inode when another version is open,
