@@ -173,19 +173,19 @@
 //! metadata TTL and are kept in one log per principal under `DIR/proofs/`, so a remount does
 //! not ask again. The fetcher's disk tier applies the rule (`fetch::disk`).
 
-pub mod disk;
-pub mod entry;
-pub mod evict;
-pub mod format;
-pub mod identity;
-pub mod ops;
-pub mod proofs;
-pub mod ring;
-pub mod scan;
+pub(crate) mod disk;
+pub(crate) mod entry;
+pub(crate) mod evict;
+pub(crate) mod format;
+pub(crate) mod identity;
+pub(crate) mod ops;
+pub(crate) mod proofs;
+pub(crate) mod ring;
+pub(crate) mod scan;
 #[cfg(test)]
 pub(crate) mod simulate;
-pub mod slab;
-pub mod sys;
+pub(crate) mod slab;
+pub(crate) mod sys;
 
 #[cfg(test)]
 mod tests;

@@ -43,7 +43,7 @@ mod claim;
 mod disk;
 mod get;
 mod object;
-pub mod peer;
+pub(crate) mod peer;
 mod proof;
 mod quick;
 mod via_peers;

@@ -233,10 +233,12 @@ pub struct OpTimer {
 
 impl OpTimer {
     /// Records the time since [`FuseOps::start`] and returns it.
+    #[cfg(test)]
     pub fn finish(mut self) -> Duration {
         self.complete()
     }
 
+    #[cfg(test)]
     pub fn op(&self) -> FuseOp {
         self.op
     }

@@ -140,6 +140,7 @@ impl StatsFile {
     }
 
     /// Handles open now (for tests).
+    #[cfg(test)]
     pub fn open_handles(&self) -> usize {
         self.open.lock().len()
     }

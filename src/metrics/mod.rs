@@ -22,7 +22,7 @@ use crate::fs::ops::FuseOps;
 use crate::fs::FsStatus;
 use crate::namespace::{ListedUsage, Namespace};
 use crate::store::retry::RetryingStore;
-pub use http::{HttpLimits, MetricsServer};
+pub use http::MetricsServer;
 pub use prometheus::Exporter;
 
 /// Why the metrics endpoint could not start.

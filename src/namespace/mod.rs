@@ -39,10 +39,10 @@
 //! The nodes and their layout are in module `tree`; listing a directory and merging the
 //! listing into the tree in module `readdir`; this module is the service around them.
 
-pub mod background;
-pub mod kept;
+pub(crate) mod background;
+pub(crate) mod kept;
 mod listings;
-pub mod names;
+pub(crate) mod names;
 mod readdir;
 mod tree;
 mod usage;

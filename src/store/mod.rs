@@ -12,11 +12,11 @@
 //! on: transient ones are retried, `PreconditionFailed` means the object changed under a reader
 //! (its ETag no longer matches), and everything else is final.
 
-pub mod credentials_file;
+pub(crate) mod credentials_file;
 mod error;
 pub mod memory;
-pub mod retry;
-pub mod s3;
+pub(crate) mod retry;
+pub(crate) mod s3;
 
 use std::ops::Range;
 use std::time::SystemTime;

@@ -32,7 +32,7 @@ pub mod lru;
 pub mod plan;
 pub mod policy;
 
-pub use epoch::{EpochClass, EpochPolicy};
+pub use epoch::EpochPolicy;
 pub use lru::LruPolicy;
 pub use plan::{NoPlan, PlanOracle, PlanPolicy};
 pub use policy::{make_policy, EvictionKind, UnknownEvictionKind};

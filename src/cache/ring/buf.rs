@@ -141,6 +141,7 @@ impl AlignedBuf {
     }
 
     /// Whether nothing is initialised yet.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

@@ -47,7 +47,7 @@ use bytes::Bytes;
 use io_uring::IoUring;
 use tokio::sync::oneshot;
 
-pub use buf::{is_aligned, AlignedBuf, IoBuf, MAPPED_MIN, POOL_MAX_BYTES};
+pub use buf::{is_aligned, AlignedBuf, IoBuf};
 use thread::RingThread;
 
 /// Alignment of every buffer (and of `O_DIRECT` offsets and lengths).
@@ -188,6 +188,7 @@ impl Ring {
     }
 
     /// Requests sent so far (for tests and stats).
+    #[cfg(test)]
     pub fn submitted(&self) -> usize {
         self.submitted.load(Ordering::Relaxed)
     }

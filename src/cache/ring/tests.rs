@@ -1,4 +1,4 @@
-use super::buf::POOL;
+use super::buf::{POOL, POOL_MAX_BYTES};
 use super::*;
 use std::fs::OpenOptions;
 
