@@ -203,16 +203,15 @@ use std::time::Duration;
 /// like a local file (`entry::OneBlock`). 16,384 entries hold about 49,000
 /// descriptors, and keep a dataset of that many files warm without passthrough; idle ones of
 /// one block cost no memory beyond their record (see "Memory"), others 220–280 bytes.
-pub const DEFAULT_MAX_OPEN_OBJECTS: usize = 16_384;
+pub(crate) const DEFAULT_MAX_OPEN_OBJECTS: usize = 16_384;
 
-pub use disk::{CacheStats, DataFile, DiskCache, IndexMemory, ObjectStatus, PinGuard, WriteStep};
-pub use evict::{
-    make_policy, EntryInfo, EpochPolicy, EvictionKind, EvictionPolicy, LruPolicy, NoPlan,
-    PlanOracle, PlanPolicy, Slot, SlotKeys, UnknownEvictionKind,
-};
-pub use identity::{EntryKey, ObjectIdentity};
-pub use ops::{clear_dir, stats_dir, ClearReport, DirStats};
-pub use proofs::{Principal, ProofLog, Verdict};
+pub use disk::DiskCache;
+pub(crate) use disk::{DataFile, PinGuard, WriteStep};
+pub use evict::{make_policy, EvictionKind, NoPlan, PlanOracle};
+pub(crate) use identity::EntryKey;
+pub use identity::ObjectIdentity;
+pub(crate) use ops::{clear_dir, stats_dir, DirStats};
+pub(crate) use proofs::{Principal, ProofLog, Verdict};
 
 /// The cache's byte budget.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -24,12 +24,12 @@ pub const CONNECTION_BUFFER: u64 = 256 << 10;
 
 impl Fetcher {
     /// GETs in flight right now.
-    pub fn inflight_requests(&self) -> usize {
+    pub(crate) fn inflight_requests(&self) -> usize {
         self.config.max_inflight - self.requests.available_permits()
     }
 
     /// Bytes of GET buffers reserved right now.
-    pub fn inflight_bytes(&self) -> u64 {
+    pub(crate) fn inflight_bytes(&self) -> u64 {
         let total = self.config.inflight_memory / MEMORY_UNIT;
         (total - self.memory.available_permits() as u64) * MEMORY_UNIT
     }

@@ -61,12 +61,13 @@ use parking_lot::Mutex;
 use tokio::sync::Semaphore;
 
 use crate::store::{ObjectStore, StoreError};
-pub use blocks::BlockCache;
+pub(crate) use blocks::BlockCache;
+pub(crate) use budget::Priority;
 use budget::MEMORY_UNIT;
-pub use budget::{Priority, CONNECTION_BUFFER};
 use claim::{Mode, Slot};
-pub use disk::DiskTier;
-pub use object::{BlockKey, ObjectVersion};
+pub(crate) use disk::DiskTier;
+pub(crate) use object::BlockKey;
+pub use object::ObjectVersion;
 use proof::Proof;
 
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -195,15 +196,15 @@ impl Fetcher {
 
     /// From now on, blocks missing here are asked of their owners among `peers` before the
     /// store ([`peer`]). Set once; a second call is ignored.
-    pub fn set_peers(&self, peers: Arc<peer::Peers>) {
+    pub(crate) fn set_peers(&self, peers: Arc<peer::Peers>) {
         let _ = self.peers.set(peers);
     }
 
-    pub fn peers(&self) -> Option<&Arc<peer::Peers>> {
+    pub(crate) fn peers(&self) -> Option<&Arc<peer::Peers>> {
         self.peers.get()
     }
 
-    pub fn config(&self) -> &FetchConfig {
+    pub(crate) fn config(&self) -> &FetchConfig {
         &self.config
     }
 
@@ -211,16 +212,16 @@ impl Fetcher {
         &self.stats
     }
 
-    pub fn block_cache(&self) -> &BlockCache {
+    pub(crate) fn block_cache(&self) -> &BlockCache {
         &self.cache
     }
 
-    pub fn disk(&self) -> Option<&Arc<DiskTier>> {
+    pub(crate) fn disk(&self) -> Option<&Arc<DiskTier>> {
         self.disk.as_ref()
     }
 
     /// Number of blocks of `obj`.
-    pub fn block_count(&self, obj: &ObjectVersion) -> u64 {
+    pub(crate) fn block_count(&self, obj: &ObjectVersion) -> u64 {
         obj.size.div_ceil(self.config.block_size)
     }
 
@@ -281,7 +282,7 @@ impl Fetcher {
     /// in memory, and written to the NVMe cache when there is one). Used by the prefetch
     /// scheduler (epoch plans, directory order) and preload; demand reads always go first
     /// (see [`Priority`]).
-    pub async fn fetch_background(
+    pub(crate) async fn fetch_background(
         self: &Arc<Self>,
         obj: &Arc<ObjectVersion>,
         blocks: Range<u64>,
@@ -322,17 +323,17 @@ impl Fetcher {
     }
 
     /// Whether every block of `obj` is in the memory or the NVMe cache (no I/O).
-    pub fn is_cached(&self, obj: &Arc<ObjectVersion>) -> bool {
+    pub(crate) fn is_cached(&self, obj: &Arc<ObjectVersion>) -> bool {
         self.whole_on_disk(obj) || self.in_memory(obj)
     }
 
     /// Whether every block of `obj` is in the memory cache (no I/O).
-    pub fn in_memory(&self, obj: &Arc<ObjectVersion>) -> bool {
+    pub(crate) fn in_memory(&self, obj: &Arc<ObjectVersion>) -> bool {
         (0..self.block_count(obj)).all(|i| self.cache.get(&(obj.clone(), i)).is_some())
     }
 
     /// Whether every block of `obj` is known to be in the NVMe cache (no I/O).
-    pub fn whole_on_disk(&self, obj: &ObjectVersion) -> bool {
+    pub(crate) fn whole_on_disk(&self, obj: &ObjectVersion) -> bool {
         self.disk
             .as_ref()
             .is_some_and(|d| d.cache.is_complete(&d.identity(obj)) && d.may_serve(obj))
@@ -342,7 +343,7 @@ impl Fetcher {
     /// Blocks the NVMe cache holds and has already checked are left alone: a read of them
     /// takes just its bytes from the cache file's page cache ([`Self::read_quick`]), so
     /// reading them ahead into memory (a whole block and a CRC each) would only cost.
-    pub fn prefetch(self: &Arc<Self>, obj: &Arc<ObjectVersion>, mut blocks: Range<u64>) {
+    pub(crate) fn prefetch(self: &Arc<Self>, obj: &Arc<ObjectVersion>, mut blocks: Range<u64>) {
         if let Some(disk) = self.disk.as_ref().filter(|d| d.may_serve(obj)) {
             blocks.start += disk
                 .cache
@@ -356,7 +357,7 @@ impl Fetcher {
     /// its own read of the cache file. Blocks on disk are read whole with direct I/O (no copy
     /// through the page cache) as far ahead as the budgets allow; blocks the reader has passed
     /// go again with [`Self::drop_behind`].
-    pub fn prefetch_stream(self: &Arc<Self>, obj: &Arc<ObjectVersion>, blocks: Range<u64>) {
+    pub(crate) fn prefetch_stream(self: &Arc<Self>, obj: &Arc<ObjectVersion>, blocks: Range<u64>) {
         let blocks = blocks.start..blocks.end.min(self.block_count(obj));
         if !blocks.is_empty() {
             self.claim(obj, blocks, Mode::ReadAhead);
@@ -366,7 +367,7 @@ impl Fetcher {
     /// Forgets the memory copies of `blocks` that the NVMe cache holds and has checked: a
     /// sequential reader has passed them (the kernel's page cache has what it read), and a
     /// later read of one takes its bytes from the cache file. Blocks only in memory stay.
-    pub fn drop_behind(&self, obj: &Arc<ObjectVersion>, blocks: Range<u64>) {
+    pub(crate) fn drop_behind(&self, obj: &Arc<ObjectVersion>, blocks: Range<u64>) {
         let Some(disk) = self.disk.as_ref().filter(|d| d.may_serve(obj)) else {
             return;
         };

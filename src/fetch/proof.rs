@@ -21,7 +21,7 @@ impl Fetcher {
     /// `If-Match`, shared by concurrent opens. `Err(NotPermitted)` on a refusal, now or
     /// remembered; `Err(Changed)` if the object is no longer that version; other errors
     /// of the proof request as they came (not remembered).
-    pub async fn admit(self: &Arc<Self>, obj: &ObjectVersion) -> Result<(), FetchError> {
+    pub(crate) async fn admit(self: &Arc<Self>, obj: &ObjectVersion) -> Result<(), FetchError> {
         let Some(disk) = &self.disk else {
             return Ok(());
         };

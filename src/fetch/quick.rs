@@ -23,8 +23,12 @@ impl Fetcher {
     ///
     /// A warm read then costs one hand-off (to the I/O thread and its reply) instead of four
     /// (to a task, to the GET task that finds the block on disk, to the I/O thread, and back).
-    pub fn read_quick<F>(self: &Arc<Self>, obj: &Arc<ObjectVersion>, range: Range<u64>, done: F)
-    where
+    pub(crate) fn read_quick<F>(
+        self: &Arc<Self>,
+        obj: &Arc<ObjectVersion>,
+        range: Range<u64>,
+        done: F,
+    ) where
         F: FnOnce(Option<Bytes>) + Send + 'static,
     {
         let Some((range, blocks)) = self.clamp(obj, range) else {

@@ -90,6 +90,6 @@ pub trait ObjectStore: Send + Sync + 'static {
 }
 
 /// Strips the quotes S3 puts around ETags.
-pub fn normalize_etag(raw: &str) -> String {
+pub(crate) fn normalize_etag(raw: &str) -> String {
     raw.trim().trim_matches('"').to_string()
 }

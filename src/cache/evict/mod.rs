@@ -35,7 +35,7 @@ pub mod policy;
 pub use epoch::EpochPolicy;
 pub use lru::LruPolicy;
 pub use plan::{NoPlan, PlanOracle, PlanPolicy};
-pub use policy::{make_policy, EvictionKind, UnknownEvictionKind};
+pub use policy::{make_policy, EvictionKind};
 
 /// Where the cache keeps an entry: a small number it assigns when it first knows the entry,
 /// stable until the entry is removed, and reused after that. Policies keep their per-entry
