@@ -32,7 +32,7 @@ use fuser::{
 use parking_lot::Mutex;
 
 use super::{FsConfig, RiffleFs};
-use crate::control::StatsSource;
+use crate::metrics::StatsSource;
 use crate::namespace::{NamespaceError, Stat, ROOT_INO};
 use crate::store::StoreError;
 
