@@ -27,7 +27,7 @@ pub mod cache;
 pub mod cli;
 pub(crate) mod control;
 pub mod fetch;
-pub(crate) mod fs;
+pub mod fs;
 pub(crate) mod heap_trim;
 pub(crate) mod http_server;
 pub(crate) mod metrics;

@@ -54,18 +54,18 @@
 
 mod attr;
 mod backings;
-pub mod bdi;
-pub mod dirplus;
+pub(crate) mod bdi;
+pub(crate) mod dirplus;
 mod errno;
 mod fixed;
 mod handles;
-pub mod handover;
+pub(crate) mod handover;
 mod lookahead;
-pub mod mountinfo;
+pub(crate) mod mountinfo;
 mod open;
 pub mod ops;
 mod preopen;
-pub mod stats_file;
+pub(crate) mod stats_file;
 
 use std::ffi::OsStr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -91,9 +91,9 @@ use fixed::fixed_answers;
 use handles::Handles;
 use handover::{HandleTable, InitParams};
 use lookahead::Lookahead;
-pub use lookahead::LookaheadStats;
+pub(crate) use lookahead::LookaheadStats;
 use ops::{FuseOp, FuseOps};
-pub use preopen::FuseDevice;
+pub(crate) use preopen::FuseDevice;
 use stats_file::StatsFile;
 
 /// Passthrough backing files kept after close, at most this many ([`backings`]).
@@ -103,11 +103,11 @@ const KEPT_BACKINGS_MAX: usize = 65_536;
 const PREOPEN_QUEUE: usize = 4096;
 
 /// The extended attribute that shows a file's ETag.
-pub const ETAG_XATTR: &str = "user.riffle.etag";
+pub(crate) const ETAG_XATTR: &str = "user.riffle.etag";
 
 /// Ownership, permissions and tuning of the mounted tree.
 #[derive(Debug, Clone)]
-pub struct FsConfig {
+pub(crate) struct FsConfig {
     pub uid: u32,
     pub gid: u32,
     pub file_mode: u16,
@@ -124,7 +124,7 @@ pub struct FsConfig {
 
 /// Counters and modes of the FUSE layer, shared with `riffle stats`.
 #[derive(Debug, Default)]
-pub struct FsStatus {
+pub(crate) struct FsStatus {
     pub opens: AtomicU64,
     pub passthrough_opens: AtomicU64,
     /// Passthrough opens answered on the FUSE thread from a kept backing id.
@@ -144,7 +144,7 @@ pub struct FsStatus {
 }
 
 /// See the module documentation.
-pub struct RiffleFs {
+pub(crate) struct RiffleFs {
     ns: Arc<Namespace>,
     fetcher: Arc<Fetcher>,
     runtime: tokio::runtime::Handle,
@@ -164,7 +164,7 @@ pub struct RiffleFs {
 }
 
 /// The running kernel's release (`uname -r`), for saying why passthrough is off.
-pub fn kernel_release() -> String {
+pub(crate) fn kernel_release() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|r| r.trim().to_string())
         .unwrap_or_else(|_| "unknown".into())

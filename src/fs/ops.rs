@@ -233,7 +233,6 @@ pub struct OpTimer {
 
 impl OpTimer {
     /// Records the time since [`FuseOps::start`] and returns it.
-    #[cfg(test)]
     pub fn finish(mut self) -> Duration {
         self.complete()
     }
