@@ -31,11 +31,11 @@
 //! peer ([`Fetcher::serve_peer`]) are claimed like any other (so they join a fetch in flight)
 //! but are never offered to peers again, and take a budget of their own.
 //!
-//! Files, one job each: this one holds the [`Fetcher`] and its read API; [`claim`] the
-//! in-flight table and the GET tasks it starts; [`get`] the streaming GET of a run; [`budget`]
-//! the GET slots and memory; [`quick`] the task-less warm read; [`proof`] the read proofs
-//! at open; [`via_peers`] blocks read through peers; [`blocks`] the memory cache; [`disk`] the
-//! NVMe tier; [`object`] the object version and block key.
+//! Files, one job each: this one holds the [`Fetcher`] and its read API; `claim` the
+//! in-flight table and the GET tasks it starts; `get` the streaming GET of a run; `budget`
+//! the GET slots and memory; `quick` the task-less warm read; `proof` the read proofs at
+//! open; `via_peers` blocks read through peers; `blocks` the memory cache; `disk` the NVMe
+//! tier; `object` the object version and block key.
 
 mod blocks;
 mod budget;
