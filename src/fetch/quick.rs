@@ -14,9 +14,9 @@ impl Fetcher {
     /// A demand read of `range` (clamped to the object) served without a task when it needs
     /// no request to the store and no metadata I/O: at once when every block is in memory;
     /// from the NVMe cache's data file, just the bytes of `range`, when its blocks are known
-    /// good to this process ([`DiskCache::read_verified_on_ring`]); or from one block of the
-    /// NVMe cache whose entry is open, with `done` run on the cache's I/O thread as soon as
-    /// the bytes are read and verified. Otherwise (anything missing,
+    /// good to this process ([`crate::cache::DiskCache::read_verified_on_ring`]); or from
+    /// one block of the NVMe cache whose entry is open, with `done` run on the cache's I/O
+    /// thread as soon as the bytes are read and verified. Otherwise (anything missing,
     /// several blocks not all in memory, a failed or mismatched disk read) `done` gets `None`
     /// and the caller takes the task path, [`Fetcher::read`], which fetches, waits, and deals
     /// with errors. Calls `done` exactly once, possibly before returning.
