@@ -17,7 +17,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::fs::ops::FuseOps;
-use crate::metrics::Exporter;
+use crate::metrics::{Exporter, StatsSource};
 use crate::prefetch::plan::Plan;
 use crate::prefetch::Prefetcher;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -37,11 +37,6 @@ pub fn socket_path(mountpoint: &Path) -> PathBuf {
         std::env::temp_dir().join(format!("riffle-{}", nix::unistd::geteuid()))
     };
     dir.join(format!("{h:016x}.sock"))
-}
-
-/// Something that can describe its state as JSON.
-pub trait StatsSource: Send + Sync + 'static {
-    fn stats(&self) -> serde_json::Value;
 }
 
 /// Answers control commands.

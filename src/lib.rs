@@ -25,15 +25,15 @@
 
 pub mod cache;
 pub mod cli;
-pub mod control;
+pub(crate) mod control;
 pub mod fetch;
 pub mod fs;
-pub mod heap_trim;
-pub mod http_server;
-pub mod metrics;
+pub(crate) mod heap_trim;
+pub(crate) mod http_server;
+pub(crate) mod metrics;
 pub mod namespace;
-pub mod prefetch;
-pub mod reader;
+pub(crate) mod prefetch;
+pub(crate) mod reader;
 pub mod store;
 
 #[cfg(test)]

@@ -125,6 +125,7 @@ impl ReadAhead {
         start..end
     }
 
+    #[cfg(test)]
     pub fn window(&self) -> u64 {
         self.window
     }

@@ -128,16 +128,6 @@ impl Header {
             && *self.etag == *id.etag
     }
 
-    pub fn identity(&self) -> ObjectIdentity {
-        ObjectIdentity::new(
-            self.endpoint.as_str(),
-            self.bucket.as_str(),
-            self.key.as_str(),
-            self.etag.as_str(),
-            self.size,
-        )
-    }
-
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(FIXED_HEADER + 128);
         b.extend_from_slice(INDEX_MAGIC);

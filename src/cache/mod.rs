@@ -173,19 +173,19 @@
 //! metadata TTL and are kept in one log per principal under `DIR/proofs/`, so a remount does
 //! not ask again. The fetcher's disk tier applies the rule (`fetch::disk`).
 
-pub mod disk;
-pub mod entry;
-pub mod evict;
-pub mod format;
-pub mod identity;
-pub mod ops;
-pub mod proofs;
-pub mod ring;
-pub mod scan;
+pub(crate) mod disk;
+pub(crate) mod entry;
+pub(crate) mod evict;
+pub(crate) mod format;
+pub(crate) mod identity;
+pub(crate) mod ops;
+pub(crate) mod proofs;
+pub(crate) mod ring;
+pub(crate) mod scan;
 #[cfg(test)]
 pub(crate) mod simulate;
-pub mod slab;
-pub mod sys;
+pub(crate) mod slab;
+pub(crate) mod sys;
 
 #[cfg(test)]
 mod tests;
@@ -203,16 +203,15 @@ use std::time::Duration;
 /// like a local file (`entry::OneBlock`). 16,384 entries hold about 49,000
 /// descriptors, and keep a dataset of that many files warm without passthrough; idle ones of
 /// one block cost no memory beyond their record (see "Memory"), others 220–280 bytes.
-pub const DEFAULT_MAX_OPEN_OBJECTS: usize = 16_384;
+pub(crate) const DEFAULT_MAX_OPEN_OBJECTS: usize = 16_384;
 
-pub use disk::{CacheStats, DataFile, DiskCache, IndexMemory, ObjectStatus, PinGuard, WriteStep};
-pub use evict::{
-    make_policy, EntryInfo, EpochPolicy, EvictionKind, EvictionPolicy, LruPolicy, NoPlan,
-    PlanOracle, PlanPolicy, Slot, SlotKeys, UnknownEvictionKind,
-};
-pub use identity::{EntryKey, ObjectIdentity};
-pub use ops::{clear_dir, stats_dir, ClearReport, DirStats};
-pub use proofs::{Principal, ProofLog, Verdict};
+pub use disk::DiskCache;
+pub(crate) use disk::{DataFile, PinGuard, WriteStep};
+pub use evict::{make_policy, EvictionKind, NoPlan, PlanOracle};
+pub(crate) use identity::EntryKey;
+pub use identity::ObjectIdentity;
+pub(crate) use ops::{clear_dir, stats_dir, DirStats};
+pub(crate) use proofs::{Principal, ProofLog, Verdict};
 
 /// The cache's byte budget.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -89,7 +89,7 @@ impl Principal {
     }
 
     /// The hash in hex (32 digits): how peers name a principal ([`crate::fetch::peer`]).
-    pub fn to_hex(&self) -> String {
+    pub fn to_hex(self) -> String {
         self.hex()
     }
 

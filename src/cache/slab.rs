@@ -116,16 +116,13 @@ pub struct KeyIndex {
 }
 
 impl KeyIndex {
+    #[cfg(test)]
     pub fn new() -> Self {
         Self::default()
     }
 
     pub fn len(&self) -> usize {
         self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// Heap bytes.

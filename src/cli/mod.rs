@@ -5,7 +5,7 @@
 //! daemon reports "mounted" or a one-line reason, so the command returns only once the mount
 //! is live or has failed, never in between and never hanging (every step has a timeout).
 
-pub mod args;
+pub(crate) mod args;
 mod daemon;
 mod fd_limit;
 mod fd_store;
@@ -14,15 +14,15 @@ mod keeper;
 mod log_limit;
 mod logging;
 mod mount;
-pub mod size;
-pub mod source;
+pub(crate) mod size;
+pub(crate) mod source;
 mod stats;
 mod unmount;
 mod warm;
 
 use clap::Parser;
 
-pub use args::{Cli, Command};
+pub(crate) use args::{Cli, Command};
 
 /// Entry point of the `riffle` binary; returns the process exit code.
 pub fn main() -> i32 {

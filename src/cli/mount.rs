@@ -18,6 +18,7 @@ use super::daemon::{self, Readiness};
 use super::fd_limit::{self, Budget};
 use super::keeper;
 use super::size::SizeSpec;
+use super::unmount::{mount_state, MountState};
 use super::{logging, one_line};
 use crate::cache::{
     make_policy, CacheConfig, DiskCache, EvictionKind, SizeLimit, DEFAULT_MAX_OPEN_OBJECTS,
@@ -28,7 +29,7 @@ use crate::fetch::peer::{self, server::PeerServer};
 use crate::fetch::{DiskTier, FetchConfig, Fetcher};
 use crate::fs::handover::{protocol, request_resend, Handover, InitParams, Resumed};
 use crate::fs::ops::FuseOps;
-use crate::fs::{mountinfo, FsConfig, FsStatus, RiffleFs};
+use crate::fs::{FsConfig, FsStatus, RiffleFs};
 use crate::metrics::{serve_metrics, MountMetrics};
 use crate::namespace::background::FanoutConfig;
 use crate::namespace::kept::KeptListings;
@@ -734,41 +735,6 @@ async fn probe(raw: Arc<dyn ObjectStore>, args: &MountArgs) -> anyhow::Result<()
              AWS_SECRET_ACCESS_KEY, use --profile, or --no-sign-request for a public bucket"
         ),
         Ok(Err(e)) => bail!("cannot list {} at {endpoint}: {e}", args.source),
-    }
-}
-
-/// What is at a path, as far as mounts go.
-#[derive(Debug, PartialEq, Eq)]
-pub enum MountState {
-    NotMounted,
-    Mounted {
-        fstype: String,
-    },
-    /// A FUSE mount whose daemon is gone ("transport endpoint is not connected").
-    Dead,
-}
-
-/// Looks `path` up in /proc/self/mountinfo.
-pub fn mount_state(path: &Path) -> anyhow::Result<MountState> {
-    let abs = match std::fs::canonicalize(path) {
-        Ok(p) => p,
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
-            std::path::absolute(path).unwrap_or(path.to_path_buf())
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(MountState::NotMounted),
-        Err(e) => return Err(e).with_context(|| format!("cannot inspect {}", path.display())),
-    };
-    let info = std::fs::read_to_string("/proc/self/mountinfo")
-        .context("cannot read /proc/self/mountinfo")?;
-    let Some(entry) = mountinfo::find(&info, &abs) else {
-        return Ok(MountState::NotMounted);
-    };
-    let fstype = entry.fstype.to_string();
-    // statfs always reaches the daemon (stat may be answered from the kernel's attribute
-    // cache even when the daemon is gone).
-    match nix::sys::statfs::statfs(&abs) {
-        Err(nix::errno::Errno::ENOTCONN) => Ok(MountState::Dead),
-        _ => Ok(MountState::Mounted { fstype }),
     }
 }
 

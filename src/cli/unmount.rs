@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 
 use super::args::UnmountArgs;
-use super::mount::{mount_state, MountState};
 use crate::control;
+use crate::fs::mountinfo;
 
 pub fn run(args: &UnmountArgs) -> anyhow::Result<()> {
     let path = &args.mountpoint;
@@ -94,4 +94,39 @@ pub fn unmount(path: &Path, lazy: bool) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// What is at a path, as far as mounts go.
+#[derive(Debug, PartialEq, Eq)]
+pub enum MountState {
+    NotMounted,
+    Mounted {
+        fstype: String,
+    },
+    /// A FUSE mount whose daemon is gone ("transport endpoint is not connected").
+    Dead,
+}
+
+/// Looks `path` up in /proc/self/mountinfo.
+pub fn mount_state(path: &Path) -> anyhow::Result<MountState> {
+    let abs = match std::fs::canonicalize(path) {
+        Ok(p) => p,
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            std::path::absolute(path).unwrap_or(path.to_path_buf())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(MountState::NotMounted),
+        Err(e) => return Err(e).with_context(|| format!("cannot inspect {}", path.display())),
+    };
+    let info = std::fs::read_to_string("/proc/self/mountinfo")
+        .context("cannot read /proc/self/mountinfo")?;
+    let Some(entry) = mountinfo::find(&info, &abs) else {
+        return Ok(MountState::NotMounted);
+    };
+    let fstype = entry.fstype.to_string();
+    // statfs always reaches the daemon (stat may be answered from the kernel's attribute
+    // cache even when the daemon is gone).
+    match nix::sys::statfs::statfs(&abs) {
+        Err(nix::errno::Errno::ENOTCONN) => Ok(MountState::Dead),
+        _ => Ok(MountState::Mounted { fstype }),
+    }
 }

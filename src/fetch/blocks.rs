@@ -86,6 +86,7 @@ impl BlockCache {
     }
 
     /// Bytes inserted and not yet given back (at least what moka holds).
+    #[cfg(test)]
     pub fn held(&self) -> u64 {
         self.held.load(Ordering::Relaxed)
     }

@@ -1,6 +1,8 @@
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use proptest::prelude::*;
+use tokio::sync::oneshot;
 
 use super::*;
 use crate::store::memory::{Fault, MemoryStore, Op};

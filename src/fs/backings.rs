@@ -19,12 +19,18 @@
 //!
 //! Bound: at most `max_entries` entries, the least recently opened dropped first. Each costs
 //! the kernel one `struct file` (a few hundred bytes) and this table about 100 bytes.
+//!
+//! What the table keeps is a [`KernelBacking`]: a backing id opened ahead (raw, closed here
+//! with `FUSE_DEV_IOC_BACKING_CLOSE` if never used) or one fuser made in an open's reply.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use fuser::{BackingId, ReplyOpen};
 use parking_lot::Mutex;
 
 /// See the module documentation. `K` is the cache entry key, `B` the backing id handle
@@ -158,6 +164,57 @@ impl<K: Hash + Eq, B> Inner<K, B> {
     }
 }
 
+/// `FUSE_DEV_IOC_BACKING_CLOSE` from `linux/fuse.h`: `_IOW(229, 2, uint32_t)`.
+const FUSE_DEV_IOC_BACKING_CLOSE: libc::c_ulong = (1 << 30) | (4 << 16) | (229 << 8) | 2;
+
+/// A passthrough backing id: raw (opened ahead, owned here) or handed to fuser.
+pub struct KernelBacking {
+    pub(super) state: Mutex<State>,
+    /// The cache data file behind the id ([`super::lookahead`] reads it ahead by path).
+    pub data_path: Arc<PathBuf>,
+}
+
+pub(super) enum State {
+    Raw { device: Arc<OwnedFd>, id: u32 },
+    Wrapped(Arc<BackingId>),
+}
+
+impl KernelBacking {
+    pub fn wrapped(id: Arc<BackingId>, data_path: PathBuf) -> Self {
+        KernelBacking {
+            state: Mutex::new(State::Wrapped(id)),
+            data_path: Arc::new(data_path),
+        }
+    }
+
+    /// The fuser handle to reply with; a raw id becomes fuser's (and is closed by it) here.
+    pub fn for_reply(&self, reply: &ReplyOpen) -> Arc<BackingId> {
+        let mut state = self.state.lock();
+        match &*state {
+            State::Wrapped(id) => id.clone(),
+            State::Raw { id, .. } => {
+                // SAFETY: the id was opened on this session's device and is open (closed only
+                // by `Drop` below, which no longer sees it once the state is `Wrapped`).
+                let wrapped = Arc::new(unsafe { reply.wrap_backing(*id) });
+                *state = State::Wrapped(wrapped.clone());
+                wrapped
+            }
+        }
+    }
+}
+
+impl Drop for KernelBacking {
+    fn drop(&mut self) {
+        if let State::Raw { device, id } = &*self.state.lock() {
+            // SAFETY: a plain ioctl on a descriptor we own, with a pointer to a live u32.
+            let rc = unsafe { libc::ioctl(device.as_raw_fd(), FUSE_DEV_IOC_BACKING_CLOSE, id) };
+            if rc != 0 {
+                tracing::debug!(error = %std::io::Error::last_os_error(), "could not close a backing id");
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -237,5 +294,11 @@ mod tests {
         kept.keep(1u64, "e".into(), Probe::new(&live, 1));
         assert_eq!(id(kept.get(&1, "e")), None);
         assert_eq!(live.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn the_close_ioctl_number_is_the_kernels() {
+        // linux/fuse.h: #define FUSE_DEV_IOC_BACKING_CLOSE _IOW(FUSE_DEV_IOC_MAGIC, 2, uint32_t)
+        assert_eq!(FUSE_DEV_IOC_BACKING_CLOSE, 0x4004_e502);
     }
 }

@@ -18,9 +18,8 @@ use std::sync::{Arc, Weak};
 use fuser::{BackingId, FileHandle, FopenFlags, ReplyOpen};
 use parking_lot::Mutex;
 
-use super::backings::KeptBackings;
+use super::backings::{KeptBackings, KernelBacking};
 use super::handover::{HandleRecord, HandleTable};
-use super::preopen::KernelBacking;
 use super::{FsStatus, KEPT_BACKINGS_MAX};
 use crate::cache::EntryKey;
 use crate::fetch::{Fetcher, ObjectVersion};

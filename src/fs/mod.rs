@@ -44,20 +44,28 @@
 //! `.riffle-stats` at the mount root is answered by [`stats_file`] (lookup of a name the bucket
 //! lacks, getattr, open, read, release of its inode): the mount's statistics, never listed.
 //!
+//! Files: this one holds [`RiffleFs`] and its `Filesystem` requests; `open` the open path
+//! (fast and on a task) and the takeover of a predecessor's handles; `handles` the open-file
+//! table; `attr` the attributes and listings as FUSE shows them; `errno` the errno mapping;
+//! `fixed` the fixed answers; the rest one feature each (passthrough backings, preopen,
+//! lookahead, dirplus, the stats file, the handover).
+//!
 //! [`FileReader`]: crate::reader::FileReader
 
+mod attr;
 mod backings;
-pub mod bdi;
-pub mod dirplus;
+pub(crate) mod bdi;
+pub(crate) mod dirplus;
 mod errno;
 mod fixed;
 mod handles;
-pub mod handover;
+pub(crate) mod handover;
 mod lookahead;
-pub mod mountinfo;
+pub(crate) mod mountinfo;
+mod open;
 pub mod ops;
 mod preopen;
-pub mod stats_file;
+pub(crate) mod stats_file;
 
 use std::ffi::OsStr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -65,26 +73,27 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    BackingId, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
-    Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags,
-    PollEvents, PollFlags, PollNotifier, ReplyAttr, ReplyBmap, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock, ReplyLseek, ReplyOpen,
-    ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    CopyFileRangeFlags, Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, PollEvents, PollFlags,
+    PollNotifier, ReplyAttr, ReplyBmap, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
+    ReplyEntry, ReplyIoctl, ReplyLock, ReplyLseek, ReplyOpen, ReplyPoll, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 
-use crate::fetch::{FetchError, Fetcher, ObjectVersion};
+use crate::fetch::{FetchError, Fetcher};
 use crate::namespace::{Attr, DirEntry, Kind, Namespace, Stat};
 use crate::prefetch::Prefetcher;
 use crate::reader::ReadAheadConfig;
+use attr::{walk_listing, xattr_reply};
 use errno::{fetch_errno, ns_errno};
 use fixed::fixed_answers;
-use handles::{object_of, Answered, Handles, Opener};
+use handles::Handles;
 use handover::{HandleTable, InitParams};
 use lookahead::Lookahead;
-pub use lookahead::LookaheadStats;
+pub(crate) use lookahead::LookaheadStats;
 use ops::{FuseOp, FuseOps};
-pub use preopen::FuseDevice;
+pub(crate) use preopen::FuseDevice;
 use stats_file::StatsFile;
 
 /// Passthrough backing files kept after close, at most this many ([`backings`]).
@@ -94,11 +103,11 @@ const KEPT_BACKINGS_MAX: usize = 65_536;
 const PREOPEN_QUEUE: usize = 4096;
 
 /// The extended attribute that shows a file's ETag.
-pub const ETAG_XATTR: &str = "user.riffle.etag";
+pub(crate) const ETAG_XATTR: &str = "user.riffle.etag";
 
 /// Ownership, permissions and tuning of the mounted tree.
 #[derive(Debug, Clone)]
-pub struct FsConfig {
+pub(crate) struct FsConfig {
     pub uid: u32,
     pub gid: u32,
     pub file_mode: u16,
@@ -115,7 +124,7 @@ pub struct FsConfig {
 
 /// Counters and modes of the FUSE layer, shared with `riffle stats`.
 #[derive(Debug, Default)]
-pub struct FsStatus {
+pub(crate) struct FsStatus {
     pub opens: AtomicU64,
     pub passthrough_opens: AtomicU64,
     /// Passthrough opens answered on the FUSE thread from a kept backing id.
@@ -135,7 +144,7 @@ pub struct FsStatus {
 }
 
 /// See the module documentation.
-pub struct RiffleFs {
+pub(crate) struct RiffleFs {
     ns: Arc<Namespace>,
     fetcher: Arc<Fetcher>,
     runtime: tokio::runtime::Handle,
@@ -155,7 +164,7 @@ pub struct RiffleFs {
 }
 
 /// The running kernel's release (`uname -r`), for saying why passthrough is off.
-pub fn kernel_release() -> String {
+pub(crate) fn kernel_release() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|r| r.trim().to_string())
         .unwrap_or_else(|_| "unknown".into())
@@ -204,43 +213,6 @@ impl RiffleFs {
         self.ns.ttl().kernel_ttl()
     }
 
-    fn file_attr(config: &FsConfig, attr: &Attr) -> FileAttr {
-        let size = match &attr.kind {
-            Kind::Dir => None,
-            Kind::File { size, .. } => Some(*size),
-        };
-        let stat = Stat {
-            size,
-            mtime: attr.mtime,
-        };
-        Self::stat_attr(config, attr.ino, stat)
-    }
-
-    /// The attributes of inode `ino` as FUSE shows them (a directory when `stat.size` is `None`).
-    fn stat_attr(config: &FsConfig, ino: u64, stat: Stat) -> FileAttr {
-        let (kind, size, perm, nlink) = match stat.size {
-            None => (FileType::Directory, 0, config.dir_mode, 2),
-            Some(size) => (FileType::RegularFile, size, config.file_mode, 1),
-        };
-        FileAttr {
-            ino: INodeNo(ino),
-            size,
-            blocks: size.div_ceil(512),
-            atime: stat.mtime,
-            mtime: stat.mtime,
-            ctime: stat.mtime,
-            crtime: stat.mtime,
-            kind,
-            perm,
-            nlink,
-            uid: config.uid,
-            gid: config.gid,
-            rdev: 0,
-            flags: 0,
-            blksize: 1 << 20,
-        }
-    }
-
     fn name_str(name: &OsStr) -> Option<&str> {
         name.to_str()
     }
@@ -276,59 +248,6 @@ impl RiffleFs {
         let _ = self.handles.table.set(table);
     }
 
-    /// Configures the file system from a connection's saved INIT parameters instead of an
-    /// INIT (a successor daemon: the kernel never sends INIT twice), and takes over the file
-    /// handles its predecessor left open. Before the session runs.
-    pub fn adopt(&mut self, params: &InitParams, table: Arc<HandleTable>) {
-        let negotiated = if params.enabled(InitFlags::FUSE_PASSTHROUGH) {
-            Ok(())
-        } else {
-            Err("off (not negotiated by the daemon that made this connection)".to_string())
-        };
-        self.configure(negotiated);
-        tracing::info!(abi = ?params.kernel_abi(), made_by = %params.made_by, "FUSE session taken over");
-        let live = table.live();
-        self.keep_handles_in(table);
-        let _runtime = self.runtime.enter();
-        let opener = self.opener();
-        let (mut files, mut passthrough) = (0, 0);
-        for handle in live {
-            let object = Arc::new(ObjectVersion {
-                key: Arc::from(self.ns.key_of(handle.ino)),
-                etag: Arc::from(handle.etag.as_str()),
-                size: handle.size,
-            });
-            match handle.backing {
-                Some(id) => {
-                    // SAFETY: the predecessor registered `id` on this connection, and it
-                    // stays registered until unmount (nothing here closes it).
-                    let backing = Arc::new(unsafe { BackingId::detached(id) });
-                    // Later opens of the inode at this version reply with the same id (the
-                    // kernel allows one backing file per inode), as long as one is open.
-                    self.handles
-                        .passthrough_opened(handle.ino, handle.fh, &object.etag, &backing);
-                    passthrough += 1;
-                }
-                None => {
-                    opener.start(handle.ino, handle.fh, 0, object.clone());
-                    *self
-                        .handles
-                        .cached_opens
-                        .lock()
-                        .entry(handle.ino)
-                        .or_default() += 1;
-                    self.handles.remember_etag(handle.ino, &object.etag);
-                    files += 1;
-                }
-            }
-        }
-        tracing::info!(
-            files,
-            passthrough,
-            "file handles taken over from the predecessor"
-        );
-    }
-
     /// Where the mount puts a duplicate of the session's `/dev/fuse` descriptor once the
     /// session exists; with it, backing ids are opened ahead of the opens that use them.
     pub fn fuse_device(&self) -> FuseDevice {
@@ -339,75 +258,6 @@ impl RiffleFs {
     /// control handler exists.
     pub fn stats_file(&self) -> Arc<StatsFile> {
         self.stats_file.clone()
-    }
-
-    fn opener(&self) -> Opener {
-        Opener {
-            fetcher: self.fetcher.clone(),
-            handles: self.handles.clone(),
-            status: self.status.clone(),
-            prefetch: self.prefetch.clone(),
-            passthrough: self.passthrough.clone(),
-            read_ahead: self.config.read_ahead,
-        }
-    }
-
-    /// Answers an open on the FUSE thread when it needs nothing but memory: metadata younger
-    /// than the TTL and no handle open at another version, and then, with passthrough, a
-    /// backing file kept for that version; without it, nothing more (the daemon serves the
-    /// reads). Otherwise gives the reply back, for the task path.
-    fn open_now(&self, ino: u64, fh: u64, caller: u32, reply: ReplyOpen) -> Option<ReplyOpen> {
-        let Some(Ok(target)) = self.ns.open_target_cached(ino) else {
-            return Some(reply);
-        };
-        if self.handles.open_at_other_version(ino, &target.etag) {
-            return Some(reply);
-        }
-        let object = object_of(&target);
-        if self
-            .fetcher
-            .disk()
-            .is_some_and(|disk| !disk.may_serve(&object))
-        {
-            // No read proof of this mount's for its cached bytes: the task path asks
-            // (`Fetcher::admit`).
-            return Some(reply);
-        }
-        if !self.passthrough.load(Ordering::Relaxed) {
-            // The prefetcher may start tasks.
-            let _runtime = self.runtime.enter();
-            let opener = self.opener();
-            opener.start(ino, fh, caller, object);
-            opener.answer(ino, fh, &target.etag, None, reply);
-            return None;
-        }
-        if self.handles.cached_opens.lock().contains_key(&ino) {
-            return Some(reply);
-        }
-        let Some(disk) = self.fetcher.disk() else {
-            return Some(reply);
-        };
-        // The backing file in use for the inode first (after a handover it may be a
-        // predecessor's: the kernel allows one per inode), else one kept for this version.
-        let backing = match self.handles.live_backing(ino, &target.etag) {
-            Some(live) => live,
-            None => {
-                let Some(kept) = self
-                    .handles
-                    .kept
-                    .get(&disk.entry_key(&object), &target.etag)
-                else {
-                    return Some(reply);
-                };
-                kept.for_reply(&reply)
-            }
-        };
-        self.status.fast_opens.fetch_add(1, Ordering::Relaxed);
-        let _runtime = self.runtime.enter();
-        let opener = self.opener();
-        opener.start(ino, fh, caller, object);
-        opener.answer(ino, fh, &target.etag, Some(backing), reply);
-        None
     }
 
     /// Sets passthrough and the lookup readahead up, given whether the connection has
@@ -590,42 +440,7 @@ impl Filesystem for RiffleFs {
         let Some(reply) = self.open_now(ino.0, fh, caller, reply) else {
             return;
         };
-        let ns = self.ns.clone();
-        let opener = self.opener();
-        self.runtime.spawn(async move {
-            let _timer = timer;
-            let target = match ns.open_target(ino.0).await {
-                Ok(t) => t,
-                Err(e) => return reply.error(ns_errno(&e)),
-            };
-            let object = object_of(&target);
-            let handles = &opener.handles;
-            if handles.open_at_other_version(ino.0, &object.etag) {
-                // The old version is open with its cache file as the inode's backing file, and
-                // the kernel ties that to the inode: the new version gets a new inode. ESTALE
-                // makes the kernel look the path up again (once), which finds it.
-                let moved_to = ns.supersede(ino.0);
-                tracing::info!(key = %object.key, ino = ino.0, ?moved_to, "object changed while its old version is open; the name now has a new inode");
-                return reply.error(Errno::ESTALE);
-            }
-            if let Err(e) = opener.fetcher.admit(&object).await {
-                if e == FetchError::Changed {
-                    // Replaced in the store since it was listed: the kernel looks it up
-                    // again (once) on ESTALE, which finds the new version.
-                    ns.invalidate(ino.0);
-                }
-                return reply.error(fetch_errno(&object.key, &e));
-            }
-            opener.start(ino.0, fh, caller, object.clone());
-            let candidate = if opener.passthrough.load(Ordering::Relaxed) {
-                opener.passthrough_backing(ino.0, &object, &reply).await
-            } else {
-                None
-            };
-            if opener.answer(ino.0, fh, &object.etag, candidate, reply) == Answered::Stale {
-                tracing::info!(key = %object.key, ino = ino.0, "opened while a handle of another version was being opened; ESTALE");
-            }
-        });
+        self.open_later(ino, fh, caller, reply, timer);
     }
 
     fn read(
@@ -895,74 +710,5 @@ impl Filesystem for RiffleFs {
         fn removexattr(INodeNo, &OsStr): ReplyEmpty => Modify, error(Errno::EROFS);
         fn fallocate(INodeNo, FileHandle, u64, u64, i32): ReplyEmpty
             => Modify, error(Errno::EROFS);
-    }
-}
-
-/// Feeds a directory handle's entries to `add` from `offset` on: offset 0 is ".", 1 is "..",
-/// then the listing; each entry is passed with the offset of the one after it. Stops when
-/// `add` reports the reply buffer full.
-fn walk_listing(
-    entries: &[DirEntry],
-    ino: u64,
-    parent: u64,
-    offset: u64,
-    mut add: impl FnMut(&DirEntry, u64) -> bool,
-) {
-    let dot = |name: &str, ino: u64| DirEntry::new(Arc::from(name), ino, true);
-    let mut index = offset;
-    loop {
-        let entry = match index {
-            0 => dot(".", ino),
-            1 => dot("..", parent),
-            i => match entries.get((i - 2) as usize) {
-                Some(e) => e.clone(),
-                None => return,
-            },
-        };
-        if add(&entry, index + 1) {
-            return;
-        }
-        index += 1;
-    }
-}
-
-/// Answers a getxattr/listxattr: the size when asked for it, ERANGE when the buffer is small.
-fn xattr_reply(reply: ReplyXattr, value: &[u8], size: u32) {
-    if size == 0 {
-        reply.size(value.len() as u32);
-    } else if (size as usize) < value.len() {
-        reply.error(Errno::ERANGE);
-    } else {
-        reply.data(value);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn listings_resume_at_any_offset() {
-        let entries: Vec<DirEntry> = (0..5)
-            .map(|i| DirEntry::new(Arc::from(format!("f{i}").as_str()), 10 + i, false))
-            .collect();
-        let collect = |offset: u64, room: usize| {
-            let mut out = Vec::new();
-            walk_listing(&entries, 2, 1, offset, |e, next| {
-                out.push((e.name.to_string(), e.ino(), next));
-                out.len() == room
-            });
-            out
-        };
-        let all = collect(0, 100);
-        assert_eq!(all.len(), 7);
-        assert_eq!(all[0], (".".into(), 2, 1));
-        assert_eq!(all[1], ("..".into(), 1, 2));
-        assert_eq!(all[6], ("f4".into(), 14, 7));
-        // A full buffer after three entries; the kernel resumes at the last offset given.
-        let first = collect(0, 3);
-        let rest = collect(first[2].2, 100);
-        assert_eq!([first, rest].concat(), all);
-        assert!(collect(7, 100).is_empty());
     }
 }

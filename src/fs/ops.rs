@@ -237,6 +237,7 @@ impl OpTimer {
         self.complete()
     }
 
+    #[cfg(test)]
     pub fn op(&self) -> FuseOp {
         self.op
     }

@@ -14,73 +14,22 @@
 //! files take the ordinary path at their next open. Only files this daemon wrote or verified
 //! are opened ahead, exactly as at open time.
 
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::PathBuf;
+use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use fuser::{BackingId, ReplyOpen};
+use fuser::BackingId;
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, SetOnce};
 
+use super::backings::{KernelBacking, State};
 use super::handles::Handles;
 use super::FsStatus;
 use crate::fetch::{Fetcher, ObjectVersion};
 
-/// `FUSE_DEV_IOC_BACKING_CLOSE` from `linux/fuse.h`: `_IOW(229, 2, uint32_t)`.
-const FUSE_DEV_IOC_BACKING_CLOSE: libc::c_ulong = (1 << 30) | (4 << 16) | (229 << 8) | 2;
-
 /// A duplicate of the session's `/dev/fuse` descriptor, set once the session exists (which
 /// may be after the kernel's INIT, where passthrough is negotiated).
 pub type FuseDevice = Arc<SetOnce<Arc<OwnedFd>>>;
-
-/// A passthrough backing id: raw (opened ahead, owned here) or handed to fuser.
-pub struct KernelBacking {
-    state: Mutex<State>,
-    /// The cache data file behind the id ([`super::lookahead`] reads it ahead by path).
-    pub data_path: Arc<PathBuf>,
-}
-
-enum State {
-    Raw { device: Arc<OwnedFd>, id: u32 },
-    Wrapped(Arc<BackingId>),
-}
-
-impl KernelBacking {
-    pub fn wrapped(id: Arc<BackingId>, data_path: PathBuf) -> Self {
-        KernelBacking {
-            state: Mutex::new(State::Wrapped(id)),
-            data_path: Arc::new(data_path),
-        }
-    }
-
-    /// The fuser handle to reply with; a raw id becomes fuser's (and is closed by it) here.
-    pub fn for_reply(&self, reply: &ReplyOpen) -> Arc<BackingId> {
-        let mut state = self.state.lock();
-        match &*state {
-            State::Wrapped(id) => id.clone(),
-            State::Raw { id, .. } => {
-                // SAFETY: the id was opened on this session's device and is open (closed only
-                // by `Drop` below, which no longer sees it once the state is `Wrapped`).
-                let wrapped = Arc::new(unsafe { reply.wrap_backing(*id) });
-                *state = State::Wrapped(wrapped.clone());
-                wrapped
-            }
-        }
-    }
-}
-
-impl Drop for KernelBacking {
-    fn drop(&mut self) {
-        if let State::Raw { device, id } = &*self.state.lock() {
-            // SAFETY: a plain ioctl on a descriptor we own, with a pointer to a live u32.
-            let rc = unsafe { libc::ioctl(device.as_raw_fd(), FUSE_DEV_IOC_BACKING_CLOSE, id) };
-            if rc != 0 {
-                tracing::debug!(error = %std::io::Error::last_os_error(), "could not close a backing id");
-            }
-        }
-    }
-}
 
 /// Opens ahead, until the channel closes, a backing id for every object that completes.
 pub async fn run(
@@ -118,16 +67,5 @@ pub async fn run(
         });
         status.opened_ahead.fetch_add(1, Ordering::Relaxed);
         handles.kept.keep(entry, obj.etag.clone(), backing);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_close_ioctl_number_is_the_kernels() {
-        // linux/fuse.h: #define FUSE_DEV_IOC_BACKING_CLOSE _IOW(FUSE_DEV_IOC_MAGIC, 2, uint32_t)
-        assert_eq!(FUSE_DEV_IOC_BACKING_CLOSE, 0x4004_e502);
     }
 }

@@ -32,7 +32,7 @@ use fuser::{
 use parking_lot::Mutex;
 
 use super::{FsConfig, RiffleFs};
-use crate::control::StatsSource;
+use crate::metrics::StatsSource;
 use crate::namespace::{NamespaceError, Stat, ROOT_INO};
 use crate::store::StoreError;
 
@@ -140,6 +140,7 @@ impl StatsFile {
     }
 
     /// Handles open now (for tests).
+    #[cfg(test)]
     pub fn open_handles(&self) -> usize {
         self.open.lock().len()
     }

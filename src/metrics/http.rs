@@ -140,8 +140,8 @@ mod tests {
     use tokio::net::TcpStream;
 
     use super::*;
-    use crate::control::StatsSource;
     use crate::fs::ops::{FuseOp, FuseOps};
+    use crate::metrics::StatsSource;
 
     struct Fixed;
 

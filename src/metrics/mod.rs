@@ -16,14 +16,18 @@ use std::time::Instant;
 
 use serde_json::json;
 
-use crate::control::StatsSource;
 use crate::fetch::{Fetcher, ObjectVersion};
 use crate::fs::ops::FuseOps;
 use crate::fs::FsStatus;
 use crate::namespace::{ListedUsage, Namespace};
 use crate::store::retry::RetryingStore;
-pub use http::{HttpLimits, MetricsServer};
+pub use http::MetricsServer;
 pub use prometheus::Exporter;
+
+/// Something that can describe its state as JSON.
+pub trait StatsSource: Send + Sync + 'static {
+    fn stats(&self) -> serde_json::Value;
+}
 
 /// Why the metrics endpoint could not start.
 #[derive(Debug, thiserror::Error)]

@@ -26,7 +26,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 use serde_json::Value;
 
-use crate::control::StatsSource;
+use super::StatsSource;
 use crate::fs::ops::{FuseOp, FuseOps, BUCKET_BOUNDS};
 
 /// The content type of [`Exporter::encode`]'s output.

@@ -39,10 +39,10 @@
 //! The nodes and their layout are in module `tree`; listing a directory and merging the
 //! listing into the tree in module `readdir`; this module is the service around them.
 
-pub mod background;
-pub mod kept;
+pub(crate) mod background;
+pub(crate) mod kept;
 mod listings;
-pub mod names;
+pub(crate) mod names;
 mod readdir;
 mod tree;
 mod usage;
@@ -58,9 +58,9 @@ use background::{Fanout, FanoutConfig};
 use kept::KeptListings;
 use listings::{Claim, Listings};
 use names::{invalid_reason, SkipLog};
-pub use tree::DirEntry;
+pub(crate) use tree::DirEntry;
 use tree::{Body, DirState, Mtime, Node, NodeKind, Stamp, StoredEtag, Tree};
-pub use usage::ListedUsage;
+pub(crate) use usage::ListedUsage;
 
 /// The root directory's inode number (FUSE's).
 pub const ROOT_INO: u64 = 1;
@@ -68,7 +68,7 @@ pub const ROOT_INO: u64 = 1;
 /// Told of every node the tree creates, in inode order, under the tree's lock (the FUSE
 /// connection handover keeps them, so that a successor daemon rebuilds the same inode
 /// numbers: `fs::handover::nodes`).
-pub trait NodeLog: Send + Sync {
+pub(crate) trait NodeLog: Send + Sync {
     fn created(&self, ino: u64, parent: u64, is_dir: bool, name: &str);
 }
 
@@ -142,7 +142,7 @@ pub struct Attr {
 
 /// What `stat` shows of a node, without its ETag ([`Namespace::with_stats`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Stat {
+pub(crate) struct Stat {
     /// `None` for a directory.
     pub size: Option<u64>,
     pub mtime: SystemTime,
@@ -156,7 +156,7 @@ impl Attr {
 
 /// A file ready to be read: its full key and the version that was current at open.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OpenTarget {
+pub(crate) struct OpenTarget {
     pub key: String,
     pub size: u64,
     pub etag: Arc<str>,
@@ -190,7 +190,7 @@ pub struct Namespace {
 
 /// A node as a predecessor daemon created it ([`Namespace::restore`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RestoredNode {
+pub(crate) struct RestoredNode {
     pub ino: u64,
     pub parent: u64,
     pub is_dir: bool,
@@ -199,7 +199,7 @@ pub struct RestoredNode {
 
 /// What a [`Namespace`] does beyond listing on demand.
 #[derive(Default, Clone)]
-pub struct NamespaceOptions {
+pub(crate) struct NamespaceOptions {
     /// List the subdirectories of directories being read in the background.
     pub fanout: Option<FanoutConfig>,
     /// Keep listings on disk and use kept ones (after [`KeptListings::grant_access`]).
@@ -219,7 +219,7 @@ struct ListingCounts {
 
 /// A snapshot of the listing counters.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct ListingStats {
+pub(crate) struct ListingStats {
     /// Complete listings taken from the store.
     pub from_store: u64,
     /// Background listings that listed a directory (from the store or from disk).
@@ -253,7 +253,7 @@ impl Namespace {
     }
 
     /// [`Self::new`] with background listings and kept listings as `options` say.
-    pub fn with_options(
+    pub(crate) fn with_options(
         store: Arc<dyn ObjectStore>,
         root_prefix: &str,
         ttl: MetadataTtl,
@@ -288,7 +288,10 @@ impl Namespace {
     /// (`records` in inode order, from 2), on a namespace that has created none yet. Their
     /// attributes are unknown: every restored file is asked about again at its next use, as
     /// after its TTL, and every restored directory is listed again when read.
-    pub fn restore(&self, records: impl IntoIterator<Item = RestoredNode>) -> Result<(), String> {
+    pub(crate) fn restore(
+        &self,
+        records: impl IntoIterator<Item = RestoredNode>,
+    ) -> Result<(), String> {
         let mut tree = self.tree.write();
         if tree.nodes.len() != 1 {
             return Err(format!("{} nodes exist already", tree.nodes.len()));
@@ -329,7 +332,8 @@ impl Namespace {
     /// One LIST of the mount root with this namespace's store (its credentials); on success,
     /// kept listings may be used from now on. (`riffle mount` makes the same check in its
     /// start-up probe and calls [`KeptListings::grant_access`] itself.)
-    pub async fn check_access(&self) -> Result<(), NamespaceError> {
+    #[cfg(test)]
+    pub(crate) async fn check_access(&self) -> Result<(), NamespaceError> {
         self.store
             .list_page(&self.root_prefix, None, Some(1))
             .await?;
@@ -340,7 +344,7 @@ impl Namespace {
     }
 
     /// The listing counters.
-    pub fn listing_stats(&self) -> ListingStats {
+    pub(crate) fn listing_stats(&self) -> ListingStats {
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         ListingStats {
             from_store: load(&self.counts.from_store),
@@ -352,17 +356,17 @@ impl Namespace {
         }
     }
 
-    pub fn ttl(&self) -> MetadataTtl {
+    pub(crate) fn ttl(&self) -> MetadataTtl {
         self.ttl
     }
 
     /// Number of inodes handed out so far.
-    pub fn inode_count(&self) -> u64 {
+    pub(crate) fn inode_count(&self) -> u64 {
         self.tree.read().nodes.len() as u64
     }
 
     /// Keys skipped because they cannot be POSIX names.
-    pub fn skipped_count(&self) -> usize {
+    pub(crate) fn skipped_count(&self) -> usize {
         self.skipped.count()
     }
 
@@ -408,7 +412,7 @@ impl Namespace {
     }
 
     /// Attributes of `ino` as last known, without asking the store.
-    pub fn cached_attr(&self, ino: u64) -> Result<Attr, NamespaceError> {
+    pub(crate) fn cached_attr(&self, ino: u64) -> Result<Attr, NamespaceError> {
         let tree = self.tree.read();
         Self::node(&tree, ino).map(|n| Self::attr_of(ino, n))
     }
@@ -416,7 +420,7 @@ impl Namespace {
     /// Calls `f` with a reader of each node's size (`None` for a directory) and mtime, all
     /// under one read lock and without building the ETag text: what a `readdirplus` reply of
     /// thousands of entries needs (an unknown inode reads as `None`).
-    pub fn with_stats<R>(&self, f: impl FnOnce(&dyn Fn(u64) -> Option<Stat>) -> R) -> R {
+    pub(crate) fn with_stats<R>(&self, f: impl FnOnce(&dyn Fn(u64) -> Option<Stat>) -> R) -> R {
         let tree = self.tree.read();
         let stat = |ino: u64| {
             Self::node(&tree, ino).ok().map(|n| Stat {
@@ -431,12 +435,12 @@ impl Namespace {
     }
 
     /// Whether directory `ino` has a listing younger than the TTL.
-    pub fn has_fresh_listing(&self, ino: u64) -> bool {
+    pub(crate) fn has_fresh_listing(&self, ino: u64) -> bool {
         self.readdir_cached(ino).is_some()
     }
 
     /// Resolves a path relative to the mount root ("" is the root), component by component.
-    pub async fn resolve(self: &Arc<Self>, path: &str) -> Result<Attr, NamespaceError> {
+    pub(crate) async fn resolve(self: &Arc<Self>, path: &str) -> Result<Attr, NamespaceError> {
         let mut attr = self.cached_attr(ROOT_INO)?;
         for part in path.split('/').filter(|p| !p.is_empty()) {
             attr = self.lookup(attr.ino, part).await?;
@@ -446,7 +450,7 @@ impl Namespace {
 
     /// [`Self::resolve`] when every component's answer is in memory and within the TTL;
     /// `None` when any would need the store.
-    pub fn resolve_cached(&self, path: &str) -> Option<Attr> {
+    pub(crate) fn resolve_cached(&self, path: &str) -> Option<Attr> {
         let tree = self.tree.read();
         let mut attr = Self::attr_of(ROOT_INO, Self::node(&tree, ROOT_INO).ok()?);
         for part in path.split('/').filter(|p| !p.is_empty()) {
@@ -459,14 +463,14 @@ impl Namespace {
     }
 
     /// The path of `ino` relative to the mount root.
-    pub fn relative_path(&self, ino: u64) -> String {
+    pub(crate) fn relative_path(&self, ino: u64) -> String {
         let tree = self.tree.read();
         Self::path_of(&tree, "", ino)
     }
 
     /// Where `ino` stands in its parent's last listing: the parent, the listing and the
     /// index. `None` when the parent was never listed.
-    pub fn listing_position(&self, ino: u64) -> Option<(u64, Arc<Vec<DirEntry>>, usize)> {
+    pub(crate) fn listing_position(&self, ino: u64) -> Option<(u64, Arc<Vec<DirEntry>>, usize)> {
         let tree = self.tree.read();
         let node = Self::node(&tree, ino).ok()?;
         let parent = Self::node(&tree, node.parent).ok()?;
@@ -478,19 +482,23 @@ impl Namespace {
     }
 
     /// The parent directory of `ino` (the root is its own parent).
-    pub fn parent_of(&self, ino: u64) -> u64 {
+    pub(crate) fn parent_of(&self, ino: u64) -> u64 {
         let tree = self.tree.read();
         Self::node(&tree, ino).map_or(ROOT_INO, |n| n.parent)
     }
 
     /// The full key of a node (for logs and the control socket).
-    pub fn key_of(&self, ino: u64) -> String {
+    pub(crate) fn key_of(&self, ino: u64) -> String {
         Self::path_of(&self.tree.read(), &self.root_prefix, ino)
     }
 
     /// The answer to a lookup of `name` in `parent` if it needs no request to the store (the
     /// parent's listing, the child's attributes or a negative entry is younger than the TTL).
-    pub fn lookup_cached(&self, parent: u64, name: &str) -> Option<Result<Attr, NamespaceError>> {
+    pub(crate) fn lookup_cached(
+        &self,
+        parent: u64,
+        name: &str,
+    ) -> Option<Result<Attr, NamespaceError>> {
         if !is_child_name(name) {
             return Some(Err(NamespaceError::NotFound));
         }
@@ -689,7 +697,7 @@ impl Namespace {
     }
 
     /// Attributes of `ino`, revalidated with a HEAD when a file's are older than the TTL.
-    pub async fn getattr(&self, ino: u64) -> Result<Attr, NamespaceError> {
+    pub(crate) async fn getattr(&self, ino: u64) -> Result<Attr, NamespaceError> {
         if let Some(answer) = self.getattr_cached(ino) {
             return answer;
         }
@@ -714,7 +722,7 @@ impl Namespace {
 
     /// Attributes of `ino` if they need no revalidation (a directory, or a file checked within
     /// the TTL).
-    pub fn getattr_cached(&self, ino: u64) -> Option<Result<Attr, NamespaceError>> {
+    pub(crate) fn getattr_cached(&self, ino: u64) -> Option<Result<Attr, NamespaceError>> {
         let tree = self.tree.read();
         match Self::node(&tree, ino) {
             Ok(node) if node.is_dir() || self.ttl.is_fresh_stamp(node.checked) => {
@@ -726,7 +734,10 @@ impl Namespace {
     }
 
     /// [`Self::open_target`] when it needs no request to the store.
-    pub fn open_target_cached(&self, ino: u64) -> Option<Result<OpenTarget, NamespaceError>> {
+    pub(crate) fn open_target_cached(
+        &self,
+        ino: u64,
+    ) -> Option<Result<OpenTarget, NamespaceError>> {
         Some(
             self.getattr_cached(ino)?
                 .and_then(|attr| self.target_of(ino, attr)),
@@ -734,7 +745,7 @@ impl Namespace {
     }
 
     /// What to read when `ino` is opened: revalidated per the TTL (close-to-open consistency).
-    pub async fn open_target(&self, ino: u64) -> Result<OpenTarget, NamespaceError> {
+    pub(crate) async fn open_target(&self, ino: u64) -> Result<OpenTarget, NamespaceError> {
         let attr = self.getattr(ino).await?;
         self.target_of(ino, attr)
     }
@@ -756,7 +767,7 @@ impl Namespace {
     /// ties to the inode (a passthrough backing file): the next lookup of the name finds the
     /// new inode, as after a file was replaced by a rename. The parent's listing is dropped so
     /// no directory read hands out the old inode for the name again.
-    pub fn supersede(&self, ino: u64) -> Option<u64> {
+    pub(crate) fn supersede(&self, ino: u64) -> Option<u64> {
         let mut tree = self.tree.write();
         let node = Self::node(&tree, ino).ok()?;
         let Body::File { size, etag } = &node.body else {
@@ -797,7 +808,7 @@ impl Namespace {
     }
 
     /// Forces the next access to `ino` to ask the store (after it changed under a reader).
-    pub fn invalidate(&self, ino: u64) {
+    pub(crate) fn invalidate(&self, ino: u64) {
         let mut tree = self.tree.write();
         let Some(node) = tree.nodes.get_mut((ino.wrapping_sub(1)) as usize) else {
             return;

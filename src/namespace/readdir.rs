@@ -24,7 +24,7 @@ const KEPT_WRITERS: usize = 2;
 impl Namespace {
     /// The entries of directory `ino` if its last listing is younger than the TTL, without
     /// listing it (no I/O).
-    pub fn readdir_cached(&self, ino: u64) -> Option<Arc<Vec<DirEntry>>> {
+    pub(crate) fn readdir_cached(&self, ino: u64) -> Option<Arc<Vec<DirEntry>>> {
         let tree = self.tree.read();
         let (entries, listed) = Self::node(&tree, ino).ok()?.dir()?.listing()?;
         self.ttl.is_fresh(listed).then(|| entries.clone())

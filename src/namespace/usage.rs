@@ -72,7 +72,7 @@ fn children(dir: &DirState) -> Vec<(Arc<str>, u64)> {
 impl Namespace {
     /// Walks the names reachable from the root and sums them. `cached(key, etag, size)` says
     /// whether the cache holds that object version whole; without it `cached_bytes` is 0.
-    pub fn listed_usage(&self, cached: Option<CachedWhole<'_>>) -> ListedUsage {
+    pub(crate) fn listed_usage(&self, cached: Option<CachedWhole<'_>>) -> ListedUsage {
         let mut usage = ListedUsage::default();
         // (directory inode, its key prefix: "" or ending in '/').
         let mut dirs = vec![(ROOT_INO, self.root_prefix.clone())];

@@ -179,6 +179,7 @@ impl Prefetcher {
         })
     }
 
+    #[cfg(test)]
     pub fn stats(&self) -> &PrefetchStats {
         &self.stats
     }
@@ -299,6 +300,7 @@ impl Prefetcher {
     }
 
     /// Tells the prefetcher that `ino` (the object `obj`) was opened, by a caller not known.
+    #[cfg(test)]
     pub fn on_open(self: &Arc<Self>, ino: u64, obj: &Arc<ObjectVersion>) {
         self.on_open_by(ino, obj, None);
     }

@@ -62,10 +62,6 @@ impl Plan {
         self.items.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.items.is_empty()
-    }
-
     pub fn path(&self, i: usize) -> &Arc<str> {
         &self.items[i]
     }

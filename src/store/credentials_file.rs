@@ -12,7 +12,7 @@
 //! cache asks again (re-reads the file) about once a minute; a file read is a few microseconds.
 //! Errors name the file, never its content (serde's messages can quote it).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use aws_credential_types::provider::{self, error::CredentialsError, future};
@@ -50,10 +50,6 @@ impl FileCredentials {
         std::env::var_os(ENV)
             .filter(|p| !p.is_empty())
             .map(Self::new)
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 
     /// Reads the file now.

@@ -12,11 +12,11 @@
 //! on: transient ones are retried, `PreconditionFailed` means the object changed under a reader
 //! (its ETag no longer matches), and everything else is final.
 
-pub mod credentials_file;
+pub(crate) mod credentials_file;
 mod error;
 pub mod memory;
-pub mod retry;
-pub mod s3;
+pub(crate) mod retry;
+pub(crate) mod s3;
 
 use std::ops::Range;
 use std::time::SystemTime;
@@ -90,6 +90,6 @@ pub trait ObjectStore: Send + Sync + 'static {
 }
 
 /// Strips the quotes S3 puts around ETags.
-pub fn normalize_etag(raw: &str) -> String {
+pub(crate) fn normalize_etag(raw: &str) -> String {
     raw.trim().trim_matches('"').to_string()
 }

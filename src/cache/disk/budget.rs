@@ -260,7 +260,7 @@ impl DiskCache {
 
     /// Calls `listener` with the keys of the entries this process evicts, after their files
     /// are removed (for whoever still holds one of those files open and should let go).
-    pub fn on_evicted(&self, listener: impl Fn(&[EntryKey]) + Send + Sync + 'static) {
+    pub(crate) fn on_evicted(&self, listener: impl Fn(&[EntryKey]) + Send + Sync + 'static) {
         *self.evicted_listener.lock() = Some(Box::new(listener));
     }
 }

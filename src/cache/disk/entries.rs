@@ -247,7 +247,7 @@ impl DiskCache {
 
     /// Whether every block of `id` is known here to be present (no I/O; see
     /// [`DiskCache::status`] to look at the disk).
-    pub fn is_complete(&self, id: &ObjectIdentity) -> bool {
+    pub(crate) fn is_complete(&self, id: &ObjectIdentity) -> bool {
         let st = self.state.lock();
         st.table
             .get(&id.entry_key())
@@ -256,7 +256,7 @@ impl DiskCache {
 
     /// Whether this process knows of bytes of `id` in the cache (no I/O: an entry another
     /// process filled since this one last looked is not seen).
-    pub fn holds_bytes(&self, id: &ObjectIdentity) -> bool {
+    pub(crate) fn holds_bytes(&self, id: &ObjectIdentity) -> bool {
         let st = self.state.lock();
         st.table
             .get(&id.entry_key())
@@ -267,7 +267,7 @@ impl DiskCache {
     /// is open in this process (no I/O, no new descriptor): what a readahead reads. `None` too
     /// when the cache's state is busy (this is only ever a hint, and never waits). The entry
     /// stays an open (not idle) one until its next use ends.
-    pub fn open_data_file(&self, id: &ObjectIdentity) -> Option<Arc<File>> {
+    pub(crate) fn open_data_file(&self, id: &ObjectIdentity) -> Option<Arc<File>> {
         let mut st = self.state.try_lock()?;
         let key = id.entry_key();
         let e = st.table.get_mut(&key)?;
@@ -281,7 +281,7 @@ impl DiskCache {
     /// The data file of `id` when its entry's files are closed here and it is an object of
     /// one block, present (see [`entry::OneBlock`]): what a readahead opens by name. No I/O;
     /// `None` too when the cache's state is busy (a hint never waits).
-    pub fn closed_data_path(&self, id: &ObjectIdentity) -> Option<PathBuf> {
+    pub(crate) fn closed_data_path(&self, id: &ObjectIdentity) -> Option<PathBuf> {
         let key = id.entry_key();
         let st = self.state.try_lock()?;
         let one = closed_one_block(&st.table, key)?;
@@ -290,14 +290,17 @@ impl DiskCache {
 
     /// Loads the entry of `id` from disk if needed (catching up with other processes) and
     /// reports its blocks; `None` if it has no entry.
-    pub async fn status(&self, id: &ObjectIdentity) -> Result<Option<ObjectStatus>, CacheError> {
+    pub(crate) async fn status(
+        &self,
+        id: &ObjectIdentity,
+    ) -> Result<Option<ObjectStatus>, CacheError> {
         self.status_of(id, false).await
     }
 
     /// Like [`status`](Self::status), but an object with no entry gets an empty one, for a
     /// caller about to fetch it and write its blocks: looking and creating then take one trip
     /// to the blocking pool, where the lookup and the first write would take one each.
-    pub async fn status_or_create(
+    pub(crate) async fn status_or_create(
         &self,
         id: &ObjectIdentity,
     ) -> Result<Option<ObjectStatus>, CacheError> {
@@ -369,7 +372,7 @@ impl DiskCache {
     /// `None` when the entry is not open here or not complete (use [`Self::open_complete`]).
     /// Only for entries the caller knows to be whole and good (written or verified by this
     /// process): unlike `open_complete` it does not look for holes.
-    pub fn complete_data_file(&self, id: &ObjectIdentity) -> Option<DataFile> {
+    pub(crate) fn complete_data_file(&self, id: &ObjectIdentity) -> Option<DataFile> {
         let key = id.entry_key();
         let entry = self.cached_open(key, id.size)?;
         let file = if entry.blocks.lock().is_complete() {

@@ -75,7 +75,7 @@ use stats::Counters;
 use table::{Table, COMPLETE};
 
 pub use pins::PinGuard;
-pub use stats::{closed_entry_bytes, CacheStats, IndexMemory};
+pub use stats::closed_entry_bytes;
 pub use write::WriteStep;
 #[cfg(test)]
 pub use write::{HookAction, WriteHook};
@@ -284,21 +284,17 @@ impl DiskCache {
         Ok(cache)
     }
 
-    pub fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         &self.root
     }
 
-    pub fn block_size(&self) -> u64 {
-        self.block_size
-    }
-
     /// The byte budget in force (a percentage resolved at open).
-    pub fn limit(&self) -> u64 {
+    pub(crate) fn limit(&self) -> u64 {
         self.limit
     }
 
     /// Blocks at most in an object of `size` bytes.
-    pub fn block_count(&self, size: u64) -> u64 {
+    pub(crate) fn block_count(&self, size: u64) -> u64 {
         format::block_count(size, self.block_size)
     }
 
@@ -375,7 +371,7 @@ impl DiskCache {
     /// Runs `work` as background work: the metadata tasks it causes (creating and opening
     /// entries) take at most [`BACKGROUND_METADATA_TASKS`] of the slots, so demand reads
     /// never queue behind them.
-    pub async fn in_background<T>(work: impl std::future::Future<Output = T>) -> T {
+    pub(crate) async fn in_background<T>(work: impl std::future::Future<Output = T>) -> T {
         BACKGROUND.scope((), work).await
     }
 

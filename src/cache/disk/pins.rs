@@ -50,7 +50,7 @@ impl DiskCache {
 
     /// A pin that is not yet a use of the entry (the policy is not told; see
     /// [`PinGuard::used`]).
-    pub fn pin_unused(self: &Arc<Self>, id: &ObjectIdentity) -> PinGuard {
+    pub(crate) fn pin_unused(self: &Arc<Self>, id: &ObjectIdentity) -> PinGuard {
         self.pin_with(id, false)
     }
 

@@ -121,7 +121,7 @@ impl DiskCache {
     /// or the bytes did not match (the caller then takes the task path, [`Self::read_block`],
     /// which reads again and drops or reports what is wrong). Gives `done` back, uncalled,
     /// when the block cannot be read this way. `done` runs on the I/O thread: it must be short.
-    pub fn read_block_on_ring<F>(
+    pub(crate) fn read_block_on_ring<F>(
         self: &Arc<Self>,
         id: &ObjectIdentity,
         index: u64,
@@ -167,7 +167,7 @@ impl DiskCache {
     /// and gave 0.78x. `None` for a whole block (read with `O_DIRECT` on the ring), one not
     /// present or not open here, and one that fails its read or CRC check: the caller takes
     /// [`Self::read_block_on_ring`], which reports and drops a block that fails its CRC.
-    pub fn read_short_block_here(&self, id: &ObjectIdentity, index: u64) -> Option<Bytes> {
+    pub(crate) fn read_short_block_here(&self, id: &ObjectIdentity, index: u64) -> Option<Bytes> {
         let len = self.block_len(id, index).ok()?;
         if len % ALIGN as u64 == 0 {
             return None; // read with O_DIRECT: not through the page cache
@@ -217,7 +217,7 @@ impl DiskCache {
     /// A block read whole and checked costs a whole block of disk reads and a CRC for every
     /// read that misses memory; random reads of a few KiB to 1 MiB into a large cached file
     /// (W3) read 1-2 MiB each that way.
-    pub fn read_verified_on_ring<F>(
+    pub(crate) fn read_verified_on_ring<F>(
         self: &Arc<Self>,
         id: &ObjectIdentity,
         range: std::ops::Range<u64>,
@@ -339,7 +339,7 @@ impl DiskCache {
 
     /// How many blocks at the start of `blocks` are present and known good to this process,
     /// in an entry open here (no I/O): those [`Self::read_verified_on_ring`] would serve.
-    pub fn verified_prefix(&self, id: &ObjectIdentity, blocks: std::ops::Range<u64>) -> u64 {
+    pub(crate) fn verified_prefix(&self, id: &ObjectIdentity, blocks: std::ops::Range<u64>) -> u64 {
         let st = self.state.lock();
         match st.table.get(&id.entry_key()).and_then(|e| e.files.active()) {
             Some(open) if !open.is_dead() => verified_prefix_of(open, blocks),

@@ -99,13 +99,13 @@ impl DiskCache {
     }
 
     /// Bytes charged to the cache now (cheap: no walk of the index).
-    pub fn used_bytes(&self) -> u64 {
+    pub(crate) fn used_bytes(&self) -> u64 {
         self.state.lock().used
     }
 
     /// Whether the cache has had to make room (evicted, or refused a write) since it was
     /// opened (cheap: two counters).
-    pub fn has_been_full(&self) -> bool {
+    pub(crate) fn has_been_full(&self) -> bool {
         self.counters.evictions.load(Ordering::Relaxed) > 0
             || self.counters.full.load(Ordering::Relaxed) > 0
     }

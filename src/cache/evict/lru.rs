@@ -39,10 +39,12 @@ impl LruPolicy {
         Self::default()
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.len
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -56,6 +58,7 @@ impl LruPolicy {
     }
 
     /// Slots from the least to the most recently used (for tests and diagnostics).
+    #[cfg(test)]
     pub fn order(&self) -> Vec<Slot> {
         let mut out = Vec::with_capacity(self.len());
         let mut at = self.tail;

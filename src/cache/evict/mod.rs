@@ -32,10 +32,10 @@ pub mod lru;
 pub mod plan;
 pub mod policy;
 
-pub use epoch::{EpochClass, EpochPolicy};
+pub use epoch::EpochPolicy;
 pub use lru::LruPolicy;
 pub use plan::{NoPlan, PlanOracle, PlanPolicy};
-pub use policy::{make_policy, EvictionKind, UnknownEvictionKind};
+pub use policy::{make_policy, EvictionKind};
 
 /// Where the cache keeps an entry: a small number it assigns when it first knows the entry,
 /// stable until the entry is removed, and reused after that. Policies keep their per-entry

@@ -197,20 +197,19 @@ impl PlanPolicy {
         }
     }
 
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// Entries the plan still needs.
+    #[cfg(test)]
     pub fn needed(&self) -> usize {
         self.needed
     }
 
     /// The inner policy (for diagnostics).
+    #[cfg(test)]
     pub fn rest(&self) -> &EpochPolicy {
         &self.rest
     }
@@ -221,6 +220,7 @@ impl PlanPolicy {
 
     /// Slots in the order they would be evicted, by the next uses last seen (for tests and
     /// diagnostics).
+    #[cfg(test)]
     pub fn order(&self) -> Vec<Slot> {
         let mut out = self.rest.order();
         let mut needed: Vec<(u64, Slot)> = (0..self.high)
@@ -497,7 +497,7 @@ impl EvictionPolicy for PlanPolicy {
 mod tests {
     use std::time::{Duration, SystemTime};
 
-    use super::super::EpochClass;
+    use super::super::epoch::EpochClass;
     use super::*;
     use crate::cache::simulate::{TraceOracle, Workload};
 

@@ -83,8 +83,6 @@ use ring::{BlockName, Member, Ring};
 
 /// How often `dns:` membership is resolved again.
 pub const DNS_REFRESH: Duration = Duration::from_secs(30);
-/// Default per-request timeout.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Where the member list comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -83,10 +83,6 @@ impl Ring {
         self.members.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.members.is_empty()
-    }
-
     /// The members ordered by their score for `block`, the owner first.
     pub fn rank(&self, block: BlockName) -> Vec<&Member> {
         let mut ranked: Vec<(u64, &Member)> =
@@ -97,6 +93,7 @@ impl Ring {
     }
 
     /// The owner of `block`, if there are members.
+    #[cfg(test)]
     pub fn owner(&self, block: BlockName) -> Option<&Member> {
         self.members.iter().max_by(|a, b| {
             a.score(block)

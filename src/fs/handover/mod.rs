@@ -110,6 +110,7 @@ impl Handover {
     }
 
     /// Saves the INIT parameters (at the connection's first INIT).
+    #[cfg(test)]
     pub fn save_params(&self, params: &InitParams) -> Result<(), HandoverError> {
         let json = serde_json::to_vec(params).map_err(|e| HandoverError::Params(e.to_string()))?;
         self.handles.set_params(&json)?;

@@ -381,10 +381,12 @@ impl Store {
         before - self.holders.len()
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.holders.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.holders.is_empty()
     }

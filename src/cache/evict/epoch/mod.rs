@@ -285,10 +285,12 @@ impl EpochPolicy {
     /// Heap bytes per slot (the sample comes on top, at most [`SAMPLE_MAX`] keys).
     pub const SLOT_BYTES: usize = std::mem::size_of::<Node>();
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.len
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -298,16 +300,19 @@ impl EpochPolicy {
     }
 
     /// Epoch boundaries seen so far (detected or announced).
+    #[cfg(test)]
     pub fn boundaries(&self) -> u64 {
         self.boundaries
     }
 
     /// The class of an entry, if known.
+    #[cfg(test)]
     pub fn class(&self, at: Slot) -> Option<EpochClass> {
         self.live(at).then(|| self.class_of(at))
     }
 
     /// Slots in the order they would be evicted (for tests and diagnostics).
+    #[cfg(test)]
     pub fn order(&self) -> Vec<Slot> {
         let mut out = Vec::with_capacity(self.len());
         for c in EpochClass::ALL {

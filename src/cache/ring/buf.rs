@@ -1,0 +1,193 @@
+//! Buffers for the rings: 4096-aligned (for `O_DIRECT`), the large ones mapped pages of their
+//! own with a small pool of freed ones kept for reuse (see [`AlignedBuf`]).
+
+use std::ptr::NonNull;
+
+use bytes::Bytes;
+
+use super::ALIGN;
+
+/// A buffer aligned to [`ALIGN`]: `cap` bytes allocated, the first `len` initialised.
+///
+/// **Where block buffers live.** Buffers of at least [`MAPPED_MIN`] (every block the daemon
+/// fetches or reads from the cache: 1 MiB by default) are mapped pages of their own, not heap
+/// memory, and go back to the system when freed, except for a few kept for the next
+/// allocation ([`POOL_MAX_BYTES`], so a steady stream of blocks costs no page faults). From the
+/// heap, glibc kept what freed blocks left behind: blocks come and go by the thousand on
+/// several threads, the heap's free space ends up in holes between live allocations, and a
+/// daemon with `--max-memory 64M` reading six W2 shards reached 165–200 MiB of RSS for 64 MiB
+/// of live blocks (75–105 MiB with block buffers mapped; `benches/memory.sh`). Mapped memory is
+/// RSS only while a block lives, so the daemon's RSS follows `--max-memory`.
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    cap: usize,
+    pub(super) len: usize,
+    /// Mapped pages (see above) rather than a heap allocation.
+    pub(super) mapped: bool,
+}
+
+/// Buffers of at least this many bytes are mapped pages (see [`AlignedBuf`]).
+pub const MAPPED_MIN: usize = 256 * 1024;
+/// Bytes of freed mapped buffers kept for reuse at most.
+pub const POOL_MAX_BYTES: usize = 16 << 20;
+
+/// Freed mapped buffers (address, size), kept for reuse.
+pub(super) static POOL: parking_lot::Mutex<Vec<(usize, usize)>> =
+    parking_lot::Mutex::new(Vec::new());
+
+/// Pages of `size` bytes: a pooled buffer of that size, else a new mapping.
+fn map(size: usize) -> Option<NonNull<u8>> {
+    {
+        let mut pool = POOL.lock();
+        if let Some(i) = pool.iter().rposition(|&(_, s)| s == size) {
+            let (addr, _) = pool.swap_remove(i);
+            return NonNull::new(addr as *mut u8);
+        }
+    }
+    // SAFETY: a new private anonymous mapping; no existing memory is touched.
+    let raw = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if raw == libc::MAP_FAILED {
+        return None;
+    }
+    NonNull::new(raw.cast())
+}
+
+/// Gives back a buffer from [`map`]: to the pool while it has room, else to the system.
+fn unmap(ptr: NonNull<u8>, size: usize) {
+    {
+        let mut pool = POOL.lock();
+        let pooled: usize = pool.iter().map(|&(_, s)| s).sum();
+        if pooled + size <= POOL_MAX_BYTES {
+            pool.push((ptr.as_ptr() as usize, size));
+            return;
+        }
+    }
+    // SAFETY: `ptr` is a mapping of `size` bytes made by `map`, owned by the dropped buffer.
+    unsafe { libc::munmap(ptr.as_ptr().cast(), size) };
+}
+
+// SAFETY: the buffer is uniquely owned heap memory.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: shared access only reads the initialised part.
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    fn layout(cap: usize) -> std::alloc::Layout {
+        // ALIGN is a power of two and cap is at most isize::MAX in practice; fall back to the
+        // smallest valid layout rather than panic on absurd sizes (allocation then fails).
+        std::alloc::Layout::from_size_align(cap.max(ALIGN).next_multiple_of(ALIGN), ALIGN)
+            .unwrap_or(std::alloc::Layout::new::<[u8; ALIGN]>())
+    }
+
+    /// An empty buffer with room for `cap` bytes.
+    pub fn with_capacity(cap: usize) -> AlignedBuf {
+        let layout = Self::layout(cap);
+        if layout.size() >= MAPPED_MIN {
+            let Some(ptr) = map(layout.size()) else {
+                std::alloc::handle_alloc_error(layout);
+            };
+            return AlignedBuf {
+                ptr,
+                cap: layout.size(),
+                len: 0,
+                mapped: true,
+            };
+        }
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { std::alloc::alloc(layout) };
+        let Some(ptr) = NonNull::new(raw) else {
+            std::alloc::handle_alloc_error(layout);
+        };
+        AlignedBuf {
+            ptr,
+            cap: layout.size(),
+            len: 0,
+            mapped: false,
+        }
+    }
+
+    /// A copy of `data` in an aligned buffer.
+    pub fn copy_from(data: &[u8]) -> AlignedBuf {
+        let mut b = AlignedBuf::with_capacity(data.len());
+        // SAFETY: the buffer has room for data.len() bytes and does not overlap `data`.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), b.ptr.as_ptr(), data.len()) };
+        b.len = data.len();
+        b
+    }
+
+    /// Appends as much of `data` as there is room for; returns how many bytes it took.
+    pub fn extend_from_slice(&mut self, data: &[u8]) -> usize {
+        let take = data.len().min(self.cap - self.len);
+        // SAFETY: `take` bytes fit after the initialised part; `data` does not overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(self.len), take)
+        };
+        self.len += take;
+        take
+    }
+
+    /// Bytes initialised so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing is initialised yet.
+    #[cfg(test)]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub(super) fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl AsRef<[u8]> for AlignedBuf {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: the first `len` bytes are initialised (written by a copy or by the kernel).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        if self.mapped {
+            unmap(self.ptr, self.cap);
+            return;
+        }
+        // SAFETY: allocated in `with_capacity` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.cap)) };
+    }
+}
+
+/// Bytes to write: either the caller's buffer (buffered I/O, or `O_DIRECT` when it is
+/// aligned: see [`is_aligned`]) or an aligned copy (`O_DIRECT`).
+pub enum IoBuf {
+    Bytes(Bytes),
+    Aligned(AlignedBuf),
+}
+
+/// Whether `data` can be written with `O_DIRECT` as it is: its address and length are
+/// multiples of [`ALIGN`] (a fetched block is received into an [`AlignedBuf`], so it needs no
+/// aligned copy, which would double its memory while it is written).
+pub fn is_aligned(data: &[u8]) -> bool {
+    (data.as_ptr() as usize) % ALIGN == 0 && data.len() % ALIGN == 0
+}
+
+impl IoBuf {
+    pub(super) fn as_slice(&self) -> &[u8] {
+        match self {
+            IoBuf::Bytes(b) => b,
+            IoBuf::Aligned(a) => a.as_ref(),
+        }
+    }
+}

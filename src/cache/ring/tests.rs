@@ -1,0 +1,144 @@
+use super::buf::{POOL, POOL_MAX_BYTES};
+use super::*;
+use std::fs::OpenOptions;
+
+#[test]
+fn block_buffers_are_mapped_and_reused_within_the_pool_bound() {
+    let size = 1 << 20;
+    let mut a = AlignedBuf::with_capacity(size);
+    assert!(a.mapped && a.is_empty());
+    assert_eq!(
+        a.extend_from_slice(&vec![5u8; size + 10]),
+        size,
+        "only what fits"
+    );
+    assert!(is_aligned(a.as_ref()) && a.as_ref().iter().all(|&b| b == 5));
+    let small = AlignedBuf::copy_from(&[1u8; 5000]);
+    assert!(!small.mapped && small.len() == 5000 && !is_aligned(small.as_ref()));
+    // Many buffers dropped at once: the pool keeps at most its bound, the rest is unmapped.
+    let many: Vec<AlignedBuf> = (0..(POOL_MAX_BYTES / size + 8))
+        .map(|_| AlignedBuf::with_capacity(size))
+        .collect();
+    drop(many);
+    drop(a);
+    let pooled: usize = POOL.lock().iter().map(|&(_, s)| s).sum();
+    assert!(pooled <= POOL_MAX_BYTES, "{pooled} bytes pooled");
+    // A reused buffer starts empty, whatever its pages held.
+    let b = AlignedBuf::with_capacity(size);
+    assert!(b.mapped && b.is_empty() && b.as_ref().is_empty());
+}
+
+fn file(dir: &std::path::Path) -> Arc<File> {
+    Arc::new(
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.join("f"))
+            .expect("open"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_reads_and_writes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = file(dir.path());
+    let ring = Arc::new(Ring::new(2).expect("io_uring"));
+    let mut tasks = Vec::new();
+    for i in 0..64u64 {
+        let (ring, f) = (ring.clone(), f.clone());
+        tasks.push(tokio::spawn(async move {
+            let data = Bytes::from(vec![i as u8; 10_000]);
+            ring.write(&f, i * 10_000, IoBuf::Bytes(data)).await?;
+            let back = ring.read(&f, i * 10_000, 10_000).await?;
+            assert!(back.iter().all(|&b| b == i as u8));
+            Ok::<_, io::Error>(())
+        }));
+    }
+    for t in tasks {
+        t.await.expect("join").expect("io");
+    }
+    let past_end = ring.read(&f, 64 * 10_000, 10).await;
+    assert_eq!(
+        past_end.map(|_| ()).map_err(|e| e.kind()),
+        Err(io::ErrorKind::UnexpectedEof)
+    );
+    assert!(ring.submitted() >= 64 * 2);
+}
+
+#[test]
+fn read_then_answers_on_the_ring_thread_even_when_the_ring_is_dropped_there() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = file(dir.path());
+    std::os::unix::fs::FileExt::write_all_at(&*f, b"hello, ring", 0).expect("write");
+    let ring = Arc::new(Ring::new(1).expect("io_uring"));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (go, wait_go) = std::sync::mpsc::channel::<()>();
+    let held = ring.clone();
+    ring.read_then(f.clone(), 7, 4, move |got| {
+        let thread = std::thread::current().name().map(str::to_string);
+        let _ = wait_go.recv();
+        // The last owner lets go here, on the ring thread: Drop must not join itself.
+        drop(held);
+        let _ = tx.send((got.map(|b| b.to_vec()), thread));
+    });
+    drop(ring);
+    go.send(()).expect("callback waiting");
+    let (got, thread) = rx
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("answered");
+    assert_eq!(got.expect("read"), b"ring");
+    assert_eq!(thread.as_deref(), Some("riffle-uring-0"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chained_write_starts_only_after_the_first_and_never_after_a_failure() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = file(dir.path());
+    let journal = Arc::new(
+        OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(dir.path().join("journal"))
+            .expect("open journal"),
+    );
+    let ring = Ring::new(1).expect("io_uring");
+    for i in 0..32u64 {
+        let block = Bytes::from(vec![i as u8; 20_000]);
+        let record = Bytes::from(vec![b'a' + i as u8; 4]);
+        ring.write_then(
+            (&data, i * 20_000, IoBuf::Bytes(block)),
+            (&journal, 0, IoBuf::Bytes(record)),
+        )
+        .await
+        .expect("chained write");
+        // Both writes are done when the reply comes.
+        let back = std::fs::read(dir.path().join("f")).expect("read data");
+        assert_eq!(back.len() as u64, (i + 1) * 20_000);
+        assert!(back[(i * 20_000) as usize..].iter().all(|&b| b == i as u8));
+        let records = std::fs::read(dir.path().join("journal")).expect("read journal");
+        assert_eq!(records.len() as u64, (i + 1) * 4);
+    }
+
+    // The first write fails (the file is open read-only): the second never happens.
+    let read_only = Arc::new(File::open(dir.path().join("f")).expect("open read-only"));
+    let failed = ring
+        .write_then(
+            (&read_only, 0, IoBuf::Bytes(Bytes::from_static(b"nope"))),
+            (&journal, 0, IoBuf::Bytes(Bytes::from_static(b"XXXX"))),
+        )
+        .await;
+    assert!(failed.is_err());
+    let records = std::fs::read(dir.path().join("journal")).expect("read journal");
+    assert_eq!(records.len(), 32 * 4);
+    assert!(!records.contains(&b'X'));
+}
+
+#[test]
+fn aligned_buffers_are_aligned() {
+    let b = AlignedBuf::copy_from(&[7u8; 5000]);
+    assert_eq!(b.as_ref().len(), 5000);
+    assert_eq!(b.as_ref().as_ptr() as usize % ALIGN, 0);
+    assert!(b.as_ref().iter().all(|&x| x == 7));
+}
