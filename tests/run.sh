@@ -47,6 +47,8 @@ export RIFFLE_BENCH_CACHE_MIN_FREE=0 RIFFLE_QUICKSTART_CACHE_MIN_FREE=0
 
 echo "==> cargo fmt --check"
 cargo fmt --all --check
+echo "==> layer check of src/ (no module importing a higher one, no two files importing each other)"
+python3 tests/layers.py
 echo "==> cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "==> cargo test"
