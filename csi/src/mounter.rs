@@ -302,12 +302,18 @@ pub async fn unbind_here(target: &Path) -> Result<(), MountError> {
     tokio::task::spawn_blocking(move || crate::mountinfo::detach_all(&owned))
         .await
         .map_err(|e| MountError::new(MountErrorKind::Internal, e.to_string()))?;
+    nothing_mounted_at(target, "unbinding it")
+}
+
+/// Ok when nothing is mounted at `target` any more (`after` says what should have removed
+/// it, for the error).
+pub fn nothing_mounted_at(target: &Path, after: &str) -> Result<(), MountError> {
     match crate::mountinfo::mount_at(target) {
         Ok(None) => Ok(()),
         Ok(Some(m)) => Err(MountError::new(
             MountErrorKind::Internal,
             format!(
-                "{} is still mounted ({}) after unbinding it",
+                "{} is still mounted ({}) after {after}",
                 target.display(),
                 m.fs_type
             ),

@@ -112,12 +112,21 @@ pub fn validate_stage(req: &NodeStageVolumeRequest) -> Result<PathBuf, Status> {
         .as_ref()
         .ok_or_else(|| invalid("volume_capability is required"))?;
     let mount = mount_capability(capability)?;
-    let mut settings = VolumeSettings::parse(&req.volume_context, &mount.mount_flags)
+    volume_settings(&req.volume_context, mount)?;
+    Ok(staging)
+}
+
+/// The volume's settings from its attributes, mount options and fsGroup.
+fn volume_settings(
+    volume_context: &std::collections::HashMap<String, String>,
+    mount: &crate::proto::volume_capability::MountVolume,
+) -> Result<VolumeSettings, Status> {
+    let mut settings = VolumeSettings::parse(volume_context, &mount.mount_flags)
         .map_err(|e| invalid(e.to_string()))?;
     settings
         .apply_mount_group(&mount.volume_mount_group)
         .map_err(|e| invalid(e.to_string()))?;
-    Ok(staging)
+    Ok(settings)
 }
 
 /// The capability's mount access with a file system type rifflefs serves.
@@ -172,11 +181,7 @@ pub fn validate_publish(
             mode.as_str_name()
         )));
     }
-    let mut settings = VolumeSettings::parse(&req.volume_context, &mount.mount_flags)
-        .map_err(|e| invalid(e.to_string()))?;
-    settings
-        .apply_mount_group(&mount.volume_mount_group)
-        .map_err(|e| invalid(e.to_string()))?;
+    let settings = volume_settings(&req.volume_context, mount)?;
     let credentials =
         Credentials::from_secrets(&req.secrets).map_err(|e| invalid(e.to_string()))?;
     let access = VolumeAccess::resolve(&settings, credentials, &req.volume_context, policy)

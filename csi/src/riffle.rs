@@ -59,7 +59,7 @@ pub struct RiffleMounter {
     pub probe_timeout: Duration,
     /// The node cache's budget, shared by the volumes that use the cache
     /// ([`crate::cache_shares`]); None: each volume gets what it asks for.
-    pub cache_shares: Option<std::sync::Arc<CacheShares>>,
+    pub cache_shares: Option<Arc<CacheShares>>,
     /// Refuse volumes that use the cache when `cache_dir` is on this root disk
     /// ([`crate::cache_disk`]); None: no check.
     pub root_disk: Option<RootDisk>,
@@ -133,7 +133,7 @@ impl DaemonOptions {
             let shares =
                 CacheShares::new(dir, &self.cache_size, &state_dir.join("cache-shares.json"))
                     .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-            mounter.cache_shares = Some(std::sync::Arc::new(shares));
+            mounter.cache_shares = Some(Arc::new(shares));
         }
         mounter.peers = self.peers.setup();
         if !self.allow_root_disk_cache {
@@ -589,21 +589,7 @@ impl RiffleMounter {
         if let Some(id) = daemon {
             process::stop(id, self.stop_grace).await;
         }
-        match mountinfo::mount_at(target) {
-            Ok(None) => Ok(()),
-            Ok(Some(m)) => Err(MountError::new(
-                MountErrorKind::Internal,
-                format!(
-                    "{} is still mounted ({}) after unmount",
-                    target.display(),
-                    m.fs_type
-                ),
-            )),
-            Err(e) => Err(MountError::new(
-                MountErrorKind::Internal,
-                format!("cannot read mountinfo: {e}"),
-            )),
-        }
+        crate::mounter::nothing_mounted_at(target, "unmount")
     }
 
     /// What is at `target` (see [`Mounter::health`]); local inspection

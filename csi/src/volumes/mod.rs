@@ -282,6 +282,15 @@ impl VolumeManager {
         }
     }
 
+    /// Forgets the unmounted `target`: removes its directory (see [`remove_target`] for
+    /// `recorded`), its secrets and its record.
+    fn forget(&self, target: &Path, recorded: bool) -> Result<(), VolumeError> {
+        remove_target(target, recorded)?;
+        self.secrets.remove(target)?;
+        self.store.remove(target)?;
+        Ok(())
+    }
+
     /// Removes what a publish wrote for `target` before its mount failed: the record, the
     /// secrets, and the directory if the publish `created` it.
     fn forget_failed_mount(&self, target: &Path, created: bool) {
@@ -318,8 +327,7 @@ impl VolumeManager {
         }
         if record.as_ref().is_some_and(|r| r.bind_of.is_some()) {
             self.unbind(target).await?;
-            remove_target(target, true)?;
-            self.store.remove(target)?;
+            self.forget(target, true)?;
             tracing::info!(volume_id = %volume_id, target = %target.display(), "unpublished (the shared daemon serves on until NodeUnstageVolume)");
             return Ok(());
         }
@@ -348,9 +356,7 @@ impl VolumeManager {
             }
             Err(e) => return Err(e.into()),
         }
-        remove_target(target, record.is_some())?;
-        self.secrets.remove(target)?;
-        self.store.remove(target)?;
+        self.forget(target, record.is_some())?;
         tracing::info!(volume_id = %volume_id, target = %target.display(), "unpublished");
         Ok(())
     }
@@ -377,9 +383,7 @@ impl VolumeManager {
             } else {
                 self.mounter.unmount(target, record.daemon).await?;
             }
-            remove_target(target, true)?;
-            self.secrets.remove(target)?;
-            self.store.remove(target)?;
+            self.forget(target, true)?;
             return Ok(CheckOutcome::Orphaned);
         }
         if let Some(share) = record.bind_of.clone() {

@@ -38,7 +38,7 @@
 //!
 //! Locks: a pod's target first, then its shared mount; never the other way round.
 
-use super::{ensure_dir, foreign, remove_target, taken, CheckOutcome, VolumeError, VolumeManager};
+use super::{ensure_dir, foreign, taken, CheckOutcome, VolumeError, VolumeManager};
 use crate::access::VolumeAccess;
 use crate::mounter::{DaemonCredentials, Health, MountErrorKind};
 use crate::state::VolumeRecord;
@@ -105,24 +105,22 @@ impl VolumeManager {
                 .iter()
                 .filter(|r| r.bind_of.as_deref() == Some(share.target.as_path()))
             {
-                match self.check(&user.target, true).await? {
-                    CheckOutcome::Orphaned | CheckOutcome::Skipped => {}
-                    _ => {
-                        return Err(VolumeError::FailedPrecondition(format!(
-                            "volume {volume_id:?} is still published at {}; unpublish it before unstaging",
-                            user.target.display()
-                        )))
-                    }
+                // A pod whose volume directory is gone is an orphan: the check cleans it up.
+                // Any other is still published (its mount need not be made live to say so).
+                if user.target.parent().is_some_and(Path::exists) {
+                    return Err(VolumeError::FailedPrecondition(format!(
+                        "volume {volume_id:?} is still published at {}; unpublish it before unstaging",
+                        user.target.display()
+                    )));
                 }
+                self.check(&user.target, true).await?;
             }
         }
         for share in shares {
             let target = share.target.as_path();
             let _share_guard = self.locks.lock(target).await;
             self.mounter.unmount(target, share.daemon).await?;
-            remove_target(target, true)?;
-            self.secrets.remove(target)?;
-            self.store.remove(target)?;
+            self.forget(target, true)?;
             tracing::info!(volume_id, shared = %target.display(), pid = ?share.daemon.map(|d| d.pid), "shared daemon stopped");
         }
         // Directories a plugin that died between creating one and recording it left behind.
