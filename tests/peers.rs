@@ -215,8 +215,8 @@ fn three_nodes_fetch_each_file_once_and_survive_a_killed_peer() {
     assert!(epoch2.is_empty(), "epoch 2 went to the store: {epoch2:?}");
     for m in &mounts {
         let s = stats(m);
-        assert_eq!(s["peer"]["errors"], 0, "{s}");
-        assert_eq!(s["peer"]["store_fallbacks"], 0, "{s}");
+        assert_eq!(s["peer"]["errors"], 0, "{s}\n{}", m.log_text());
+        assert_eq!(s["peer"]["store_fallbacks"], 0, "{s}\n{}", m.log_text());
     }
 
     // A node's daemon is killed: the other two read epoch 3 without a failed read.

@@ -2,6 +2,14 @@
 //! over a pool of keep-alive HTTP/1 connections (hyper-util's client, already in the build
 //! for the AWS SDK). The answer is accepted only with status 200, exactly the block's length,
 //! the CRC32C the owner sent, and the owner's MAC over both and the proof flag.
+//!
+//! Keep-alive has one race: a peer's server closes a connection that has waited
+//! [`super::server::HEADER_TIMEOUT`] for its next request (hyper's header-read timeout runs
+//! while a keep-alive connection is idle), and a request written at that moment fails
+//! although the peer is healthy. So the pool drops a connection after [`POOL_IDLE`], well
+//! before the peer would, and a request that finds its connection closed before any answer
+//! (or reset under it; a peer's restart does that too) is sent once more on a fresh one: a block GET is
+//! idempotent, and the retry is not a failure of the peer.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Limited};
@@ -16,6 +24,11 @@ use super::{ObjectVersion, PeerConfig};
 pub const PATH: &str = "/v1/block";
 pub const CRC: &str = "x-riffle-crc32c";
 pub const PROOF: &str = "x-riffle-proof";
+
+/// How long an idle pooled connection is kept: a third of the time after which the peer's
+/// server closes it.
+pub const POOL_IDLE: std::time::Duration = std::time::Duration::from_secs(10);
+const _: () = assert!(POOL_IDLE.as_secs() * 3 <= super::server::HEADER_TIMEOUT.as_secs());
 
 /// Why a peer's answer was not used.
 #[derive(Debug, thiserror::Error)]
@@ -58,7 +71,7 @@ impl PeerClient {
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(config.timeout));
         let http = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(std::time::Duration::from_secs(60))
+            .pool_idle_timeout(POOL_IDLE)
             .build(connector);
         PeerClient {
             http,
@@ -95,18 +108,23 @@ impl PeerClient {
         let path = Self::path(&self.bucket, obj, index, self.block_size);
         let fields = Fields::now(&self.node, &self.principal);
         let authorization = self.secret.sign("GET", &path, &fields);
-        let request = hyper::Request::get(format!("http://{addr}{path}"))
-            .header(AUTHORIZATION, &authorization)
-            .header(auth::TIME, fields.time.to_string())
-            .header(auth::NODE, &fields.node)
-            .header(auth::PRINCIPAL, &fields.principal)
-            .body(Empty::new())
-            .map_err(|e| PeerError::Request(e.to_string()))?;
-        let response = self
-            .http
-            .request(request)
-            .await
-            .map_err(|e| PeerError::Request(error_chain(&e)))?;
+        let request = || {
+            hyper::Request::get(format!("http://{addr}{path}"))
+                .header(AUTHORIZATION, &authorization)
+                .header(auth::TIME, fields.time.to_string())
+                .header(auth::NODE, &fields.node)
+                .header(auth::PRINCIPAL, &fields.principal)
+                .body(Empty::new())
+                .map_err(|e| PeerError::Request(e.to_string()))
+        };
+        let response = match self.http.request(request()?).await {
+            Err(e) if closed_before_answer(&e) => {
+                tracing::debug!(peer = %addr, error = %error_chain(&e), "the connection closed under the request; sending it once more");
+                self.http.request(request()?).await
+            }
+            other => other,
+        }
+        .map_err(|e| PeerError::Request(error_chain(&e)))?;
         let status = response.status();
         if status != hyper::StatusCode::OK {
             return Err(PeerError::Status(status.as_u16()));
@@ -143,6 +161,26 @@ impl PeerClient {
         }
         Ok((body, proof))
     }
+}
+
+/// Whether a request failed because its (pooled) connection closed before any answer came.
+fn closed_before_answer(e: &hyper_util::client::legacy::Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(h) = s.downcast_ref::<hyper::Error>() {
+            if h.is_incomplete_message() || h.is_canceled() || h.is_closed() {
+                return true;
+            }
+        }
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+            );
+        }
+        source = s.source();
+    }
+    false
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

@@ -605,3 +605,64 @@ async fn a_peer_that_never_answers_costs_one_timeout_then_its_breaker_keeps_it_o
     assert_eq!(load(&peers.stats().store_fallbacks), 6);
     assert_eq!(mine.count(Op::Get), 6);
 }
+
+/// A peer port that hangs up on its first `drops` connections as soon as a request arrives
+/// (what a keep-alive connection the peer closes under a request looks like), and passes
+/// later connections through to `to`. Returns its address and the connections it accepted.
+async fn hanging_up_peer(
+    to: String,
+    drops: usize,
+) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            let n = count.fetch_add(1, Ordering::SeqCst);
+            let to = to.clone();
+            tokio::spawn(async move {
+                if n < drops {
+                    // Read the whole head, so the close is a clean one (FIN, not a reset).
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    return;
+                }
+                let mut upstream = tokio::net::TcpStream::connect(&to).await.unwrap();
+                let _ = tokio::io::copy_bidirectional(&mut stream, &mut upstream).await;
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_closed_under_a_request_is_retried_once_on_a_fresh_one() {
+    let data = body(BS as usize, 9);
+    let objects: &[(&str, &[u8])] = &[("k", &data)];
+    let owner_store = store(objects);
+    let owner = Node::start(fetcher(&owner_store, None), "key:a");
+    let v = version(&owner_store, "k");
+    let client = client::PeerClient::new(&config(vec![], None, "key:a"), "-");
+    // Hung up once: the second connection answers, and the block is whole.
+    let (once, accepted) = hanging_up_peer(owner.addr(), 1).await;
+    let (got, _) = client.get(&once, &v, 0, BS).await.unwrap();
+    assert_eq!(&got[..], &data[..]);
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    // Hung up every time: one retry, then the peer's failure.
+    let (always, accepted) = hanging_up_peer(owner.addr(), usize::MAX).await;
+    let e = client.get(&always, &v, 0, BS).await.unwrap_err();
+    assert!(matches!(e, client::PeerError::Request(_)), "{e}");
+    assert!(e.is_peer_fault());
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+}
