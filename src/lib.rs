@@ -5,7 +5,7 @@
 //! - [`store`]: the object store contract (LIST a prefix, HEAD a key, GET a range), spoken to
 //!   S3 and Ceph RGW, kept in memory for tests, and wrapped with retries.
 //! - [`namespace`]: listings and HEADs -> a tree of stable inodes with names and attributes,
-//!   trusted for `--metadata-ttl`.
+//!   trusted for `--metadata-ttl`, and the version (and inode) an open reads.
 //! - [`fetch`]: byte ranges of an object version -> ranged GETs of blocks, with bounded
 //!   concurrency and memory, an in-memory block cache and the NVMe tier.
 //! - [`cache`]: the persistent NVMe block cache (one data file and one journal per object

@@ -23,7 +23,7 @@ use super::handover::{HandleRecord, HandleTable};
 use super::{FsStatus, KEPT_BACKINGS_MAX};
 use crate::cache::EntryKey;
 use crate::fetch::{Fetcher, ObjectVersion};
-use crate::namespace::{DirEntry, OpenTarget};
+use crate::namespace::{DirEntry, OpenTarget, VersionsInUse};
 use crate::prefetch::Prefetcher;
 use crate::reader::{FileReader, ReadAheadConfig};
 
@@ -151,26 +151,6 @@ impl Handles {
             .and_then(|b| b.backing.upgrade())
     }
 
-    /// Whether handles of `ino` are open at another version than `etag`; an open of `etag`
-    /// must then get a new inode. Passthrough handles: the kernel refuses any other open of
-    /// the inode (one backing file per inode, and no daemon-served opens beside it).
-    /// Handles served by the daemon: they share the inode's page cache, and the old handle's
-    /// reads would fill it with old pages that the new handle then reads (a blend).
-    pub(super) fn open_at_other_version(&self, ino: u64, etag: &str) -> bool {
-        let passthrough = self
-            .backing_by_ino
-            .lock()
-            .get(&ino)
-            .is_some_and(|b| &*b.etag != etag);
-        passthrough
-            || (self.cached_opens.lock().contains_key(&ino)
-                && self
-                    .page_cache_etag
-                    .lock()
-                    .get(&ino)
-                    .is_some_and(|v| &**v != etag))
-    }
-
     /// Answers the open of `fh` (of `ino` at version `etag`): with passthrough to the backing
     /// file already in use for the inode, else to `candidate`, else served by the daemon
     /// (keeping the kernel's cached pages when they belong to this same version).
@@ -264,6 +244,28 @@ impl Handles {
                 false
             }
         }
+    }
+}
+
+impl VersionsInUse for Handles {
+    /// Whether handles of `ino` are open at another version than `etag`; an open of `etag`
+    /// must then get a new inode (the namespace gives it one). Passthrough handles: the kernel refuses any other open of
+    /// the inode (one backing file per inode, and no daemon-served opens beside it).
+    /// Handles served by the daemon: they share the inode's page cache, and the old handle's
+    /// reads would fill it with old pages that the new handle then reads (a blend).
+    fn other_version_open(&self, ino: u64, etag: &str) -> bool {
+        let passthrough = self
+            .backing_by_ino
+            .lock()
+            .get(&ino)
+            .is_some_and(|b| &*b.etag != etag);
+        passthrough
+            || (self.cached_opens.lock().contains_key(&ino)
+                && self
+                    .page_cache_etag
+                    .lock()
+                    .get(&ino)
+                    .is_some_and(|v| &**v != etag))
     }
 }
 

@@ -14,6 +14,7 @@ use super::handover::{HandleTable, InitParams};
 use super::ops::OpTimer;
 use super::RiffleFs;
 use crate::fetch::{FetchError, ObjectVersion};
+use crate::namespace::Opening;
 
 impl RiffleFs {
     /// Configures the file system from a connection's saved INIT parameters instead of an
@@ -91,12 +92,9 @@ impl RiffleFs {
         caller: u32,
         reply: ReplyOpen,
     ) -> Option<ReplyOpen> {
-        let Some(Ok(target)) = self.ns.open_target_cached(ino) else {
+        let Some(Ok(target)) = self.ns.open_cached(ino, &*self.handles) else {
             return Some(reply);
         };
-        if self.handles.open_at_other_version(ino, &target.etag) {
-            return Some(reply);
-        }
         let object = object_of(&target);
         if self
             .fetcher
@@ -145,8 +143,9 @@ impl RiffleFs {
     }
 
     /// The open of `fh` (of `ino`, by `caller`) that needs the store or the disk: the object's
-    /// current version (revalidated per the TTL), a new inode when another version is open,
-    /// this mount's read proof, then the reply, on a task.
+    /// current version (revalidated per the TTL) or, when another version is open, a new inode
+    /// for the name (one call: [`crate::namespace::Namespace::open`]), then this mount's read
+    /// proof, then the reply, on a task.
     pub(super) fn open_later(
         &self,
         ino: INodeNo,
@@ -159,20 +158,18 @@ impl RiffleFs {
         let opener = self.opener();
         self.runtime.spawn(async move {
             let _timer = timer;
-            let target = match ns.open_target(ino.0).await {
-                Ok(t) => t,
+            let target = match ns.open(ino.0, &*opener.handles).await {
+                Ok(Opening::Current(t)) => t,
+                Ok(Opening::Moved { target, to }) => {
+                    // The old version is open in a way the kernel ties to the inode (its
+                    // backing file or its page cache): the name now has a new inode. ESTALE
+                    // makes the kernel look the path up again (once), which finds it.
+                    tracing::info!(key = %target.key, ino = ino.0, moved_to = ?to, "object changed while its old version is open; the name now has a new inode");
+                    return reply.error(Errno::ESTALE);
+                }
                 Err(e) => return reply.error(ns_errno(&e)),
             };
             let object = object_of(&target);
-            let handles = &opener.handles;
-            if handles.open_at_other_version(ino.0, &object.etag) {
-                // The old version is open with its cache file as the inode's backing file, and
-                // the kernel ties that to the inode: the new version gets a new inode. ESTALE
-                // makes the kernel look the path up again (once), which finds it.
-                let moved_to = ns.supersede(ino.0);
-                tracing::info!(key = %object.key, ino = ino.0, ?moved_to, "object changed while its old version is open; the name now has a new inode");
-                return reply.error(Errno::ESTALE);
-            }
             if let Err(e) = opener.fetcher.admit(&object).await {
                 if e == FetchError::Changed {
                     // Replaced in the store since it was listed: the kernel looks it up

@@ -43,6 +43,7 @@ pub(crate) mod background;
 pub(crate) mod kept;
 mod listings;
 pub(crate) mod names;
+mod open;
 mod readdir;
 mod tree;
 mod usage;
@@ -58,6 +59,7 @@ use background::{Fanout, FanoutConfig};
 use kept::KeptListings;
 use listings::{Claim, Listings};
 use names::{invalid_reason, SkipLog};
+pub(crate) use open::{OpenTarget, Opening, VersionsInUse};
 pub(crate) use tree::DirEntry;
 use tree::{Body, DirState, Mtime, Node, NodeKind, Stamp, StoredEtag, Tree};
 pub(crate) use usage::ListedUsage;
@@ -152,14 +154,6 @@ impl Attr {
     pub fn is_dir(&self) -> bool {
         matches!(self.kind, Kind::Dir)
     }
-}
-
-/// A file ready to be read: its full key and the version that was current at open.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct OpenTarget {
-    pub key: String,
-    pub size: u64,
-    pub etag: Arc<str>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -731,72 +725,6 @@ impl Namespace {
             Ok(_) => None,
             Err(e) => Some(Err(e)),
         }
-    }
-
-    /// [`Self::open_target`] when it needs no request to the store.
-    pub(crate) fn open_target_cached(
-        &self,
-        ino: u64,
-    ) -> Option<Result<OpenTarget, NamespaceError>> {
-        Some(
-            self.getattr_cached(ino)?
-                .and_then(|attr| self.target_of(ino, attr)),
-        )
-    }
-
-    /// What to read when `ino` is opened: revalidated per the TTL (close-to-open consistency).
-    pub(crate) async fn open_target(&self, ino: u64) -> Result<OpenTarget, NamespaceError> {
-        let attr = self.getattr(ino).await?;
-        self.target_of(ino, attr)
-    }
-
-    fn target_of(&self, ino: u64, attr: Attr) -> Result<OpenTarget, NamespaceError> {
-        match attr.kind {
-            Kind::Dir => Err(NamespaceError::IsADirectory),
-            Kind::File { size, etag } => Ok(OpenTarget {
-                key: self.key_of(ino),
-                size,
-                etag,
-            }),
-        }
-    }
-
-    /// Gives the name of file `ino` a new inode with its current attributes, and leaves `ino`
-    /// to the handles still open on it; returns the new inode (or the one the name already
-    /// moved to). For an object that changed while its old version is open in a way the kernel
-    /// ties to the inode (a passthrough backing file): the next lookup of the name finds the
-    /// new inode, as after a file was replaced by a rename. The parent's listing is dropped so
-    /// no directory read hands out the old inode for the name again.
-    pub(crate) fn supersede(&self, ino: u64) -> Option<u64> {
-        let mut tree = self.tree.write();
-        let node = Self::node(&tree, ino).ok()?;
-        let Body::File { size, etag } = &node.body else {
-            return None; // directories (the root among them) keep their inodes
-        };
-        let (parent, name) = (node.parent, node.name.clone());
-        let successor = Node {
-            parent,
-            name: name.clone(),
-            body: Body::File {
-                size: *size,
-                etag: etag.clone(),
-            },
-            mtime: node.mtime,
-            checked: node.checked,
-        };
-        let new_ino = tree.nodes.len() as u64 + 1;
-        let dir = Self::dir_mut(&mut tree, parent).ok()?;
-        match dir.child(&name) {
-            Some(current) if current == ino => {}
-            other => return other,
-        }
-        dir.set_child(name, new_ino);
-        dir.listed_at = None;
-        tree.push(successor);
-        let parent_prefix = self.dir_prefix(&tree, parent);
-        drop(tree);
-        self.forget_kept(&parent_prefix);
-        Some(new_ino)
     }
 
     /// Deletes the kept listing of a directory whose in-memory listing was dropped because

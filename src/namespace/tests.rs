@@ -730,3 +730,64 @@ fn a_node_takes_seventy_two_bytes() {
     // The per-object budget (`tests/namespace_memory.rs`) counts on it.
     assert_eq!(std::mem::size_of::<super::Node>(), 72);
 }
+
+/// The fs layer's open versions, played: `(inode, ETag)` pairs held open.
+#[derive(Default)]
+struct HeldOpen(parking_lot::Mutex<Vec<(u64, Arc<str>)>>);
+
+impl VersionsInUse for HeldOpen {
+    fn other_version_open(&self, ino: u64, etag: &str) -> bool {
+        self.0.lock().iter().any(|(i, e)| *i == ino && &**e != etag)
+    }
+}
+
+#[tokio::test]
+async fn an_open_of_a_new_version_beside_an_open_old_one_moves_the_name_in_one_call() {
+    let (store, ns) = ns_with(
+        &["d/a.bin"],
+        100,
+        MetadataTtl::For(Duration::from_secs(3600)),
+    );
+    let held = HeldOpen::default();
+    let dir = ns.lookup(ROOT_INO, "d").await.unwrap().ino;
+    let old = ns.lookup(dir, "a.bin").await.unwrap().ino;
+    let Opening::Current(v1) = ns.open(old, &held).await.unwrap() else {
+        panic!("nothing else is open: the inode is read as it is");
+    };
+    held.0.lock().push((old, v1.etag.clone()));
+    // The same version again: still the same inode.
+    assert_eq!(
+        ns.open(old, &held).await.unwrap(),
+        Opening::Current(v1.clone())
+    );
+    // Replaced in the store: two opens at once of the old inode both see the new version,
+    // and the name gets one new inode.
+    store.put("d/a.bin", b"the second version, longer".to_vec());
+    ns.invalidate(old); // as when the store refused the old version's read proof
+    let (first, second) = tokio::join!(ns.open(old, &held), ns.open(old, &held));
+    let (first, second) = (first.unwrap(), second.unwrap());
+    let Opening::Moved {
+        target: v2,
+        to: Some(new),
+    } = first.clone()
+    else {
+        panic!("another version is open: {first:?}");
+    };
+    assert_eq!(second, first);
+    assert_ne!(new, old);
+    assert_ne!(v2.etag, v1.etag);
+    assert_eq!(v2.key, "d/a.bin");
+    assert_eq!(v2.size, 26);
+    // The name leads to the new inode, which opens at the new version; the fast path never
+    // answers for the old inode while the other version is open.
+    assert_eq!(ns.lookup(dir, "a.bin").await.unwrap().ino, new);
+    assert_eq!(
+        ns.open(new, &held).await.unwrap(),
+        Opening::Current(v2.clone())
+    );
+    assert_eq!(ns.open_cached(new, &held), Some(Ok(v2.clone())));
+    assert_eq!(ns.open_cached(old, &held), None);
+    // Once the old handle is closed, the old inode opens (at the new version) where it is.
+    held.0.lock().clear();
+    assert_eq!(ns.open_cached(old, &held), Some(Ok(v2)));
+}

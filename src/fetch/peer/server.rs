@@ -36,7 +36,10 @@ use crate::http_server::{self, ServerLimits};
 use crate::store::StoreError;
 
 pub const MAX_CONNECTIONS: usize = 1024;
+/// Also how long an idle keep-alive connection stays open (hyper's header-read timeout runs
+/// while one waits for its next request): askers drop theirs well before.
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+const _: () = assert!(super::client::POOL_IDLE.as_secs() * 3 <= HEADER_TIMEOUT.as_secs());
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
