@@ -39,7 +39,7 @@ use crate::prefetch::{Oracle, PrefetchConfig, Prefetcher};
 use crate::reader::ReadAheadConfig;
 use crate::store::retry::{RetryPolicy, RetryingStore};
 use crate::store::s3::{S3Config, S3Store};
-use crate::store::{ObjectStore, StoreError};
+use crate::store::{ListRequest, ObjectStore, StoreError};
 
 /// The kernel's read-ahead for the mount's files: asked for at `INIT` and set as the mount's
 /// backing-device window (`fs::bdi`), so reads served by the daemon come in 1 MiB requests.
@@ -707,7 +707,7 @@ async fn probe(raw: Arc<dyn ObjectStore>, args: &MountArgs) -> anyhow::Result<()
         max_delay: Duration::from_secs(1),
     };
     let store = RetryingStore::new(raw, policy);
-    let listing = store.list_page(&args.source.prefix, None, Some(1));
+    let listing = store.list_page(ListRequest::probe(&args.source.prefix));
     match tokio::time::timeout(PROBE_TIMEOUT, listing).await {
         Err(_) => bail!(
             "no answer from {endpoint} within {} s",

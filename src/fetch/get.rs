@@ -13,6 +13,7 @@ use super::budget::Budget;
 use super::claim::NewBlock;
 use super::{FetchError, Fetcher, ObjectVersion};
 use crate::cache::ring::AlignedBuf;
+use crate::store::RangeRequest;
 
 impl Fetcher {
     /// Receives one GET's body and completes each block as soon as its last byte arrives.
@@ -31,7 +32,7 @@ impl Fetcher {
         let mut failure: Option<FetchError> = None;
         match self
             .store
-            .get_range_stream(&obj.key, range.clone(), Some(&obj.etag))
+            .get_range_stream(RangeRequest::of_version(&obj.key, range.clone(), &obj.etag))
             .await
         {
             Err(e) => failure = Some(e.into()),
@@ -85,7 +86,11 @@ impl Fetcher {
             Some(e) => Err(e),
             None => self
                 .store
-                .get_range(&obj.key, retry_range.clone(), Some(&obj.etag))
+                .get_range(RangeRequest::of_version(
+                    &obj.key,
+                    retry_range.clone(),
+                    &obj.etag,
+                ))
                 .await
                 .map_err(FetchError::from),
         };

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use futures::future::{FutureExt, Shared};
 
 use super::{DiskTier, FetchError, Fetcher, ObjectVersion};
-use crate::store::StoreError;
+use crate::store::{RangeRequest, StoreError};
 
 pub(super) type Proof = Shared<futures::future::BoxFuture<'static, Result<(), FetchError>>>;
 
@@ -94,7 +94,11 @@ impl Fetcher {
         };
         let key = disk.entry_key(obj);
         self.stats.proof_requests.fetch_add(1, Ordering::Relaxed);
-        match self.store.get_range(&obj.key, 0..1, Some(&obj.etag)).await {
+        match self
+            .store
+            .get_range(RangeRequest::of_version(&obj.key, 0..1, &obj.etag))
+            .await
+        {
             Ok(_) => {
                 disk.proofs.record(key, crate::cache::Verdict::MayRead);
                 Ok(())

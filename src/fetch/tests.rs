@@ -825,21 +825,14 @@ mod proofs {
     impl ObjectStore for ListOnly {
         async fn list_page(
             &self,
-            prefix: &str,
-            token: Option<&str>,
-            max_keys: Option<u32>,
+            req: crate::store::ListRequest<'_>,
         ) -> Result<crate::store::ListPage, StoreError> {
-            self.inner.list_page(prefix, token, max_keys).await
+            self.inner.list_page(req).await
         }
         async fn head(&self, key: &str) -> Result<crate::store::ObjectMeta, StoreError> {
             self.inner.head(key).await
         }
-        async fn get_range(
-            &self,
-            _key: &str,
-            _range: Range<u64>,
-            _etag: Option<&str>,
-        ) -> Result<Bytes, StoreError> {
+        async fn get_range(&self, _: crate::store::RangeRequest<'_>) -> Result<Bytes, StoreError> {
             self.gets.fetch_add(1, Ordering::SeqCst);
             Err(StoreError::AccessDenied("AccessDenied (HTTP 403)".into()))
         }

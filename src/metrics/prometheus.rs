@@ -322,24 +322,21 @@ fn encode_spec(
             ConstGauge::new(i64::from(text == expected)).encode(m)?;
         }
         Kind::Counter => {
-            if let Some(n) = value.as_u64() {
-                let m = encoder.encode_descriptor(
-                    s.name,
-                    s.help,
-                    unit.as_ref(),
-                    MetricType::Counter,
-                )?;
-                ConstCounter::new(n).encode(m)?;
-            } else if let Some(x) = value.as_f64().filter(|x| *x >= 0.0) {
-                let m = encoder.encode_descriptor(
-                    s.name,
-                    s.help,
-                    unit.as_ref(),
-                    MetricType::Counter,
-                )?;
-                ConstCounter::new(x).encode(m)?;
-            } else {
-                return Ok(false);
+            // A count (exact), or a non-negative total such as seconds.
+            enum Total {
+                Count(u64),
+                Amount(f64),
+            }
+            let total = match (value.as_u64(), value.as_f64()) {
+                (Some(n), _) => Total::Count(n),
+                (None, Some(x)) if x >= 0.0 => Total::Amount(x),
+                _ => return Ok(false),
+            };
+            let m =
+                encoder.encode_descriptor(s.name, s.help, unit.as_ref(), MetricType::Counter)?;
+            match total {
+                Total::Count(n) => ConstCounter::new(n).encode(m)?,
+                Total::Amount(x) => ConstCounter::new(x).encode(m)?,
             }
         }
         Kind::Gauge => {
@@ -602,32 +599,19 @@ mod tests {
             text.contains("# TYPE riffle_fuse_op_duration_seconds histogram"),
             "{text}"
         );
-        let read = |suffix: &str| {
-            sample(&text, &format!("riffle_fuse_op_duration_seconds_{suffix}")).map(String::from)
-        };
-        assert_eq!(read("count{op=\"read\"}").as_deref(), Some("2"));
-        assert_eq!(read("sum{op=\"read\"}").as_deref(), Some("0.022"));
-        assert_eq!(
-            read("bucket{le=\"0.001\",op=\"read\"}").as_deref(),
-            Some("0")
-        );
-        assert_eq!(
-            read("bucket{le=\"0.0025\",op=\"read\"}").as_deref(),
-            Some("1")
-        );
-        assert_eq!(
-            read("bucket{le=\"0.025\",op=\"read\"}").as_deref(),
-            Some("2")
-        );
-        assert_eq!(
-            read("bucket{le=\"+Inf\",op=\"read\"}").as_deref(),
-            Some("2")
-        );
-        assert_eq!(
-            read("bucket{le=\"0.00001\",op=\"lookup\"}").as_deref(),
-            Some("1")
-        );
-        assert_eq!(read("count{op=\"getattr\"}").as_deref(), Some("0"));
+        for (suffix, want) in [
+            ("count{op=\"read\"}", "2"),
+            ("sum{op=\"read\"}", "0.022"),
+            ("bucket{le=\"0.001\",op=\"read\"}", "0"),
+            ("bucket{le=\"0.0025\",op=\"read\"}", "1"),
+            ("bucket{le=\"0.025\",op=\"read\"}", "2"),
+            ("bucket{le=\"+Inf\",op=\"read\"}", "2"),
+            ("bucket{le=\"0.00001\",op=\"lookup\"}", "1"),
+            ("count{op=\"getattr\"}", "0"),
+        ] {
+            let name = format!("riffle_fuse_op_duration_seconds_{suffix}");
+            assert_eq!(sample(&text, &name), Some(want), "{name}");
+        }
         assert_eq!(
             sample(&text, "riffle_fuse_ops_in_progress{op=\"open\"}"),
             Some("1")

@@ -54,7 +54,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::RwLock;
 
-use crate::store::{ObjectMeta, ObjectStore, StoreError};
+use crate::store::{ListRequest, ObjectMeta, ObjectStore, StoreError};
 use background::{Fanout, FanoutConfig};
 use kept::KeptListings;
 use listings::{Claim, Listings};
@@ -329,7 +329,7 @@ impl Namespace {
     #[cfg(test)]
     pub(crate) async fn check_access(&self) -> Result<(), NamespaceError> {
         self.store
-            .list_page(&self.root_prefix, None, Some(1))
+            .list_page(ListRequest::probe(&self.root_prefix))
             .await?;
         if let Some(kept) = &self.kept {
             kept.grant_access();
@@ -615,7 +615,7 @@ impl Namespace {
         let dir_prefix = format!("{key}/");
         let (head, list) = futures::join!(
             self.store.head(&key),
-            self.store.list_page(&dir_prefix, None, Some(1))
+            self.store.list_page(ListRequest::probe(&dir_prefix))
         );
         let list = list?;
         let is_dir = !list.objects.is_empty() || !list.prefixes.is_empty();

@@ -16,7 +16,7 @@ use super::listings::{Claim, Lead};
 use super::names::invalid_reason;
 use super::tree::{DirEntry, NodeKind, Tree};
 use super::{MetadataTtl, Namespace, NamespaceError};
-use crate::store::{ListPage, ObjectMeta};
+use crate::store::{ListPage, ListRequest, ObjectMeta};
 
 /// Kept listings written at once (each on a blocking thread).
 const KEPT_WRITERS: usize = 2;
@@ -277,7 +277,10 @@ impl Namespace {
         let mut pages = Vec::new();
         let mut token: Option<String> = None;
         loop {
-            let page = self.store.list_page(prefix, token.as_deref(), None).await?;
+            let page = self
+                .store
+                .list_page(ListRequest::page(prefix, token.as_deref()))
+                .await?;
             token = page.next_token.clone();
             pages.push(page);
             if token.is_none() {

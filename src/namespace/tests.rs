@@ -329,8 +329,8 @@ async fn concurrent_readdirs_share_one_listing() {
 // ---- Listing ahead (module `background`) and kept listings (module `kept`) ----
 
 mod ahead_and_kept {
+    use crate::store::RangeRequest;
     use std::collections::BTreeSet;
-    use std::ops::Range;
     use std::sync::atomic::{AtomicU64, Ordering};
 
     use async_trait::async_trait;
@@ -352,28 +352,18 @@ mod ahead_and_kept {
 
     #[async_trait]
     impl ObjectStore for ListGauge {
-        async fn list_page(
-            &self,
-            prefix: &str,
-            token: Option<&str>,
-            max_keys: Option<u32>,
-        ) -> Result<ListPage, StoreError> {
+        async fn list_page(&self, req: ListRequest<'_>) -> Result<ListPage, StoreError> {
             let now = self.active.fetch_add(1, Ordering::SeqCst) + 1;
             self.max.fetch_max(now, Ordering::SeqCst);
-            let page = self.inner.list_page(prefix, token, max_keys).await;
+            let page = self.inner.list_page(req).await;
             self.active.fetch_sub(1, Ordering::SeqCst);
             page
         }
         async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
             self.inner.head(key).await
         }
-        async fn get_range(
-            &self,
-            key: &str,
-            range: Range<u64>,
-            etag: Option<&str>,
-        ) -> Result<Bytes, StoreError> {
-            self.inner.get_range(key, range, etag).await
+        async fn get_range(&self, req: RangeRequest<'_>) -> Result<Bytes, StoreError> {
+            self.inner.get_range(req).await
         }
     }
 

@@ -11,7 +11,6 @@
 //! can assert how many requests reached the store.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
@@ -19,7 +18,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use parking_lot::Mutex;
 
-use super::{ByteChunks, ListPage, ObjectMeta, ObjectStore, StoreError};
+use super::{ByteChunks, ListPage, ListRequest, ObjectMeta, ObjectStore, RangeRequest, StoreError};
 
 /// Streamed bodies come in chunks of this many bytes, so block assembly across chunk
 /// boundaries is exercised.
@@ -176,12 +175,12 @@ impl MemoryStore {
 
 #[async_trait]
 impl ObjectStore for MemoryStore {
-    async fn list_page(
-        &self,
-        prefix: &str,
-        token: Option<&str>,
-        max_keys: Option<u32>,
-    ) -> Result<ListPage, StoreError> {
+    async fn list_page(&self, req: ListRequest<'_>) -> Result<ListPage, StoreError> {
+        let ListRequest {
+            prefix,
+            token,
+            max_keys,
+        } = req;
         if let Some(Fault::Error(e)) = self.enter(Op::List).await {
             return Err(e);
         }
@@ -237,12 +236,12 @@ impl ObjectStore for MemoryStore {
             .ok_or(StoreError::NotFound)
     }
 
-    async fn get_range(
-        &self,
-        key: &str,
-        range: Range<u64>,
-        etag: Option<&str>,
-    ) -> Result<Bytes, StoreError> {
+    async fn get_range(&self, req: RangeRequest<'_>) -> Result<Bytes, StoreError> {
+        let RangeRequest {
+            key,
+            range,
+            if_match: etag,
+        } = req;
         self.get_log.lock().push(key.to_string());
         let now = self.active_gets.fetch_add(1, Ordering::SeqCst) + 1;
         self.max_active_gets.fetch_max(now, Ordering::SeqCst);
@@ -280,13 +279,8 @@ impl ObjectStore for MemoryStore {
         Ok(data)
     }
 
-    async fn get_range_stream(
-        &self,
-        key: &str,
-        range: Range<u64>,
-        etag: Option<&str>,
-    ) -> Result<ByteChunks, StoreError> {
-        let data = self.get_range(key, range, etag).await?;
+    async fn get_range_stream(&self, req: RangeRequest<'_>) -> Result<ByteChunks, StoreError> {
+        let data = self.get_range(req).await?;
         let chunks: Vec<Result<Bytes, StoreError>> = (0..data.len())
             .step_by(STREAM_CHUNK)
             .map(|i| Ok(data.slice(i..(i + STREAM_CHUNK).min(data.len()))))
@@ -314,15 +308,15 @@ mod tests {
         for k in ["a", "b/1", "b/2", "c", "d/", "e"] {
             store.put(k, "x");
         }
-        let p1 = store.list_page("", None, None).await.unwrap();
+        let p1 = store.list_page(ListRequest::page("", None)).await.unwrap();
         assert_eq!(names(&p1), (vec!["a".into()], vec!["b/".into()]));
         let p2 = store
-            .list_page("", p1.next_token.as_deref(), None)
+            .list_page(ListRequest::page("", p1.next_token.as_deref()))
             .await
             .unwrap();
         assert_eq!(names(&p2), (vec!["c".into()], vec!["d/".into()]));
         let p3 = store
-            .list_page("", p2.next_token.as_deref(), None)
+            .list_page(ListRequest::page("", p2.next_token.as_deref()))
             .await
             .unwrap();
         assert_eq!(names(&p3), (vec!["e".into()], vec![]));
@@ -334,7 +328,7 @@ mod tests {
         let store = MemoryStore::new();
         store.put("k", vec![7u8; 2000]);
         let chunks: Vec<_> = store
-            .get_range_stream("k", 0..2000, None)
+            .get_range_stream(RangeRequest::any_version("k", 0..2000))
             .await
             .unwrap()
             .collect()
@@ -349,12 +343,17 @@ mod tests {
         let store = MemoryStore::new();
         let etag = store.put("k", "hello");
         assert_eq!(
-            store.get_range("k", 1..3, Some(&etag)).await.unwrap(),
+            store
+                .get_range(RangeRequest::of_version("k", 1..3, &etag))
+                .await
+                .unwrap(),
             Bytes::from("el")
         );
         store.put("k", "world");
         assert_eq!(
-            store.get_range("k", 0..3, Some(&etag)).await,
+            store
+                .get_range(RangeRequest::of_version("k", 0..3, &etag))
+                .await,
             Err(StoreError::PreconditionFailed)
         );
     }

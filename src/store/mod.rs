@@ -54,38 +54,85 @@ pub type ByteChunks = futures::stream::BoxStream<'static, Result<Bytes, StoreErr
 /// A read-only view of one bucket.
 #[async_trait]
 pub trait ObjectStore: Send + Sync + 'static {
-    /// Lists one page of keys under `prefix` using `/` as the delimiter.
-    /// `max_keys` limits the page size (the store may return fewer).
-    async fn list_page(
-        &self,
-        prefix: &str,
-        token: Option<&str>,
-        max_keys: Option<u32>,
-    ) -> Result<ListPage, StoreError>;
+    /// Lists one page of keys ([`ListRequest`]).
+    async fn list_page(&self, req: ListRequest<'_>) -> Result<ListPage, StoreError>;
 
     /// Attributes of `key`, or [`StoreError::NotFound`].
     async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError>;
 
-    /// Bytes `range` of `key`. With `etag`, the read fails with
-    /// [`StoreError::PreconditionFailed`] if the object is no longer that version.
-    async fn get_range(
-        &self,
-        key: &str,
-        range: Range<u64>,
-        etag: Option<&str>,
-    ) -> Result<Bytes, StoreError>;
+    /// The bytes of a ranged GET ([`RangeRequest`]).
+    async fn get_range(&self, req: RangeRequest<'_>) -> Result<Bytes, StoreError>;
 
     /// Like [`ObjectStore::get_range`], but hands out the body as it arrives, so the first
     /// blocks of a large part can be served before its last byte is in. The stream may end
     /// early or fail midway; the caller checks the length it got.
-    async fn get_range_stream(
-        &self,
-        key: &str,
-        range: Range<u64>,
-        etag: Option<&str>,
-    ) -> Result<ByteChunks, StoreError> {
-        let data = self.get_range(key, range, etag).await?;
+    async fn get_range_stream(&self, req: RangeRequest<'_>) -> Result<ByteChunks, StoreError> {
+        let data = self.get_range(req).await?;
         Ok(Box::pin(futures::stream::once(async move { Ok(data) })))
+    }
+}
+
+/// One page of a delimited listing to ask for: the keys and common prefixes under `prefix`
+/// (with `/` as the delimiter) after `token`, at most `max_keys` of them (the store may
+/// return fewer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListRequest<'a> {
+    pub prefix: &'a str,
+    pub token: Option<&'a str>,
+    pub max_keys: Option<u32>,
+}
+
+impl<'a> ListRequest<'a> {
+    /// The page after `token` (the first with `None`), as large as the store makes it.
+    pub fn page(prefix: &'a str, token: Option<&'a str>) -> Self {
+        ListRequest {
+            prefix,
+            token,
+            max_keys: None,
+        }
+    }
+
+    /// One key at the most: whether anything is listed under `prefix`.
+    pub fn probe(prefix: &'a str) -> Self {
+        ListRequest {
+            prefix,
+            token: None,
+            max_keys: Some(1),
+        }
+    }
+}
+
+/// A ranged GET: bytes `range` of `key`. With `if_match`, the read fails with
+/// [`StoreError::PreconditionFailed`] if the object is no longer that version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RangeRequest<'a> {
+    pub key: &'a str,
+    pub range: Range<u64>,
+    pub if_match: Option<&'a str>,
+}
+
+impl<'a> RangeRequest<'a> {
+    /// Bytes `range` of version `etag` of `key`.
+    pub fn of_version(key: &'a str, range: Range<u64>, etag: &'a str) -> Self {
+        RangeRequest {
+            key,
+            range,
+            if_match: Some(etag),
+        }
+    }
+
+    /// Bytes `range` of whatever version of `key` is current.
+    pub fn any_version(key: &'a str, range: Range<u64>) -> Self {
+        RangeRequest {
+            key,
+            range,
+            if_match: None,
+        }
+    }
+
+    /// The number of bytes asked for.
+    pub fn byte_count(&self) -> u64 {
+        self.range.end.saturating_sub(self.range.start)
     }
 }
 

@@ -7,7 +7,6 @@
 //! (not found, access denied, precondition failed) are returned at once. The number of retries
 //! is counted so `riffle stats` and tests can see them.
 
-use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +15,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use rand::Rng;
 
-use super::{ByteChunks, ListPage, ObjectMeta, ObjectStore, StoreError};
+use super::{ByteChunks, ListPage, ListRequest, ObjectMeta, ObjectStore, RangeRequest, StoreError};
 
 /// How often and how patiently to retry.
 #[derive(Debug, Clone, Copy)]
@@ -98,29 +97,18 @@ impl RetryingStore {
 
 #[async_trait]
 impl ObjectStore for RetryingStore {
-    async fn list_page(
-        &self,
-        prefix: &str,
-        token: Option<&str>,
-        max_keys: Option<u32>,
-    ) -> Result<ListPage, StoreError> {
-        self.run("LIST", || self.inner.list_page(prefix, token, max_keys))
-            .await
+    async fn list_page(&self, req: ListRequest<'_>) -> Result<ListPage, StoreError> {
+        self.run("LIST", || self.inner.list_page(req)).await
     }
 
     async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
         self.run("HEAD", || self.inner.head(key)).await
     }
 
-    async fn get_range(
-        &self,
-        key: &str,
-        range: Range<u64>,
-        etag: Option<&str>,
-    ) -> Result<Bytes, StoreError> {
-        let expected = range.end - range.start;
+    async fn get_range(&self, req: RangeRequest<'_>) -> Result<Bytes, StoreError> {
+        let expected = req.byte_count();
         self.run("GET", || async {
-            let data = self.inner.get_range(key, range.clone(), etag).await?;
+            let data = self.inner.get_range(req.clone()).await?;
             if data.len() as u64 != expected {
                 return Err(StoreError::Transient(
                     format!("short body: {} of {expected} bytes", data.len()).into(),
@@ -132,16 +120,9 @@ impl ObjectStore for RetryingStore {
     }
 
     /// Retries until the response starts; a failure midway is the caller's to handle.
-    async fn get_range_stream(
-        &self,
-        key: &str,
-        range: Range<u64>,
-        etag: Option<&str>,
-    ) -> Result<ByteChunks, StoreError> {
-        self.run("GET", || {
-            self.inner.get_range_stream(key, range.clone(), etag)
-        })
-        .await
+    async fn get_range_stream(&self, req: RangeRequest<'_>) -> Result<ByteChunks, StoreError> {
+        self.run("GET", || self.inner.get_range_stream(req.clone()))
+            .await
     }
 }
 
@@ -168,7 +149,10 @@ mod tests {
         );
         mem.inject(Op::Get, Fault::Truncate(3));
         let store = RetryingStore::new(mem.clone(), fast());
-        let data = store.get_range("k", 2..8, None).await.unwrap();
+        let data = store
+            .get_range(RangeRequest::any_version("k", 2..8))
+            .await
+            .unwrap();
         assert_eq!(data, Bytes::from("234567"));
         assert_eq!(mem.count(Op::Get), 3);
         assert_eq!(store.retries(), 2);

@@ -10,7 +10,6 @@
 //!
 //! Secrets never leave the SDK: errors carry the service's error code and message only.
 
-use std::ops::Range;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -24,7 +23,10 @@ use aws_smithy_types::retry::RetryConfig;
 use aws_smithy_types::timeout::TimeoutConfig;
 use bytes::Bytes;
 
-use super::{normalize_etag, ByteChunks, Detail, ListPage, ObjectMeta, ObjectStore, StoreError};
+use super::{
+    normalize_etag, ByteChunks, Detail, ListPage, ListRequest, ObjectMeta, ObjectStore,
+    RangeRequest, StoreError,
+};
 
 /// How to reach one bucket.
 #[derive(Debug, Clone, Default)]
@@ -229,22 +231,17 @@ fn to_system_time(t: Option<&aws_smithy_types::DateTime>) -> SystemTime {
 
 #[async_trait]
 impl ObjectStore for S3Store {
-    async fn list_page(
-        &self,
-        prefix: &str,
-        token: Option<&str>,
-        max_keys: Option<u32>,
-    ) -> Result<ListPage, StoreError> {
+    async fn list_page(&self, page: ListRequest<'_>) -> Result<ListPage, StoreError> {
         let mut req = self
             .client
             .list_objects_v2()
             .bucket(&self.bucket)
-            .prefix(prefix)
+            .prefix(page.prefix)
             .delimiter("/");
-        if let Some(t) = token {
+        if let Some(t) = page.token {
             req = req.continuation_token(t);
         }
-        if let Some(m) = max_keys {
+        if let Some(m) = page.max_keys {
             req = req.max_keys(m.min(1000) as i32);
         }
         let out = req.send().await.map_err(|e| self.classify(e))?;
@@ -294,30 +291,20 @@ impl ObjectStore for S3Store {
         })
     }
 
-    async fn get_range(
-        &self,
-        key: &str,
-        range: Range<u64>,
-        etag: Option<&str>,
-    ) -> Result<Bytes, StoreError> {
-        if range.start >= range.end {
+    async fn get_range(&self, req: RangeRequest<'_>) -> Result<Bytes, StoreError> {
+        if req.byte_count() == 0 {
             return Ok(Bytes::new());
         }
-        let out = self.send_get(key, &range, etag).await?;
+        let out = self.send_get(&req).await?;
         let body = out.body.collect().await.map_err(body_error)?;
         Ok(body.into_bytes())
     }
 
-    async fn get_range_stream(
-        &self,
-        key: &str,
-        range: Range<u64>,
-        etag: Option<&str>,
-    ) -> Result<ByteChunks, StoreError> {
-        if range.start >= range.end {
+    async fn get_range_stream(&self, req: RangeRequest<'_>) -> Result<ByteChunks, StoreError> {
+        if req.byte_count() == 0 {
             return Ok(Box::pin(futures::stream::empty()));
         }
-        let out = self.send_get(key, &range, etag).await?;
+        let out = self.send_get(&req).await?;
         let chunks = futures::stream::unfold(out.body, |mut body| async move {
             let next = body.next().await?;
             let item = next.map_err(body_error);
@@ -330,17 +317,16 @@ impl ObjectStore for S3Store {
 impl S3Store {
     async fn send_get(
         &self,
-        key: &str,
-        range: &Range<u64>,
-        etag: Option<&str>,
+        get: &RangeRequest<'_>,
     ) -> Result<aws_sdk_s3::operation::get_object::GetObjectOutput, StoreError> {
+        let (key, range) = (get.key, &get.range);
         let mut req = self
             .client
             .get_object()
             .bucket(&self.bucket)
             .key(key)
             .range(format!("bytes={}-{}", range.start, range.end - 1));
-        if let Some(etag) = etag {
+        if let Some(etag) = get.if_match {
             req = req.if_match(format!("\"{etag}\""));
         }
         req.send().await.map_err(|e| self.classify(e))
