@@ -107,23 +107,23 @@ impl PeerClient {
         let path = Self::path(&self.bucket, obj, index, self.block_size);
         let fields = Fields::now(&self.node, &self.principal);
         let authorization = self.secret.sign("GET", &path, &fields);
-        let request = || {
-            hyper::Request::get(format!("http://{addr}{path}"))
+        let mut retried = false;
+        let response = loop {
+            let request = hyper::Request::get(format!("http://{addr}{path}"))
                 .header(AUTHORIZATION, &authorization)
                 .header(auth::TIME, fields.time.to_string())
                 .header(auth::NODE, &fields.node)
                 .header(auth::PRINCIPAL, &fields.principal)
                 .body(Empty::new())
-                .map_err(|e| PeerError::Request(e.to_string()))
-        };
-        let response = match self.http.request(request()?).await {
-            Err(e) if closed_before_answer(&e) => {
-                tracing::debug!(peer = %addr, error = %error_chain(&e), "the connection closed under the request; sending it once more");
-                self.http.request(request()?).await
+                .map_err(|e| PeerError::Request(e.to_string()))?;
+            match self.http.request(request).await {
+                Err(e) if !retried && closed_before_answer(&e) => {
+                    tracing::debug!(peer = %addr, error = %error_chain(&e), "the connection closed under the request; sending it once more");
+                    retried = true;
+                }
+                other => break other.map_err(|e| PeerError::Request(error_chain(&e)))?,
             }
-            other => other,
-        }
-        .map_err(|e| PeerError::Request(error_chain(&e)))?;
+        };
         let status = response.status();
         if status != hyper::StatusCode::OK {
             return Err(PeerError::Status(status.as_u16()));
