@@ -238,6 +238,20 @@ pub fn to_status(err: &VolumeError) -> Status {
     Status::new(code, err.to_string())
 }
 
+/// Maps a failed unpublish, stage or unstage of `volume_id` at `path` to its status, and logs
+/// it at ERROR (a publish's failure is logged by its caller: its message is scrubbed of keys).
+fn failed<'a>(
+    call: &'static str,
+    volume_id: &'a str,
+    path: &'a Path,
+) -> impl FnOnce(VolumeError) -> Status + 'a {
+    move |e| {
+        let status = to_status(&e);
+        tracing::error!(volume_id, path = %path.display(), error = %status.message(), "{call} failed");
+        status
+    }
+}
+
 #[tonic::async_trait]
 impl Node for NodeService {
     async fn node_publish_volume(
@@ -280,11 +294,7 @@ impl Node for NodeService {
         self.manager
             .unpublish(&req.volume_id, &target)
             .await
-            .map_err(|e| {
-                let status = to_status(&e);
-                tracing::error!(volume_id = %req.volume_id, target = %target.display(), error = %status.message(), "NodeUnpublishVolume failed");
-                status
-            })?;
+            .map_err(failed("NodeUnpublishVolume", &req.volume_id, &target))?;
         Ok(Response::new(NodeUnpublishVolumeResponse {}))
     }
 
@@ -303,7 +313,7 @@ impl Node for NodeService {
         self.manager
             .stage(&req.volume_id, &staging)
             .await
-            .map_err(|e| to_status(&e))?;
+            .map_err(failed("NodeStageVolume", &req.volume_id, &staging))?;
         Ok(Response::new(NodeStageVolumeResponse {}))
     }
 
@@ -321,11 +331,7 @@ impl Node for NodeService {
         self.manager
             .unstage(&req.volume_id, &staging)
             .await
-            .map_err(|e| {
-                let status = to_status(&e);
-                tracing::error!(volume_id = %req.volume_id, staging = %staging.display(), error = %status.message(), "NodeUnstageVolume failed");
-                status
-            })?;
+            .map_err(failed("NodeUnstageVolume", &req.volume_id, &staging))?;
         Ok(Response::new(NodeUnstageVolumeResponse {}))
     }
 

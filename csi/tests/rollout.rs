@@ -359,6 +359,25 @@ struct ReaderResult {
     errors: Vec<String>,
 }
 
+impl ReaderResult {
+    /// Writes the pod's reads to the transcript under `scenario`, and asserts that it read,
+    /// with no failed read and no wrong byte.
+    fn check(&self, scenario: &str) {
+        transcript(format!(
+            "{scenario}: {} rounds; reads {} ({} passes), failed reads {}, wrong reads {}, longest read {} ms",
+            rounds(),
+            self.reads,
+            self.passes,
+            self.failed,
+            self.wrong,
+            self.longest_ms
+        ));
+        assert_eq!(self.failed, 0, "failed reads: {:?}", self.errors);
+        assert_eq!(self.wrong, 0, "wrong bytes: {:?}", self.errors);
+        assert!(self.reads > 0);
+    }
+}
+
 impl Pod {
     fn start(node: &Node, target: &Path, files: &[(String, Vec<u8>)]) -> Self {
         let manifest: Vec<(String, usize, String)> = files
@@ -695,19 +714,7 @@ async fn restarts_leave_reads_alone(scenario: Scenario) {
     }
     // The last plugin knows the volume: publishing again is a no-op.
     node.publish(&mut csi, "vol-train", &target, &bucket).await;
-    let result = pod.finish();
-    transcript(format!(
-        "{scenario:?}: {} rounds; reads {} ({} passes), failed reads {}, wrong reads {}, longest read {} ms",
-        rounds(),
-        result.reads,
-        result.passes,
-        result.failed,
-        result.wrong,
-        result.longest_ms
-    ));
-    assert_eq!(result.failed, 0, "failed reads: {:?}", result.errors);
-    assert_eq!(result.wrong, 0, "wrong bytes: {:?}", result.errors);
-    assert!(result.reads > 0);
+    pod.finish().check(&format!("{scenario:?}"));
 
     // The daemon kept FUSE passthrough in the mounter's container.
     let fuse = fuse_stats(&env, &target);
@@ -1019,17 +1026,7 @@ async fn a_mounter_rollout_leaves_a_staged_volumes_pods_reading() {
             pod.passes()
         ));
     }
-    let result = pod.finish();
-    transcript(format!(
-        "staged volume: {} rounds; reads {}, failed {}, wrong {}, longest read {} ms",
-        rounds(),
-        result.reads,
-        result.failed,
-        result.wrong,
-        result.longest_ms
-    ));
-    assert_eq!(result.failed, 0, "failed reads: {:?}", result.errors);
-    assert_eq!(result.wrong, 0, "wrong bytes: {:?}", result.errors);
+    pod.finish().check("staged volume");
     assert_eq!(
         std::fs::read_to_string(pods[1].join("shard-2/data.txt")).expect("the other pod reads"),
         content(2)

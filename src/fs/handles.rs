@@ -249,10 +249,11 @@ impl Handles {
 
 impl VersionsInUse for Handles {
     /// Whether handles of `ino` are open at another version than `etag`; an open of `etag`
-    /// must then get a new inode (the namespace gives it one). Passthrough handles: the kernel refuses any other open of
-    /// the inode (one backing file per inode, and no daemon-served opens beside it).
-    /// Handles served by the daemon: they share the inode's page cache, and the old handle's
-    /// reads would fill it with old pages that the new handle then reads (a blend).
+    /// must then get a new inode (the namespace gives it one). Passthrough handles: the
+    /// kernel refuses any other open of the inode (one backing file per inode, and no
+    /// daemon-served opens beside it). Handles served by the daemon: they share the inode's
+    /// page cache, and the old handle's reads would fill it with old pages that the new
+    /// handle then reads (a blend).
     fn other_version_open(&self, ino: u64, etag: &str) -> bool {
         let passthrough = self
             .backing_by_ino

@@ -3,12 +3,12 @@
 //! for the AWS SDK). The answer is accepted only with status 200, exactly the block's length,
 //! the CRC32C the owner sent, and the owner's MAC over both and the proof flag.
 //!
-//! Keep-alive has one race: a peer's server closes a connection that has waited
-//! the server's `HEADER_TIMEOUT` for its next request (hyper's header-read timeout runs
-//! while a keep-alive connection is idle), and a request written at that moment fails
-//! although the peer is healthy. So the pool drops a connection after [`POOL_IDLE`], well
-//! before the peer would, and a request that finds its connection closed before any answer
-//! (or reset under it; a peer's restart does that too) is sent once more on a fresh one: a block GET is
+//! Keep-alive has one race: a peer's server closes a connection that has waited the
+//! server's `HEADER_TIMEOUT` for its next request (hyper's header-read timeout runs while a
+//! keep-alive connection is idle), and a request written at that moment fails although the
+//! peer is healthy. So the pool drops a connection after [`POOL_IDLE`], well before the peer
+//! would, and a request that finds its connection closed before any answer (or reset under
+//! it; a peer's restart does that too) is sent once more on a fresh one: a block GET is
 //! idempotent, and the retry is not a failure of the peer.
 
 use bytes::Bytes;

@@ -310,13 +310,19 @@ async fn a_corrupt_block_from_a_peer_is_rejected_and_fetched_from_the_store() {
     assert!(matches!(e, client::PeerError::Length { .. }), "{e}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn requests_with_another_secret_or_a_stale_time_are_refused() {
-    let data = body(BS as usize, 5);
-    let objects: &[(&str, &[u8])] = &[("k", &data)];
-    let owner_store = store(objects);
+/// An owner node (principal `key:a`, no disk cache) of one object `k` of one block, made of
+/// `seed`: its bytes, the node's store, the node and the version.
+fn one_block_owner(seed: u8) -> (Vec<u8>, Arc<MemoryStore>, Node, Arc<ObjectVersion>) {
+    let data = body(BS as usize, seed);
+    let owner_store = store(&[("k", &data)]);
     let owner = Node::start(fetcher(&owner_store, None), "key:a");
     let v = version(&owner_store, "k");
+    (data, owner_store, owner, v)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_with_another_secret_or_a_stale_time_are_refused() {
+    let (_, owner_store, owner, v) = one_block_owner(5);
     let mut other = config(vec![], None, "key:a");
     other.secret = Secret::from_bytes(b"not-the-shared-secret-at-all");
     let client = client::PeerClient::new(&other, "-");
@@ -648,11 +654,7 @@ async fn hanging_up_peer(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_closed_under_a_request_is_retried_once_on_a_fresh_one() {
-    let data = body(BS as usize, 9);
-    let objects: &[(&str, &[u8])] = &[("k", &data)];
-    let owner_store = store(objects);
-    let owner = Node::start(fetcher(&owner_store, None), "key:a");
-    let v = version(&owner_store, "k");
+    let (data, _, owner, v) = one_block_owner(9);
     let client = client::PeerClient::new(&config(vec![], None, "key:a"), "-");
     // Hung up once: the second connection answers, and the block is whole.
     let (once, accepted) = hanging_up_peer(owner.addr(), 1).await;
