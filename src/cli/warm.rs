@@ -6,7 +6,7 @@
 //! exits with 130; stopping at the cache budget exits with 3 after saying how far it got.
 
 use std::io::IsTerminal;
-use std::path::Path;
+use std::path::{Component, Path};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -41,19 +41,33 @@ pub fn plan(args: &PlanArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A path given on the command line, as a path relative to the mount root.
+/// A path given on the command line, as a path relative to the mount root: an absolute one
+/// inside the mountpoint, or a relative one, which is relative to the mount root (as the
+/// help says), `.` being the root itself and `./sub` the same as `sub`.
 fn relative_to_mount(mountpoint: &Path, path: &Path) -> anyhow::Result<String> {
-    if path.is_absolute() {
+    let rel = if path.is_absolute() {
         let mount = std::fs::canonicalize(mountpoint)
             .with_context(|| format!("cannot resolve {}", mountpoint.display()))?;
-        let rel = path
-            .strip_prefix(&mount)
+        path.strip_prefix(&mount)
             .or_else(|_| path.strip_prefix(mountpoint))
-            .map_err(|_| anyhow!("{} is not inside {}", path.display(), mountpoint.display()))?;
-        Ok(rel.to_string_lossy().into_owned())
+            .map_err(|_| anyhow!("{} is not inside {}", path.display(), mountpoint.display()))?
     } else {
-        Ok(path.to_string_lossy().into_owned())
+        path
+    };
+    let mut parts: Vec<String> = Vec::new();
+    for c in rel.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if parts.pop().is_none() {
+                    bail!("{} leaves the mount", path.display());
+                }
+            }
+            Component::Normal(name) => parts.push(name.to_string_lossy().into_owned()),
+            Component::RootDir | Component::Prefix(_) => {}
+        }
     }
+    Ok(parts.join("/"))
 }
 
 pub fn warm(args: &WarmArgs) -> anyhow::Result<()> {
@@ -189,4 +203,29 @@ fn line(p: &serde_json::Value) -> String {
         rate / 1e6,
         elapsed
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_relative_to_the_mount_root() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mnt = std::fs::canonicalize(dir.path()).expect("canonical");
+        let rel = |p: &str| {
+            let p = p.replace("MNT", &mnt.to_string_lossy());
+            relative_to_mount(&mnt, Path::new(&p)).map_err(|e| e.to_string())
+        };
+        assert_eq!(rel(".").as_deref(), Ok(""));
+        assert_eq!(rel("./").as_deref(), Ok(""));
+        assert_eq!(rel("./sub").as_deref(), Ok("sub"));
+        assert_eq!(rel("sub/./x/").as_deref(), Ok("sub/x"));
+        assert_eq!(rel("a/../b").as_deref(), Ok("b"));
+        assert_eq!(rel("MNT/sub/x").as_deref(), Ok("sub/x"));
+        assert_eq!(rel("MNT").as_deref(), Ok(""));
+        assert_eq!(rel("MNT/./sub").as_deref(), Ok("sub"));
+        assert!(rel("..").is_err_and(|e| e.contains("leaves the mount")));
+        assert!(rel("/elsewhere/x").is_err_and(|e| e.contains("is not inside")));
+    }
 }

@@ -1,26 +1,27 @@
-//! The GET of one run of blocks: its body streamed into one aligned buffer per block, each
-//! block completed as soon as its last byte arrives; a body that fails or ends early is
-//! finished with one plain (retried, length-checked) ranged GET of the rest.
+//! The GET of one run of blocks: its body streamed into one buffer per block (sized by the
+//! block: [`super::buffer`]), each block completed as soon as its last byte arrives; a body
+//! that fails or ends early is finished with one plain (retried, length-checked) ranged GET
+//! of the rest.
 
 use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use futures::StreamExt;
 
 use super::budget::Budget;
+use super::buffer::Filling;
 use super::claim::NewBlock;
 use super::{FetchError, Fetcher, ObjectVersion};
-use crate::cache::ring::AlignedBuf;
 use crate::store::RangeRequest;
 
 impl Fetcher {
     /// Receives one GET's body and completes each block as soon as its last byte arrives.
     /// If the body fails or ends early, the rest of the run is fetched again with a plain
-    /// (retried, length-checked) ranged GET. Each block is received into its own aligned
-    /// buffer ([`AlignedBuf`]: written to the NVMe cache with `O_DIRECT` without a copy), and
-    /// takes its share of `budget`'s memory along to the cache write ([`Self::persist`]).
+    /// (retried, length-checked) ranged GET. Each block is received into its own buffer
+    /// ([`Filling`]: aligned when it can be written to the NVMe cache with `O_DIRECT`, else
+    /// exactly its length), and takes its share of `budget`'s memory along to the cache
+    /// write ([`Self::persist`]).
     pub(super) async fn stream_run(
         &self,
         obj: &Arc<ObjectVersion>,
@@ -38,7 +39,7 @@ impl Fetcher {
             Err(e) => failure = Some(e.into()),
             Ok(mut chunks) => {
                 self.read_from_store(obj);
-                let mut buf: Option<AlignedBuf> = None;
+                let mut buf: Option<Filling> = None;
                 while let Some(chunk) = chunks.next().await {
                     let mut data = match chunk {
                         Ok(d) => d,
@@ -55,15 +56,15 @@ impl Fetcher {
                         let want = (self.block_range(obj, block.index).end
                             - self.block_range(obj, block.index).start)
                             as usize;
-                        // One exact allocation per block: a cached block pins only itself.
-                        let filling = buf.get_or_insert_with(|| AlignedBuf::with_capacity(want));
+                        // One allocation per block: a cached block pins only itself.
+                        let filling = buf.get_or_insert_with(|| Filling::for_block(want));
                         let take = filling
                             .extend_from_slice(&data[..(want - filling.len()).min(data.len())]);
                         let _ = data.split_to(take);
                         if filling.len() == want {
                             if let (Some(block), Some(full)) = (pending.next(), buf.take()) {
                                 let index = block.index;
-                                let data = Bytes::from_owner(full);
+                                let data = full.freeze();
                                 let memory = budget.take_memory(data.len() as u64);
                                 let writing = self.complete(obj, block, Ok(data.clone()), true);
                                 self.persist(obj, index, data, writing, memory).await;
@@ -112,7 +113,7 @@ impl Fetcher {
                 // Copy: a cached block must not pin the whole part's buffer.
                 let lo = (block.index * bs - retry_range.start) as usize;
                 let hi = (lo + bs as usize).min(data.len());
-                Bytes::from_owner(AlignedBuf::copy_from(&data[lo..hi]))
+                Filling::copy_of(&data[lo..hi])
             });
             let index = block.index;
             let writing = self.complete(obj, block, out.clone(), true);

@@ -34,11 +34,13 @@
 //! Files, one job each: this one holds the [`Fetcher`] and its read API; `claim` the
 //! in-flight table and the GET tasks it starts; `get` the streaming GET of a run; `budget`
 //! the GET slots and memory; `quick` the task-less warm read; `proof` the read proofs at
-//! open; `via_peers` blocks read through peers; `blocks` the memory cache; `disk` the NVMe
-//! tier; `object` the object version and block key.
+//! open; `via_peers` blocks read through peers; `blocks` the memory cache; `buffer` the
+//! blocks' buffers and what they hold; `disk` the NVMe tier; `object` the object version
+//! and block key.
 
 mod blocks;
 mod budget;
+pub(crate) mod buffer;
 mod claim;
 mod disk;
 mod get;

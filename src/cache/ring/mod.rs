@@ -47,7 +47,7 @@ use bytes::Bytes;
 use io_uring::IoUring;
 use tokio::sync::oneshot;
 
-pub use buf::{is_aligned, AlignedBuf, IoBuf};
+pub use buf::{is_aligned, AlignedBuf, IoBuf, MAPPED_MIN};
 use thread::RingThread;
 
 /// Alignment of every buffer (and of `O_DIRECT` offsets and lengths).

@@ -20,6 +20,7 @@ use hyper_util::rt::TokioExecutor;
 
 use super::auth::{self, AuthError, Fields, Secret};
 use super::{ObjectVersion, PeerConfig};
+use crate::fetch::buffer::Filling;
 
 pub const PATH: &str = "/v1/block";
 pub const CRC: &str = "x-riffle-crc32c";
@@ -158,7 +159,9 @@ impl PeerClient {
         if crc32c::crc32c(&body) != crc {
             return Err(PeerError::Crc);
         }
-        Ok((body, proof))
+        // A body that came in one read is a slice of the connection's read buffer (up to
+        // 400 KiB): copied into a buffer of the block's own size, it pins only itself.
+        Ok((Filling::copy_of(&body), proof))
     }
 }
 

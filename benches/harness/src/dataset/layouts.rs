@@ -87,6 +87,22 @@ pub fn w4(scale: f64, seed: u64) -> Vec<ObjectSpec> {
     out
 }
 
+/// W7: `dNNNN/fNNNNNNN` (1,000,000 × scale files over 1,000 × scale
+/// directories, file `i` in directory `i % dirs`), each 1–4 KiB (uniform):
+/// the many-small-files shape of LAION-style sample sets, small enough that
+/// 10^6 of them fit the local RGW's in-memory store.
+pub fn w7(scale: f64, seed: u64) -> Vec<ObjectSpec> {
+    let files = scaled(1_000_000.0, scale);
+    let dirs = scaled(1_000.0, scale).min(files);
+    (0..files)
+        .map(|i| {
+            let key = format!("d{:04}/f{:07}", i % dirs, i);
+            let size = KIB + rng_for(seed, &key).below(3 * KIB + 1);
+            ObjectSpec { key, size }
+        })
+        .collect()
+}
+
 /// Classes of the sample ImageFolder (CIFAR-10's).
 const SAMPLE_CLASSES: [&str; 10] = [
     "airplane", "bird", "car", "cat", "deer", "dog", "frog", "horse", "ship", "truck",
@@ -182,6 +198,18 @@ mod tests {
         assert_eq!(objs.len(), 1000 + 10 * 1000);
         assert!(objs.iter().all(|o| o.size <= 64));
         assert_eq!(w4(1.0, 1).len(), 1_100_000);
+    }
+
+    #[test]
+    fn w7_counts_and_sizes() {
+        let objs = w7(0.01, 1);
+        assert_eq!(objs.len(), 10_000);
+        assert!(objs.iter().all(|o| (KIB..=4 * KIB).contains(&o.size)));
+        let dirs: std::collections::BTreeSet<_> =
+            objs.iter().map(|o| o.key.split('/').next()).collect();
+        assert_eq!(dirs.len(), 10);
+        let mean = objs.iter().map(|o| o.size as f64).sum::<f64>() / objs.len() as f64;
+        assert!((mean - 2.5 * KIB as f64).abs() < 0.05 * KIB as f64, "mean {mean}");
     }
 
     #[test]

@@ -30,16 +30,19 @@ pub enum Workload {
     W4,
     /// Larger than the cache: the W1 data.
     W5,
+    /// Millions of small files: 1,000,000 objects of 1–4 KiB over 1,000 directories.
+    W7,
 }
 
 impl Workload {
-    pub const ALL: [Workload; 6] = [
+    pub const ALL: [Workload; 7] = [
         Workload::Sample,
         Workload::W1,
         Workload::W2,
         Workload::W3,
         Workload::W4,
         Workload::W5,
+        Workload::W7,
     ];
 
     pub fn name(self) -> &'static str {
@@ -50,6 +53,7 @@ impl Workload {
             Workload::W3 => "w3",
             Workload::W4 => "w4",
             Workload::W5 => "w5",
+            Workload::W7 => "w7",
         }
     }
 }
@@ -62,7 +66,7 @@ impl fmt::Display for Workload {
 
 /// An unknown workload name.
 #[derive(Debug, thiserror::Error)]
-#[error("unknown workload {0:?} (expected one of sample, w1, w2, w3, w4, w5)")]
+#[error("unknown workload {0:?} (expected one of sample, w1, w2, w3, w4, w5, w7)")]
 pub struct UnknownWorkload(String);
 
 impl FromStr for Workload {
@@ -106,6 +110,7 @@ impl Plan {
             Workload::W2 => layouts::w2(scale),
             Workload::W3 => layouts::w3(scale),
             Workload::W4 => layouts::w4(scale, seed),
+            Workload::W7 => layouts::w7(scale, seed),
         };
         Ok(Self {
             workload,
