@@ -44,7 +44,8 @@ pub struct DiskTier {
     pub(super) cache: Arc<DiskCache>,
     endpoint: Arc<str>,
     bucket: Arc<str>,
-    verified: Mutex<HashSet<EntryKey>>,
+    /// Complete entries being read back to verify them (the ones known good are marked in
+    /// the cache's own records: `DiskCache::mark_known_good`).
     verifying: Mutex<HashSet<EntryKey>>,
     /// This mount's principal's read proofs.
     pub(super) proofs: ProofLog,
@@ -70,7 +71,6 @@ impl DiskTier {
             cache,
             endpoint: Arc::from(endpoint),
             bucket: Arc::from(bucket),
-            verified: Mutex::new(HashSet::new()),
             verifying: Mutex::new(HashSet::new()),
             proofs,
             write_permits: Arc::new(Semaphore::new(WRITE_PERMITS)),
@@ -142,7 +142,7 @@ impl DiskTier {
     /// object verified by an open's background check while its last block was being written
     /// is announced too.
     fn known_good(&self, id: &ObjectIdentity) {
-        if !self.verified.lock().insert(id.entry_key()) {
+        if !self.cache.mark_known_good(id) {
             return;
         }
         if let Some(tx) = &*self.completed.lock() {
@@ -174,7 +174,7 @@ impl DiskTier {
         if !self.proofs.may_read(&key) {
             return None;
         }
-        if self.verified.lock().contains(&key) {
+        if self.cache.is_known_good(&id) {
             if let Some(file) = self.cache.complete_data_file(&id) {
                 return Some(file);
             }

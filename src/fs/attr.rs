@@ -1,8 +1,6 @@
 //! What FUSE is shown: the attributes of an inode, a directory handle's entries from an
 //! offset, and the size-or-data answer of the xattr calls.
 
-use std::sync::Arc;
-
 use fuser::{Errno, FileAttr, FileType, INodeNo, ReplyXattr};
 
 use super::{FsConfig, RiffleFs};
@@ -48,27 +46,27 @@ impl RiffleFs {
 }
 
 /// Feeds a directory handle's entries to `add` from `offset` on: offset 0 is ".", 1 is "..",
-/// then the listing; each entry is passed with the offset of the one after it. Stops when
-/// `add` reports the reply buffer full.
-pub(super) fn walk_listing(
+/// then the listing; each entry is passed with its name (`name_of` an entry of the listing)
+/// and the offset of the one after it. Stops when `add` reports the reply buffer full.
+pub(super) fn walk_listing<'a>(
     entries: &[DirEntry],
     ino: u64,
     parent: u64,
     offset: u64,
-    mut add: impl FnMut(&DirEntry, u64) -> bool,
+    name_of: impl Fn(&DirEntry) -> &'a str,
+    mut add: impl FnMut(&DirEntry, &str, u64) -> bool,
 ) {
-    let dot = |name: &str, ino: u64| DirEntry::new(Arc::from(name), ino, true);
     let mut index = offset;
     loop {
-        let entry = match index {
-            0 => dot(".", ino),
-            1 => dot("..", parent),
+        let (entry, name) = match index {
+            0 => (DirEntry::new(ino, true), "."),
+            1 => (DirEntry::new(parent, true), ".."),
             i => match entries.get((i - 2) as usize) {
-                Some(e) => e.clone(),
+                Some(e) => (*e, name_of(e)),
                 None => return,
             },
         };
-        if add(&entry, index + 1) {
+        if add(&entry, name, index + 1) {
             return;
         }
         index += 1;
@@ -92,13 +90,13 @@ mod tests {
 
     #[test]
     fn listings_resume_at_any_offset() {
-        let entries: Vec<DirEntry> = (0..5)
-            .map(|i| DirEntry::new(Arc::from(format!("f{i}").as_str()), 10 + i, false))
-            .collect();
+        let entries: Vec<DirEntry> = (0..5).map(|i| DirEntry::new(10 + i, false)).collect();
+        let names: Vec<String> = (0..5).map(|i| format!("f{i}")).collect();
+        let name_of = |e: &DirEntry| names[(e.ino() - 10) as usize].as_str();
         let collect = |offset: u64, room: usize| {
             let mut out = Vec::new();
-            walk_listing(&entries, 2, 1, offset, |e, next| {
-                out.push((e.name.to_string(), e.ino(), next));
+            walk_listing(&entries, 2, 1, offset, name_of, |e, name, next| {
+                out.push((name.to_string(), e.ino(), next));
                 out.len() == room
             });
             out

@@ -18,7 +18,11 @@
 //!   here, so the kernel lets go of the deleted file and its blocks are freed.
 //!
 //! Bound: at most `max_entries` entries, the least recently opened dropped first. Each costs
-//! the kernel one `struct file` (a few hundred bytes) and this table about 100 bytes.
+//! the kernel one `struct file` (a few hundred bytes) and this table about 200 bytes (the
+//! key, the ETag's handle, the recency order and the [`KernelBacking`] with fuser's handle;
+//! the data file is named by its nonce, not by a path: 130 bytes less). An open of a cached
+//! file whose backing is not kept registers its data file again, on a task (a file `open`, a
+//! check for holes and the `FUSE_DEV_IOC_BACKING_OPEN` ioctl).
 //!
 //! What the table keeps is a [`KernelBacking`]: a backing id opened ahead (raw, closed here
 //! with `FUSE_DEV_IOC_BACKING_CLOSE` if never used) or one fuser made in an open's reply.
@@ -26,7 +30,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -170,8 +173,9 @@ const FUSE_DEV_IOC_BACKING_CLOSE: libc::c_ulong = (1 << 30) | (4 << 16) | (229 <
 /// A passthrough backing id: raw (opened ahead, owned here) or handed to fuser.
 pub struct KernelBacking {
     pub(super) state: Mutex<State>,
-    /// The cache data file behind the id ([`super::lookahead`] reads it ahead by path).
-    pub data_path: Arc<PathBuf>,
+    /// The nonce naming the cache data file behind the id ([`super::lookahead`] reads it
+    /// ahead by path: `DiskCache::data_path`).
+    pub nonce: u64,
 }
 
 pub(super) enum State {
@@ -180,10 +184,10 @@ pub(super) enum State {
 }
 
 impl KernelBacking {
-    pub fn wrapped(id: Arc<BackingId>, data_path: PathBuf) -> Self {
+    pub fn wrapped(id: Arc<BackingId>, nonce: u64) -> Self {
         KernelBacking {
             state: Mutex::new(State::Wrapped(id)),
-            data_path: Arc::new(data_path),
+            nonce,
         }
     }
 

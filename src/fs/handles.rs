@@ -31,8 +31,8 @@ use crate::reader::{FileReader, ReadAheadConfig};
 pub(super) struct Handles {
     pub(super) files: Mutex<HashMap<u64, Arc<FileReader>>>,
     pub(super) dirs: Mutex<HashMap<u64, Arc<Vec<DirEntry>>>>,
-    /// The ETag whose pages the kernel may hold, per inode.
-    pub(super) page_cache_etag: Mutex<HashMap<u64, Arc<str>>>,
+    /// The version whose pages the kernel may hold, per inode ([`VersionDigest`]).
+    pub(super) page_cache_etag: Mutex<HashMap<u64, VersionDigest>>,
     /// Passthrough: the backing file of each open handle, and per inode the one in use (the
     /// kernel wants one backing file per inode, and no mixing with cached opens).
     pub(super) backing_by_fh: Mutex<HashMap<u64, (u64, Arc<BackingId>)>>,
@@ -43,6 +43,23 @@ pub(super) struct Handles {
     pub(super) kept: KeptBackings<EntryKey, Arc<KernelBacking>>,
     /// Where open file handles are recorded for a successor daemon ([`handover`]).
     pub(super) table: std::sync::OnceLock<Arc<HandleTable>>,
+}
+
+/// An ETag in 16 bytes: 128 bits of SHA-256 over it, as the cache names object versions
+/// (`cache::identity`). The table of the versions whose pages the kernel may hold gets an
+/// entry for every file the daemon served (every file of a cold epoch): with the ETag's
+/// text (an `Arc<str>` made for the open) one cost about 120 bytes, this way about 40.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct VersionDigest(u128);
+
+impl VersionDigest {
+    pub(super) fn of(etag: &str) -> Self {
+        use sha2::{Digest, Sha256};
+        let d = Sha256::digest(etag.as_bytes());
+        let mut first = [0u8; 16];
+        first.copy_from_slice(&d[..16]);
+        VersionDigest(u128::from_le_bytes(first))
+    }
 }
 
 /// How [`Handles::answer_open`] answered.
@@ -235,12 +252,13 @@ impl Handles {
 
     /// Records that `ino` is opened at version `etag`; true if the kernel's cached pages (if
     /// any) belong to that same version and may be kept.
-    pub(super) fn remember_etag(&self, ino: u64, etag: &Arc<str>) -> bool {
+    pub(super) fn remember_etag(&self, ino: u64, etag: &str) -> bool {
+        let version = VersionDigest::of(etag);
         let mut map = self.page_cache_etag.lock();
         match map.get(&ino) {
-            Some(previous) if previous == etag => true,
+            Some(previous) if *previous == version => true,
             _ => {
-                map.insert(ino, etag.clone());
+                map.insert(ino, version);
                 false
             }
         }
@@ -266,7 +284,7 @@ impl VersionsInUse for Handles {
                     .page_cache_etag
                     .lock()
                     .get(&ino)
-                    .is_some_and(|v| &**v != etag))
+                    .is_some_and(|v| *v != VersionDigest::of(etag)))
     }
 }
 
@@ -344,7 +362,7 @@ impl Opener {
         match reply.open_backing(&data.file) {
             Ok(id) => {
                 let id = Arc::new(id);
-                let kept = Arc::new(KernelBacking::wrapped(id.clone(), data.path));
+                let kept = Arc::new(KernelBacking::wrapped(id.clone(), data.nonce));
                 handles.kept.keep(entry, object.etag.clone(), kept);
                 Some(id)
             }

@@ -72,7 +72,7 @@ pub struct Job {
 /// The cache file to read ahead: by path (a file kept for passthrough, opened here) or an
 /// open descriptor (the cache entry's own data file, without passthrough).
 enum CacheFile {
-    Path(Arc<PathBuf>),
+    Path(PathBuf),
     Open(Arc<File>),
 }
 
@@ -88,7 +88,7 @@ impl Lookahead {
 
     /// A readahead of the first `len` bytes of `path`, counted as requested; [`Self::run`]
     /// it once the lookup is answered.
-    pub fn job(&self, path: Arc<PathBuf>, len: u64) -> Job {
+    pub fn job(&self, path: PathBuf, len: u64) -> Job {
         self.stats.requested.fetch_add(1, Ordering::Relaxed);
         Job {
             file: CacheFile::Path(path),
@@ -120,7 +120,7 @@ fn read_ahead(job: &Job) -> std::io::Result<()> {
     let opened;
     let file = match &job.file {
         CacheFile::Path(path) => {
-            opened = File::open(&**path)?;
+            opened = File::open(path)?;
             &opened
         }
         CacheFile::Open(file) => &**file,
@@ -144,14 +144,10 @@ impl RiffleFs {
             return None; // see `look_ahead_for_daemon`
         }
         let (lookahead, disk, object) = self.look_ahead_candidate(attr)?;
-        let kept = self
-            .handles
-            .kept
-            .peek(&disk.entry_key(&object), &object.etag)?;
-        Some((
-            lookahead,
-            lookahead.job(kept.data_path.clone(), object.size),
-        ))
+        let key = disk.entry_key(&object);
+        let kept = self.handles.kept.peek(&key, &object.etag)?;
+        let path = disk.cache().data_path(&key, kept.nonce);
+        Some((lookahead, lookahead.job(path, object.size)))
     }
 
     /// What a lookup readahead needs, when `attr` is a file it applies to (non-empty, at most
@@ -197,7 +193,7 @@ impl RiffleFs {
             lookahead.run(lookahead.job_open(file, object.size));
         } else if let Some(path) = disk.cache().closed_data_path(&id) {
             // Its files were closed (more cached files than open entries): by name.
-            lookahead.run(lookahead.job(Arc::new(path), object.size));
+            lookahead.run(lookahead.job(path, object.size));
         }
     }
 }
@@ -213,11 +209,11 @@ mod tests {
         std::fs::write(&path, vec![7u8; 100_000]).expect("write");
         let stats = Arc::new(LookaheadStats::default());
         let lookahead = Lookahead::new(stats.clone());
-        let job = lookahead.job(Arc::new(path.clone()), 100_000);
+        let job = lookahead.job(path.clone(), 100_000);
         assert_eq!(stats.requested.load(Ordering::Relaxed), 1);
         lookahead.run(job);
         assert_eq!(stats.failed.load(Ordering::Relaxed), 0);
-        let missing = lookahead.job(Arc::new(dir.path().join("gone.data")), 10);
+        let missing = lookahead.job(dir.path().join("gone.data"), 10);
         lookahead.run(missing);
         assert_eq!(stats.failed.load(Ordering::Relaxed), 1);
         assert_eq!(stats.requested.load(Ordering::Relaxed), 2);

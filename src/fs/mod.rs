@@ -556,13 +556,16 @@ impl Filesystem for RiffleFs {
             Err(e) => return reply.error(e),
         };
         let parent = self.ns.parent_of(ino.0);
-        walk_listing(&entries, ino.0, parent, offset, |e, next| {
-            let kind = if e.is_dir() {
-                FileType::Directory
-            } else {
-                FileType::RegularFile
-            };
-            reply.add(INodeNo(e.ino()), next, kind, &*e.name)
+        self.ns.with_entries(|nodes| {
+            let name_of = |e: &DirEntry| nodes.name(e);
+            walk_listing(&entries, ino.0, parent, offset, name_of, |e, name, next| {
+                let kind = if e.is_dir() {
+                    FileType::Directory
+                } else {
+                    FileType::RegularFile
+                };
+                reply.add(INodeNo(e.ino()), next, kind, name)
+            })
         });
         reply.ok();
     }
@@ -588,17 +591,18 @@ impl Filesystem for RiffleFs {
             let files = entries.iter().filter(|e| !e.is_dir()).count() as u64;
             self.status.dirplus.first_read(ino.0, files) == dirplus::FirstRead::NamesOnly
         };
-        self.ns.with_stats(|stat| {
-            walk_listing(&entries, ino.0, parent, offset, |e, next| {
+        self.ns.with_entries(|nodes| {
+            let name_of = |e: &DirEntry| nodes.name(e);
+            walk_listing(&entries, ino.0, parent, offset, name_of, |e, name, next| {
                 if names_only && next > 2 {
                     return true;
                 }
-                let stat = stat(e.ino()).unwrap_or(Stat {
+                let stat = nodes.stat(e.ino()).unwrap_or(Stat {
                     size: None,
                     mtime: SystemTime::UNIX_EPOCH,
                 });
                 let attr = Self::stat_attr(&self.config, e.ino(), stat);
-                reply.add(INodeNo(e.ino()), next, &*e.name, &ttl, &attr, Generation(0))
+                reply.add(INodeNo(e.ino()), next, name, &ttl, &attr, Generation(0))
             })
         });
         reply.ok();

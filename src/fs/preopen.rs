@@ -63,7 +63,7 @@ pub async fn run(
                 device: device.clone(),
                 id,
             }),
-            data_path: Arc::new(data.path),
+            nonce: data.nonce,
         });
         status.opened_ahead.fetch_add(1, Ordering::Relaxed);
         handles.kept.keep(entry, obj.etag.clone(), backing);

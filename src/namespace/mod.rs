@@ -6,10 +6,11 @@
 //! maps to the same inode across re-listings (one exception: [`Namespace::supersede`] gives a
 //! changed object a new inode while its old version is still open through passthrough).
 //! Nodes live in a `Vec` indexed by inode number (inodes are never freed: a dataset's tree is
-//! bounded). A listed object costs about 140 bytes (`tests/namespace_memory.rs`): its node
-//! (72 bytes: times in 8 bytes each, an MD5 ETag in 16, a directory's state behind a
-//! pointer), its name, and its 24-byte entry in the parent's listing, which is also the
-//! parent's name index (see `DirState`).
+//! bounded). A listed object costs about 80 bytes (`tests/namespace_memory.rs`): its node
+//! (72 bytes: its name inline up to 15 bytes, times in 8 bytes each, an MD5 ETag in 16, a
+//! directory's state behind a pointer) and its 8-byte entry in the parent's listing, which is
+//! also the parent's name index (see `DirState`); a longer name adds an allocation of its
+//! length.
 //!
 //! Freshness follows `--metadata-ttl`: a directory listing, a file's attributes and a negative
 //! lookup are trusted for the TTL (forever with `indefinite`), then asked again. A lookup is
@@ -58,7 +59,7 @@ use crate::store::{ListRequest, ObjectMeta, ObjectStore, StoreError};
 use background::{Fanout, FanoutConfig};
 use kept::KeptListings;
 use listings::{Claim, Listings};
-use names::{invalid_reason, SkipLog};
+use names::{invalid_reason, Name, SkipLog};
 pub(crate) use open::{OpenTarget, Opening, VersionsInUse};
 pub(crate) use tree::DirEntry;
 use tree::{Body, DirState, Mtime, Node, NodeKind, Stamp, StoredEtag, Tree};
@@ -142,12 +143,35 @@ pub struct Attr {
     pub mtime: SystemTime,
 }
 
-/// What `stat` shows of a node, without its ETag ([`Namespace::with_stats`]).
+/// What `stat` shows of a node, without its ETag ([`Entries::stat`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Stat {
     /// `None` for a directory.
     pub size: Option<u64>,
     pub mtime: SystemTime,
+}
+
+/// The nodes listings point to, under the tree's read lock ([`Namespace::with_entries`]).
+pub(crate) struct Entries<'a> {
+    tree: &'a Tree,
+}
+
+impl Entries<'_> {
+    /// The name of the node `e` points to.
+    pub(crate) fn name(&self, e: &DirEntry) -> &str {
+        self.tree.name_of(e)
+    }
+
+    /// The size (`None` for a directory) and mtime of `ino` (`None` when unknown).
+    pub(crate) fn stat(&self, ino: u64) -> Option<Stat> {
+        Namespace::node(self.tree, ino).ok().map(|n| Stat {
+            size: match &n.body {
+                Body::Dir(_) => None,
+                Body::File { size, .. } => Some(*size),
+            },
+            mtime: n.mtime.system_time(),
+        })
+    }
 }
 
 impl Attr {
@@ -256,7 +280,7 @@ impl Namespace {
         let now = SystemTime::now();
         let root = Node {
             parent: ROOT_INO,
-            name: Arc::from(""),
+            name: Name::new(""),
             body: Body::Dir(Box::default()),
             mtime: Mtime::new(now),
             checked: Stamp::at(Instant::now()),
@@ -307,10 +331,10 @@ impl Namespace {
                     etag: StoredEtag::Text(Arc::from("")),
                 }
             };
-            let name: Arc<str> = Arc::from(record.name);
+            let name: Arc<str> = Arc::from(record.name.as_str());
             tree.nodes.push(Node {
                 parent: record.parent,
-                name: name.clone(),
+                name: Name::new(&record.name),
                 body,
                 mtime: epoch,
                 checked: Stamp::NEVER,
@@ -366,11 +390,11 @@ impl Namespace {
 
     /// The key prefix of a directory ("" or ending in '/'), or full key of a file.
     fn path_of(tree: &Tree, root_prefix: &str, ino: u64) -> String {
-        let mut parts = Vec::new();
+        let mut parts: Vec<&str> = Vec::new();
         let mut cur = ino;
         while cur != ROOT_INO {
             let node = &tree.nodes[(cur - 1) as usize];
-            parts.push(node.name.clone());
+            parts.push(node.name.as_str());
             cur = node.parent;
         }
         let mut path = root_prefix.to_string();
@@ -411,21 +435,19 @@ impl Namespace {
         Self::node(&tree, ino).map(|n| Self::attr_of(ino, n))
     }
 
-    /// Calls `f` with a reader of each node's size (`None` for a directory) and mtime, all
-    /// under one read lock and without building the ETag text: what a `readdirplus` reply of
-    /// thousands of entries needs (an unknown inode reads as `None`).
-    pub(crate) fn with_stats<R>(&self, f: impl FnOnce(&dyn Fn(u64) -> Option<Stat>) -> R) -> R {
+    /// The name of the node `e` points to (for tests: a reply reads them all at once through
+    /// [`Self::with_entries`]).
+    #[cfg(test)]
+    pub(crate) fn name_of(&self, e: &DirEntry) -> String {
+        self.with_entries(|nodes| nodes.name(e).to_string())
+    }
+
+    /// Calls `f` with the names and stats of the nodes listings point to ([`Entries`]), all
+    /// under one read lock and without building the ETag text: what a `readdir` or
+    /// `readdirplus` reply of thousands of entries needs.
+    pub(crate) fn with_entries<R>(&self, f: impl FnOnce(&Entries<'_>) -> R) -> R {
         let tree = self.tree.read();
-        let stat = |ino: u64| {
-            Self::node(&tree, ino).ok().map(|n| Stat {
-                size: match &n.body {
-                    Body::Dir(_) => None,
-                    Body::File { size, .. } => Some(*size),
-                },
-                mtime: n.mtime.system_time(),
-            })
-        };
-        f(&stat)
+        f(&Entries { tree: &tree })
     }
 
     /// Whether directory `ino` has a listing younger than the TTL.
@@ -469,9 +491,7 @@ impl Namespace {
         let node = Self::node(&tree, ino).ok()?;
         let parent = Self::node(&tree, node.parent).ok()?;
         let (entries, _) = parent.dir()?.listing()?;
-        let i = entries
-            .binary_search_by(|e| e.name.as_ref().cmp(node.name.as_ref()))
-            .ok()?;
+        let i = tree.find_in(entries, &node.name)?;
         Some((node.parent, entries.clone(), i))
     }
 
@@ -514,13 +534,13 @@ impl Namespace {
         };
         if let Some((_, listed)) = dir.listing() {
             if self.ttl.is_fresh(listed) {
-                return Some(match dir.child(name) {
+                return Some(match tree.child(dir, name) {
                     Some(ino) => Ok(Self::attr_of(ino, &tree.nodes[(ino - 1) as usize])),
                     None => Err(NamespaceError::NotFound),
                 });
             }
         }
-        if let Some(ino) = dir.child(name) {
+        if let Some(ino) = tree.child(dir, name) {
             let child = &tree.nodes[(ino - 1) as usize];
             if self.ttl.is_fresh_stamp(child.checked) {
                 return Some(Ok(Self::attr_of(ino, child)));
@@ -582,9 +602,12 @@ impl Namespace {
         let now = Instant::now();
         match found {
             Found::Nothing => {
+                let known = Self::node(&tree, parent)?
+                    .dir()
+                    .is_some_and(|d| tree.child(d, name).is_some());
                 let dir = Self::dir_mut(&mut tree, parent)?;
                 let name: Arc<str> = Arc::from(name);
-                dir.remove_child(name.clone());
+                dir.remove_child(name.clone(), known);
                 dir.missing.insert(name, now);
                 Err(NamespaceError::NotFound)
             }
@@ -657,7 +680,7 @@ impl Namespace {
     ) -> u64 {
         let existing = tree.nodes[(parent - 1) as usize]
             .dir()
-            .and_then(|d| d.child(name));
+            .and_then(|d| tree.child(d, name));
         if let Some(ino) = existing {
             let node = &mut tree.nodes[(ino - 1) as usize];
             if node.is_dir() == kind.is_dir() {
@@ -669,22 +692,21 @@ impl Namespace {
                 return ino;
             }
         }
-        let name: Arc<str> = Arc::from(name);
         let body = match kind {
             NodeKind::Dir => Body::Dir(Box::default()),
             NodeKind::File { size, etag } => Body::File { size, etag },
         };
         let ino = tree.push(Node {
             parent,
-            name: name.clone(),
+            name: Name::new(name),
             body,
             mtime: Mtime::new(mtime),
             checked: Stamp::at(now),
         });
         if let Some(dir) = tree.nodes[(parent - 1) as usize].dir_mut() {
-            dir.missing.remove(&name);
+            dir.missing.remove(name);
             if index {
-                dir.set_child(name, ino);
+                dir.set_child(Arc::from(name), ino);
             }
         }
         ino

@@ -127,12 +127,16 @@ impl Namespace {
             checked: node.checked,
         };
         let new_ino = tree.nodes.len() as u64 + 1;
-        let dir = Self::dir_mut(&mut tree, parent).ok()?;
-        match dir.child(&name) {
+        let current = Self::node(&tree, parent)
+            .ok()?
+            .dir()
+            .and_then(|d| tree.child(d, &name));
+        match current {
             Some(current) if current == ino => {}
             other => return other,
         }
-        dir.set_child(name, new_ino);
+        let dir = Self::dir_mut(&mut tree, parent).ok()?;
+        dir.set_child(Arc::from(name.as_str()), new_ino);
         dir.listed_at = None;
         tree.push(successor);
         let parent_prefix = self.dir_prefix(&tree, parent);

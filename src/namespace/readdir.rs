@@ -368,16 +368,14 @@ impl Namespace {
                 at,
                 false,
             );
-            let name: Arc<str> = tree.nodes[(child - 1) as usize].name.clone();
-            entries.push(DirEntry::new(name, child, true));
+            entries.push(DirEntry::new(child, true));
         }
         for file in &raw.files {
             let kind = NodeKind::file(file.size, &file.etag);
             let child = Self::upsert(&mut tree, ino, &file.name, kind, file.mtime, at, false);
-            let name: Arc<str> = tree.nodes[(child - 1) as usize].name.clone();
-            entries.push(DirEntry::new(name, child, false));
+            entries.push(DirEntry::new(child, false));
         }
-        entries.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        tree.sort_by_name(&mut entries);
         // Children that were not listed are gone: the listing is the new child index.
         let entries = Arc::new(entries);
         if let Some(dir) = tree.nodes[(ino - 1) as usize].dir_mut() {

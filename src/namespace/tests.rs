@@ -10,10 +10,10 @@ fn ns_with(keys: &[&str], page: usize, ttl: MetadataTtl) -> (Arc<MemoryStore>, A
     (store, ns)
 }
 
-fn names(entries: &[DirEntry]) -> Vec<(String, bool)> {
+fn names(ns: &Namespace, entries: &[DirEntry]) -> Vec<(String, bool)> {
     entries
         .iter()
-        .map(|e| (e.name.to_string(), e.is_dir()))
+        .map(|e| (ns.name_of(e), e.is_dir()))
         .collect()
 }
 
@@ -25,7 +25,7 @@ async fn lists_pages_and_shows_prefixes_as_directories() {
     let (store, ns) = ns_with(&all, 4, MetadataTtl::Indefinite);
     let root = ns.readdir(ROOT_INO).await.unwrap();
     assert_eq!(
-        names(&root),
+        names(&ns, &root),
         vec![
             ("a.txt".into(), false),
             ("big".into(), true),
@@ -33,14 +33,18 @@ async fn lists_pages_and_shows_prefixes_as_directories() {
             ("sub".into(), true)
         ]
     );
-    let big = root.iter().find(|e| &*e.name == "big").unwrap().ino();
+    let big = root.iter().find(|e| ns.name_of(e) == "big").unwrap().ino();
     let listing = ns.readdir(big).await.unwrap();
     assert_eq!(listing.len(), 25);
     assert!(
         store.count(Op::List) >= 8,
         "25 keys in pages of 4, plus the root"
     );
-    let empty = root.iter().find(|e| &*e.name == "empty").unwrap().ino();
+    let empty = root
+        .iter()
+        .find(|e| ns.name_of(e) == "empty")
+        .unwrap()
+        .ino();
     assert!(ns.readdir(empty).await.unwrap().is_empty());
 }
 
@@ -61,11 +65,14 @@ async fn odd_keys_are_skipped_and_directory_shadows_file() {
         MetadataTtl::Indefinite,
     );
     let root = ns.readdir(ROOT_INO).await.unwrap();
-    assert_eq!(names(&root), vec![("a".into(), true), ("d".into(), true)]);
+    assert_eq!(
+        names(&ns, &root),
+        vec![("a".into(), true), ("d".into(), true)]
+    );
     let d = root[1].ino();
     let entries = ns.readdir(d).await.unwrap();
     assert_eq!(
-        names(&entries),
+        names(&ns, &entries),
         vec![("ok".into(), false), ("ünï cödé.bin".into(), false)]
     );
     // "d//x" (empty component), "d/./y", the long name and the shadowed "a".
@@ -105,7 +112,11 @@ async fn lookups_use_head_and_list_and_cache_negatives() {
     // Inode numbers are stable: a listing keeps what lookups handed out.
     let listed = ns.readdir(x.ino).await.unwrap();
     assert_eq!(
-        listed.iter().find(|e| &*e.name == "file").unwrap().ino(),
+        listed
+            .iter()
+            .find(|e| ns.name_of(e) == "file")
+            .unwrap()
+            .ino(),
         f.ino
     );
     assert_eq!(ns.lookup(x.ino, "file").await.unwrap().ino, f.ino);
@@ -154,7 +165,7 @@ async fn prefix_mount_shows_only_the_prefix() {
     let ns = Namespace::new(store, "ds/", MetadataTtl::Indefinite);
     let root = ns.readdir(ROOT_INO).await.unwrap();
     assert_eq!(
-        names(&root),
+        names(&ns, &root),
         vec![("train".into(), true), ("val".into(), true)]
     );
     let train = ns.lookup(ROOT_INO, "train").await.unwrap();
@@ -238,7 +249,10 @@ async fn a_superseded_file_name_moves_to_a_new_inode_and_stays_there() {
     // The next listing hands out the new inode for the name, and the others keep theirs.
     let relisted = ns.readdir(dir).await.unwrap();
     let ino_of = |entries: &[DirEntry], name: &str| {
-        entries.iter().find(|e| &*e.name == name).map(|e| e.ino())
+        entries
+            .iter()
+            .find(|e| ns.name_of(e) == name)
+            .map(|e| e.ino())
     };
     assert_eq!(ino_of(&relisted, "a.bin"), Some(new));
     assert_eq!(ino_of(&relisted, "b.bin"), ino_of(&listed, "b.bin"));
@@ -400,7 +414,7 @@ mod ahead_and_kept {
         while let Some((ino, path)) = stack.pop() {
             let entries = ns.readdir(ino).await.expect("readdir");
             for e in entries.iter().rev() {
-                let p = format!("{path}{}", e.name);
+                let p = format!("{path}{}", ns.name_of(e));
                 if e.is_dir() {
                     stack.push((e.ino(), format!("{p}/")));
                 } else {

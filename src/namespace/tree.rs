@@ -1,33 +1,34 @@
 //! The in-memory tree: nodes indexed by inode number, each directory's children and listing.
 //!
 //! [`Tree`] is a `Vec` of [`Node`]s (index `ino - 1`; inodes are never freed). A node keeps
-//! its times in 8 bytes each ([`Stamp`], [`Mtime`]), a file's ETag in 16 bytes when it is an
-//! MD5 ([`StoredEtag`]) and a directory's [`DirState`] behind a pointer, so a node takes 72
-//! bytes. A directory's children are indexed by its last listing ([`DirEntry`]s sorted by
-//! name) plus the changes since. Nothing here does I/O or takes a lock: the async service
+//! its name in 16 bytes, inline up to 15 bytes ([`Name`]), its times in 8 bytes each
+//! ([`Stamp`], [`Mtime`]), a file's ETag in 16 bytes when it is an MD5 ([`StoredEtag`]) and a
+//! directory's [`DirState`] behind a pointer, so a node takes 72 bytes. A directory's children
+//! are indexed by its last listing ([`DirEntry`]s, 8 bytes each, sorted by their nodes' names)
+//! plus the changes since. Nothing here does I/O or takes a lock: the async service
 //! ([`super::Namespace`]) holds the tree under its lock and merges the store's answers in.
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
+use super::names::Name;
 use super::{Kind, NodeLog};
 
-/// One entry of a directory listing: 24 bytes (the kind rides in the top bit of the inode
-/// number, which never reaches it), one per listed object.
-#[derive(Clone, PartialEq, Eq)]
+/// One entry of a directory listing: 8 bytes, one per listed object: the child's inode
+/// number, with its kind in the top bit (which no inode number reaches). Its name is its
+/// node's ([`super::Namespace::with_entries`] reads them); a listing is sorted by it.
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct DirEntry {
-    pub name: Arc<str>,
     ino_and_kind: u64,
 }
 
 const DIR_BIT: u64 = 1 << 63;
 
 impl DirEntry {
-    pub fn new(name: Arc<str>, ino: u64, is_dir: bool) -> Self {
+    pub fn new(ino: u64, is_dir: bool) -> Self {
         debug_assert!(ino & DIR_BIT == 0);
         DirEntry {
-            name,
             ino_and_kind: if is_dir { ino | DIR_BIT } else { ino },
         }
     }
@@ -44,7 +45,6 @@ impl DirEntry {
 impl std::fmt::Debug for DirEntry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DirEntry")
-            .field("name", &self.name)
             .field("ino", &self.ino())
             .field("is_dir", &self.is_dir())
             .finish()
@@ -185,7 +185,7 @@ impl Mtime {
 #[derive(Debug)]
 pub(super) struct Node {
     pub(super) parent: u64,
-    pub(super) name: Arc<str>,
+    pub(super) name: Name,
     pub(super) body: Body,
     pub(super) mtime: Mtime,
     pub(super) checked: Stamp,
@@ -238,8 +238,9 @@ impl Node {
 /// A directory's children and listing.
 ///
 /// The children are indexed by the last complete listing itself (sorted by name: a binary
-/// search) plus the changes made since (`changes`, usually empty): a separate name -> inode
-/// map would cost about 50 bytes per object on top of the listing. The listing's entries
+/// search through the children's nodes, [`Tree::child`]) plus the changes made since
+/// (`changes`, usually empty): a separate name -> inode map would cost about 50 bytes per
+/// object on top of the listing. The listing's entries
 /// stay as the index after the listing stops counting as one (`listed_at` None: invalidated,
 /// or a child superseded), so a re-listing keeps every name's inode.
 #[derive(Debug, Default)]
@@ -264,23 +265,13 @@ impl DirState {
         self.listed_at.map(|at| (&self.entries, at))
     }
 
-    /// The inode of child `name`, if known.
-    pub(super) fn child(&self, name: &str) -> Option<u64> {
-        if let Some(change) = self.changes.get(name) {
-            return *change;
-        }
-        self.entries
-            .binary_search_by(|e| e.name.as_ref().cmp(name))
-            .ok()
-            .map(|i| self.entries[i].ino())
-    }
-
     pub(super) fn set_child(&mut self, name: Arc<str>, ino: u64) {
         self.changes.insert(name, Some(ino));
     }
 
-    pub(super) fn remove_child(&mut self, name: Arc<str>) {
-        if self.child(&name).is_some() {
+    /// Records that child `name` is gone; `known`: whether it was a child ([`Tree::child`]).
+    pub(super) fn remove_child(&mut self, name: Arc<str>, known: bool) {
+        if known {
             self.changes.insert(name, None);
         }
     }
@@ -302,6 +293,36 @@ pub(super) struct Tree {
 }
 
 impl Tree {
+    /// The node of inode `ino` (which must exist).
+    pub(super) fn at(&self, ino: u64) -> &Node {
+        &self.nodes[(ino - 1) as usize]
+    }
+
+    /// The name of the node an entry of a listing points to.
+    pub(super) fn name_of(&self, e: &DirEntry) -> &str {
+        self.at(e.ino()).name.as_str()
+    }
+
+    /// The inode of child `name` of directory `dir`, if known: its changes since its listing,
+    /// else a binary search of the listing by the children's names.
+    pub(super) fn child(&self, dir: &DirState, name: &str) -> Option<u64> {
+        if let Some(change) = dir.changes.get(name) {
+            return *change;
+        }
+        self.find_in(&dir.entries, name)
+            .map(|i| dir.entries[i].ino())
+    }
+
+    /// Where `name` is in `entries` (sorted by name), if it is there.
+    pub(super) fn find_in(&self, entries: &[DirEntry], name: &str) -> Option<usize> {
+        entries.binary_search_by(|e| self.name_of(e).cmp(name)).ok()
+    }
+
+    /// Sorts the entries of a listing by their nodes' names.
+    pub(super) fn sort_by_name(&self, entries: &mut [DirEntry]) {
+        entries.sort_unstable_by(|a, b| self.name_of(a).cmp(self.name_of(b)));
+    }
+
     /// Adds `node` as the next inode and returns its number.
     pub(super) fn push(&mut self, node: Node) -> u64 {
         let ino = self.nodes.len() as u64 + 1;

@@ -16,7 +16,7 @@
 
 use std::sync::Arc;
 
-use super::tree::{Body, DirState};
+use super::tree::{Body, DirState, Tree};
 use super::{Namespace, ROOT_INO};
 
 /// Children handled per read lock.
@@ -53,19 +53,15 @@ struct FileOfChunk {
 }
 
 /// The current children of a directory: its listing's entries that no later change replaced,
-/// then the names added or replaced since.
-fn children(dir: &DirState) -> Vec<(Arc<str>, u64)> {
-    let mut out: Vec<(Arc<str>, u64)> = dir
+/// then the names added or replaced since (their inodes; each node holds its name).
+fn children(tree: &Tree, dir: &DirState) -> Vec<u64> {
+    let mut out: Vec<u64> = dir
         .entries
         .iter()
-        .filter(|e| !dir.changes.contains_key(&e.name))
-        .map(|e| (e.name.clone(), e.ino()))
+        .filter(|e| !dir.changes.contains_key(tree.name_of(e)))
+        .map(|e| e.ino())
         .collect();
-    out.extend(
-        dir.changes
-            .iter()
-            .filter_map(|(name, ino)| ino.map(|ino| (name.clone(), ino))),
-    );
+    out.extend(dir.changes.values().flatten());
     out
 }
 
@@ -80,7 +76,7 @@ impl Namespace {
             let names = {
                 let tree = self.tree.read();
                 match Self::node(&tree, dir).ok().and_then(|n| n.dir()) {
-                    Some(state) => children(state),
+                    Some(state) => children(&tree, state),
                     None => continue,
                 }
             };
@@ -88,10 +84,11 @@ impl Namespace {
                 let mut files = Vec::new();
                 {
                     let tree = self.tree.read();
-                    for (name, ino) in chunk {
+                    for ino in chunk {
                         let Ok(node) = Self::node(&tree, *ino) else {
                             continue;
                         };
+                        let name = node.name.as_str();
                         match &node.body {
                             Body::Dir(_) => {
                                 usage.dirs += 1;

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::table::{closed_one_block, known_entry, COMPLETE, PIN_HELD};
+use super::table::{closed_one_block, known_entry, COMPLETE, KNOWN_GOOD, PIN_HELD};
 use super::{io_err, DataFile, DiskCache, ObjectStatus};
 use crate::cache::entry::{self, Evicted, Files, LoadError, OpenEntry};
 use crate::cache::format;
@@ -254,6 +254,29 @@ impl DiskCache {
             .is_some_and(|e| e.complete() && !e.files.is_dead())
     }
 
+    /// Records that every block of `id`'s complete entry is known good to this process
+    /// (written here from fetched bytes, or read back and checked); true the first time. A
+    /// mark in the entry's record (see `table::KNOWN_GOOD`): it costs no memory, and goes
+    /// with the entry when it is evicted or loses a block.
+    pub(crate) fn mark_known_good(&self, id: &ObjectIdentity) -> bool {
+        let mut st = self.state.lock();
+        match st.table.get_mut(&id.entry_key()) {
+            Some(e) if e.complete() && !e.flag(KNOWN_GOOD) => {
+                e.set(KNOWN_GOOD, true);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether every block of `id`'s complete entry is known good ([`Self::mark_known_good`]).
+    pub(crate) fn is_known_good(&self, id: &ObjectIdentity) -> bool {
+        let st = self.state.lock();
+        st.table
+            .get(&id.entry_key())
+            .is_some_and(|e| e.complete() && e.flag(KNOWN_GOOD))
+    }
+
     /// Whether this process knows of bytes of `id` in the cache (no I/O: an entry another
     /// process filled since this one last looked is not seen).
     pub(crate) fn holds_bytes(&self, id: &ObjectIdentity) -> bool {
@@ -342,7 +365,8 @@ impl DiskCache {
         };
         let refreshed = self.refresh(&entry).await;
         let complete = entry.blocks.lock().is_complete();
-        let path = entry.key.data_path(&self.root, entry.nonce);
+        let nonce = entry.nonce;
+        let path = entry.key.data_path(&self.root, nonce);
         drop(entry);
         self.settle(&key);
         refreshed?;
@@ -361,7 +385,7 @@ impl DiskCache {
                 tracing::warn!(path = %path.display(), "a complete cache entry's data file has holes or a wrong size; not using it");
                 return Ok(None);
             }
-            Ok(Some(DataFile { file: f, path }))
+            Ok(Some(DataFile { file: f, nonce }))
         })
         .await?
         .map_err(|e| io_err("opening a complete cache file", e))
@@ -385,9 +409,14 @@ impl DiskCache {
         } else {
             None
         };
-        let path = entry.key.data_path(&self.root, entry.nonce);
+        let nonce = entry.nonce;
         drop(entry);
         self.settle(&key);
-        file.map(|file| DataFile { file, path })
+        file.map(|file| DataFile { file, nonce })
+    }
+
+    /// Where the data file of entry `key` named with `nonce` is (see [`DataFile`]).
+    pub(crate) fn data_path(&self, key: &EntryKey, nonce: u64) -> PathBuf {
+        key.data_path(&self.root, nonce)
     }
 }

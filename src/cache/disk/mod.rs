@@ -97,12 +97,12 @@ tokio::task_local! {
     static BACKGROUND: ();
 }
 
-/// A complete entry's data file, open, and where it is (for readahead by path later, when
-/// the descriptor is long closed).
+/// A complete entry's data file, open, and the nonce in its name (its path, for readahead
+/// by path later when the descriptor is long closed, is [`DiskCache::data_path`]).
 #[derive(Debug)]
 pub struct DataFile {
     pub file: File,
-    pub path: PathBuf,
+    pub nonce: u64,
 }
 
 /// Blocks present in one object's entry.

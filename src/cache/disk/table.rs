@@ -31,6 +31,10 @@ pub(super) const EVICTING: u8 = 4;
 /// The open entry in `files` holds one use on behalf of all pins (a shared lock on its
 /// journal: no other process evicts it).
 pub(super) const PIN_HELD: u8 = 8;
+/// Every block is known good to this process: it wrote them from bytes it had just fetched,
+/// or read them all back and their CRCs matched (the condition for FUSE passthrough,
+/// `fetch::disk`). Only ever set with [`COMPLETE`], and cleared with it.
+pub(super) const KNOWN_GOOD: u8 = 16;
 
 impl Record {
     pub(super) fn flag(&self, f: u8) -> bool {
@@ -41,7 +45,9 @@ impl Record {
         if on {
             self.flags |= f;
         } else {
-            self.flags &= !f;
+            // An entry that is no longer complete is no longer known good either.
+            let also = if f & COMPLETE != 0 { KNOWN_GOOD } else { 0 };
+            self.flags &= !(f | also);
         }
     }
 

@@ -209,7 +209,10 @@ mod tests {
             objs.iter().map(|o| o.key.split('/').next()).collect();
         assert_eq!(dirs.len(), 10);
         let mean = objs.iter().map(|o| o.size as f64).sum::<f64>() / objs.len() as f64;
-        assert!((mean - 2.5 * KIB as f64).abs() < 0.05 * KIB as f64, "mean {mean}");
+        assert!(
+            (mean - 2.5 * KIB as f64).abs() < 0.05 * KIB as f64,
+            "mean {mean}"
+        );
     }
 
     #[test]
