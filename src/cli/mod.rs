@@ -5,6 +5,7 @@
 //! daemon reports "mounted" or a one-line reason, so the command returns only once the mount
 //! is live or has failed, never in between and never hanging (every step has a timeout).
 
+mod adoption;
 pub(crate) mod args;
 mod daemon;
 mod fd_limit;

@@ -34,6 +34,7 @@
 pub mod handles;
 pub mod nodes;
 pub mod protocol;
+pub mod serving;
 pub mod shared;
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};

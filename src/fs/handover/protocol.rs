@@ -188,6 +188,7 @@ pub fn hold(
     send(socket, &Message::Hold(key.map(str::to_string)), bundle)?;
     match recv(socket)?.0 {
         Message::Ok => Ok(()),
+        Message::Busy => Err(ProtocolError::Busy),
         Message::Err(reason) => Err(ProtocolError::Refused(reason)),
         other => Err(ProtocolError::Unexpected(other.line())),
     }
@@ -279,6 +280,11 @@ impl Holder {
         fds: Vec<OwnedFd>,
     ) -> (Message, Vec<OwnedFd>) {
         match message {
+            Message::Hold(_) if self.lease.is_some_and(|owner| owner != client) => {
+                // Another client holds the mount (a keeper that took it over): one keeper per
+                // mount, so a second is refused rather than put in its place.
+                (Message::Busy, Vec::new())
+            }
             Message::Hold(_) if fds.len() == BUNDLE_FDS => {
                 // A daemon holds a lease on what it gave.
                 self.bundle = Some(fds);
@@ -339,6 +345,14 @@ pub struct Store {
 }
 
 impl Store {
+    /// Whether client `client` may drop `holder`: it holds the lease (a keeper drops on its
+    /// lease's connection) or no one does, or the connection has ended. So a keeper that
+    /// lost a race for the mount never drops the winner's copy.
+    fn may_drop(client: u64, holder: &Holder) -> bool {
+        holder.lease.is_none_or(|owner| owner == client)
+            || holder.fuse().is_none_or(connection_gone)
+    }
+
     /// Answers one message from client `client`.
     pub fn answer(
         &mut self,
@@ -355,10 +369,13 @@ impl Store {
                 Some(holder) => holder.answer(client, Message::Take(None), fds),
                 None => (Message::None, Vec::new()),
             },
-            Message::Drop(key) => {
-                self.holders.remove(&key);
-                (Message::Ok, Vec::new())
-            }
+            Message::Drop(key) => match self.holders.get(&key) {
+                Some(holder) if !Store::may_drop(client, holder) => (Message::Busy, Vec::new()),
+                _ => {
+                    self.holders.remove(&key);
+                    (Message::Ok, Vec::new())
+                }
+            },
             other => (
                 Message::Err(format!("the store needs a key: '{}'", other.line())),
                 Vec::new(),
@@ -543,6 +560,48 @@ mod tests {
         assert_eq!(store.sweep(connection_gone), 0);
         assert_eq!(store.sweep(|_| true), 1);
         assert!(store.is_empty());
+    }
+
+    #[test]
+    fn one_keeper_per_mount_a_second_hold_or_a_strangers_drop_is_refused() {
+        let mut store = Store::default();
+        let key = || Some("m".to_string());
+        // Keeper A took the mount over from the store: its connection 2 holds the lease.
+        store.answer(1, Message::Hold(key()), bundle());
+        store.disconnected(1);
+        assert_eq!(
+            store.answer(2, Message::Take(key()), Vec::new()).0,
+            Message::Give
+        );
+        // An adopter B of the old daemon asks for the mount: refused.
+        assert_eq!(
+            store.answer(3, Message::Hold(key()), bundle()).0,
+            Message::Busy
+        );
+        // B cannot drop A's copy either, while A holds it and the connection lives.
+        assert_eq!(
+            store.answer(3, Message::Drop("m".into()), Vec::new()).0,
+            Message::Busy
+        );
+        assert_eq!(store.len(), 1);
+        // A drops it on its lease's connection (the mount ended).
+        assert_eq!(
+            store.answer(2, Message::Drop("m".into()), Vec::new()).0,
+            Message::Ok
+        );
+        assert!(store.is_empty());
+        // Once A's lease ends, B may hold it; and drop it with no lease held.
+        store.answer(2, Message::Hold(key()), bundle());
+        store.disconnected(2);
+        assert_eq!(
+            store.answer(3, Message::Hold(key()), bundle()).0,
+            Message::Ok
+        );
+        store.disconnected(3);
+        assert_eq!(
+            store.answer(4, Message::Drop("m".into()), Vec::new()).0,
+            Message::Ok
+        );
     }
 
     #[test]
