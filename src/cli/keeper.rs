@@ -50,6 +50,7 @@ use parking_lot::Mutex;
 
 use super::args::MountArgs;
 use super::daemon::Readiness;
+use super::NothingToTakeOver;
 use crate::fs::handover::protocol::{self, Holder, Message, ProtocolError};
 
 /// Successive failed starts of a successor before the keeper gives up.
@@ -132,9 +133,8 @@ pub fn run(args: &MountArgs) -> anyhow::Result<()> {
             match StoreLink::open(socket, &args.mountpoint, args.take_over, &holder, log) {
                 Ok(link) => Some(link),
                 Err(e) => {
-                    let reason = super::one_line(&e);
-                    note(log, &reason);
-                    readiness.failed(&reason);
+                    note(log, &super::one_line(&e));
+                    readiness.failed_with(&e);
                     return Err(e);
                 }
             }
@@ -281,15 +281,19 @@ impl StoreLink {
         log: Option<&std::path::Path>,
     ) -> anyhow::Result<StoreLink> {
         let (absolute, mut link) = StoreLink::new(socket, mountpoint);
-        let nothing_to_take = |why: &str| {
-            anyhow::anyhow!(
+        let message = |why: &str| {
+            format!(
                 "--take-over: the fd store {} {why} for {}; nothing was mounted",
                 socket.display(),
                 absolute.display()
             )
         };
+        // The store's word that no live connection is kept: mounting afresh is right.
+        let nothing_to_take = |why: &str| anyhow::Error::new(NothingToTakeOver(message(why)));
+        // No answer: a connection may still be kept, so nothing may mount over it.
+        let no_answer = |why: &str| anyhow::anyhow!(message(why));
         let lease = match protocol::connect(socket) {
-            Ok(conn) => match take_waiting_for_a_dead_lease(&conn, &link.key) {
+            Ok(conn) => match take_waiting_for_a_dead_lease(&conn, &link.key, take_over_only) {
                 Ok(fds)
                     if fds
                         .first()
@@ -313,20 +317,19 @@ impl StoreLink {
                 Err(ProtocolError::Nothing) if take_over_only => {
                     return Err(nothing_to_take("holds no connection"))
                 }
-                Err(ProtocolError::Nothing) => Some(conn),
+                // A mount afresh: a mountpoint with a live mount on it is refused anyway.
+                Err(ProtocolError::Nothing | ProtocolError::Starting) => Some(conn),
                 Err(ProtocolError::Busy) => bail!(
                     "another keeper serves {} (the fd store lent it its connection)",
                     absolute.display()
                 ),
-                Err(e) if take_over_only => return Err(nothing_to_take(&format!("failed ({e})"))),
+                Err(e) if take_over_only => return Err(no_answer(&format!("failed ({e})"))),
                 Err(e) => {
                     note(log, &format!("fd store {}: {e}", socket.display()));
                     None
                 }
             },
-            Err(e) if take_over_only => {
-                return Err(nothing_to_take(&format!("is unreachable ({e})")))
-            }
+            Err(e) if take_over_only => return Err(no_answer(&format!("is unreachable ({e})"))),
             Err(e) => {
                 note(
                     log,
@@ -484,20 +487,28 @@ fn give(
 }
 
 /// How long a keeper waits for the store to notice that the keeper before it died (its
-/// lease ends when the store sees its socket close).
+/// lease ends when the store sees its socket close), or for a store that just started to hear
+/// from the live keepers (longer than [`protocol::STORE_SETTLES`]).
 const DEAD_LEASE_WAIT: Duration = Duration::from_secs(10);
+const _: () = assert!(DEAD_LEASE_WAIT.as_secs() > protocol::STORE_SETTLES.as_secs());
 
 /// Takes mount `key` from the store; while another keeper's lease holds it, asks again for up
-/// to [`DEAD_LEASE_WAIT`] (a keeper killed a moment ago may not have been noticed yet).
-fn take_waiting_for_a_dead_lease(conn: &OwnedFd, key: &str) -> Result<Vec<OwnedFd>, ProtocolError> {
+/// to [`DEAD_LEASE_WAIT`] (a keeper killed a moment ago may not have been noticed yet). A
+/// `take_over` also waits out a store too young to say it holds none; a mount afresh does not
+/// (its mountpoint check refuses a live mount anyway).
+fn take_waiting_for_a_dead_lease(
+    conn: &OwnedFd,
+    key: &str,
+    take_over: bool,
+) -> Result<Vec<OwnedFd>, ProtocolError> {
     let deadline = Instant::now() + DEAD_LEASE_WAIT;
     loop {
         match protocol::take(conn.as_fd(), Some(key)) {
-            Err(ProtocolError::Busy) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(100));
-            }
+            Err(ProtocolError::Busy) if Instant::now() < deadline => {}
+            Err(ProtocolError::Starting) if take_over && Instant::now() < deadline => {}
             other => return other,
         }
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
