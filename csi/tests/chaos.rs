@@ -161,7 +161,12 @@ fn fuse_fds(pid: i32) -> usize {
 
 fn fd_links(pid: i32) -> Vec<String> {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|fds| fds.flatten().filter_map(|fd| std::fs::read_link(fd.path()).ok()).map(|l| l.display().to_string()).collect())
+        .map(|fds| {
+            fds.flatten()
+                .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+                .map(|l| l.display().to_string())
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -281,8 +286,21 @@ impl Cluster {
             assert!(
                 Instant::now() < deadline,
                 "{what} never held every connection: store fds {:?}, mounts {:?}",
-                self.node.fd_store.as_ref().map(|s| (s.init, fd_links(s.init))),
-                self.mounts.iter().map(|m| roles(m)).map(|r| (r.keepers.iter().map(|k| (*k, fd_links(*k))).collect::<Vec<_>>(), r.daemons)).collect::<Vec<_>>()
+                self.node
+                    .fd_store
+                    .as_ref()
+                    .map(|s| (s.init, fd_links(s.init))),
+                self.mounts
+                    .iter()
+                    .map(|m| roles(m))
+                    .map(|r| (
+                        r.keepers
+                            .iter()
+                            .map(|k| (*k, fd_links(*k)))
+                            .collect::<Vec<_>>(),
+                        r.daemons
+                    ))
+                    .collect::<Vec<_>>()
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

@@ -378,7 +378,7 @@ impl StoreLink {
                     .copies()
                     .context("cannot copy the adopted bundle")?;
                 let fds: Vec<_> = bundle.iter().map(|fd| fd.as_fd()).collect();
-                match protocol::hold(conn.as_fd(), Some(&link.key), &fds) {
+                match hold_waiting_for_a_dead_lease(&conn, &link.key, &fds) {
                     Ok(()) => {
                         note(log, "the fd store holds a copy of the connection");
                         Some(conn)
@@ -429,7 +429,10 @@ impl StoreLink {
             .spawn(move || loop {
                 let link = match holding.take() {
                     Some(link) => Some(link),
-                    None => give(&socket, &key, &holder, fresh.take(), log.as_deref()),
+                    None => match give(&socket, &key, &holder, fresh.take(), log.as_deref()) {
+                        Err(ProtocolError::Busy) => step_aside(log.as_deref()),
+                        given => given.ok(),
+                    },
                 };
                 if let Some(link) = link {
                     *shared.lock() = link.try_clone().ok();
@@ -457,33 +460,59 @@ impl StoreLink {
 }
 
 /// Gives the store a copy of the bundle of mount `key` (once the keeper holds one), on `conn`
-/// or a new connection; the connection, now holding the lease, or `None` when the store
-/// cannot be asked or refused.
+/// or a new connection; the connection, now holding the lease, or why not (`Busy`: another
+/// keeper holds the mount there).
 fn give(
     socket: &std::path::Path,
     key: &str,
     holder: &Mutex<Holder>,
     conn: Option<OwnedFd>,
     log: Option<&std::path::Path>,
-) -> Option<OwnedFd> {
+) -> Result<OwnedFd, ProtocolError> {
     let bundle = loop {
         match holder.lock().copies() {
             Some(bundle) => break bundle,
             None => std::thread::sleep(Duration::from_millis(50)),
         }
     };
-    let link = conn.or_else(|| protocol::connect(socket).ok())?;
+    let link = match conn {
+        Some(link) => link,
+        None => protocol::connect(socket)?,
+    };
     let fds: Vec<_> = bundle.iter().map(|fd| fd.as_fd()).collect();
-    match protocol::hold(link.as_fd(), Some(key), &fds) {
+    match hold_waiting_for_a_dead_lease(&link, key, &fds) {
         Ok(()) => {
             note(log, "the fd store holds a copy of the connection");
-            Some(link)
+            Ok(link)
         }
         Err(e) => {
             note(log, &format!("fd store: {e}"));
-            None
+            Err(e)
         }
     }
+}
+
+/// This keeper lost the mount to another keeper that the store holds it for (it took the
+/// mount over while this one was without a lease, e.g. while the store restarted): one
+/// keeper per mount, so this one ends, and its daemon with it, at once. The other's
+/// successor then serves (it waits for the serving lock this daemon holds) and answers the
+/// requests this daemon had read again; the store's copy and the pid file are the other's.
+fn step_aside(log: Option<&std::path::Path>) -> ! {
+    let daemon = DAEMON_PID.load(Ordering::Relaxed);
+    note(
+        log,
+        &format!(
+            "another keeper holds this mount in the fd store; this keeper stops (with its daemon {daemon}) so that the other's serves"
+        ),
+    );
+    if daemon > 0 {
+        // SAFETY: a plain kill of this keeper's daemon.
+        unsafe {
+            libc::kill(daemon, libc::SIGKILL);
+        }
+    }
+    // SAFETY: _exit ends the process at once: nothing may drop the store's copy on the way.
+    unsafe { libc::_exit(1) }
 }
 
 /// How long a keeper waits for the store to notice that the keeper before it died (its
@@ -506,6 +535,23 @@ fn take_waiting_for_a_dead_lease(
         match protocol::take(conn.as_fd(), Some(key)) {
             Err(ProtocolError::Busy) if Instant::now() < deadline => {}
             Err(ProtocolError::Starting) if take_over && Instant::now() < deadline => {}
+            other => return other,
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Gives the store the bundle of mount `key`; while another keeper's lease holds it, asks
+/// again for up to [`DEAD_LEASE_WAIT`] (that keeper may have died a moment ago), then `Busy`.
+fn hold_waiting_for_a_dead_lease(
+    conn: &OwnedFd,
+    key: &str,
+    bundle: &[std::os::fd::BorrowedFd<'_>],
+) -> Result<(), ProtocolError> {
+    let deadline = Instant::now() + DEAD_LEASE_WAIT;
+    loop {
+        match protocol::hold(conn.as_fd(), Some(key), bundle) {
+            Err(ProtocolError::Busy) if Instant::now() < deadline => {}
             other => return other,
         }
         std::thread::sleep(Duration::from_millis(100));

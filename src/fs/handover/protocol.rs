@@ -649,11 +649,23 @@ mod tests {
         // is told to ask again, never that no connection is kept.
         let mut young = Store::default();
         let key = || Some("m".to_string());
-        assert_eq!(young.answer(1, Message::Take(key()), Vec::new()).0, Message::Starting);
-        assert_eq!(young.answer(2, Message::Hold(key()), bundle()).0, Message::Ok);
-        assert_eq!(young.answer(1, Message::Take(key()), Vec::new()).0, Message::Busy);
+        assert_eq!(
+            young.answer(1, Message::Take(key()), Vec::new()).0,
+            Message::Starting
+        );
+        assert_eq!(
+            young.answer(2, Message::Hold(key()), bundle()).0,
+            Message::Ok
+        );
+        assert_eq!(
+            young.answer(1, Message::Take(key()), Vec::new()).0,
+            Message::Busy
+        );
         let mut settled = settled_store();
-        assert_eq!(settled.answer(1, Message::Take(key()), Vec::new()).0, Message::None);
+        assert_eq!(
+            settled.answer(1, Message::Take(key()), Vec::new()).0,
+            Message::None
+        );
     }
 
     #[test]
