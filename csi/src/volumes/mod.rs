@@ -423,7 +423,7 @@ impl VolumeManager {
                     Recovery::TakenOver => {
                         format!("{reason}; a new daemon took the live mount over")
                     }
-                    Recovery::StillServed => format!("{reason}; its daemon still serves it"),
+                    Recovery::StillServed => format!("{reason}; its connection is alive, left alone"),
                     Recovery::Remounted => reason,
                 },
             )),
@@ -476,26 +476,22 @@ impl VolumeManager {
                     tracing::info!(volume_id = %record.volume_id, target = %target.display(), reason = %e, "a live keeper holds the mount; nothing to take over");
                     return Ok(Recovery::TakenOver);
                 }
-                if e.kind == MountErrorKind::NothingToTakeOver {
-                    // Nothing kept in a store; but a daemon that still serves (its keeper
-                    // died a moment ago and it is starting a new one, with no store to
-                    // register in) must not be unmounted under its pods.
-                    if self.mounter.health(&target, None).await? == Health::Live {
-                        tracing::info!(volume_id = %record.volume_id, target = %target.display(), "the mount still answers: left to its daemon");
-                        return Ok(Recovery::StillServed);
-                    }
-                    tracing::info!(volume_id = %record.volume_id, target = %target.display(), reason = %e, "the mount cannot be taken over");
-                    break;
+                // A failure other than the store's word that nothing is kept (the new keeper
+                // killed while starting, the store not answering) is tried again at once.
+                if e.kind != MountErrorKind::NothingToTakeOver && attempt < TAKE_OVER_ATTEMPTS {
+                    tracing::warn!(volume_id = %record.volume_id, target = %target.display(), reason = %e, attempt, "the take-over failed; trying again");
+                    tokio::time::sleep(TAKE_OVER_PAUSE * attempt).await;
+                    continue;
                 }
-                // Any other failure (the new keeper killed while starting, the store not
-                // answering) may leave the connection alive in the store, with pods waiting
-                // on it: a remount would take it from them. Try again; then leave it to the
-                // supervisor's next round.
-                if attempt >= TAKE_OVER_ATTEMPTS {
-                    return Err(e.into());
+                // A remount takes the mount from its pods: only for one whose connection has
+                // ended. One that still answers, or waits for a daemon (its connection kept
+                // somewhere), is left to its daemon or to the next round's take-over.
+                if self.mounter.health(&target, None).await? == Health::Live {
+                    tracing::info!(volume_id = %record.volume_id, target = %target.display(), reason = %e, "the take-over failed, but the mount's connection is alive: not remounting");
+                    return Ok(Recovery::StillServed);
                 }
-                tracing::warn!(volume_id = %record.volume_id, target = %target.display(), reason = %e, attempt, "the take-over failed; trying again");
-                tokio::time::sleep(TAKE_OVER_PAUSE * attempt).await;
+                tracing::info!(volume_id = %record.volume_id, target = %target.display(), reason = %e, "the mount cannot be taken over");
+                break;
             }
         }
         tracing::warn!(volume_id = %record.volume_id, target = %target.display(), "remounting");
@@ -566,7 +562,7 @@ enum Recovery {
     TakenOver,
     /// Detached and mounted anew.
     Remounted,
-    /// Left alone: its daemon still answers.
+    /// Left alone: its connection is alive (a daemon answers, or one will).
     StillServed,
 }
 
