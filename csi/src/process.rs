@@ -51,7 +51,7 @@ fn writes_pid_file(pid: i32, path: &Path) -> bool {
     };
     let path = path.to_string_lossy();
     let joined = format!("--pid-file={path}");
-    argv.iter().any(|a| *a == joined)
+    argv.contains(&joined)
         || argv
             .windows(2)
             .any(|w| w[0] == "--pid-file" && w[1] == path.as_ref())

@@ -423,7 +423,9 @@ impl VolumeManager {
                     Recovery::TakenOver => {
                         format!("{reason}; a new daemon took the live mount over")
                     }
-                    Recovery::StillServed => format!("{reason}; its connection is alive, left alone"),
+                    Recovery::StillServed => {
+                        format!("{reason}; its connection is alive, left alone")
+                    }
                     Recovery::Remounted => reason,
                 },
             )),
