@@ -849,6 +849,63 @@ async fn mount_failures_map_to_grpc_codes() {
     assert!(!unreachable.exists());
 }
 
+/// `riffle mount --take-over` tells the mounter by its exit status which failure allows a
+/// fresh mount: the fd store's word that it holds nothing for the target is
+/// [`riffle_csi::riffle::EXIT_NOTHING_TO_TAKE_OVER`]; a store that cannot be asked is not
+/// (a connection may still be kept there, and a remount would take it from the pods).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_over_with_nothing_to_take_says_so_in_its_exit_status() {
+    let _serial = SERIAL.lock().await;
+    let Some(env) = env() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("fd-store.sock");
+    let mut store = std::process::Command::new(&env.riffle)
+        .args(["fd-store", "--socket"])
+        .arg(&socket)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start riffle fd-store");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !socket.exists() {
+        assert!(Instant::now() < deadline, "fd store socket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let target = dir.path().join("mnt");
+    std::fs::create_dir(&target).expect("mkdir");
+    let take_over = |store: &Path| {
+        std::process::Command::new(&env.riffle)
+            .args(["mount", "s3://any-bucket/"])
+            .arg(&target)
+            .args(["--endpoint-url", &env.endpoint, "--restart", "--take-over"])
+            .arg(format!("--fd-store={}", store.display()))
+            .output()
+            .expect("run riffle mount")
+    };
+    let nothing = take_over(&socket);
+    let said = String::from_utf8_lossy(&nothing.stderr).into_owned();
+    assert_eq!(
+        nothing.status.code(),
+        Some(riffle_csi::riffle::EXIT_NOTHING_TO_TAKE_OVER),
+        "{said}"
+    );
+    assert!(said.contains("holds no connection"), "{said}");
+    let unreachable = take_over(&dir.path().join("no-store.sock"));
+    let said = String::from_utf8_lossy(&unreachable.stderr).into_owned();
+    assert_eq!(unreachable.status.code(), Some(1), "{said}");
+    assert!(said.contains("unreachable"), "{said}");
+    assert_eq!(
+        riffle_csi::riffle::classify(nothing.status.code(), ""),
+        riffle_csi::mounter::MountErrorKind::NothingToTakeOver
+    );
+    transcript(format!(
+        "--take-over with an empty store exits {:?}; with no store {:?}",
+        nothing.status.code(),
+        unreachable.status.code()
+    ));
+    let _ = store.kill();
+    let _ = store.wait();
+}
+
 /// NodeGetVolumeStats of a published volume against the bucket's own listing: bytes = the
 /// objects' total size (all cached once read), inodes = objects + directories.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

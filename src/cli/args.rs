@@ -294,6 +294,11 @@ pub struct MountArgs {
     #[arg(long, hide = true, env = "RIFFLE_KEEPER_FD")]
     pub keeper_fd: Option<i32>,
 
+    /// Internal: run as the new keeper of the daemon at the other end of this socket (its
+    /// keeper died)
+    #[arg(long, hide = true, env = "RIFFLE_ADOPT_FD")]
+    pub adopt_fd: Option<i32>,
+
     /// Internal: take the mount over from the keeper instead of mounting
     #[arg(long, hide = true, env = "RIFFLE_RESUME")]
     pub resume: bool,

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod emulated;
 pub mod node;
 pub mod rgw;
 
