@@ -280,7 +280,8 @@ pub struct MountArgs {
 
     /// With --restart: also give a copy of the FUSE connection to this fd store (`riffle
     /// fd-store`), so the mount outlives the keeper too; a keeper started for a mount the store
-    /// holds takes it over instead of mounting
+    /// holds takes it over instead of mounting. `systemd`: systemd's store, for a mount run as
+    /// a service (FileDescriptorStoreMax=)
     #[arg(long, value_name = "SOCKET", requires = "restart")]
     pub fd_store: Option<PathBuf>,
 

@@ -50,6 +50,7 @@ use parking_lot::Mutex;
 
 use super::args::MountArgs;
 use super::daemon::Readiness;
+use super::systemd::{self, SystemdStore};
 use super::NothingToTakeOver;
 use crate::fs::handover::protocol::{self, Holder, Message, ProtocolError};
 
@@ -128,18 +129,21 @@ pub fn run(args: &MountArgs) -> anyhow::Result<()> {
     if let Some(fd) = args.adopt_fd {
         return adopt(args, fd, &holder);
     }
-    let store = match &args.fd_store {
-        Some(socket) => {
-            match StoreLink::open(socket, &args.mountpoint, args.take_over, &holder, log) {
-                Ok(link) => Some(link),
-                Err(e) => {
-                    note(log, &super::one_line(&e));
-                    readiness.failed_with(&e);
-                    return Err(e);
-                }
-            }
+    let opened = match &args.fd_store {
+        Some(path) if path.as_os_str() == systemd::FD_STORE => {
+            SystemdLink::open(args.take_over, &holder, log).map(Store::Systemd)
         }
-        None => None,
+        Some(socket) => StoreLink::open(socket, &args.mountpoint, args.take_over, &holder, log)
+            .map(Store::Riffle),
+        None => Ok(Store::None),
+    };
+    let store = match opened {
+        Ok(store) => store,
+        Err(e) => {
+            note(log, &super::one_line(&e));
+            readiness.failed_with(&e);
+            return Err(e);
+        }
     };
     // The pid file names the keeper: it lives as long as the mount, and a stop signal sent to
     // it reaches the daemon (the daemon under a keeper writes none). Written once this keeper
@@ -149,19 +153,106 @@ pub fn run(args: &MountArgs) -> anyhow::Result<()> {
         readiness.failed(&reason);
         bail!("{reason}");
     }
-    let result = keep(&holder, store.as_ref(), &mut readiness, log, 0);
-    finish(args, store.as_ref());
+    let result = keep(&holder, &store, &mut readiness, log, 0);
+    finish(args, &store);
     result
 }
 
+/// Where a copy of the mount's connection is kept beside this keeper (`--fd-store`).
+enum Store {
+    None,
+    /// `riffle fd-store` at a socket.
+    Riffle(StoreLink),
+    /// systemd's descriptor store (`--fd-store systemd`).
+    Systemd(SystemdLink),
+}
+
+impl Store {
+    /// Whether the mount was taken from the store (its first daemon resumes).
+    fn took(&self) -> bool {
+        match self {
+            Store::None => false,
+            Store::Riffle(link) => link.took,
+            Store::Systemd(link) => link.took,
+        }
+    }
+}
+
 /// What a keeper does once its mount ended or was given up.
-fn finish(args: &MountArgs, store: Option<&StoreLink>) {
-    if let Some(store) = store {
-        // The mount ended (or was given up): its copy in the store must not keep it alive.
-        store.drop_key();
+fn finish(args: &MountArgs, store: &Store) {
+    // The mount ended (or was given up): its copy in the store must not keep it alive.
+    match store {
+        Store::None => {}
+        Store::Riffle(link) => link.drop_key(),
+        Store::Systemd(link) => link.store.forget(),
     }
     if let Some(pid_file) = &args.pid_file {
         let _ = std::fs::remove_file(pid_file);
+    }
+}
+
+/// The keeper's side of systemd's descriptor store (see `cli::systemd`).
+struct SystemdLink {
+    store: SystemdStore,
+    /// Whether systemd passed the live mount's bundle to this keeper.
+    took: bool,
+}
+
+impl SystemdLink {
+    /// Takes the bundle systemd passed at start, if it is of a live connection; then gives
+    /// systemd the keeper's bundle once it holds one (a first daemon's).
+    fn open(
+        take_over_only: bool,
+        holder: &Arc<Mutex<Holder>>,
+        log: Option<&std::path::Path>,
+    ) -> anyhow::Result<SystemdLink> {
+        let store = SystemdStore::open()?;
+        let passed = store.take();
+        let live = passed.len() == protocol::BUNDLE_FDS
+            && passed
+                .first()
+                .is_some_and(|fuse| !protocol::connection_gone(fuse.as_fd()));
+        if !passed.is_empty() && !live {
+            // A mount that ended while no keeper ran (or a bundle of another shape).
+            store.forget();
+        }
+        if !live && take_over_only {
+            return Err(anyhow::Error::new(NothingToTakeOver(
+                "--take-over: systemd passed no live connection; nothing was mounted".into(),
+            )));
+        }
+        if live {
+            let mut holder = holder.lock();
+            holder.answer(0, Message::Hold(None), passed);
+            holder.disconnected(0);
+            note(log, "took the mount over from systemd's fd store");
+            return Ok(SystemdLink { store, took: true });
+        }
+        let link = SystemdLink { store, took: false };
+        let (holder, log_file) = (holder.clone(), log.map(|p| p.to_path_buf()));
+        let give = SystemdStore::open()?;
+        let spawned = std::thread::Builder::new()
+            .name("riffle-keeper-systemd".into())
+            .spawn(move || {
+                let bundle = loop {
+                    match holder.lock().copies() {
+                        Some(bundle) => break bundle,
+                        None => std::thread::sleep(Duration::from_millis(50)),
+                    }
+                };
+                let fds: Vec<_> = bundle.iter().map(|fd| fd.as_fd()).collect();
+                match give.give(&fds) {
+                    Ok(()) => note(
+                        log_file.as_deref(),
+                        "systemd's fd store holds a copy of the connection",
+                    ),
+                    Err(e) => note(log_file.as_deref(), &format!("{e}")),
+                }
+            });
+        if let Err(e) = spawned {
+            note(log, &format!("cannot start the systemd store thread: {e}"));
+        }
+        Ok(link)
     }
 }
 
@@ -213,8 +304,13 @@ fn adopt(args: &MountArgs, fd: i32, holder: &Arc<Mutex<Holder>>) -> anyhow::Resu
         bail!("the daemon's bundle was refused: {reply:?}");
     }
     let store = match &args.fd_store {
+        // Under systemd a daemon whose keeper died stops (`cli::adoption`): systemd holds the
+        // connection and starts the next keeper.
+        Some(path) if path.as_os_str() == systemd::FD_STORE => {
+            bail!("a daemon under systemd is not adopted")
+        }
         Some(path) => match StoreLink::adopt(path, &args.mountpoint, holder, log) {
-            Ok(link) => Some(link),
+            Ok(link) => Store::Riffle(link),
             Err(e) => {
                 let reason = super::one_line(&e);
                 note(log, &format!("cannot adopt daemon {daemon}: {reason}"));
@@ -222,7 +318,7 @@ fn adopt(args: &MountArgs, fd: i32, holder: &Arc<Mutex<Holder>>) -> anyhow::Resu
                 return Err(e);
             }
         },
-        None => None,
+        None => Store::None,
     };
     if let Err(reason) = write_pid_file(args) {
         // The daemon serves on under this keeper all the same; a missing pid file only
@@ -244,17 +340,11 @@ fn adopt(args: &MountArgs, fd: i32, holder: &Arc<Mutex<Holder>>) -> anyhow::Resu
                 "the adopted daemon {daemon} ended; starting a successor to take the mount over"
             ),
         );
-        keep(
-            holder,
-            store.as_ref(),
-            &mut Readiness::from_fd(None),
-            log,
-            1,
-        )
+        keep(holder, &store, &mut Readiness::from_fd(None), log, 1)
     } else {
         Ok(())
     };
-    finish(args, store.as_ref());
+    finish(args, &store);
     result
 }
 
@@ -562,7 +652,7 @@ fn hold_waiting_for_a_dead_lease(
 /// adopter's first daemon is a successor).
 fn keep(
     holder: &Arc<Mutex<Holder>>,
-    store: Option<&StoreLink>,
+    store: &Store,
     readiness: &mut Readiness,
     log: Option<&std::path::Path>,
     mut generation: u64,
@@ -570,7 +660,7 @@ fn keep(
     let mut failures = 0u32;
     loop {
         generation += 1;
-        let resume = generation > 1 || store.is_some_and(|s| s.took);
+        let resume = generation > 1 || store.took();
         let started = Instant::now();
         let status = run_daemon(holder, generation, resume, readiness)?;
         DAEMON_PID.store(0, Ordering::Relaxed);
@@ -635,6 +725,10 @@ fn run_daemon(
     }
     cmd.env("RIFFLE_KEEPER_FD", theirs.as_raw_fd().to_string())
         .env_remove("RIFFLE_ADOPT_FD");
+    for passed in systemd::LISTEN_ENV {
+        // systemd passed its descriptors to the keeper, not to its daemons.
+        cmd.env_remove(passed);
+    }
     if resume {
         cmd.env("RIFFLE_RESUME", "true");
     }

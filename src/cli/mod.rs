@@ -18,6 +18,7 @@ mod mount;
 pub(crate) mod size;
 pub(crate) mod source;
 mod stats;
+mod systemd;
 mod unmount;
 mod warm;
 

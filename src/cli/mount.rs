@@ -716,6 +716,7 @@ fn serve_until_unmounted(
         "mounted"
     );
     readiness.ready();
+    super::systemd::ready();
     if let Some(opener) = log_opener {
         // Opened once the session's threads answer (the open may look at the mount).
         opener.open();
