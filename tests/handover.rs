@@ -4,6 +4,8 @@
 //! Every read must return the object's bytes: 0 failed, 0 wrong, progress after every kill,
 //! and the keeper's successor serves the same connection (the mount is never remounted).
 
+#![cfg(feature = "rgw-tests")]
+
 mod common;
 
 use std::io::Read;

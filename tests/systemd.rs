@@ -11,6 +11,8 @@
 //! `tests/run.sh` does); otherwise it says it was skipped. The rootfs is built once and kept in
 //! `$RIFFLE_TEST_CACHE` (default /var/cache/riffle-tests).
 
+#![cfg(feature = "rgw-tests")]
+
 mod common;
 
 use std::io::Read;
