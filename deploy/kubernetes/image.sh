@@ -129,7 +129,7 @@ if ! podman image exists "$base"; then
     mkdir -p "$cache"
     tarball=$cache/rootfs-$suite-$arch-$key.tar
     if [ ! -s "$tarball" ]; then
-        echo "== mmdebstrap $suite with $packages (about a minute)"
+        echo >&2 "== mmdebstrap $suite with $packages (about a minute)"
         args=(--variant=minbase --format=tar "--architectures=$arch" "--include=$packages")
         for o in "${dpkg_opts[@]}"; do args+=("--dpkgopt=$o"); done
         for o in "${apt_opts[@]}"; do args+=("--aptopt=$o"); done
@@ -138,7 +138,7 @@ if ! podman image exists "$base"; then
             die "mmdebstrap failed (a Debian mirror must be reachable; --mirror names another)"
         mv "$tarball.tmp" "$tarball"
     fi
-    echo "== podman import $tarball as $base"
+    echo >&2 "== podman import $tarball as $base"
     # The PATH of Debian's own images (an imported image has no environment).
     podman import --quiet \
         --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
@@ -203,7 +203,7 @@ done
         echo "$i"
     done
 } >"$ctx/Containerfile"
-echo "== podman build $tag (the Dockerfile's runtime stage on $base)"
+echo >&2 "== podman build $tag (the Dockerfile's runtime stage on $base)"
 podman build --quiet --pull=never --layers -f "$ctx/Containerfile" -t "$tag" \
     --label "org.opencontainers.image.version=$version" \
     --label "org.opencontainers.image.title=riffle-csi" \

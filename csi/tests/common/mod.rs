@@ -5,6 +5,7 @@
 
 pub mod emulated;
 pub mod node;
+pub mod pod;
 pub mod rgw;
 
 use hyper_util::rt::TokioIo;
