@@ -281,24 +281,7 @@ impl Node {
         let root = dir.path().join("node");
         std::fs::create_dir_all(root.join("var/lib/kubelet")).expect("kubelet dir");
         std::fs::create_dir_all(root.join("mnt/nvme")).expect("nvme dir");
-        // The node's / is a shared mount under systemd: mounts propagate between the host
-        // and the containers' Bidirectional and HostToContainer volumes.
-        nix::mount::mount(
-            Some(&root),
-            &root,
-            None::<&str>,
-            nix::mount::MsFlags::MS_BIND | nix::mount::MsFlags::MS_REC,
-            None::<&str>,
-        )
-        .expect("bind the node root");
-        nix::mount::mount(
-            None::<&str>,
-            &root,
-            None::<&str>,
-            nix::mount::MsFlags::MS_SHARED | nix::mount::MsFlags::MS_REC,
-            None::<&str>,
-        )
-        .expect("make it rshared");
+        common::node::bind_shared(&root);
         // The node's NVMe: a file system of its own for the cache hostPath.
         let image = dir.path().join("nvme.img");
         let file = std::fs::File::create(&image).expect("nvme image");
@@ -603,31 +586,22 @@ impl Pod {
     }
 }
 
-/// A bucket for these tests: the shards of `common::rgw`'s buckets and the large object.
-async fn make_bucket(env: &Env) -> (String, Vec<(String, Vec<u8>)>) {
-    let client = s3(env).await;
-    let bucket = format!("ctr-{}", std::process::id());
-    client
-        .create_bucket()
+/// A bucket of `common::rgw` (its shards, which the pods read) with one more object.
+async fn make_bucket(env: &Env, key: &str, bytes: Vec<u8>) -> (String, Vec<(String, Vec<u8>)>) {
+    let bucket = common::rgw::make_bucket(env, 4).await;
+    s3(env)
+        .await
+        .put_object()
         .bucket(&bucket)
+        .key(key)
+        .body(bytes.into())
         .send()
         .await
-        .expect("create bucket");
+        .expect("put object");
     let mut files: Vec<(String, Vec<u8>)> = (0..4)
         .map(|i| (format!("shard-{i}/data.txt"), content(i).into_bytes()))
         .collect();
     files.push(("shard-0/nested/deep.bin".to_string(), vec![7u8; 300_000]));
-    let big: Vec<u8> = (0..BIG_BYTES).map(|i| (i % 251) as u8).collect();
-    for (key, bytes) in files.iter().chain([&(BIG.to_string(), big)]) {
-        client
-            .put_object()
-            .bucket(&bucket)
-            .key(key)
-            .body(bytes.clone().into())
-            .send()
-            .await
-            .expect("put object");
-    }
     (bucket, files)
 }
 
@@ -696,7 +670,8 @@ struct Row {
 async fn the_node_in_real_containers_keeps_pods_reading() {
     let _serial = SERIAL.lock().await;
     let Some(env) = env() else { return };
-    let (bucket, files) = make_bucket(&env).await;
+    let big: Vec<u8> = (0..BIG_BYTES).map(|i| (i % 251) as u8).collect();
+    let (bucket, files) = make_bucket(&env, BIG, big).await;
     let (mut node, mut csi) = Node::start(&env, &bucket).await;
     let train = node.volume("vol-train", "trainer");
     let eval = node.volume("vol-eval", "evaluator");
@@ -987,23 +962,8 @@ async fn oom_kill_a_daemon(node: &mut Node, v: &Volume, n: usize, round: usize) 
 async fn a_mount_under_the_default_seccomp_profile_caches_without_io_uring() {
     let _serial = SERIAL.lock().await;
     let Some(env) = env() else { return };
-    let client = s3(&env).await;
-    let bucket = format!("ctr-seccomp-{}", std::process::id());
-    client
-        .create_bucket()
-        .bucket(&bucket)
-        .send()
-        .await
-        .expect("create bucket");
     let data: Vec<u8> = (0..(8usize << 20)).map(|i| (i % 241) as u8).collect();
-    client
-        .put_object()
-        .bucket(&bucket)
-        .key("shard.bin")
-        .body(data.clone().into())
-        .send()
-        .await
-        .expect("put");
+    let (bucket, _) = make_bucket(&env, "shard.bin", data.clone()).await;
     let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&data));
     // Without passthrough, so that the warm read goes through the daemon and its cache.
     let script = format!(
