@@ -204,11 +204,17 @@ done
     done
 } >"$ctx/Containerfile"
 echo >&2 "== podman build $tag (the Dockerfile's runtime stage on $base)"
-podman build --quiet --pull=never --layers -f "$ctx/Containerfile" -t "$tag" \
+previous=$(podman image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)
+# No intermediate images: a rebuild leaves nothing behind (the base is the cache).
+podman build --quiet --pull=never --layers=false -f "$ctx/Containerfile" -t "$tag" \
     --label "org.opencontainers.image.version=$version" \
     --label "org.opencontainers.image.title=riffle-csi" \
     --label "org.opencontainers.image.base.name=debian:$suite minbase ($key)" \
     "$ctx" >/dev/null
+if [ -n "$previous" ] && [ "$previous" != "$(podman image inspect --format '{{.Id}}' "$tag")" ]; then
+    # The image this tag named before, unless a container or another tag still uses it.
+    podman rmi "$previous" >/dev/null 2>&1 || true
+fi
 
 # --- 5. The OCI archive.
 if [ "$output" != none ]; then

@@ -1,5 +1,6 @@
-//! A training pod's reader (`pod_reader.py`): the files it is given and writes, wherever it
-//! runs (a mount namespace, a container); the caller starts and stops its process.
+//! A training pod's reader (`pod_reader.py`): the files it is given and writes, and what it
+//! read, wherever it runs (a mount namespace: `emulated`; a container: `containers.rs`); the
+//! caller starts and stops its process.
 
 use sha2::{Digest, Sha256};
 use std::ffi::OsString;
@@ -20,6 +21,24 @@ pub struct ReaderResult {
     pub wrong: u64,
     pub longest_ms: f64,
     pub errors: Vec<String>,
+}
+
+impl ReaderResult {
+    /// Writes the pod's reads to the transcript under `scenario` (`rounds` of it), and asserts
+    /// that it read, with no failed read and no wrong byte.
+    pub fn check(&self, scenario: &str, rounds: usize) {
+        super::transcript(format!(
+            "{scenario}: {rounds} rounds; reads {} ({} passes), failed reads {}, wrong reads {}, longest read {} ms",
+            self.reads,
+            self.passes,
+            self.failed,
+            self.wrong,
+            self.longest_ms
+        ));
+        assert_eq!(self.failed, 0, "failed reads: {:?}", self.errors);
+        assert_eq!(self.wrong, 0, "wrong bytes: {:?}", self.errors);
+        assert!(self.reads > 0);
+    }
 }
 
 impl ReaderFiles {
