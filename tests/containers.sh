@@ -79,6 +79,8 @@ if ! podman image exists "$RIFFLE_TEST_POD_IMAGE"; then
 fi
 
 step "csi/tests/containers.rs"
+# Where the test runs podman (conmon leaves an `oom` marker in its working directory).
+export RIFFLE_TEST_PODMAN_DIR=$WORK
 [ -n "${RIFFLE_TEST_ENDPOINT:-}" ] || eval "$(bash deploy/local/rgw.sh env)"
 cargo test -p riffle-csi --test containers "$@" -- --ignored --test-threads=1 --nocapture
 step "done"

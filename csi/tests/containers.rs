@@ -71,10 +71,17 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// Runs podman; its standard output, trimmed. Panics with its error output if it fails.
+/// Runs podman; its standard output, trimmed. Panics with its error output if it fails. It
+/// runs in RIFFLE_TEST_PODMAN_DIR (tests/containers.sh's work directory), else the temporary
+/// directory: conmon, which podman starts for each container, writes an `oom` marker into its
+/// working directory when the container's cgroup had an OOM kill.
 fn podman(args: &[&str]) -> String {
+    let cwd = std::env::var_os("RIFFLE_TEST_PODMAN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
     let out = Command::new("podman")
         .args(args)
+        .current_dir(cwd)
         .stdin(Stdio::null())
         .output()
         .expect("run podman");
