@@ -17,7 +17,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${CARGO_TARGET_DIR:-$PWD/target}/debug
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/riffle-containers-test.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
+cleanup() {
+    local status=$?
+    set +e
+    # The test images go (rebuilt every run); the base and the pod image stay as the cache.
+    for image in "${RIFFLE_TEST_IMAGE:-}" "${RIFFLE_TEST_IMAGE_NEXT:-}"; do
+        [ -n "$image" ] && podman rmi "$image" >/dev/null 2>&1
+    done
+    rm -rf "$WORK"
+    exit "$status"
+}
+trap cleanup EXIT
 t0=$(date +%s)
 step() { echo "--- $* ($(($(date +%s) - t0)) s)"; }
 
