@@ -69,4 +69,10 @@ if [ -x deploy/validate.sh ]; then
     echo "==> deploy manifests"
     deploy/validate.sh
 fi
+echo "==> the image built without a registry and the node's DaemonSets under podman (real containers)"
+# Installs podman, runc and mmdebstrap; builds the image from the debug binaries with
+# deploy/kubernetes/image.sh (the base root filesystem cached in ~/.cache/riffle-image) and
+# runs csi/tests/containers.rs: every container killed, restarted, the mounter rolled to a
+# second tag and OOM-killed by its cgroup under a reading pod.
+tests/containers.sh
 echo "==> all tests passed"

@@ -6,16 +6,17 @@
 use super::node::{
     detach_mounts_under, mounter_args, node_process, plugin_args, print_tails, wait_for_mounter,
 };
+use super::pod::ReaderFiles;
+// Re-exported for the tests that play the node with these (not every test crate uses them).
+#[allow(unused_imports)]
+pub use super::pod::ReaderResult;
 use super::rgw::Env;
+#[allow(unused_imports)]
+pub use super::transcript;
 use super::{kubelet_target, map, publish_request, Csi};
-use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-pub fn transcript(line: impl AsRef<str>) {
-    println!("[transcript] {}", line.as_ref());
-}
 
 /// A process that plays a container: PID 1 of its own PID namespace (with
 /// its own /proc), killed as a whole.
@@ -305,89 +306,29 @@ impl Drop for Node {
 pub struct Pod {
     child: Child,
     stopped: bool,
-    stop: PathBuf,
-    progress: PathBuf,
-    result: PathBuf,
-}
-
-#[derive(Debug, serde::Deserialize)]
-pub struct ReaderResult {
-    pub passes: u64,
-    pub reads: u64,
-    pub failed: u64,
-    pub wrong: u64,
-    pub longest_ms: f64,
-    pub errors: Vec<String>,
-}
-
-impl ReaderResult {
-    /// Writes the pod's reads to the transcript under `scenario` (`rounds` of it), and asserts
-    /// that it read, with no failed read and no wrong byte.
-    pub fn check(&self, scenario: &str, rounds: usize) {
-        transcript(format!(
-            "{scenario}: {rounds} rounds; reads {} ({} passes), failed reads {}, wrong reads {}, longest read {} ms",
-            self.reads,
-            self.passes,
-            self.failed,
-            self.wrong,
-            self.longest_ms
-        ));
-        assert_eq!(self.failed, 0, "failed reads: {:?}", self.errors);
-        assert_eq!(self.wrong, 0, "wrong bytes: {:?}", self.errors);
-        assert!(self.reads > 0);
-    }
+    reader: ReaderFiles,
 }
 
 impl Pod {
     /// Starts pod `name` reading every file of `files` at `target`.
     pub fn start(node: &Node, name: &str, target: &Path, files: &[(String, Vec<u8>)]) -> Self {
-        let manifest: Vec<(String, usize, String)> = files
-            .iter()
-            .map(|(path, bytes)| {
-                (
-                    path.clone(),
-                    bytes.len(),
-                    hex::encode(Sha256::digest(bytes)),
-                )
-            })
-            .collect();
-        let manifest_path = node.path(&format!("{name}.manifest.json"));
-        std::fs::write(
-            &manifest_path,
-            serde_json::to_vec(&manifest).expect("manifest json"),
-        )
-        .expect("write manifest");
-        let (stop, progress, result) = (
-            node.path(&format!("{name}.stop")),
-            node.path(&format!("{name}.progress")),
-            node.path(&format!("{name}.result")),
-        );
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pod_reader.py");
+        let dir = node.path(&format!("{name}.reader"));
+        let reader = ReaderFiles::new(&dir, files);
         let child = Command::new("unshare")
-            .args(["--mount", "--propagation", "private", "--", "python3"])
-            .arg(script)
-            .arg(target)
-            .arg(&manifest_path)
-            .arg(&stop)
-            .arg(&progress)
-            .arg(&result)
+            .args(["--mount", "--propagation", "private", "--"])
+            .args(reader.command(target, &dir))
             .stdin(Stdio::null())
             .spawn()
             .expect("start the pod's reader");
         Self {
             child,
             stopped: false,
-            stop,
-            progress,
-            result,
+            reader,
         }
     }
 
     pub fn passes(&self) -> u64 {
-        std::fs::read_to_string(&self.progress)
-            .ok()
-            .and_then(|t| t.trim().parse().ok())
-            .unwrap_or(0)
+        self.reader.passes()
     }
 
     /// Waits until the reader has done `more` passes beyond now.
@@ -407,12 +348,11 @@ impl Pod {
     }
 
     pub fn finish(mut self) -> ReaderResult {
-        std::fs::write(&self.stop, b"").expect("stop file");
+        self.reader.stop();
         let status = self.child.wait().expect("reader exit");
         self.stopped = true;
         assert!(status.success(), "the pod's reader failed: {status}");
-        serde_json::from_slice(&std::fs::read(&self.result).expect("reader result"))
-            .expect("reader result json")
+        self.reader.result()
     }
 }
 
