@@ -1,6 +1,8 @@
 //! The persistent NVMe cache against the real RGW, with GETs counted at the store side by
 //! a proxy in front of it (not by riffle).
 
+#![cfg(feature = "rgw-tests")]
+
 mod common;
 
 use std::process::Command;

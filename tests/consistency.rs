@@ -1,5 +1,7 @@
 //! A changed object is never served as a blend of two versions.
 
+#![cfg(feature = "rgw-tests")]
+
 mod common;
 
 use std::fs::File;

@@ -3,6 +3,8 @@
 //! read must return the right bytes or EIO — never wrong bytes — the daemon must stay up and
 //! within its memory budget, and everything must read cleanly once the faults stop.
 
+#![cfg(feature = "rgw-tests")]
+
 mod common;
 
 use std::io::Read;

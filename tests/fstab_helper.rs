@@ -2,6 +2,8 @@
 //! handed by mount(8) to mount.fuse3, which runs riffle's helper form. mount(8) resets PATH
 //! to a system default, so the test calls mount.fuse3 directly with riffle on its PATH.
 
+#![cfg(feature = "rgw-tests")]
+
 mod common;
 
 use std::process::Command;

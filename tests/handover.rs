@@ -4,6 +4,8 @@
 //! Every read must return the object's bytes: 0 failed, 0 wrong, progress after every kill,
 //! and the keeper's successor serves the same connection (the mount is never remounted).
 
+#![cfg(feature = "rgw-tests")]
+
 mod common;
 
 use std::io::Read;
@@ -511,4 +513,164 @@ fn keeper_and_daemon_killed_together_cost_no_read_with_an_fd_store() {
     drop(mount);
     let _ = store.kill();
     let _ = store.wait();
+}
+
+/// The live riffle processes serving `mount` by role: keepers (named
+/// `riffle-keeper`) and daemons, and the zombies among their children.
+struct Roles {
+    keepers: Vec<i32>,
+    daemons: Vec<i32>,
+    zombies: Vec<i32>,
+}
+
+fn roles(mountpoint: &Path) -> Roles {
+    let needle = mountpoint.to_string_lossy().into_owned();
+    let stat = |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let (mut keepers, mut daemons, mut live) = (Vec::new(), Vec::new(), Vec::new());
+    let mut parents = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let stat = stat(pid);
+        let Some(close) = stat.rfind(')') else {
+            continue;
+        };
+        let fields: Vec<&str> = stat[close + 2..].split(' ').collect();
+        let ppid: i32 = fields.get(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+        parents.push((pid, ppid, fields.first() == Some(&"Z")));
+        let argv = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let argv = String::from_utf8_lossy(&argv);
+        if fields.first() == Some(&"Z") || !argv.contains(&needle) || !argv.contains("mount") {
+            continue;
+        }
+        let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
+        live.push(pid);
+        if comm.trim() == "riffle-keeper" {
+            keepers.push(pid);
+        } else if argv.contains("--foreground") {
+            daemons.push(pid);
+        }
+    }
+    let zombies = parents
+        .iter()
+        .filter(|(_, ppid, zombie)| *zombie && live.contains(ppid))
+        .map(|(pid, _, _)| *pid)
+        .collect();
+    Roles {
+        keepers,
+        daemons,
+        zombies,
+    }
+}
+
+/// Waits until exactly one keeper, other than `old` and named by the pid file, and exactly one
+/// daemon serve `mount`.
+fn wait_for_one_keeper(mount: &Mount, old: i32) -> (i32, i32) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = roles(&mount.path);
+        let named = std::fs::read_to_string(&mount.pid_file)
+            .ok()
+            .and_then(|t| t.trim().parse::<i32>().ok());
+        if now.keepers.len() == 1
+            && now.keepers[0] != old
+            && now.daemons.len() == 1
+            && named == Some(now.keepers[0])
+        {
+            return (now.keepers[0], now.daemons[0]);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no new keeper for the daemon within 60 s: keepers {:?}, daemons {:?}\n{}",
+            now.keepers,
+            now.daemons,
+            mount.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The keeper of a workstation mount (`riffle mount --restart`, no fd store) is SIGKILLed:
+/// its daemon serves on and starts a new keeper for itself, which then replaces a SIGKILLed
+/// daemon as the first did. Three rounds; 0 failed and 0 wrong reads, exactly one keeper and
+/// one daemon after each, no zombie, and nothing left after unmount.
+#[test]
+fn a_killed_keeper_costs_no_read_and_the_daemon_gets_a_new_one() {
+    let endpoint = need_rgw!();
+    let bucket = common::unique_bucket("keeperkill");
+    let data = Arc::new(dataset(&endpoint, &bucket));
+    let cache = tempfile::tempdir().expect("cache dir");
+    let cache_dir = cache.path().to_str().expect("utf-8 path");
+    let mount = Mount::new(
+        &endpoint,
+        &format!("s3://{bucket}/"),
+        &["--restart", "--cache-dir", cache_dir, "--cache-size", "1G"],
+    );
+    let tally = Arc::new(Tally::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers = start_readers(&mount.path, &data, &tally, &stop);
+    wait_for_progress(&tally, 2, "before the first kill");
+    let (mut keeper, mut daemon) = wait_for_one_keeper(&mount, 0);
+    assert_eq!(mount.pid(), keeper, "the pid file names the keeper");
+    for round in 1..=3 {
+        sigkill(keeper);
+        let (adopter, same) = wait_for_one_keeper(&mount, keeper);
+        assert_eq!(same, daemon, "round {round}: the daemon serves on");
+        assert_eq!(
+            parent_of(adopter),
+            daemon,
+            "round {round}: the daemon started its new keeper"
+        );
+        assert_eq!(mount.pid(), adopter, "round {round}: the pid file names it");
+        wait_for_progress(&tally, 2, &format!("after keeper kill {round}"));
+        // The mount is kept again: a daemon kill is survived as before.
+        sigkill(daemon);
+        let successor = wait_for_new_daemon(&mount, daemon);
+        assert_eq!(
+            parent_of(successor),
+            adopter,
+            "round {round}: the new keeper started the successor"
+        );
+        wait_for_progress(&tally, 2, &format!("after daemon kill {round}"));
+        (keeper, daemon) = wait_for_one_keeper(&mount, 0);
+        assert_eq!((keeper, daemon), (adopter, successor));
+        let now = roles(&mount.path);
+        assert!(
+            now.zombies.is_empty(),
+            "round {round}: zombies {:?}",
+            now.zombies
+        );
+    }
+    stop_readers(&stop, readers);
+    let (reads, failed, wrong) = tally.counts();
+    eprintln!(
+        "keeper kills: 3 keeper and 3 daemon SIGKILLs, {reads} reads, {failed} failed, {wrong} wrong, longest read {} ms",
+        tally.longest_us.load(Ordering::Relaxed) / 1000
+    );
+    assert_eq!(
+        (failed, wrong),
+        (0, 0),
+        "errors: {:?}",
+        tally.errors.lock().unwrap()
+    );
+    let log = mount.log_text();
+    assert_eq!(log.matches("whose keeper died").count(), 3, "log:\n{log}");
+    let path = mount.path.clone();
+    drop(mount);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let left = loop {
+        let r = roles(&path);
+        if r.keepers.is_empty() && r.daemons.is_empty() {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "processes left after unmount");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(left.zombies.is_empty());
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    assert!(
+        !mounts.contains(path.to_str().expect("utf-8")),
+        "still mounted"
+    );
 }

@@ -2,6 +2,8 @@
 //! directories ahead of the walker, and a remount on the same `--cache-dir` with
 //! `--metadata-ttl indefinite` lists nothing, after an unmount or a SIGKILL. LISTs are counted at the proxy, not by riffle.
 
+#![cfg(feature = "rgw-tests")]
+
 mod common;
 
 use std::process::Command;

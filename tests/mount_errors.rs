@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use common::*;
 
+#[cfg(feature = "rgw-tests")]
 /// Arguments, environment overrides, expected exit code, expected text in the message.
 type Case = (
     Vec<String>,
@@ -16,6 +17,7 @@ type Case = (
     &'static str,
 );
 
+#[cfg(feature = "rgw-tests")]
 /// Runs `riffle mount` and returns (exit code, stderr).
 fn mount_fails(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
     let mut cmd = Command::new(RIFFLE);
@@ -33,6 +35,7 @@ fn mount_fails(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
     (out.status.code().unwrap_or(-1), stderr)
 }
 
+#[cfg(feature = "rgw-tests")]
 fn bucket_with_one_object(endpoint: &str) -> String {
     let bucket = unique_bucket("errs");
     runtime().block_on(async {
@@ -43,6 +46,7 @@ fn bucket_with_one_object(endpoint: &str) -> String {
     bucket
 }
 
+#[cfg(feature = "rgw-tests")]
 #[test]
 fn bad_input_gets_a_clear_reason() {
     let endpoint = need_rgw!();
@@ -210,6 +214,7 @@ fn bad_input_gets_a_clear_reason() {
     assert!(!info.contains(m), "{info}");
 }
 
+#[cfg(feature = "rgw-tests")]
 #[test]
 fn secrets_never_reach_logs_or_arguments() {
     let endpoint = need_rgw!();
@@ -243,6 +248,7 @@ fn secrets_never_reach_logs_or_arguments() {
     assert!(!stderr.contains("the-wrong-secret-value"), "{stderr}");
 }
 
+#[cfg(feature = "rgw-tests")]
 #[test]
 fn a_killed_daemon_leaves_a_dead_mount_that_can_be_cleaned() {
     let endpoint = need_rgw!();

@@ -1,6 +1,8 @@
 //! A real FUSE mount of a real RGW bucket: the tree, the bytes, concurrency, mmap, O_DIRECT,
 //! read-only semantics, prefixes and xattrs.
 
+#![cfg(feature = "rgw-tests")]
+
 mod common;
 
 use std::collections::BTreeSet;

@@ -3,6 +3,8 @@
 //! objects' bytes every way (read, `pread`, `mmap`, `O_DIRECT`) within the memory bound, and a
 //! changed object is never served as a blend of two versions.
 
+#![cfg(feature = "rgw-tests")]
+
 mod common;
 
 use std::fs::File;

@@ -10,6 +10,8 @@
 //! No assertion depends on timing: the peer timeout is long (a dead peer refuses connections
 //! at once), and the epochs are separated by waiting for each node to have nothing in flight.
 
+#![cfg(feature = "rgw-tests")]
+
 mod common;
 
 use std::process::Command;

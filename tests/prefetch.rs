@@ -2,6 +2,8 @@
 //! plans written by a Python training-style reader, `riffle warm`, and directory order.
 //! GETs are counted at the proxy, per key, not by riffle.
 
+#![cfg(feature = "rgw-tests")]
+
 mod common;
 
 use std::process::Command;

@@ -8,8 +8,10 @@ use std::time::Duration;
 
 use common::*;
 
+#[cfg(feature = "rgw-tests")]
 const FILES: usize = 500;
 
+#[cfg(feature = "rgw-tests")]
 /// Reads every file under ROOT from 8 threads (each `with open(p, "rb") as f: f.read()`, as a
 /// data loader's workers do), checks each size against the LISTING file (PATH<TAB>SIZE lines),
 /// then calls `fcntl.ioctl(fd, TCGETS)` on one file and prints the errno's name.
@@ -31,6 +33,7 @@ with open(os.path.join(root, sorted(want)[0]), "rb") as f:
         print(errno.errorcode[e.errno])
 "#;
 
+#[cfg(feature = "rgw-tests")]
 fn python_epoch(mount: &Mount, listing: &std::path::Path) -> String {
     let out = run_with_timeout(
         Command::new("python3").args([
@@ -49,6 +52,7 @@ fn python_epoch(mount: &Mount, listing: &std::path::Path) -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
+#[cfg(feature = "rgw-tests")]
 #[test]
 fn python_opens_cost_no_log_line_and_ioctl_answers_enotty() {
     let endpoint = need_rgw!();

@@ -4,6 +4,8 @@
 //! This stops the shared RGW, so it is `#[ignore]`d in the normal run and executed on its own,
 //! last, by `tests/run.sh` (`cargo test --test rgw_restart -- --ignored`).
 
+#![cfg(feature = "rgw-tests")]
+
 mod common;
 
 use std::process::Command;

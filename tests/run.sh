@@ -45,16 +45,18 @@ eval "$(bash deploy/local/rgw.sh env)"
 # that is not theirs. The floor itself has an integration test of its own.
 export RIFFLE_BENCH_CACHE_MIN_FREE=0 RIFFLE_QUICKSTART_CACHE_MIN_FREE=0
 
+# The tests that need the RGW (a plain `cargo test` leaves them out).
+RGW_TESTS=rifflefs/rgw-tests,riffle-csi/rgw-tests
 echo "==> cargo fmt --check"
 cargo fmt --all --check
 echo "==> layer check of src/ (no module importing a higher one, no two files importing each other)"
 python3 tests/layers.py
 echo "==> cargo clippy"
-cargo clippy --workspace --all-targets -- -D warnings
+cargo clippy --workspace --all-targets --features "$RGW_TESTS" -- -D warnings
 echo "==> cargo test"
-cargo test --workspace "$@"
+cargo test --workspace --features "$RGW_TESTS" "$@"
 echo "==> RGW stopped and restarted under a mount (alone, last)"
-cargo test -p rifflefs --test rgw_restart -- --ignored
+cargo test -p rifflefs --features rgw-tests --test rgw_restart -- --ignored
 echo "==> benchmark smoke test (quick datasets, every system side by side, every byte verified)"
 # Debug binaries (already built for the tests); fails on any wrong byte. It rewrites
 # benches/README.md's quick section in this checkout; the committed one is from a release run.
@@ -67,4 +69,10 @@ if [ -x deploy/validate.sh ]; then
     echo "==> deploy manifests"
     deploy/validate.sh
 fi
+echo "==> the image built without a registry and the node's DaemonSets under podman (real containers)"
+# Installs podman, runc and mmdebstrap; builds the image from the debug binaries with
+# deploy/kubernetes/image.sh (the base root filesystem cached in ~/.cache/riffle-image) and
+# runs csi/tests/containers.rs: every container killed, restarted, the mounter rolled to a
+# second tag and OOM-killed by its cgroup under a reading pod.
+tests/containers.sh
 echo "==> all tests passed"

@@ -2,6 +2,8 @@
 //! readable by `cat` and Python, `stat`-able, never listed, shadowed by a real object of that
 //! name, with and without passthrough, and never a cache entry or a GET.
 
+#![cfg(feature = "rgw-tests")]
+
 mod common;
 
 use std::collections::BTreeSet;

@@ -6,6 +6,8 @@
 //! - list-only: may `s3:ListBucket` on the bucket and nothing else;
 //! - reader: may list and `s3:GetObject`.
 
+#![cfg(feature = "rgw-tests")]
+
 mod common;
 
 use std::io::ErrorKind;

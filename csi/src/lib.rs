@@ -51,6 +51,7 @@ pub mod old_clients;
 pub mod peers;
 pub mod process;
 pub mod proto;
+pub mod reaper;
 pub mod remote;
 pub mod riffle;
 pub mod secrets;

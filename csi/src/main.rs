@@ -100,6 +100,9 @@ async fn mounter(args: &Args) -> anyhow::Result<Arc<dyn Mounter>> {
         return Ok(Arc::new(remote));
     }
     let local = daemons.mounter(&args.state_dir)?;
+    if let Err(e) = riffle_csi::reaper::start() {
+        tracing::warn!(error = %e, "cannot reap the daemons' processes (zombies stay until the container's init reaps them)");
+    }
     tracing::info!(
         riffle = %local.binary.display(),
         "mount daemons run as children of this process (no --mounter-socket): they die with this container"

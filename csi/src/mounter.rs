@@ -21,6 +21,17 @@ pub struct DaemonId {
     pub start_time: u64,
 }
 
+/// The mounter as one ping finds it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pulse {
+    /// Names the mounter's process (None: it cannot tell): a change is a restart, whose
+    /// daemons died with it, and their mounts need a successor at once.
+    pub instance: Option<String>,
+    /// The riffle processes (keepers, daemons) that have ended under it so far
+    /// ([`crate::reaper`]): a change means a volume may have lost its keeper or daemon.
+    pub exited: u64,
+}
+
 /// What is at a target path.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Health {
@@ -186,6 +197,9 @@ pub enum MountErrorKind {
     Timeout,
     /// Something about the target path (busy, not a directory...).
     FailedPrecondition,
+    /// A take-over found no live connection to take over (the fd store holds none, or none
+    /// is used): the mount is gone, and mounting afresh is right.
+    NothingToTakeOver,
     /// Anything else.
     Internal,
 }
@@ -247,7 +261,7 @@ pub trait Mounter: Send + Sync + 'static {
     /// remounts.
     async fn take_over(&self, req: MountRequest<'_>) -> Result<Option<DaemonId>, MountError> {
         Err(MountError::new(
-            MountErrorKind::FailedPrecondition,
+            MountErrorKind::NothingToTakeOver,
             format!(
                 "this mounter cannot take the mount at {} over",
                 req.target.display()
@@ -255,11 +269,13 @@ pub trait Mounter: Send + Sync + 'static {
         ))
     }
 
-    /// Names this mounter's process (None: it cannot tell), so that a
-    /// restart that happened between two checks is noticed: its daemons
-    /// died with it and their mounts need a successor at once.
-    async fn instance(&self) -> Result<Option<String>, MountError> {
-        self.available().await.map(|()| None)
+    /// Who runs the daemons now ([`Pulse`]), so that a restart or a keeper or
+    /// daemon that ended between two checks is noticed at once.
+    async fn pulse(&self) -> Result<Pulse, MountError> {
+        self.available().await.map(|()| Pulse {
+            instance: None,
+            exited: crate::reaper::exited(),
+        })
     }
 
     /// Makes the live mount at `source` (a shared daemon's, see

@@ -79,6 +79,11 @@ async fn main() -> anyhow::Result<()> {
         .parent()
         .map_or_else(|| args.state_dir.clone(), std::path::Path::to_path_buf);
     let mounter = args.daemons.mounter(&shares_dir)?;
+    // Keepers are orphans by design (`riffle mount` exits once the mount is live): this
+    // process reaps them, and a daemon whose keeper died, and tells the plugin they ended.
+    if let Err(e) = riffle_csi::reaper::start() {
+        tracing::warn!(error = %e, "cannot reap the daemons' processes (zombies stay until the container's init reaps them)");
+    }
     tracing::info!(
         version = riffle_csi::VERSION,
         riffle = %mounter.binary.display(),

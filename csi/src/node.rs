@@ -230,7 +230,9 @@ pub fn to_status(err: &VolumeError) -> Status {
             MountErrorKind::PermissionDenied => Code::PermissionDenied,
             MountErrorKind::Unavailable => Code::Unavailable,
             MountErrorKind::Timeout => Code::DeadlineExceeded,
-            MountErrorKind::FailedPrecondition => Code::FailedPrecondition,
+            MountErrorKind::FailedPrecondition | MountErrorKind::NothingToTakeOver => {
+                Code::FailedPrecondition
+            }
             MountErrorKind::Internal => Code::Internal,
         },
         VolumeError::State(_) | VolumeError::Secrets(_) | VolumeError::Io { .. } => Code::Internal,

@@ -30,14 +30,31 @@ pub fn is_alive(id: DaemonId) -> bool {
     identify(id.pid) == Some(id)
 }
 
-/// Reads a pid file and identifies the live process named in it.
+/// Reads a pid file and identifies the live process named in it, if that process is the one
+/// that writes this pid file (its arguments name it: `--pid-file=PATH`). A pid file outlives
+/// its writer, and pids are reused (a new container starts them from 1 again), so a pid
+/// alone could name another volume's keeper.
 pub fn from_pid_file(path: &Path) -> Option<DaemonId> {
     let text = std::fs::read_to_string(path).ok()?;
     let pid: i32 = text.trim().parse().ok()?;
     if pid <= 1 {
         return None;
     }
-    identify(pid)
+    let id = identify(pid)?;
+    writes_pid_file(pid, path).then_some(id)
+}
+
+/// Whether process `pid` was started with `--pid-file=PATH` (or `--pid-file PATH`).
+fn writes_pid_file(pid: i32, path: &Path) -> bool {
+    let Ok(argv) = procfs::process::Process::new(pid).and_then(|p| p.cmdline()) else {
+        return false;
+    };
+    let path = path.to_string_lossy();
+    let joined = format!("--pid-file={path}");
+    argv.contains(&joined)
+        || argv
+            .windows(2)
+            .any(|w| w[0] == "--pid-file" && w[1] == path.as_ref())
 }
 
 /// Waits up to `grace` for `id` to exit on its own, then sends SIGTERM and
@@ -114,12 +131,24 @@ mod tests {
     }
 
     #[test]
-    fn pid_file_garbage_is_none() {
+    fn pid_file_garbage_or_a_stranger_is_none() {
         let dir = tempfile::tempdir().expect("tempdir");
         let p = dir.path().join("pid");
         std::fs::write(&p, "not a pid").expect("write");
         assert!(from_pid_file(&p).is_none());
+        // A live process that does not write this pid file (a reused pid): not its writer.
         std::fs::write(&p, format!("{}\n", std::process::id())).expect("write");
-        assert!(from_pid_file(&p).is_some());
+        assert!(from_pid_file(&p).is_none());
+        // One started with --pid-file=p is.
+        let mut child = std::process::Command::new("sh")
+            .arg("-c")
+            .arg("sleep 30")
+            .arg(format!("--pid-file={}", p.display()))
+            .spawn()
+            .expect("spawn sh");
+        std::fs::write(&p, format!("{}\n", child.id())).expect("write");
+        assert_eq!(from_pid_file(&p).map(|d| d.pid), Some(child.id() as i32));
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }

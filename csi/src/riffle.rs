@@ -269,11 +269,17 @@ impl RiffleMounter {
     }
 }
 
+/// `riffle mount --take-over`'s exit status when the fd store holds no live connection for
+/// the target (riffle's `cli::EXIT_NOTHING_TO_TAKE_OVER`).
+pub const EXIT_NOTHING_TO_TAKE_OVER: i32 = 3;
+
 /// Maps riffle's exit code and reason line to an error category.
 pub fn classify(exit_code: Option<i32>, reason: &str) -> MountErrorKind {
     let r = reason.to_ascii_lowercase();
     let has = |words: &[&str]| words.iter().any(|w| r.contains(w));
-    if exit_code == Some(2)
+    if exit_code == Some(EXIT_NOTHING_TO_TAKE_OVER) {
+        MountErrorKind::NothingToTakeOver
+    } else if exit_code == Some(2)
         || has(&[
             "invalid value",
             "invalid option",
@@ -362,7 +368,7 @@ impl Mounter for RiffleMounter {
     async fn take_over(&self, req: MountRequest<'_>) -> Result<Option<DaemonId>, MountError> {
         if self.fd_store.is_none() {
             return Err(MountError::new(
-                MountErrorKind::FailedPrecondition,
+                MountErrorKind::NothingToTakeOver,
                 format!(
                     "no fd store holds the connection of {} (riffle-mounter runs without --fd-store)",
                     req.target.display()
@@ -480,7 +486,7 @@ impl RiffleMounter {
             args = ?args,
             "running riffle mount"
         );
-        let mut child = cmd.spawn().map_err(|e| {
+        let (mut child, _owned) = crate::reaper::spawn(&mut cmd).map_err(|e| {
             MountError::new(
                 MountErrorKind::Internal,
                 format!(
@@ -563,13 +569,16 @@ impl RiffleMounter {
             let answers = entry.fs_type == RIFFLE_FSTYPE
                 && mountinfo::probe(target, self.probe_timeout).await == Probe::Ok;
             if answers {
-                let run = Command::new(&self.binary)
-                    .arg("unmount")
+                let mut cmd = Command::new(&self.binary);
+                cmd.arg("unmount")
                     .arg(target)
                     .stdin(Stdio::null())
                     .stdout(Stdio::null())
-                    .stderr(Stdio::piped())
-                    .output();
+                    .stderr(Stdio::piped());
+                let run = async {
+                    let (child, _owned) = crate::reaper::spawn(&mut cmd)?;
+                    child.wait_with_output().await
+                };
                 match tokio::time::timeout(Duration::from_secs(30), run).await {
                     Ok(Ok(out)) if out.status.success() => {}
                     Ok(Ok(out)) => tracing::warn!(

@@ -22,7 +22,10 @@
 //! without waiting for the interval, when it answers again after an outage
 //! or when it answers as another process than before (a restart between
 //! two pings); targets in backoff are retried then too, since the outage,
-//! not the target, made them fail.
+//! not the target, made them fail. Likewise when a keeper or daemon ended
+//! under it (the mounter reaps and counts them, [`crate::reaper`]): a volume
+//! whose keeper and daemon died in quick succession, with only the fd store
+//! holding its connection, is taken over within a ping, not a round.
 
 use crate::volumes::{CheckOutcome, VolumeManager};
 use std::collections::HashMap;
@@ -118,10 +121,11 @@ pub async fn run(manager: Arc<VolumeManager>, interval: Duration) {
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut paused = false;
     let mut mounter: Option<String> = None;
+    let mut exited: Option<u64> = None;
     let mut last_round: Option<Instant> = None;
     loop {
         ticker.tick().await;
-        let now_mounter = match manager.mounter_instance().await {
+        let pulse = match manager.mounter_pulse().await {
             Err(e) => {
                 if !paused {
                     tracing::error!(error = %e, "the mounter cannot be asked; volume checks paused until it answers");
@@ -129,17 +133,21 @@ pub async fn run(manager: Arc<VolumeManager>, interval: Duration) {
                 }
                 continue;
             }
-            Ok(instance) => instance,
+            Ok(pulse) => pulse,
         };
-        let restarted = matches!((&mounter, &now_mounter), (Some(a), Some(b)) if a != b);
-        let urgent = paused || restarted;
+        let restarted = matches!((&mounter, &pulse.instance), (Some(a), Some(b)) if a != b);
+        let ended = exited.is_some_and(|n| n != pulse.exited);
+        let urgent = paused || restarted || ended;
         if paused {
             tracing::info!("the mounter answers again; checking every volume");
             paused = false;
         } else if restarted {
             tracing::warn!("the mounter restarted; checking every volume");
+        } else if ended {
+            tracing::info!("a keeper or daemon of this node ended; checking every volume");
         }
-        mounter = now_mounter.or(mounter);
+        mounter = pulse.instance.or(mounter);
+        exited = Some(pulse.exited);
         let due = last_round.is_none_or(|at| at.elapsed() >= interval);
         if !(urgent || due) {
             continue;

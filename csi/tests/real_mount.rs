@@ -5,9 +5,9 @@
 //! Needs: root and /dev/fuse; RIFFLE_TEST_ENDPOINT (e.g.
 //! http://127.0.0.1:7480) with AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY of a
 //! user there (`eval "$(deploy/local/rgw.sh env)"`); the riffle binary from
-//! RIFFLE_BIN, else target/debug/riffle. Without RIFFLE_TEST_ENDPOINT every
-//! test here FAILS with instructions, unless RIFFLE_SKIP_INTEGRATION=1, in
-//! which case they print that they were skipped.
+//! RIFFLE_BIN, else target/debug/riffle. Built with the `rgw-tests` feature
+//! (`tests/run.sh`); without RIFFLE_TEST_ENDPOINT every test here FAILS with
+//! instructions.
 //!
 //! The plugin runs as deployed: with a `riffle-mounter` that holds the mount
 //! daemons (`--mounter-socket`); both are plain processes here, and
@@ -15,6 +15,8 @@
 //! variables in their environment, so the only way a volume can read the
 //! bucket is the nodePublishSecretRef secret passed in NodePublishVolume. The tests run one at a time (a global
 //! lock): they share the 2-core machine with RGW and the FUSE daemons.
+
+#![cfg(feature = "rgw-tests")]
 
 mod common;
 
@@ -276,7 +278,7 @@ fn transcript(line: impl AsRef<str>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publish_read_kill_plugin_read_unpublish() {
     let _serial = SERIAL.lock().await;
-    let Some(env) = env() else { return };
+    let env = env();
     let bucket = make_bucket(&env, 1).await;
     let mut p = Plugin::start(&env).await;
     let target = p.target("trainer-0");
@@ -376,7 +378,7 @@ async fn publish_read_kill_plugin_read_unpublish() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secrets_appear_in_no_argv_or_log() {
     let _serial = SERIAL.lock().await;
-    let Some(env) = env() else { return };
+    let env = env();
     let bucket = make_bucket(&env, 1).await;
     let mut p = Plugin::start(&env).await;
     let target = p.target("pod-secret");
@@ -513,7 +515,7 @@ fn environ_of(pid: i32, name: &str) -> Option<String> {
 async fn no_secret_at_rest_after_publish_crash_and_unpublish() {
     use std::os::unix::fs::MetadataExt;
     let _serial = SERIAL.lock().await;
-    let Some(env) = env() else { return };
+    let env = env();
     let bucket = make_bucket(&env, 1).await;
     let mut p = Plugin::start(&env).await;
     let state = p.state();
@@ -609,7 +611,7 @@ async fn a_role_volume_the_store_refuses_leaks_no_token_and_leaves_nothing() {
     // appear in no message, log or state file, and nothing may be left on
     // the tmpfs. An assumed role end to end needs an STS this test lacks.
     let _serial = SERIAL.lock().await;
-    let Some(env) = env() else { return };
+    let env = env();
     let bucket = make_bucket(&env, 1).await;
     let p = Plugin::start(&env).await;
     let target = p.target("pod-role");
@@ -659,7 +661,7 @@ async fn a_role_volume_the_store_refuses_leaks_no_token_and_leaves_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eight_volumes_published_concurrently() {
     let _serial = SERIAL.lock().await;
-    let Some(env) = env() else { return };
+    let env = env();
     let bucket = make_bucket(&env, 8).await;
     let p = Plugin::start(&env).await;
     let targets: Vec<PathBuf> = (0..8).map(|i| p.target(&format!("worker-{i}"))).collect();
@@ -731,7 +733,7 @@ fn mount_id_at(path: &Path) -> Option<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_mount_daemon_is_recovered() {
     let _serial = SERIAL.lock().await;
-    let Some(env) = env() else { return };
+    let env = env();
     let bucket = make_bucket(&env, 1).await;
     let mut p = Plugin::start(&env).await;
     let target = p.target("pod-recover");
@@ -809,7 +811,7 @@ async fn killed_mount_daemon_is_recovered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mount_failures_map_to_grpc_codes() {
     let _serial = SERIAL.lock().await;
-    let Some(env) = env() else { return };
+    let env = env();
     let mut p = Plugin::start(&env).await;
 
     let missing = p.target("pod-missing");
@@ -849,12 +851,69 @@ async fn mount_failures_map_to_grpc_codes() {
     assert!(!unreachable.exists());
 }
 
+/// `riffle mount --take-over` tells the mounter by its exit status which failure allows a
+/// fresh mount: the fd store's word that it holds nothing for the target is
+/// [`riffle_csi::riffle::EXIT_NOTHING_TO_TAKE_OVER`]; a store that cannot be asked is not
+/// (a connection may still be kept there, and a remount would take it from the pods).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_over_with_nothing_to_take_says_so_in_its_exit_status() {
+    let _serial = SERIAL.lock().await;
+    let env = env();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("fd-store.sock");
+    let mut store = std::process::Command::new(&env.riffle)
+        .args(["fd-store", "--socket"])
+        .arg(&socket)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start riffle fd-store");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !socket.exists() {
+        assert!(Instant::now() < deadline, "fd store socket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let target = dir.path().join("mnt");
+    std::fs::create_dir(&target).expect("mkdir");
+    let take_over = |store: &Path| {
+        std::process::Command::new(&env.riffle)
+            .args(["mount", "s3://any-bucket/"])
+            .arg(&target)
+            .args(["--endpoint-url", &env.endpoint, "--restart", "--take-over"])
+            .arg(format!("--fd-store={}", store.display()))
+            .output()
+            .expect("run riffle mount")
+    };
+    let nothing = take_over(&socket);
+    let said = String::from_utf8_lossy(&nothing.stderr).into_owned();
+    assert_eq!(
+        nothing.status.code(),
+        Some(riffle_csi::riffle::EXIT_NOTHING_TO_TAKE_OVER),
+        "{said}"
+    );
+    assert!(said.contains("holds no connection"), "{said}");
+    let unreachable = take_over(&dir.path().join("no-store.sock"));
+    let said = String::from_utf8_lossy(&unreachable.stderr).into_owned();
+    assert_eq!(unreachable.status.code(), Some(1), "{said}");
+    assert!(said.contains("unreachable"), "{said}");
+    assert_eq!(
+        riffle_csi::riffle::classify(nothing.status.code(), ""),
+        riffle_csi::mounter::MountErrorKind::NothingToTakeOver
+    );
+    transcript(format!(
+        "--take-over with an empty store exits {:?}; with no store {:?}",
+        nothing.status.code(),
+        unreachable.status.code()
+    ));
+    let _ = store.kill();
+    let _ = store.wait();
+}
+
 /// NodeGetVolumeStats of a published volume against the bucket's own listing: bytes = the
 /// objects' total size (all cached once read), inodes = objects + directories.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn volume_stats_match_the_bucket() {
     let _serial = SERIAL.lock().await;
-    let Some(env) = env() else { return };
+    let env = env();
     let bucket = make_bucket(&env, 3).await;
     // The manifest: every object and its size, from the store.
     let listing = common::rgw::s3(&env)
@@ -961,7 +1020,7 @@ async fn volume_stats_match_the_bucket() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn root_disk_cache_is_refused() {
     let _serial = SERIAL.lock().await;
-    let Some(env) = env() else { return };
+    let env = env();
     let bucket = make_bucket(&env, 1).await;
     let mut p = Plugin::start_with(&env, false).await;
     let target = p.target("trainer-root-disk");
@@ -1014,7 +1073,7 @@ async fn root_disk_cache_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mounter_metrics_carry_each_volumes_labels() {
     let _serial = SERIAL.lock().await;
-    let Some(env) = env() else { return };
+    let env = env();
     let bucket = make_bucket(&env, 2).await;
     let mut p = Plugin::start(&env).await;
     // Two pods, two volumes; kubelet adds the pod's name (podInfoOnMount).
@@ -1200,7 +1259,7 @@ async fn unpublish_and_unstage(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_staged_volume_is_one_daemon_for_eight_pods() {
     let _serial = SERIAL.lock().await;
-    let Some(env) = env() else { return };
+    let env = env();
     let bucket = make_bucket(&env, 1).await;
     let mut p = Plugin::start(&env).await;
     let pods = 8;
@@ -1317,7 +1376,7 @@ fn cache_size_arg(p: &Plugin, target: &Path) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn volumes_share_the_node_cache_budget() {
     let _serial = SERIAL.lock().await;
-    let Some(env) = env() else { return };
+    let env = env();
     let bucket = make_bucket(&env, 1).await;
     let p = Plugin::start(&env).await;
     let mut attributes = p.attributes(&bucket, "shard-0");
@@ -1380,7 +1439,7 @@ async fn volumes_share_the_node_cache_budget() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_shared_daemon_is_remounted_and_its_pods_bound_again() {
     let _serial = SERIAL.lock().await;
-    let Some(env) = env() else { return };
+    let env = env();
     let bucket = make_bucket(&env, 1).await;
     let mut p = Plugin::start(&env).await;
     let pods: Vec<PathBuf> = (0..2).map(|i| p.target(&format!("heal-{i}"))).collect();

@@ -34,7 +34,8 @@
 //! # I/O
 //! All data I/O (block reads and writes, journal appends) goes through [`ring::Ring`]:
 //! dedicated threads each driving an io_uring, fed over a channel, submitting in batches and
-//! resolving oneshot futures. Whole blocks
+//! resolving oneshot futures (where io_uring is refused, as by a container's default seccomp
+//! profile, `pread`/`pwrite` threads behind the same API). Whole blocks
 //! (aligned offsets and lengths) use `O_DIRECT`, so filling the cache does not evict the page
 //! cache and the daemon does not hold a second copy of what the kernel's FUSE page cache
 //! already holds; the short last block and filesystems without `O_DIRECT` (older tmpfs) use

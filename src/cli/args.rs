@@ -280,7 +280,8 @@ pub struct MountArgs {
 
     /// With --restart: also give a copy of the FUSE connection to this fd store (`riffle
     /// fd-store`), so the mount outlives the keeper too; a keeper started for a mount the store
-    /// holds takes it over instead of mounting
+    /// holds takes it over instead of mounting. `systemd`: systemd's store, for a mount run as
+    /// a service (FileDescriptorStoreMax=)
     #[arg(long, value_name = "SOCKET", requires = "restart")]
     pub fd_store: Option<PathBuf>,
 
@@ -293,6 +294,11 @@ pub struct MountArgs {
     /// Internal: the daemon's socket to its keeper (`--restart`)
     #[arg(long, hide = true, env = "RIFFLE_KEEPER_FD")]
     pub keeper_fd: Option<i32>,
+
+    /// Internal: run as the new keeper of the daemon at the other end of this socket (its
+    /// keeper died)
+    #[arg(long, hide = true, env = "RIFFLE_ADOPT_FD")]
+    pub adopt_fd: Option<i32>,
 
     /// Internal: take the mount over from the keeper instead of mounting
     #[arg(long, hide = true, env = "RIFFLE_RESUME")]

@@ -3,7 +3,9 @@
 //! The parent creates a pipe, starts `riffle` again with the same arguments plus
 //! `--foreground` in a new session (detached from the terminal, stdio on /dev/null, logs to a
 //! file), hands it the pipe's write end through `RIFFLE_READY_FD`, and waits. The daemon writes
-//! `OK` once the filesystem is mounted, or `ERR <reason>` and exits. If the daemon dies without
+//! `OK` once the filesystem is mounted, or `ERR <reason>` and exits (`NOTHING <reason>` for a
+//! `--take-over` that found nothing to take over, so the parent exits with
+//! [`super::EXIT_NOTHING_TO_TAKE_OVER`]). If the daemon dies without
 //! a word the pipe closes and the parent says so; if nothing arrives within the start-up limit
 //! the parent kills the daemon. Either way the parent never waits forever.
 
@@ -16,8 +18,13 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+
+use super::NothingToTakeOver;
 use nix::fcntl::{fcntl, FcntlArg, FdFlag};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+
+/// The readiness line of a `--take-over` that found nothing to take over (else `ERR `).
+const NOTHING: &str = "NOTHING ";
 
 /// How long a daemon may take to mount before `riffle mount` gives up.
 pub const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -69,6 +76,9 @@ pub fn spawn_and_wait(log_file: &Path, pass_log_file: bool) -> anyhow::Result<()
         Ok(Some(msg)) if msg == "OK" => Ok(()),
         Ok(Some(msg)) => {
             let _ = child.wait();
+            if let Some(reason) = msg.strip_prefix(NOTHING) {
+                return Err(NothingToTakeOver(reason.to_string()).into());
+            }
             bail!("{}", msg.strip_prefix("ERR ").unwrap_or(&msg))
         }
         Ok(None) => {
@@ -146,6 +156,17 @@ impl Readiness {
 
     pub fn failed(&mut self, reason: &str) {
         self.send(&format!("ERR {reason}"));
+    }
+
+    /// Reports `e`, keeping its kind where the parent's exit status tells it
+    /// ([`NothingToTakeOver`]).
+    pub fn failed_with(&mut self, e: &anyhow::Error) {
+        let reason = super::one_line(e);
+        if e.downcast_ref::<NothingToTakeOver>().is_some() {
+            self.send(&format!("{NOTHING}{reason}"));
+        } else {
+            self.failed(&reason);
+        }
     }
 
     fn send(&mut self, line: &str) {

@@ -5,6 +5,7 @@
 //! daemon reports "mounted" or a one-line reason, so the command returns only once the mount
 //! is live or has failed, never in between and never hanging (every step has a timeout).
 
+mod adoption;
 pub(crate) mod args;
 mod daemon;
 mod fd_limit;
@@ -17,6 +18,7 @@ mod mount;
 pub(crate) mod size;
 pub(crate) mod source;
 mod stats;
+mod systemd;
 mod unmount;
 mod warm;
 
@@ -75,8 +77,27 @@ pub fn main() -> i32 {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("riffle: {}", one_line(&e));
-            1
+            exit_status(&e)
         }
+    }
+}
+
+/// `riffle mount --take-over` exits with this when the fd store holds no live connection for
+/// the mountpoint (nothing was mounted): the one failure after which mounting afresh is
+/// right. Other statuses: 0 done, 1 failed, 2 invalid arguments.
+pub const EXIT_NOTHING_TO_TAKE_OVER: i32 = 3;
+
+/// The failure of a `--take-over` that found nothing to take over.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct NothingToTakeOver(pub String);
+
+/// The exit status for `e`.
+fn exit_status(e: &anyhow::Error) -> i32 {
+    if e.downcast_ref::<NothingToTakeOver>().is_some() {
+        EXIT_NOTHING_TO_TAKE_OVER
+    } else {
+        1
     }
 }
 

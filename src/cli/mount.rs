@@ -13,6 +13,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context};
 use fuser::{MountOption, SessionACL};
 
+use super::adoption::{self, Adoptable};
 use super::args::MountArgs;
 use super::daemon::{self, Readiness};
 use super::fd_limit::{self, Budget};
@@ -27,6 +28,7 @@ use crate::control;
 use crate::control::MountControl;
 use crate::fetch::peer::{self, server::PeerServer};
 use crate::fetch::{DiskTier, FetchConfig, Fetcher};
+use crate::fs::handover::serving::ServingLock;
 use crate::fs::handover::{protocol, request_resend, Handover, InitParams, Resumed};
 use crate::fs::ops::FuseOps;
 use crate::fs::{FsConfig, FsStatus, RiffleFs};
@@ -123,6 +125,21 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
         (Some(_), None) => Some(Handover::create().context("cannot set up the handover state")?),
         _ => None,
     };
+    // What a new keeper would need of this daemon's state if its keeper dies (`adoption`).
+    let state_fds = match (&handover, &takeover) {
+        (Some(h), _) => Some(state_copies(&h.nodes, &h.handles)?),
+        (_, Some(t)) => Some(state_copies(&t.nodes, &t.handles)?),
+        _ => None,
+    };
+    // The first daemon of a kept connection locks it before mounting: no request is read by
+    // anyone before (`fs::handover::serving`). A successor locks it below, before serving.
+    let mut serving = match &handover {
+        Some(h) => Some(
+            ServingLock::acquire(h.handles.region().fd(), Duration::ZERO)
+                .context("cannot lock the new FUSE connection")?,
+        ),
+        None => None,
+    };
     let node_log: Option<Arc<dyn NodeLog>> = match (&handover, &takeover) {
         (Some(h), _) => Some(h.nodes.clone()),
         (_, Some(t)) => Some(t.nodes.clone()),
@@ -137,7 +154,14 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
         .context("cannot start the async runtime")?;
     let mut stack = build(args, &runtime, node_log)?;
     let session = match takeover {
-        Some(takeover) => adopt(args, &mut stack, takeover)?,
+        Some(takeover) => {
+            // Built while the predecessor may still be stopping; served only once it has.
+            serving = Some(
+                ServingLock::acquire(takeover.handles.region().fd(), PREDECESSOR_WAIT)
+                    .context("cannot take the mount over")?,
+            );
+            adopt(args, &mut stack, takeover)?
+        }
         None => mount(
             args,
             &mountpoint,
@@ -146,6 +170,22 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
             handover.as_ref(),
         )?,
     };
+    if let (Some(keeper), Some(state), true) = (keeper, state_fds, session.kept) {
+        match session.session.as_fd().try_clone_to_owned() {
+            Ok(fuse) => {
+                let [nodes, handles] = state;
+                adoption::watch(Adoptable {
+                    keeper,
+                    bundle: vec![fuse, nodes, handles],
+                    with_store: args.fd_store.is_some(),
+                });
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot copy /dev/fuse; if the keeper dies, this daemon runs without one")
+            }
+        }
+    }
+    let _serving = serving;
     serve_until_unmounted(
         args,
         &mountpoint,
@@ -178,6 +218,24 @@ struct Mounted {
     session: fuser::Session<RiffleFs>,
     /// A taken-over session has no mount handle of its own: it unmounts by path.
     taken_over: bool,
+    /// Whether a keeper holds a copy of the connection.
+    kept: bool,
+}
+
+/// How long a successor waits for its predecessor to stop serving (it is stopping: its
+/// keeper gave the mount to this one's keeper).
+const PREDECESSOR_WAIT: Duration = Duration::from_secs(30);
+
+/// Copies of the node journal's and handle table's descriptors.
+fn state_copies(
+    nodes: &crate::fs::handover::NodeJournal,
+    handles: &crate::fs::handover::HandleTable,
+) -> anyhow::Result<[OwnedFd; 2]> {
+    let copy = |fd: std::os::fd::BorrowedFd<'_>| {
+        fd.try_clone_to_owned()
+            .context("cannot copy the handover state's descriptors")
+    };
+    Ok([copy(nodes.region().fd())?, copy(handles.region().fd())?])
 }
 
 /// The store (probed: endpoint, bucket and credentials answer), namespace, cache, fetcher,
@@ -479,19 +537,25 @@ fn mount(
         }
     };
     *stack.fs_status.kernel_read_ahead.lock() = read_ahead;
-    if let (Some(keeper), Some(handover)) = (keeper, handover) {
-        give_to_keeper(keeper, handover, &session);
-    }
+    let kept = match (keeper, handover) {
+        (Some(keeper), Some(handover)) => give_to_keeper(keeper, handover, &session),
+        _ => false,
+    };
     Ok(Mounted {
         session,
         taken_over: false,
+        kept,
     })
 }
 
 /// Gives the keeper a copy of the connection and the handover state, when the kernel can
 /// resend requests in flight; otherwise a crash would leave them waiting forever, so the
-/// mount goes without (as without `--restart`).
-fn give_to_keeper(keeper: &OwnedFd, handover: &Handover, session: &fuser::Session<RiffleFs>) {
+/// mount goes without (as without `--restart`). Whether the keeper holds it.
+fn give_to_keeper(
+    keeper: &OwnedFd,
+    handover: &Handover,
+    session: &fuser::Session<RiffleFs>,
+) -> bool {
     let params = handover
         .handles
         .params()
@@ -500,21 +564,31 @@ fn give_to_keeper(keeper: &OwnedFd, handover: &Handover, session: &fuser::Sessio
     match params {
         Some(params) if params.kernel_resends() => {
             match protocol::hold(keeper.as_fd(), None, &handover.fds(session.as_fd())) {
-                Ok(()) => tracing::info!(
-                    "the keeper holds the FUSE connection: a crash of this daemon costs no read"
-                ),
+                Ok(()) => {
+                    tracing::info!(
+                        "the keeper holds the FUSE connection: a crash of this daemon costs no read"
+                    );
+                    true
+                }
                 Err(e) => {
-                    tracing::error!(error = %e, "the keeper did not take the FUSE connection; a crash of this daemon will end the mount")
+                    tracing::error!(error = %e, "the keeper did not take the FUSE connection; a crash of this daemon will end the mount");
+                    false
                 }
             }
         }
-        Some(_) => tracing::warn!(
-            kernel = %crate::fs::kernel_release(),
-            "--restart needs Linux 6.9+ (FUSE_NOTIFY_RESEND, to replay the requests a dead daemon had read); this mount ends if its daemon dies"
-        ),
-        None => tracing::error!(
-            "the INIT parameters were not saved; a crash of this daemon will end the mount"
-        ),
+        Some(_) => {
+            tracing::warn!(
+                kernel = %crate::fs::kernel_release(),
+                "--restart needs Linux 6.9+ (FUSE_NOTIFY_RESEND, to replay the requests a dead daemon had read); this mount ends if its daemon dies"
+            );
+            false
+        }
+        None => {
+            tracing::error!(
+                "the INIT parameters were not saved; a crash of this daemon will end the mount"
+            );
+            false
+        }
     }
 }
 
@@ -558,6 +632,7 @@ fn adopt(args: &MountArgs, stack: &mut Stack, takeover: Resumed) -> anyhow::Resu
     Ok(Mounted {
         session,
         taken_over: true,
+        kept: true,
     })
 }
 
@@ -575,6 +650,7 @@ fn serve_until_unmounted(
     let Mounted {
         mut session,
         taken_over,
+        kept: _,
     } = mounted;
     match session.as_fd().try_clone_to_owned() {
         Ok(fd) => {
@@ -640,6 +716,7 @@ fn serve_until_unmounted(
         "mounted"
     );
     readiness.ready();
+    super::systemd::ready();
     if let Some(opener) = log_opener {
         // Opened once the session's threads answer (the open may look at the mount).
         opener.open();

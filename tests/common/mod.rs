@@ -1,9 +1,10 @@
 //! Shared helpers for integration tests: the RGW under test, an S3 client to arrange objects,
 //! and real `riffle mount` processes.
 //!
-//! The tests need a running S3 server: `tests/run.sh` starts the local Ceph RGW and exports
-//! `RIFFLE_TEST_ENDPOINT` and AWS credentials. Without it they fail with a message saying so
-//! (set `RIFFLE_SKIP_INTEGRATION=1` to skip them deliberately, e.g. on a laptop without Ceph).
+//! The tests that need a running S3 server are built with the `rgw-tests` feature:
+//! `tests/run.sh` turns it on, starts the local Ceph RGW and exports `RIFFLE_TEST_ENDPOINT`
+//! and AWS credentials; without those such a test fails with a message saying so. A plain
+//! `cargo test` builds and runs the others.
 
 #![allow(dead_code)]
 
@@ -18,14 +19,10 @@ use futures::StreamExt;
 
 pub const RIFFLE: &str = env!("CARGO_BIN_EXE_riffle");
 
-/// The S3 endpoint under test, or `None` when integration tests are deliberately skipped.
-pub fn endpoint() -> Option<String> {
-    if std::env::var_os("RIFFLE_SKIP_INTEGRATION").is_some() {
-        eprintln!("RIFFLE_SKIP_INTEGRATION is set: skipping");
-        return None;
-    }
+/// The S3 endpoint under test (tests built with the `rgw-tests` feature need one).
+pub fn endpoint() -> String {
     match std::env::var("RIFFLE_TEST_ENDPOINT") {
-        Ok(e) => Some(e),
+        Ok(e) => e,
         Err(_) => panic!(
             "RIFFLE_TEST_ENDPOINT is not set: run the tests with tests/run.sh (it starts a local \
              Ceph RGW), or eval \"$(deploy/local/rgw.sh env)\" after deploy/local/rgw.sh up"
@@ -33,14 +30,11 @@ pub fn endpoint() -> Option<String> {
     }
 }
 
-/// Skips the calling test when integration tests are disabled.
+/// The endpoint of the real S3 server the calling test needs.
 #[macro_export]
 macro_rules! need_rgw {
     () => {
-        match common::endpoint() {
-            Some(e) => e,
-            None => return,
-        }
+        common::endpoint()
     };
 }
 

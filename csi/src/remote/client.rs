@@ -13,7 +13,7 @@ use super::protocol::{
     read_line, write_line, Request, Response, WireError, FEATURE_BIND, FEATURE_CREDENTIAL_FILES,
     FEATURE_TAKE_OVER,
 };
-use crate::mounter::{DaemonId, Health, MountError, MountErrorKind, MountRequest, Mounter};
+use crate::mounter::{DaemonId, Health, MountError, MountErrorKind, MountRequest, Mounter, Pulse};
 use async_trait::async_trait;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -175,9 +175,11 @@ impl Mounter for RemoteMounter {
         self.ping().await.map(|_| ())
     }
 
-    async fn instance(&self) -> Result<Option<String>, MountError> {
+    async fn pulse(&self) -> Result<Pulse, MountError> {
         match self.call(&Request::Ping, self.call_timeout).await? {
-            Response::Pong { instance, .. } => Ok(instance),
+            Response::Pong {
+                instance, exited, ..
+            } => Ok(Pulse { instance, exited }),
             other => Err(unexpected(&other)),
         }
     }

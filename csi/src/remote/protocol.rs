@@ -140,6 +140,9 @@ pub enum Response {
         /// between two pings is a restart. Absent from older mounters.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         instance: Option<String>,
+        /// Keepers and daemons that ended under this mounter so far ([`crate::reaper`]).
+        #[serde(default)]
+        exited: u64,
     },
     Mounted {
         daemon: Option<DaemonId>,

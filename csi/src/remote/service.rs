@@ -194,6 +194,7 @@ pub async fn handle(request: Request, mounter: &dyn Mounter, locks: &KeyedLocks)
                 FEATURE_BIND.to_string(),
             ],
             instance: Some(instance().to_string()),
+            exited: crate::reaper::exited(),
         },
         Request::TakeOver {
             target,

@@ -153,9 +153,9 @@ impl VolumeManager {
         Ok(moved.len())
     }
 
-    /// Which mounter answers, if one does (see [`Mounter::instance`]).
-    pub async fn mounter_instance(&self) -> Result<Option<String>, MountError> {
-        self.mounter.instance().await
+    /// Which mounter answers, if one does, and what ended under it (see [`Mounter::pulse`]).
+    pub async fn mounter_pulse(&self) -> Result<crate::mounter::Pulse, MountError> {
+        self.mounter.pulse().await
     }
 
     pub fn store(&self) -> &StateStore {
@@ -217,15 +217,9 @@ impl VolumeManager {
                 record.auth = Some(auth);
                 self.store.save(&record)?;
             }
+            self.current_keeper(&mut record).await?;
             return match self.mounter.health(target, record.daemon).await? {
                 Health::Live => {
-                    if record.daemon.is_none() {
-                        record.daemon = self
-                            .mounter
-                            .daemon_from_pid_file(&self.store.pid_file(target))
-                            .await;
-                        self.store.save(&record)?;
-                    }
                     tracing::info!(volume_id = %spec.volume_id, target = %target.display(), "already published");
                     Ok(())
                 }
@@ -373,7 +367,7 @@ impl VolumeManager {
                 None => return Ok(CheckOutcome::Skipped),
             }
         };
-        let Some(mut record) = self.store.load(target)? else {
+        let Some(record) = self.store.load(target)? else {
             return Ok(CheckOutcome::Skipped);
         };
         if target.parent().is_some_and(|p| !p.exists()) {
@@ -389,22 +383,33 @@ impl VolumeManager {
         if let Some(share) = record.bind_of.clone() {
             return self.check_bound(&record, &share).await;
         }
-        if record.daemon.is_none() {
-            if let Some(d) = self
-                .mounter
-                .daemon_from_pid_file(&self.store.pid_file(target))
-                .await
-            {
-                record.daemon = Some(d);
-                self.store.save(&record)?;
-            }
-        }
         self.revive(record).await
+    }
+
+    /// Records the keeper the pid file names, when it is a live process other than the
+    /// recorded one: a daemon whose keeper died started a new keeper for itself, which wrote
+    /// the pid file once it held the mount (riffle's `cli::adoption`). Without this, the dead
+    /// keeper would make a live mount look broken.
+    async fn current_keeper(&self, record: &mut VolumeRecord) -> Result<bool, VolumeError> {
+        let named = self
+            .mounter
+            .daemon_from_pid_file(&self.store.pid_file(&record.target))
+            .await;
+        if named.is_none() || named == record.daemon {
+            return Ok(false);
+        }
+        if let Some(old) = record.daemon {
+            tracing::info!(volume_id = %record.volume_id, target = %record.target.display(), old = old.pid, new = ?named.map(|d| d.pid), "the volume has a new keeper (its daemon replaced one that died)");
+        }
+        record.daemon = named;
+        self.store.save(record)?;
+        Ok(true)
     }
 
     /// Brings the mount of `record` back if it is broken or gone (see [`Self::check`]);
     /// caller holds its target's lock.
-    async fn revive(&self, record: VolumeRecord) -> Result<CheckOutcome, VolumeError> {
+    async fn revive(&self, mut record: VolumeRecord) -> Result<CheckOutcome, VolumeError> {
+        self.current_keeper(&mut record).await?;
         let target = record.target.as_path();
         match self.mounter.health(target, record.daemon).await? {
             Health::Live => Ok(CheckOutcome::Healthy),
@@ -417,6 +422,9 @@ impl VolumeManager {
                 match self.recover(record, true).await? {
                     Recovery::TakenOver => {
                         format!("{reason}; a new daemon took the live mount over")
+                    }
+                    Recovery::StillServed => {
+                        format!("{reason}; its connection is alive, left alone")
                     }
                     Recovery::Remounted => reason,
                 },
@@ -451,17 +459,41 @@ impl VolumeManager {
             )));
         }
         if broken {
-            match self.mount_as(&record, &auth, true).await {
-                Ok(daemon) => {
-                    record.daemon = daemon;
-                    record.auth = Some(auth);
-                    self.store.save(&record)?;
-                    tracing::warn!(volume_id = %record.volume_id, target = %target.display(), pid = ?daemon.map(|d| d.pid), "its daemon was gone; a new one took the live mount over (pods read on)");
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                let e = match self.mount_as(&record, &auth, true).await {
+                    Ok(daemon) => {
+                        record.daemon = daemon;
+                        record.auth = Some(auth);
+                        self.store.save(&record)?;
+                        tracing::warn!(volume_id = %record.volume_id, target = %target.display(), pid = ?daemon.map(|d| d.pid), "its daemon was gone; a new one took the live mount over (pods read on)");
+                        return Ok(Recovery::TakenOver);
+                    }
+                    Err(e) => e,
+                };
+                // Refused because another keeper holds the mount (a daemon's new keeper won
+                // the store's lease): it is kept, and nothing may touch it.
+                if self.current_keeper(&mut record).await? {
+                    tracing::info!(volume_id = %record.volume_id, target = %target.display(), reason = %e, "a live keeper holds the mount; nothing to take over");
                     return Ok(Recovery::TakenOver);
                 }
-                Err(e) => {
-                    tracing::info!(volume_id = %record.volume_id, target = %target.display(), reason = %e, "the mount cannot be taken over")
+                // A failure other than the store's word that nothing is kept (the new keeper
+                // killed while starting, the store not answering) is tried again at once.
+                if e.kind != MountErrorKind::NothingToTakeOver && attempt < TAKE_OVER_ATTEMPTS {
+                    tracing::warn!(volume_id = %record.volume_id, target = %target.display(), reason = %e, attempt, "the take-over failed; trying again");
+                    tokio::time::sleep(TAKE_OVER_PAUSE * attempt).await;
+                    continue;
                 }
+                // A remount takes the mount from its pods: only for one whose connection has
+                // ended. One that still answers, or waits for a daemon (its connection kept
+                // somewhere), is left to its daemon or to the next round's take-over.
+                if self.mounter.health(&target, None).await? == Health::Live {
+                    tracing::info!(volume_id = %record.volume_id, target = %target.display(), reason = %e, "the take-over failed, but the mount's connection is alive: not remounting");
+                    return Ok(Recovery::StillServed);
+                }
+                tracing::info!(volume_id = %record.volume_id, target = %target.display(), reason = %e, "the mount cannot be taken over");
+                break;
             }
         }
         tracing::warn!(volume_id = %record.volume_id, target = %target.display(), "remounting");
@@ -521,12 +553,19 @@ impl VolumeManager {
     }
 }
 
+/// Take-overs tried at once before a failure other than "nothing to take over" is left to the
+/// supervisor's next round, and the pause before each (times the attempt).
+const TAKE_OVER_ATTEMPTS: u32 = 3;
+const TAKE_OVER_PAUSE: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// How [`VolumeManager::recover`] brought a mount back.
 enum Recovery {
     /// A new daemon serves the connection the fd store kept.
     TakenOver,
     /// Detached and mounted anew.
     Remounted,
+    /// Left alone: its connection is alive (a daemon answers, or one will).
+    StillServed,
 }
 
 /// How the daemon of `record` authenticates; for records of earlier

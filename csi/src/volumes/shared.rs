@@ -274,15 +274,6 @@ impl VolumeManager {
                     self.store.save(&record)?;
                 }
             }
-            if record.daemon.is_none() {
-                record.daemon = self
-                    .mounter
-                    .daemon_from_pid_file(&self.store.pid_file(share))
-                    .await;
-                if record.daemon.is_some() {
-                    self.store.save(&record)?;
-                }
-            }
             match self.revive(record).await? {
                 CheckOutcome::Foreign(fs) => return Err(foreign(share, &fs)),
                 CheckOutcome::Recovered(reason) => {

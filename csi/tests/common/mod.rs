@@ -3,7 +3,9 @@
 
 #![allow(dead_code)]
 
+pub mod emulated;
 pub mod node;
+pub mod pod;
 pub mod rgw;
 
 use hyper_util::rt::TokioIo;
@@ -19,6 +21,11 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tonic::transport::{Channel, Endpoint, Uri};
+
+/// A line of the tests' transcript (what a run showed, for the README's tables).
+pub fn transcript(line: impl AsRef<str>) {
+    println!("[transcript] {}", line.as_ref());
+}
 
 /// Identity and Node clients on one connection.
 #[derive(Clone)]

@@ -103,3 +103,24 @@ pub fn detach_mounts_under(root: &Path) {
         }
     }
 }
+
+/// Binds `path` on itself and makes it `rshared`, as a node's `/` is under systemd: mounts
+/// below it then propagate to and from containers' Bidirectional and HostToContainer mounts.
+pub fn bind_shared(path: &Path) {
+    nix::mount::mount(
+        Some(path),
+        path,
+        None::<&str>,
+        nix::mount::MsFlags::MS_BIND | nix::mount::MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .expect("bind a shared dir");
+    nix::mount::mount(
+        None::<&str>,
+        path,
+        None::<&str>,
+        nix::mount::MsFlags::MS_SHARED | nix::mount::MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .expect("make it rshared");
+}

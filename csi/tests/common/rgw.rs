@@ -7,8 +7,8 @@
 //! (`eval "$(deploy/local/rgw.sh env)"`), root and /dev/fuse, and the riffle
 //! binary from RIFFLE_BIN, else $CARGO_TARGET_DIR/debug/riffle, else
 //! target/debug/riffle. Without RIFFLE_TEST_ENDPOINT [`env`] FAILS with
-//! instructions, unless RIFFLE_SKIP_INTEGRATION=1, in which case it returns
-//! None and the test prints that it was skipped.
+//! instructions. The tests that use it are built with the `rgw-tests` feature
+//! (`tests/run.sh` turns it on).
 
 use aws_sdk_s3::primitives::ByteStream;
 use std::path::{Path, PathBuf};
@@ -22,18 +22,12 @@ pub struct Env {
     pub riffle: PathBuf,
 }
 
-/// Reads the environment; None means "skip" (RIFFLE_SKIP_INTEGRATION=1).
-pub fn env() -> Option<Env> {
-    let skip = std::env::var("RIFFLE_SKIP_INTEGRATION").is_ok_and(|v| v == "1");
+/// Reads the environment.
+pub fn env() -> Env {
     let Ok(endpoint) = std::env::var("RIFFLE_TEST_ENDPOINT") else {
-        if skip {
-            eprintln!("SKIPPED: RIFFLE_SKIP_INTEGRATION=1 and RIFFLE_TEST_ENDPOINT is unset");
-            return None;
-        }
         panic!(
             "RIFFLE_TEST_ENDPOINT is not set. These tests need a real S3 server: run \
-             `deploy/local/rgw.sh up && eval \"$(deploy/local/rgw.sh env)\"` first, \
-             or set RIFFLE_SKIP_INTEGRATION=1 to skip them explicitly."
+             tests/run.sh, or `deploy/local/rgw.sh up && eval \"$(deploy/local/rgw.sh env)\"` first."
         );
     };
     let access_key = std::env::var("AWS_ACCESS_KEY_ID")
@@ -56,12 +50,12 @@ pub fn env() -> Option<Env> {
         "the real-mount tests mount FUSE filesystems and must run as root"
     );
     assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is missing");
-    Some(Env {
+    Env {
         endpoint,
         access_key,
         secret_key,
         riffle,
-    })
+    }
 }
 
 pub async fn s3(env: &Env) -> aws_sdk_s3::Client {

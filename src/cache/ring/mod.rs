@@ -29,10 +29,15 @@
 //! loses the reply. Reads land in 4096-aligned buffers ([`AlignedBuf`]) handed out as `Bytes`
 //! without a copy, so they serve `O_DIRECT` reads too.
 //!
+//! **Where io_uring is refused** (a container's default seccomp profile, the sysctl
+//! `kernel.io_uring_disabled`), [`Ring::new`] logs it once and starts `plain` threads instead:
+//! the same API and semantics with `pread`/`pwrite`, slower under many small requests.
+//!
 //! Files: this one holds the [`Ring`] API and the requests it sends; `thread` the ring
-//! thread's loop; `buf` the aligned buffers and their page pool.
+//! thread's loop; `plain` the fallback threads; `buf` the aligned buffers and their page pool.
 
 mod buf;
+mod plain;
 mod thread;
 
 use std::fs::File;
@@ -99,6 +104,24 @@ fn stopped() -> io::Error {
     io::Error::other("the cache I/O thread has stopped")
 }
 
+/// The error of a read past the end of its file.
+fn ended_early() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        "the cache file ends before the block",
+    )
+}
+
+/// Whether `io_uring_setup` failed because this process may not use io_uring (`ENOSYS` from a
+/// seccomp filter or a kernel without it, `EPERM`/`EACCES` from a filter, an LSM or
+/// `kernel.io_uring_disabled`), rather than for want of a resource.
+fn refused(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOSYS) | Some(libc::EPERM) | Some(libc::EACCES)
+    )
+}
+
 /// Where the result of an operation goes: a waiting task, or a callback run on the ring thread.
 enum Reply {
     Task(oneshot::Sender<io::Result<Done>>),
@@ -142,8 +165,9 @@ impl Wake {
 
 struct Lane {
     tx: Option<mpsc::Sender<Request>>,
-    wake: Arc<Wake>,
-    thread: Option<JoinHandle<()>>,
+    /// The ring thread's bell; None for `plain` threads, which block on the channel.
+    wake: Option<Arc<Wake>>,
+    threads: Vec<JoinHandle<()>>,
 }
 
 /// A set of io_uring threads (see the module documentation).
@@ -153,8 +177,39 @@ pub struct Ring {
 }
 
 impl Ring {
-    /// Starts `threads` rings (at least one).
+    /// Starts `threads` rings (at least one); where io_uring is refused, as many lanes of
+    /// `pread`/`pwrite` threads (see the module documentation).
     pub fn new(threads: usize) -> io::Result<Ring> {
+        match Self::with_io_uring(threads) {
+            Err(e) if refused(&e) => {
+                tracing::warn!(
+                    error = %e,
+                    "io_uring is refused here (a seccomp profile such as a container runtime's default, or kernel.io_uring_disabled): the cache does its I/O with pread/pwrite threads"
+                );
+                Self::with_plain_threads(threads)
+            }
+            started => started,
+        }
+    }
+
+    /// `threads` lanes of [`plain`] threads.
+    fn with_plain_threads(threads: usize) -> io::Result<Ring> {
+        let mut lanes = Vec::new();
+        for n in 0..threads.max(1) {
+            let (tx, rx) = mpsc::channel();
+            lanes.push(Lane {
+                tx: Some(tx),
+                wake: None,
+                threads: plain::spawn(n, rx)?,
+            });
+        }
+        Ok(Ring {
+            lanes,
+            submitted: AtomicUsize::new(0),
+        })
+    }
+
+    fn with_io_uring(threads: usize) -> io::Result<Ring> {
         let mut lanes = Vec::new();
         for n in 0..threads.max(1) {
             let ring = IoUring::new(ENTRIES)?;
@@ -177,8 +232,8 @@ impl Ring {
                 .spawn(move || ring_thread.run())?;
             lanes.push(Lane {
                 tx: Some(tx),
-                wake,
-                thread: Some(thread),
+                wake: Some(wake),
+                threads: vec![thread],
             });
         }
         Ok(Ring {
@@ -191,6 +246,12 @@ impl Ring {
     #[cfg(test)]
     pub fn submitted(&self) -> usize {
         self.submitted.load(Ordering::Relaxed)
+    }
+
+    /// Whether the lanes are io_uring rings (not the `plain` fallback).
+    #[cfg(test)]
+    fn uses_io_uring(&self) -> bool {
+        self.lanes.iter().all(|l| l.wake.is_some())
     }
 
     /// Queues `op` on its file's ring; gives the request back if that ring has stopped.
@@ -206,8 +267,10 @@ impl Ring {
         };
         tx.send(request).map_err(|e| e.0)?;
         self.submitted.fetch_add(1, Ordering::Relaxed);
-        if lane.wake.sleeping.swap(false, Ordering::SeqCst) {
-            lane.wake.ring_bell();
+        if let Some(wake) = &lane.wake {
+            if wake.sleeping.swap(false, Ordering::SeqCst) {
+                wake.ring_bell();
+            }
         }
         Ok(())
     }
@@ -292,11 +355,13 @@ impl Drop for Ring {
     fn drop(&mut self) {
         for lane in &mut self.lanes {
             lane.tx = None;
-            lane.wake.ring_bell();
+            if let Some(wake) = &lane.wake {
+                wake.ring_bell();
+            }
         }
         let me = std::thread::current().id();
         for lane in &mut self.lanes {
-            if let Some(t) = lane.thread.take() {
+            for t in lane.threads.drain(..) {
                 // The last owner may let go inside a callback on a ring thread
                 // ([`Ring::read_then`]): that thread finishes its work and exits on its own.
                 if t.thread().id() != me {

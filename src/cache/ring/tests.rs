@@ -40,11 +40,24 @@ fn file(dir: &std::path::Path) -> Arc<File> {
     )
 }
 
+/// Both kinds of lane: io_uring rings and the `plain` threads.
+fn rings(lanes: usize) -> [Ring; 2] {
+    let uring = Ring::with_io_uring(lanes).expect("io_uring");
+    let plain = Ring::with_plain_threads(lanes).expect("threads");
+    assert!(uring.uses_io_uring() && !plain.uses_io_uring());
+    [uring, plain]
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_reads_and_writes() {
+    for ring in rings(2) {
+        concurrent_reads_and_writes_through(Arc::new(ring)).await;
+    }
+}
+
+async fn concurrent_reads_and_writes_through(ring: Arc<Ring>) {
     let dir = tempfile::tempdir().expect("tempdir");
     let f = file(dir.path());
-    let ring = Arc::new(Ring::new(2).expect("io_uring"));
     let mut tasks = Vec::new();
     for i in 0..64u64 {
         let (ring, f) = (ring.clone(), f.clone());
@@ -94,6 +107,12 @@ fn read_then_answers_on_the_ring_thread_even_when_the_ring_is_dropped_there() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chained_write_starts_only_after_the_first_and_never_after_a_failure() {
+    for ring in rings(1) {
+        chained_writes_through(ring).await;
+    }
+}
+
+async fn chained_writes_through(ring: Ring) {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = file(dir.path());
     let journal = Arc::new(
@@ -103,7 +122,6 @@ async fn a_chained_write_starts_only_after_the_first_and_never_after_a_failure()
             .open(dir.path().join("journal"))
             .expect("open journal"),
     );
-    let ring = Ring::new(1).expect("io_uring");
     for i in 0..32u64 {
         let block = Bytes::from(vec![i as u8; 20_000]);
         let record = Bytes::from(vec![b'a' + i as u8; 4]);
@@ -141,4 +159,100 @@ fn aligned_buffers_are_aligned() {
     assert_eq!(b.as_ref().len(), 5000);
     assert_eq!(b.as_ref().as_ptr() as usize % ALIGN, 0);
     assert!(b.as_ref().iter().all(|&x| x == 7));
+}
+
+/// `io_uring_setup` refused as a container's default seccomp profile refuses it (`ENOSYS`),
+/// by a filter on this thread only: `Ring::new` falls back to `plain` threads, which read and
+/// write (the threads it starts inherit the filter).
+#[test]
+fn where_io_uring_is_refused_the_ring_falls_back_to_plain_threads() {
+    std::thread::spawn(|| {
+        refuse_io_uring_setup_on_this_thread();
+        assert_eq!(
+            io_uring::IoUring::new(8)
+                .map(|_| ())
+                .map_err(|e| e.raw_os_error()),
+            Err(Some(libc::ENOSYS)),
+            "the filter refuses io_uring_setup"
+        );
+        let ring = Ring::new(2).expect("a ring, of threads");
+        assert!(!ring.uses_io_uring());
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = file(dir.path());
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let block = AlignedBuf::copy_from(&[9u8; 2 * ALIGN]);
+            ring.write(&f, ALIGN as u64, IoBuf::Aligned(block))
+                .await
+                .expect("write");
+            let back = ring.read(&f, ALIGN as u64, 2 * ALIGN).await.expect("read");
+            assert!(back.len() == 2 * ALIGN && back.iter().all(|&b| b == 9));
+            assert!(
+                is_aligned(&back),
+                "reads land in aligned buffers (O_DIRECT)"
+            );
+            let past_end = ring.read(&f, 3 * ALIGN as u64, 1).await;
+            assert_eq!(
+                past_end.map(|_| ()).map_err(|e| e.kind()),
+                Err(io::ErrorKind::UnexpectedEof)
+            );
+        });
+        let (tx, rx) = std::sync::mpsc::channel();
+        ring.read_then(f, 0, ALIGN, move |got| {
+            let _ = tx.send(got.map(|b| b.iter().all(|&b| b == 0)));
+        });
+        let zeros = rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("answered");
+        assert!(zeros.expect("read_then"), "the hole reads as zeros");
+    })
+    .join()
+    .expect("the test thread");
+}
+
+/// Installs a seccomp filter on the calling thread (not the process) that fails
+/// `io_uring_setup` with `ENOSYS` and allows everything else.
+fn refuse_io_uring_setup_on_this_thread() {
+    let stmt = |code: u32, k: u32| libc::sock_filter {
+        code: code as u16,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    let mut program = [
+        // Load the system call number; if it is io_uring_setup, fail it, else allow it.
+        stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0),
+        libc::sock_filter {
+            code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+            jt: 0,
+            jf: 1,
+            k: libc::SYS_io_uring_setup as u32,
+        },
+        stmt(
+            libc::BPF_RET | libc::BPF_K,
+            libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32,
+        ),
+        stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW),
+    ];
+    let prog = libc::sock_fprog {
+        len: program.len() as u16,
+        filter: program.as_mut_ptr(),
+    };
+    // SAFETY: prctl and seccomp with valid arguments; `prog` outlives the call.
+    unsafe {
+        assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+        assert_eq!(
+            libc::syscall(
+                libc::SYS_seccomp,
+                libc::SECCOMP_SET_MODE_FILTER,
+                0,
+                &prog as *const libc::sock_fprog
+            ),
+            0,
+            "seccomp: {}",
+            io::Error::last_os_error()
+        );
+    }
 }

@@ -14,7 +14,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use io_uring::{opcode, types, IoUring};
 
-use super::{AlignedBuf, Chained, Done, IoBuf, Op, Reply, Request, Wake, MAX_INFLIGHT};
+use super::{
+    ended_early, AlignedBuf, Chained, Done, IoBuf, Op, Reply, Request, Wake, MAX_INFLIGHT,
+};
 
 const WAKE_TOKEN: u64 = u64::MAX;
 
@@ -310,10 +312,7 @@ impl RingThread {
                     drop(file);
                     let out = match err {
                         Some(e) => Err(e),
-                        None if res == 0 => Err(io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            "the cache file ends before the block",
-                        )),
+                        None if res == 0 => Err(ended_early()),
                         None => Ok(Done::Read(Bytes::from_owner(buf))),
                     };
                     reply.send(out);

@@ -30,10 +30,33 @@
 //!
 //! The bundle (descriptor, journal, table) moves between processes over a unix socket with
 //! `SCM_RIGHTS`, in a line protocol with a version ([`protocol`]).
+//!
+//! ## One reader per connection, whatever dies
+//! Several processes hold the descriptor, but only one may read requests from it: the one
+//! holding the connection's **serving lock** ([`serving`]), an exclusive lock the kernel keeps
+//! on the handle table's memfd and drops only when its holder has exited. A daemon takes it
+//! before it reads one request and never gives it back; a successor waits for it. So no
+//! instant has two readers, however deaths and starts interleave. Around that invariant, each
+//! process's death is answered by another (`cli::keeper`, `cli::adoption`, the CSI plugin's
+//! supervisor, `riffle fd-store`), and readers only ever wait:
+//!
+//! | dies | who notices, how | what follows |
+//! |---|---|---|
+//! | daemon | its keeper (`waitpid`) | the keeper starts a successor: `TAKE`, serving lock (free at the daemon's exit), `FUSE_NOTIFY_RESEND` |
+//! | keeper | its daemon (the keeper's end of their socket closes) | the daemon starts a new keeper for itself and gives it the bundle (`HOLD`); that adopter takes the mount's lease in the fd store (or is refused, and the daemon exits so that the refusing store's keeper serves), writes the pid file, answers `OK` |
+//! | keeper and daemon (the mounter's container) | the fd store (their sockets close); the plugin (the mounter restarted, or its reaper counted the deaths) | a take-over keeper (`riffle mount --take-over`) takes the bundle from the store (`TAKE KEY`) and starts a successor |
+//! | fd store | every keeper (its lease connection closes) | each keeper gives the new store its bundle again; the store answers `STARTING`, never `NONE`, until they have had time to |
+//! | an adopter or take-over keeper, while starting | its daemon (socket closes) or its launcher | the daemon tries again (with an fd store: stops, and the store's copy is taken over); the plugin retries the take-over |
+//! | two keepers for one mount (a race) | the store: one `HOLD`/`TAKE` gets the lease, the other `BUSY` | the keeper without the lease stops with its daemon (`cli::keeper`'s `step_aside`); the lease holder's successor serves |
+//!
+//! What nothing survives: every holder of the descriptor dead at once (the mounter's
+//! container and the fd store together, or a keeper and its daemon without a store): the
+//! kernel ends the connection and readers get `ENOTCONN`, as after a node reboot.
 
 pub mod handles;
 pub mod nodes;
 pub mod protocol;
+pub mod serving;
 pub mod shared;
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};

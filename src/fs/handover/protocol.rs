@@ -7,7 +7,8 @@
 //! - `TAKE 1`: a successor asks. Answer `GIVE 1` + bundle (copies: the keeper keeps its
 //!   own), `BUSY 1` while another successor holds the lease (a lease ends when its socket
 //!   closes, so a successor that dies mid-handover frees it), or `NONE 1` when nothing is
-//!   held.
+//!   held (`STARTING 1` from a store that started less than [`STORE_SETTLES`] ago: ask
+//!   again).
 //! - Anything else, or another version: `ERR 1 <reason>`; the asker stops.
 //!
 //! The version lets an old keeper and a new daemon (or the reverse) detect that they do not
@@ -42,6 +43,8 @@ pub enum ProtocolError {
     Busy,
     #[error("the keeper holds no connection")]
     Nothing,
+    #[error("the fd store has just started and has not heard from every keeper yet")]
+    Starting,
 }
 
 /// One message. `key` names one mount's bundle where one process keeps several (the fd
@@ -54,6 +57,9 @@ pub enum Message {
     Give,
     Busy,
     None,
+    /// A store that just started holds nothing of the mount yet: ask again (the live keepers
+    /// are about to give it their bundles, see [`STORE_SETTLES`]).
+    Starting,
     /// Forget the bundle of `key` (the mount ended).
     Drop(String),
     Err(String),
@@ -73,6 +79,7 @@ impl Message {
             Message::Give => format!("GIVE {VERSION}"),
             Message::Busy => format!("BUSY {VERSION}"),
             Message::None => format!("NONE {VERSION}"),
+            Message::Starting => format!("STARTING {VERSION}"),
             Message::Err(reason) => format!("ERR {VERSION} {reason}"),
         }
     }
@@ -101,6 +108,7 @@ impl Message {
             "GIVE" => Message::Give,
             "BUSY" => Message::Busy,
             "NONE" => Message::None,
+            "STARTING" => Message::Starting,
             "ERR" => Message::Err(rest.unwrap_or_default()),
             _ => return Err(ProtocolError::Unexpected(line.to_string())),
         })
@@ -188,6 +196,7 @@ pub fn hold(
     send(socket, &Message::Hold(key.map(str::to_string)), bundle)?;
     match recv(socket)?.0 {
         Message::Ok => Ok(()),
+        Message::Busy => Err(ProtocolError::Busy),
         Message::Err(reason) => Err(ProtocolError::Refused(reason)),
         other => Err(ProtocolError::Unexpected(other.line())),
     }
@@ -204,6 +213,7 @@ pub fn take(socket: BorrowedFd<'_>, key: Option<&str>) -> Result<Vec<OwnedFd>, P
         ))),
         (Message::Busy, _) => Err(ProtocolError::Busy),
         (Message::None, _) => Err(ProtocolError::Nothing),
+        (Message::Starting, _) => Err(ProtocolError::Starting),
         (Message::Err(reason), _) => Err(ProtocolError::Refused(reason)),
         (other, _) => Err(ProtocolError::Unexpected(other.line())),
     }
@@ -279,6 +289,11 @@ impl Holder {
         fds: Vec<OwnedFd>,
     ) -> (Message, Vec<OwnedFd>) {
         match message {
+            Message::Hold(_) if self.lease.is_some_and(|owner| owner != client) => {
+                // Another client holds the mount (a keeper that took it over): one keeper per
+                // mount, so a second is refused rather than put in its place.
+                (Message::Busy, Vec::new())
+            }
             Message::Hold(_) if fds.len() == BUNDLE_FDS => {
                 // A daemon holds a lease on what it gave.
                 self.bundle = Some(fds);
@@ -333,12 +348,41 @@ impl Holder {
 
 /// The fd store's side: one [`Holder`] per mount key, so that a copy of each mount's
 /// connection lives in a process outside the keepers' container (`riffle fd-store`).
-#[derive(Default)]
 pub struct Store {
     holders: std::collections::HashMap<String, Holder>,
+    /// When this store started: a young one has not yet heard from every live keeper.
+    started: std::time::Instant,
+}
+
+/// How long a new store answers `STARTING` (ask again) rather than `NONE` for a mount it holds
+/// nothing of: the live keepers give it their bundles within about a second of its start
+/// (see `cli::keeper`), and `NONE` tells a take-over that no connection is kept anywhere, so
+/// the mount may be replaced. A take-over asks again for longer than this.
+pub const STORE_SETTLES: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl Default for Store {
+    fn default() -> Store {
+        Store::started_at(std::time::Instant::now())
+    }
 }
 
 impl Store {
+    /// A store that started at `started`.
+    pub fn started_at(started: std::time::Instant) -> Store {
+        Store {
+            holders: std::collections::HashMap::new(),
+            started,
+        }
+    }
+
+    /// Whether client `client` may drop `holder`: it holds the lease (a keeper drops on its
+    /// lease's connection) or no one does, or the connection has ended. So a keeper that
+    /// lost a race for the mount never drops the winner's copy.
+    fn may_drop(client: u64, holder: &Holder) -> bool {
+        holder.lease.is_none_or(|owner| owner == client)
+            || holder.fuse().is_none_or(connection_gone)
+    }
+
     /// Answers one message from client `client`.
     pub fn answer(
         &mut self,
@@ -353,12 +397,16 @@ impl Store {
             }
             Message::Take(Some(key)) => match self.holders.get_mut(&key) {
                 Some(holder) => holder.answer(client, Message::Take(None), fds),
+                None if self.started.elapsed() < STORE_SETTLES => (Message::Starting, Vec::new()),
                 None => (Message::None, Vec::new()),
             },
-            Message::Drop(key) => {
-                self.holders.remove(&key);
-                (Message::Ok, Vec::new())
-            }
+            Message::Drop(key) => match self.holders.get(&key) {
+                Some(holder) if !Store::may_drop(client, holder) => (Message::Busy, Vec::new()),
+                _ => {
+                    self.holders.remove(&key);
+                    (Message::Ok, Vec::new())
+                }
+            },
             other => (
                 Message::Err(format!("the store needs a key: '{}'", other.line())),
                 Vec::new(),
@@ -504,7 +552,7 @@ mod tests {
 
     #[test]
     fn keys_keep_mounts_apart_and_a_lease_ends_with_its_client() {
-        let mut store = Store::default();
+        let mut store = settled_store();
         let key = |k: &str| Some(k.to_string());
         assert_eq!(
             store.answer(1, Message::Hold(key("a")), bundle()).0,
@@ -546,11 +594,87 @@ mod tests {
     }
 
     #[test]
+    fn one_keeper_per_mount_a_second_hold_or_a_strangers_drop_is_refused() {
+        let mut store = settled_store();
+        let key = || Some("m".to_string());
+        // Keeper A took the mount over from the store: its connection 2 holds the lease.
+        store.answer(1, Message::Hold(key()), bundle());
+        store.disconnected(1);
+        assert_eq!(
+            store.answer(2, Message::Take(key()), Vec::new()).0,
+            Message::Give
+        );
+        // An adopter B of the old daemon asks for the mount: refused.
+        assert_eq!(
+            store.answer(3, Message::Hold(key()), bundle()).0,
+            Message::Busy
+        );
+        // B cannot drop A's copy either, while A holds it and the connection lives.
+        assert_eq!(
+            store.answer(3, Message::Drop("m".into()), Vec::new()).0,
+            Message::Busy
+        );
+        assert_eq!(store.len(), 1);
+        // A drops it on its lease's connection (the mount ended).
+        assert_eq!(
+            store.answer(2, Message::Drop("m".into()), Vec::new()).0,
+            Message::Ok
+        );
+        assert!(store.is_empty());
+        // Once A's lease ends, B may hold it; and drop it with no lease held.
+        store.answer(2, Message::Hold(key()), bundle());
+        store.disconnected(2);
+        assert_eq!(
+            store.answer(3, Message::Hold(key()), bundle()).0,
+            Message::Ok
+        );
+        store.disconnected(3);
+        assert_eq!(
+            store.answer(4, Message::Drop("m".into()), Vec::new()).0,
+            Message::Ok
+        );
+    }
+
+    /// A store that has been up longer than [`STORE_SETTLES`].
+    fn settled_store() -> Store {
+        let started = std::time::Instant::now()
+            .checked_sub(STORE_SETTLES * 2)
+            .expect("an instant in the past");
+        Store::started_at(started)
+    }
+
+    #[test]
+    fn a_young_store_never_says_it_holds_nothing() {
+        // Just started: the live keepers have not given it their bundles yet, so a take-over
+        // is told to ask again, never that no connection is kept.
+        let mut young = Store::default();
+        let key = || Some("m".to_string());
+        assert_eq!(
+            young.answer(1, Message::Take(key()), Vec::new()).0,
+            Message::Starting
+        );
+        assert_eq!(
+            young.answer(2, Message::Hold(key()), bundle()).0,
+            Message::Ok
+        );
+        assert_eq!(
+            young.answer(1, Message::Take(key()), Vec::new()).0,
+            Message::Busy
+        );
+        let mut settled = settled_store();
+        assert_eq!(
+            settled.answer(1, Message::Take(key()), Vec::new()).0,
+            Message::None
+        );
+    }
+
+    #[test]
     fn keyed_lines_round_trip_and_bad_keys_are_refused() {
         for m in [
             Message::Hold(Some("k1".into())),
             Message::Take(None),
             Message::Drop("abc".into()),
+            Message::Starting,
             Message::Err("no such thing".into()),
         ] {
             assert_eq!(Message::parse(&m.line()).unwrap(), m);
