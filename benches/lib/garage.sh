@@ -103,9 +103,11 @@ EOF
 }
 
 bucket() {
-    local b=$1
+    local b=$1 id secret
     g bucket info "$b" >/dev/null 2>&1 || g bucket create "$b" >/dev/null
-    g bucket allow --read --write --owner "$b" --key riffle-bench >/dev/null
+    # shellcheck disable=SC1091
+    . "$DIR/key"
+    g bucket allow --read --write --owner "$b" --key "$id" >/dev/null
 }
 
 case ${1:-} in

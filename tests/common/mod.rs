@@ -124,6 +124,29 @@ pub async fn list_all(s3: &aws_sdk_s3::Client, bucket: &str) -> Vec<(String, i64
     out
 }
 
+/// Deletes every object of the bucket and the bucket itself, `parallel` requests in flight
+/// (the local RGW keeps objects in RAM: a test that uploads many deletes them when done).
+pub async fn delete_all(s3: &aws_sdk_s3::Client, bucket: &str, parallel: usize) {
+    let keys = list_all(s3, bucket).await;
+    futures::stream::iter(keys)
+        .map(|(k, _)| async move {
+            s3.delete_object()
+                .bucket(bucket)
+                .key(&k)
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("delete {k}: {e}"));
+        })
+        .buffer_unordered(parallel)
+        .collect::<Vec<()>>()
+        .await;
+    s3.delete_bucket()
+        .bucket(bucket)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("delete bucket {bucket}: {e}"));
+}
+
 pub async fn get(s3: &aws_sdk_s3::Client, bucket: &str, key: &str) -> Vec<u8> {
     let out = s3
         .get_object()
