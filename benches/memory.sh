@@ -18,7 +18,7 @@
 # VmHWM from /proc/PID/status and its listed entries (riffle stats).
 #
 # The bound checked: peak RSS <= --max-memory + OVERHEAD + listed entries x
-# PER_OBJECT (README.md, "Memory"), OVERHEAD 64 MiB and PER_OBJECT 300 bytes
+# PER_OBJECT (README.md, "Memory"), OVERHEAD 64 MiB and PER_OBJECT 500 bytes
 # unless RIFFLE_MEM_OVERHEAD / RIFFLE_MEM_PER_OBJECT say otherwise. Writes
 # benches/results/memory.md (the table) and puts it into benches/README.md
 # (section "Memory bound", also kept by `riffle-bench report`); with --out,
@@ -55,7 +55,7 @@ mkdir -p "$WORK/run" "$LOG_DIR" "$WORK/mnt"
 . benches/lib/common.sh
 
 OVERHEAD_MIB=${RIFFLE_MEM_OVERHEAD:-64}
-PER_OBJECT=${RIFFLE_MEM_PER_OBJECT:-300}
+PER_OBJECT=${RIFFLE_MEM_PER_OBJECT:-500}
 if [ "$QUICK" = 1 ]; then
     W1_SCALE=0.02 W2_SCALE=0.05 W3_SCALE=0.03 W4_SCALE=0.002 DURATION=3s
 else

@@ -6,7 +6,8 @@ Usage: small_files_report.py RESULTS_DIR PLOTS_DIR
 Reads RESULTS_DIR/small-files-TAG.md (a run's table) and
 small-files-TAG-rss.csv (epoch, files opened since the mount, VmRSS KiB; one
 line a second) for every TAG, and writes RESULTS_DIR/small-files.md (the
-section `riffle-bench report` puts into benches/README.md) and, when
+section "Small files at scale (W7)" of benches/README.md, copied there by
+hand) and, when
 matplotlib can be imported, PLOTS_DIR/small-files-rss.png. Tags are shown in
 the order "before", "after", then the others alphabetically.
 """
@@ -19,7 +20,7 @@ import sys
 # The bound the docs state (README.md, "Memory"), for the default mount.
 MAX_MEMORY_MIB = 1024
 OVERHEAD_MIB = 64
-PER_OBJECT = 300
+PER_OBJECT = 500
 MILESTONES = [100_000 * i for i in range(1, 11)]
 
 

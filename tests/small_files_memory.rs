@@ -1,10 +1,11 @@
 //! The memory bound under many small files (issue 46): a mount with a small `--max-memory`
 //! and an NVMe cache reads 20,000 files of 1–4 KiB cold, then warm, and the daemon's peak
-//! RSS (`VmHWM`) must stay within the bound the README states, `--max-memory` + 64 MiB + 300
-//! bytes per listed entry (101 MiB here). Before issue 46 every small file read held several
+//! RSS (`VmHWM`) must stay within the bound the README states, `--max-memory` + 64 MiB + 500
+//! bytes per listed entry (105 MiB here). Before issue 46 every small file read held several
 //! KB (a 2.5 KB block in 8 KiB of aligned heap while the memory cache counted 2.5 KB, and
 //! per-file state outside any budget): the same test with that build's daemon peaked at
-//! 105 MiB with 12,000 files, over its bound of 99 (this build: 83 MiB with 20,000).
+//! 105 MiB with 12,000 files, over the bound for that count (102 MiB; this build: 83 MiB
+//! with 20,000 files, bound 105).
 //!
 //! Not timing-based: it counts bytes, never seconds. 20,000 files (four times what the memory
 //! cache holds) cost about 2 minutes of CPU in a debug build; the objects are deleted at the
@@ -21,7 +22,7 @@ const DIRS: usize = 20;
 const MAX_MEMORY: u64 = 32 << 20;
 /// The fixed part and the per-listed-entry part of the bound (README.md, "Memory").
 const OVERHEAD: u64 = 64 << 20;
-const PER_ENTRY: u64 = 300;
+const PER_ENTRY: u64 = 450;
 
 fn key(i: usize) -> String {
     format!("d{:03}/f{i:07}", i % DIRS)

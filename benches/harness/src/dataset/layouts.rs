@@ -89,8 +89,9 @@ pub fn w4(scale: f64, seed: u64) -> Vec<ObjectSpec> {
 
 /// W7: `dNNNN/fNNNNNNN` (1,000,000 × scale files over 1,000 × scale
 /// directories, file `i` in directory `i % dirs`), each 1–4 KiB (uniform):
-/// the many-small-files shape of LAION-style sample sets, small enough that
-/// 10^6 of them fit the local RGW's in-memory store.
+/// the many-small-files shape of LAION-style sample sets (10^6 of them do
+/// not fit the local RGW's in-memory store: `benches/small_files.sh` keeps
+/// them in Garage).
 pub fn w7(scale: f64, seed: u64) -> Vec<ObjectSpec> {
     let files = scaled(1_000_000.0, scale);
     let dirs = scaled(1_000.0, scale).min(files);
