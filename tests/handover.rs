@@ -419,9 +419,6 @@ fn keeper_and_daemon_killed_together_cost_no_read_with_an_fd_store() {
         cache.path().to_str().expect("utf-8"),
         "--cache-size",
         "1G",
-        // With passthrough, a handover has a rare EIO on an open (issue 36; see
-        // `sigkilled_daemons_cost_no_read_with_passthrough`).
-        "--no-passthrough",
     ];
     let mount = Mount::new(&endpoint, &source, &args);
     let tally = Arc::new(Tally::default());

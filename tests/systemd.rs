@@ -103,10 +103,7 @@ fn unit(bucket: &str, endpoint: &str) -> String {
         ("/usr/local/bin/riffle", "/opt/riffle/riffle".to_string()),
         (
             "--cache-size 80%",
-            // With passthrough, a take-over has a rare EIO on an open (about 1 in 10^4
-            // reads when the daemon dies every second; the same as in tests/handover.rs's
-            // fd-store test): this test is about the unit and systemd's store.
-            "--cache-size 1G --cache-min-free 0 --no-passthrough".to_string(),
+            "--cache-size 1G --cache-min-free 0".to_string(),
         ),
     ] {
         assert!(unit.contains(from), "the example unit no longer has {from}");

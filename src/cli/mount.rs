@@ -617,7 +617,8 @@ fn adopt(args: &MountArgs, stack: &mut Stack, takeover: Resumed) -> anyhow::Resu
         .fs
         .take()
         .context("the file system was already mounted")?;
-    fs.adopt(&takeover.params, takeover.handles.clone());
+    fs.adopt(&takeover.params, takeover.handles.clone())
+        .context("cannot take over the predecessor's file handles")?;
     tracing::info!(inodes = nodes, "took the mount over from the keeper");
     let config = session_config(args, true);
     let session = fuser::Session::from_fd_initialized(

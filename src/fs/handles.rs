@@ -115,11 +115,16 @@ impl Handles {
         }
     }
 
+    /// Forgets handle `fh` of `ino` (the kernel released it). A handle this daemon does not
+    /// know changes nothing: a RELEASE its predecessor had already applied (and then died
+    /// before answering) comes again after a handover (`FUSE_NOTIFY_RESEND`), and counting it
+    /// would take another open handle of the inode out of the count, so that an open of the
+    /// inode could then be answered in the mode the kernel refuses beside that handle (EIO).
     pub(super) fn release(&self, fh: u64, ino: u64) {
         if let Some(table) = self.table.get() {
             table.release(fh);
         }
-        self.files.lock().remove(&fh);
+        let reader = self.files.lock().remove(&fh);
         if self.backing_by_fh.lock().remove(&fh).is_some() {
             let mut inodes = self.backing_by_ino.lock();
             if let Some(b) = inodes.get_mut(&ino) {
@@ -128,7 +133,7 @@ impl Handles {
                     inodes.remove(&ino);
                 }
             }
-        } else {
+        } else if reader.is_some() {
             let mut opens = self.cached_opens.lock();
             if let Some(n) = opens.get_mut(&ino) {
                 *n -= 1;
@@ -391,6 +396,45 @@ pub(super) fn object_of(target: &OpenTarget) -> Arc<ObjectVersion> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A handle served by the daemon, as [`Opener::start`] and [`Handles::answer_open`] leave
+    /// it (the reader itself is not needed here: the table of readers is what counts).
+    fn served_open(handles: &Handles, ino: u64, fh: u64) {
+        let object = Arc::new(ObjectVersion {
+            key: Arc::from("k"),
+            etag: Arc::from("e"),
+            size: 1,
+        });
+        let fetcher = Fetcher::new(
+            Arc::new(crate::store::memory::MemoryStore::new()),
+            crate::fetch::FetchConfig::default(),
+            tokio::runtime::Handle::current(),
+            None,
+        );
+        let reader = FileReader::new(object, fetcher, ReadAheadConfig::default(), None);
+        handles.files.lock().insert(fh, Arc::new(reader));
+        *handles.cached_opens.lock().entry(ino).or_default() += 1;
+    }
+
+    #[tokio::test]
+    async fn a_release_of_a_handle_it_does_not_know_leaves_the_counts_alone() {
+        let handles = Handles::new(Arc::default());
+        served_open(&handles, 7, 1);
+        served_open(&handles, 7, 2);
+        // fh 3 was released by the predecessor, whose answer never reached the kernel: the
+        // RELEASE comes again.
+        handles.release(3, 7);
+        assert_eq!(handles.cached_opens.lock().get(&7), Some(&2));
+        handles.release(1, 7);
+        handles.release(1, 7);
+        assert_eq!(
+            handles.cached_opens.lock().get(&7),
+            Some(&1),
+            "fh 2 is still open"
+        );
+        handles.release(2, 7);
+        assert!(handles.cached_opens.lock().get(&7).is_none());
+    }
 
     #[test]
     fn page_cache_is_kept_only_for_the_same_version() {

@@ -10,7 +10,7 @@ use fuser::{BackingId, Errno, INodeNo, InitFlags, ReplyOpen};
 
 use super::errno::{fetch_errno, ns_errno};
 use super::handles::{object_of, Answered, Opener};
-use super::handover::{HandleTable, InitParams};
+use super::handover::{HandleTable, InitParams, TableError};
 use super::ops::OpTimer;
 use super::RiffleFs;
 use crate::fetch::{FetchError, ObjectVersion};
@@ -19,8 +19,13 @@ use crate::namespace::Opening;
 impl RiffleFs {
     /// Configures the file system from a connection's saved INIT parameters instead of an
     /// INIT (a successor daemon: the kernel never sends INIT twice), and takes over the file
-    /// handles its predecessor left open. Before the session runs.
-    pub fn adopt(&mut self, params: &InitParams, table: Arc<HandleTable>) {
+    /// handles its predecessor left open. Before the session runs, once the predecessor has
+    /// stopped serving (the serving lock is held).
+    pub fn adopt(
+        &mut self,
+        params: &InitParams,
+        table: Arc<HandleTable>,
+    ) -> Result<(), TableError> {
         let negotiated = if params.enabled(InitFlags::FUSE_PASSTHROUGH) {
             Ok(())
         } else {
@@ -28,11 +33,12 @@ impl RiffleFs {
         };
         self.configure(negotiated);
         tracing::info!(abi = ?params.kernel_abi(), made_by = %params.made_by, "FUSE session taken over");
-        let live = table.live();
+        let live = table.take_over()?;
         self.keep_handles_in(table);
         let _runtime = self.runtime.enter();
         let opener = self.opener();
         let (mut files, mut passthrough) = (0, 0);
+        let mut backings = std::collections::HashMap::new();
         for handle in live {
             let object = Arc::new(ObjectVersion {
                 key: Arc::from(self.ns.key_of(handle.ino)),
@@ -41,9 +47,14 @@ impl RiffleFs {
             });
             match handle.backing {
                 Some(id) => {
-                    // SAFETY: the predecessor registered `id` on this connection, and it
-                    // stays registered until unmount (nothing here closes it).
-                    let backing = Arc::new(unsafe { BackingId::detached(id) });
+                    // One reference per id, shared by the handles that read through it: the
+                    // inode's backing file stays known for as long as any of them is open.
+                    let backing = backings
+                        .entry(id)
+                        // SAFETY: the predecessor registered `id` on this connection, and it
+                        // stays registered until unmount (nothing here closes it).
+                        .or_insert_with(|| Arc::new(unsafe { BackingId::detached(id) }))
+                        .clone();
                     // Later opens of the inode at this version reply with the same id (the
                     // kernel allows one backing file per inode), as long as one is open.
                     self.handles
@@ -68,6 +79,7 @@ impl RiffleFs {
             passthrough,
             "file handles taken over from the predecessor"
         );
+        Ok(())
     }
 
     pub(super) fn opener(&self) -> Opener {

@@ -81,7 +81,8 @@ impl HandleTable {
         })
     }
 
-    /// A table a predecessor kept; its live slots are taken over as they are.
+    /// A table a predecessor kept. Its slots are read by [`Self::take_over`], once the
+    /// predecessor has stopped serving: until then it may still open and release handles.
     pub fn open(fd: std::os::fd::OwnedFd) -> Result<HandleTable, TableError> {
         let region = Region::open(fd, RESERVE)?;
         if region.size() < HEADER
@@ -90,14 +91,22 @@ impl HandleTable {
         {
             return Err(TableError::Format);
         }
-        let table = HandleTable {
+        Ok(HandleTable {
             region,
             slots: Mutex::default(),
-        };
-        let capacity = (table.region.size() - HEADER) / SLOT;
-        let mut slots = table.slots.lock();
+        })
+    }
+
+    /// Takes the slots over as the predecessor left them and returns the handles recorded
+    /// there. Called by the successor once it holds the serving lock (no other process writes
+    /// the table from then on), before it records a handle of its own.
+    pub fn take_over(&self) -> Result<Vec<HandleRecord>, TableError> {
+        let size = self.region.refresh()?;
+        let capacity = (size - HEADER) / SLOT;
+        let mut slots = self.slots.lock();
+        *slots = Slots::default();
         for slot in 0..capacity {
-            let fh = table.slot_word(slot, 0).load(Ordering::Acquire);
+            let fh = self.slot_word(slot, 0).load(Ordering::Acquire);
             if fh == 0 {
                 slots.free.push(slot);
             } else {
@@ -107,7 +116,7 @@ impl HandleTable {
         slots.free.reverse();
         slots.used = capacity;
         drop(slots);
-        Ok(table)
+        Ok(self.live())
     }
 
     pub fn region(&self) -> &Region {
@@ -242,7 +251,7 @@ mod tests {
         drop(table);
         let successor = HandleTable::open(fd).unwrap();
         assert_eq!(
-            successor.live(),
+            successor.take_over().unwrap(),
             vec![record(1, None), record(3, None), record(5, None)]
         );
         assert_eq!(successor.params().unwrap(), br#"{"x":1}"#);
@@ -254,6 +263,32 @@ mod tests {
             successor.live(),
             vec![record(3, None), record(5, None), record(6, Some(9))]
         );
+    }
+
+    /// A successor opens the table while its predecessor still serves (it waits for the
+    /// serving lock): what the predecessor records and releases meanwhile, in slots past the
+    /// first megabyte too, is what the successor takes over.
+    #[test]
+    fn a_successor_takes_over_what_the_predecessor_did_after_it_opened_the_table() {
+        let predecessor = HandleTable::create().unwrap();
+        predecessor.set_params(b"{}").unwrap();
+        assert!(predecessor.record(&record(1, Some(7))));
+        let successor =
+            HandleTable::open(predecessor.region().fd().try_clone_to_owned().unwrap()).unwrap();
+        // Enough handles to grow the table past its first step.
+        let many = 2 * (super::super::shared::GROW_STEP / SLOT);
+        for fh in 2..=many {
+            assert!(predecessor.record(&record(fh, Some(fh as u32))));
+        }
+        predecessor.release(1);
+        drop(predecessor);
+        let live = successor.take_over().unwrap();
+        assert_eq!(live.len() as u64, many - 1);
+        assert_eq!(live.first(), Some(&record(2, Some(2))));
+        assert_eq!(live.last(), Some(&record(many, Some(many as u32))));
+        // A new record takes the freed slot, not one of the predecessor's.
+        assert!(successor.record(&record(many + 1, None)));
+        assert_eq!(successor.live().len() as u64, many);
     }
 
     #[test]

@@ -22,7 +22,14 @@
 //! Requests the dead daemon had read but not answered stay on the kernel's processing list;
 //! the successor asks the kernel to queue them again (`FUSE_NOTIFY_RESEND`, Linux 6.9+,
 //! announced by `FUSE_HAS_RESEND` at INIT), and answers them like any other: every request of
-//! a read-only file system may be answered twice-asked. For that, all the daemon's threads
+//! a read-only file system may be answered twice-asked. A replayed request may have been
+//! applied already (the predecessor died after applying it, before answering): a `RELEASE`
+//! of a handle the successor does not know changes nothing (counting it would take another
+//! handle of the inode out of the count, and an open could then get the mode the kernel
+//! refuses beside that handle, EIO); an `OPEN` the predecessor recorded but never answered
+//! stays recorded, a handle the kernel never got, which only keeps the inode in the mode it
+//! had. The successor reads the journal and the table once it holds the serving lock: until
+//! then its predecessor may still be answering (and recording). For that, all the daemon's threads
 //! read the one descriptor the keeper holds (no per-thread clones, whose processing lists
 //! the kernel would end with `ECONNABORTED` when the daemon's copy closes). On a kernel
 //! without resend, requests in flight at the crash wait until the connection ends: the
@@ -64,7 +71,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use fuser::{InitFlags, Version};
 use serde::{Deserialize, Serialize};
 
-pub use handles::{HandleRecord, HandleTable};
+pub use handles::{HandleRecord, HandleTable, TableError};
 pub use nodes::NodeJournal;
 
 /// What was negotiated at the connection's `FUSE_INIT`, saved for successors.

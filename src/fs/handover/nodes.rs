@@ -82,8 +82,13 @@ impl NodeJournal {
         self.region.word(OFF_COUNT).load(Ordering::Acquire)
     }
 
-    /// Every recorded node, in inode order.
+    /// Every recorded node, in inode order. A successor reads them once it holds the serving
+    /// lock: until then its predecessor may still append (and grow the file).
     pub fn records(&self) -> Result<Vec<NodeRecord>, JournalError> {
+        self.region.refresh()?;
+        if self.region.word(OFF_BROKEN).load(Ordering::Acquire) != 0 {
+            return Err(JournalError::Broken);
+        }
         let end = self.region.word(OFF_END).load(Ordering::Acquire);
         let count = self.count();
         let mut out = Vec::with_capacity(count as usize);

@@ -14,7 +14,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The file grows by this much at a time.
-const GROW_STEP: u64 = 1 << 20;
+pub(super) const GROW_STEP: u64 = 1 << 20;
 
 /// One shared, growable memory file and its mapping.
 pub struct Region {
@@ -94,9 +94,17 @@ impl Region {
         self.len.load(Ordering::Acquire)
     }
 
-    /// Makes the file at least `needed` bytes long (in whole steps).
+    /// Reads the file's size again: a predecessor may have grown it since this mapping was
+    /// made (a successor maps the regions before its predecessor has stopped serving).
+    pub fn refresh(&self) -> io::Result<u64> {
+        let len = file_len(self.fd.as_fd())?.min(self.reserve as u64);
+        Ok(self.len.fetch_max(len, Ordering::AcqRel).max(len))
+    }
+
+    /// Makes the file at least `needed` bytes long (in whole steps); never shorter than it
+    /// is (another mapping may have grown it).
     pub fn ensure(&self, needed: u64) -> io::Result<()> {
-        if needed <= self.size() {
+        if needed <= self.size() || needed <= self.refresh()? {
             return Ok(());
         }
         if needed > self.reserve as u64 {
@@ -193,5 +201,25 @@ mod tests {
         assert_eq!(&out, b"hello");
         assert!(!again.read(3 << 20, &mut out));
         assert!(again.ensure(9 << 20).is_err());
+    }
+
+    #[test]
+    fn growth_through_another_mapping_is_seen_and_never_undone() {
+        let first = Region::create("riffle-test", 8 << 20).unwrap();
+        first.ensure(16).unwrap();
+        let second = Region::open(first.fd().try_clone_to_owned().unwrap(), 8 << 20).unwrap();
+        first.ensure(3 << 20).unwrap();
+        first.write((3 << 20) - 5, b"hello");
+        let mut out = [0u8; 5];
+        assert!(
+            !second.read((3 << 20) - 5, &mut out),
+            "not seen before a refresh"
+        );
+        // Growing the stale mapping a little must not cut the file back.
+        second.ensure(2 << 20).unwrap();
+        assert_eq!(file_len(second.fd()).unwrap(), 3 << 20);
+        assert_eq!(second.refresh().unwrap(), 3 << 20);
+        assert!(second.read((3 << 20) - 5, &mut out));
+        assert_eq!(&out, b"hello");
     }
 }
