@@ -93,14 +93,7 @@ say "W7: $OBJECTS objects in s3://$BUCKET on $STORE (uploading what is missing)"
     --manifest "$MANIFEST" >>"$LOG_DIR/gen.log" 2>&1 || die "riffle-bench gen failed (see $LOG_DIR/gen.log)"
 
 # The latency proxy (as benches/run.sh's), its counters read around each step.
-out=$RUN/proxy.out
-RUST_LOG=warn "$BIN/riffle-proxy" --listen 127.0.0.1:0 --upstream "$STORE_URL" \
-    --control 127.0.0.1:0 >"$out" 2>>"$LOG_DIR/proxy.log" &
-PROXY_PID=$!
-for _ in $(seq 1 100); do [ "$(wc -l < "$out")" -ge 2 ] && break; sleep 0.1; done
-PROXY_URL="http://$(sed -n 's/^listening on //p' "$out")"
-PROXY_CONTROL=$(sed -n 's/^control on //p' "$out")
-[ -n "$PROXY_CONTROL" ] || die "riffle-proxy did not start (see $LOG_DIR/proxy.log)"
+start_proxy "$STORE_URL" "$RUN/proxy.out" "$LOG_DIR/proxy.log"
 proxy() { "$BIN/riffle-bench" proxy-stats --control "$PROXY_CONTROL" "$@" 2>>"$LOG_DIR/proxy.log"; }
 count() { # FIELD FILE: a counter of a proxy-stats file
     sed -n "s/.*\"$1\":\([0-9]*\).*/\1/p" "$2" | head -1

@@ -53,6 +53,8 @@ BIN=${CARGO_TARGET_DIR:-$ROOT/target}/$PROFILE
 WORK=${RIFFLE_BENCH_WORK:-$ROOT/benches/.work}/w6
 NODES=3
 WORKERS=4
+# shellcheck source=lib/common.sh
+. "$ROOT/benches/lib/common.sh"
 say() { echo "[w6 $(date +%H:%M:%S)] $*"; }
 die() { echo "benches/w6.sh: $*" >&2; exit 1; }
 
@@ -87,14 +89,7 @@ FILES=$(echo "$SUMMARY" | sed -n 's/.*"files":\([0-9]*\).*/\1/p')
 BYTES=$(echo "$SUMMARY" | sed -n 's/.*"bytes":\([0-9]*\).*/\1/p')
 say "an epoch reads $FILES files, $BYTES bytes (all of them, split over $NODES ranks)"
 
-out=$WORK/proxy.out
-RUST_LOG=warn "$BIN/riffle-proxy" --listen 127.0.0.1:0 --upstream "$RGW_URL" \
-    --control 127.0.0.1:0 >"$out" 2>>"$WORK/logs/proxy.log" &
-PROXY_PID=$!
-for _ in $(seq 1 100); do [ "$(wc -l < "$out")" -ge 2 ] && break; sleep 0.1; done
-PROXY_URL="http://$(sed -n 's/^listening on //p' "$out")"
-PROXY_CONTROL=$(sed -n 's/^control on //p' "$out")
-[ -n "$PROXY_CONTROL" ] || die "riffle-proxy did not start"
+start_proxy "$RGW_URL" "$WORK/proxy.out" "$WORK/logs/proxy.log"
 say "proxy $PROXY_URL -> $RGW_URL (30 ms first byte, 100 MB/s per connection)"
 
 SECRET=$WORK/peer-secret

@@ -96,6 +96,20 @@ unmount_fuse() {
     fi
 }
 
+# Starts $BIN/riffle-proxy in front of UPSTREAM (30 ms before the first byte,
+# 100 MB/s per connection), its two address lines in OUT and its log in LOG;
+# sets PROXY_PID, PROXY_URL and PROXY_CONTROL.
+start_proxy() { # UPSTREAM OUT LOG
+    local upstream=$1 out=$2 log=$3
+    RUST_LOG=warn "$BIN/riffle-proxy" --listen 127.0.0.1:0 --upstream "$upstream" \
+        --control 127.0.0.1:0 >"$out" 2>>"$log" &
+    PROXY_PID=$!
+    for _ in $(seq 1 100); do [ "$(wc -l < "$out")" -ge 2 ] && break; sleep 0.1; done
+    PROXY_URL="http://$(sed -n 's/^listening on //p' "$out")"
+    PROXY_CONTROL=$(sed -n 's/^control on //p' "$out")
+    [ -n "$PROXY_CONTROL" ] || die "riffle-proxy did not start (see $log)"
+}
+
 # The commit of the run, with "+dirty" when src/ or benches/ have changes.
 commit_id() {
     local c
