@@ -57,6 +57,30 @@ impl Drop for Reservation<'_> {
     }
 }
 
+/// Victims of an eviction that has not finished; dropping it gives them back.
+struct Unfinished<'a> {
+    cache: &'a DiskCache,
+    victims: &'a [(EntryKey, u64)],
+}
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if self.victims.is_empty() {
+            return;
+        }
+        let mut st = self.cache.state.lock();
+        for (key, counted) in self.victims {
+            st.evicting -= 1;
+            st.evicting_bytes = st.evicting_bytes.saturating_sub(*counted);
+            if let Some(e) = st.table.get_mut(key) {
+                e.set(EVICTING, false);
+            }
+        }
+        drop(st);
+        self.cache.evicted.notify_waiters();
+    }
+}
+
 impl DiskCache {
     /// Reserves `need` bytes for entry `key`, evicting others if needed (see the module
     /// documentation).
@@ -104,10 +128,16 @@ impl DiskCache {
                         done: false,
                     });
                 }
+                // Bytes that evictions in progress (other reservations') will release count
+                // as freed: choosing victims for them again evicted one entry per concurrent
+                // writer instead of one in all, and once the entries nothing needs were all
+                // being evicted, the next ones were those the prefetcher still needs (a file
+                // fetched ahead was evicted before it was opened, and fetched again).
+                let short = deficit.saturating_sub(st.evicting_bytes);
                 let mut victims = Vec::new();
                 let mut freed = 0;
                 let own = st.table.find(&key);
-                while freed < deficit {
+                while freed < short {
                     let table = &st.table;
                     let Some(v) = st.policy.victim(table, &mut |s| {
                         Some(s) != own
@@ -122,7 +152,7 @@ impl DiskCache {
                     };
                     e.set(EVICTING, true);
                     freed += e.bytes;
-                    victims.push(e.key);
+                    victims.push((e.key, e.bytes));
                 }
                 if victims.is_empty() && st.evicting == 0 {
                     tracing::debug!(
@@ -146,6 +176,7 @@ impl DiskCache {
                     return Err(CacheError::Full);
                 }
                 st.evicting += victims.len();
+                st.evicting_bytes += freed;
                 victims
             };
             if victims.is_empty() {
@@ -162,10 +193,17 @@ impl DiskCache {
         }
     }
 
-    /// Removes the victims' files and releases their bytes; returns how many went.
-    pub(super) async fn evict(&self, victims: Vec<EntryKey>) -> usize {
+    /// Removes the victims' files and releases their bytes; returns how many went. Each
+    /// victim comes with the bytes it was counted for in `evicting_bytes`.
+    pub(super) async fn evict(&self, victims: Vec<(EntryKey, u64)>) -> usize {
         let root = self.root.clone();
-        let keys = victims.clone();
+        let keys: Vec<EntryKey> = victims.iter().map(|&(k, _)| k).collect();
+        // Should this future be dropped before the files are gone, the victims are given
+        // back, or the reservations waiting for their bytes would wait for ever.
+        let mut unfinished = Unfinished {
+            cache: self,
+            victims: &victims,
+        };
         let outcomes = self
             .blocking(move || {
                 keys.iter()
@@ -179,6 +217,8 @@ impl DiskCache {
                     .map(|_| Err(io::Error::other(e.to_string())))
                     .collect()
             });
+        unfinished.victims = &[];
+        drop(unfinished);
         let mut failures = Vec::new();
         let mut removed = 0;
         let mut gone = Vec::new();
@@ -187,8 +227,9 @@ impl DiskCache {
         {
             let mut guard = self.state.lock();
             let st = &mut *guard;
-            for (key, outcome) in victims.into_iter().zip(outcomes) {
+            for ((key, counted), outcome) in victims.into_iter().zip(outcomes) {
                 st.evicting -= 1;
+                st.evicting_bytes = st.evicting_bytes.saturating_sub(counted);
                 let at = st.table.find(&key);
                 match outcome {
                     Ok(Evicted::Removed) | Ok(Evicted::Gone) => {

@@ -124,6 +124,9 @@ struct State {
     pending: u64,
     /// Evictions in progress.
     evicting: usize,
+    /// Bytes the evictions in progress will release: a reservation counts them as freed
+    /// already and waits for them rather than choosing more victims.
+    evicting_bytes: u64,
     /// Bytes of an entry's `bytes` reserved by its writes in progress.
     reserved: HashMap<EntryKey, u64>,
 }
@@ -246,6 +249,7 @@ impl DiskCache {
                 used: 0,
                 pending: 0,
                 evicting: 0,
+                evicting_bytes: 0,
                 reserved: HashMap::new(),
             }),
             evicted: tokio::sync::Notify::new(),
