@@ -113,22 +113,7 @@ impl Node {
             super::node::secrets_dir(&dir.path().join("state")),
         ] {
             std::fs::create_dir_all(&shared).expect("mkdir");
-            nix::mount::mount(
-                Some(&shared),
-                &shared,
-                None::<&str>,
-                nix::mount::MsFlags::MS_BIND | nix::mount::MsFlags::MS_REC,
-                None::<&str>,
-            )
-            .expect("bind a shared dir");
-            nix::mount::mount(
-                None::<&str>,
-                &shared,
-                None::<&str>,
-                nix::mount::MsFlags::MS_SHARED | nix::mount::MsFlags::MS_REC,
-                None::<&str>,
-            )
-            .expect("make it rshared");
+            super::node::bind_shared(&shared);
         }
         Self {
             dir,
