@@ -16,7 +16,7 @@ use anyhow::Context;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::fs::ops::FuseOps;
+use crate::fs::latency::FuseOps;
 use crate::metrics::{Exporter, StatsSource};
 use crate::prefetch::plan::Plan;
 use crate::prefetch::Prefetcher;

@@ -1,6 +1,6 @@
 //! Gives freed heap memory back to the operating system after a burst of listings.
 //!
-//! Listing a bucket parses pages of 1,000 keys (XML from the store, or a kept listing read
+//! Listing a bucket parses pages of 1,000 keys (XML from the store, or a saved listing read
 //! from disk) into short-lived buffers on many threads at once, then keeps only the compact
 //! tree. glibc's allocator keeps what those buffers freed in its per-thread arenas, so after
 //! a walk of a million objects the daemon's RSS stays above what the tree holds: measured on

@@ -12,7 +12,7 @@
 //!   version, io_uring, eviction), shared by mounts and kept across restarts.
 //! - [`reader`]: the reads of one open file: a sequential detector driving read-ahead.
 //! - [`prefetch`]: what to fetch across files before it is asked for (epoch plans,
-//!   directory order, preload).
+//!   directory order, warming).
 //! - [`fs`]: the FUSE adapter: requests in, namespace and reader calls out, errno values,
 //!   passthrough, and the handover of a live connection to a successor daemon.
 //! - [`metrics`]: what a mount reports (`riffle stats` JSON, Prometheus endpoint).

@@ -77,7 +77,7 @@ fn cached_data_costs_no_gets_across_epochs_and_a_sigkill() {
     // completed, or kept from a passthrough open) ...
     let fast_before = |s: &serde_json::Value| s["fuse"]["fast_opens"].as_u64().unwrap_or(0);
     wait_for_stats(&mount, "a backing file kept for every object", |s| {
-        s["fuse"]["kept_backings"].as_u64().unwrap_or(0) == n
+        s["fuse"]["idle_backings"].as_u64().unwrap_or(0) == n
     });
     let s_before = stats(&mount);
     let before = fast_before(&s_before);

@@ -121,7 +121,7 @@ fn cached_object(endpoint: &str, tag: &str, v1: &[u8]) -> OneObject {
     let one = OneObject::new(endpoint, tag, v1, &[]);
     assert!(std::fs::read(&one.path).unwrap() == v1);
     wait_for_stats(&one.mount, "v1 cached, backing kept", |s| {
-        s["cache"]["complete_objects"] == 1 && s["fuse"]["kept_backings"] == 1
+        s["cache"]["complete_objects"] == 1 && s["fuse"]["idle_backings"] == 1
     });
     one
 }

@@ -83,7 +83,7 @@ fn a_remount_on_the_same_cache_dir_with_indefinite_lists_nothing() {
         assert_eq!(walk(&first.path), expected);
         assert_eq!(lists(&proxy), dirs, "each directory listed once");
         wait_for_stats(&first, "every listing kept", |s| {
-            s["namespace"]["listings_kept"].as_u64() == Some(dirs)
+            s["namespace"]["listings_saved"].as_u64() == Some(dirs)
         });
     }
 
@@ -115,7 +115,7 @@ fn a_remount_on_the_same_cache_dir_with_indefinite_lists_nothing() {
     assert_eq!(lists(&proxy), 0, "the mount after SIGKILL listed");
     drop(after_kill);
 
-    // `riffle cache clear` removes kept listings: the next mount lists again.
+    // `riffle cache clear` removes saved listings: the next mount lists again.
     let out = run_with_timeout(
         Command::new(RIFFLE)
             .args(["cache", "clear", "--cache-dir"])

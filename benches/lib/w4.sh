@@ -10,7 +10,7 @@
 #   3. the daemon's VmRSS and VmHWM after them (and VmRSS right after
 #      mounting: the growth per object is what the walk cost);
 #   4. unmount, mount again the same way (riffle: on the same --cache-dir,
-#      whose kept listings --metadata-ttl indefinite lets it reuse) and walk
+#      whose saved listings --metadata-ttl indefinite lets it reuse) and walk
 #      and stat again.
 # The page cache (dentries and inodes included) is dropped before every
 # pass; LISTs and HEADs are counted at the proxy around each pass (and

@@ -163,7 +163,7 @@ const OPTIONS: &[OptionSpec] = &[
         Kind::FreeSpace,
     ),
     opt("prefetchPlan", None, "prefetch-plan", Kind::AbsPath),
-    opt("preload", Some("preload"), "preload", Kind::Bool),
+    opt("warm", Some("warm"), "warm", Kind::Bool),
     opt("logLevel", Some("log-level"), "log-level", Kind::LogLevel),
 ];
 
@@ -684,7 +684,7 @@ mod tests {
                 ("metadataTtl", "indefinite"),
                 ("cacheSize", "80%"),
                 ("prefetchPlan", "/plans/epoch.txt"),
-                ("preload", "false"),
+                ("warm", "false"),
                 ("fileMode", "444"),
                 ("csi.storage.k8s.io/pod.name", "trainer-0"),
                 ("csi.storage.k8s.io/ephemeral", "true"),
@@ -814,7 +814,7 @@ mod tests {
             &attrs(&[
                 ("bucket", "abc"),
                 ("forcePathStyle", "TRUE"),
-                ("preload", "false"),
+                ("warm", "false"),
             ]),
             &[],
         )

@@ -681,7 +681,7 @@ async fn same_target_other_settings_is_already_exists() {
     let mut same = publish_request(
         "vol-1",
         &target,
-        map(&[("bucket", "datasets"), ("preload", "false")]),
+        map(&[("bucket", "datasets"), ("warm", "false")]),
         Default::default(),
     );
     same.volume_capability = Some(capability(Mode::MultiNodeReaderOnly, &["ro"]));

@@ -41,9 +41,7 @@
 //! already holds; the short last block and filesystems without `O_DIRECT` (older tmpfs) use
 //! buffered I/O on a second descriptor ([`CacheConfig::direct_io`] turns `O_DIRECT` off). The
 //! `O_DIRECT` descriptor is opened only for objects that have a whole block: a small file
-//! needs one descriptor, not two. Measured on W2 (16 × 256 MiB shards, 4 readers): buffered
-//! block writes made the cold epoch about 1.5–2 times as long (12–15 s against 6.9–7.5 s with
-//! a per-block `fdatasync`; 14–15 s against 9–11 s without). A block's journal record goes
+//! needs one descriptor, not two. Buffered block writes made W2's cold epoch 1.5–2× as long. A block's journal record goes
 //! to the ring chained to the block's write ([`ring::Ring::write_then`]): one round trip.
 //! Metadata work (opening, creating and linking files, replaying journals, unlinking evicted
 //! entries) runs on tokio's blocking pool, at most 16 tasks at a time per cache. The system
@@ -54,15 +52,9 @@
 //! the calling FUSE thread, as a local file system's reader waits for its own read (measured
 //! there). None is made while the cache's state lock is held.
 //!
-//! Measured on the development VM's virtio disk (release build, 512 MiB in 1 MiB blocks, on
-//! a loaded 2-core machine, so ranges; `cargo test --release -p rifflefs --lib
-//! cache::tests::throughput -- --ignored --nocapture`): cache writes (O_DIRECT + journal
-//! append) 470–510 MiB/s with one in flight and 880–1000 MiB/s with 16 (250–740 and 830–1700
-//! MiB/s in four earlier runs, when each block was also `fdatasync`ed), against 220–270 MiB/s
-//! for plain `pwrite` + `fdatasync` per block; cache reads (with the CRC check, 38 µs per MiB)
-//! 510–890 MiB/s with one in flight and 750–1470 MiB/s with 16, the ring alone 650–1020 MiB/s,
-//! and plain `O_DIRECT` `pread` 850–2100 MiB/s. On this disk the device dominates and the ring
-//! costs nothing measurable; re-measure on real NVMe.
+//! On the development VM's virtio disk the device dominates (cache writes 470–1000 MiB/s,
+//! reads with the CRC check 510–1470 MiB/s, plain `O_DIRECT` `pread` 850–2100 MiB/s; the
+//! ignored test `cache::tests::throughput` measures them) and the ring costs nothing measurable.
 //!
 //! # Budget and eviction
 //! [`CacheConfig::max_bytes`] is bytes or a percentage of the cache filesystem, and every
@@ -74,13 +66,10 @@
 //!
 //! # Memory
 //! A node caching 10^6–10^7 objects keeps every one of them in this index, so an entry's
-//! in-memory cost is a budget: at most 150 bytes per cached object. Measured by
-//! `tests/cache_memory.rs` (a counting allocator; the W1 state: 6,000 complete objects of
-//! about 110 KB, all used in the last epoch, default configuration and policy): **139 bytes
-//! per cached object** live, **113** after a restart, **138** after a restart and an epoch
-//! (744–748, 266–270 and 727–731 before this layout). [`DiskCache::index_memory`] agrees
-//! within 1%; [`disk::closed_entry_bytes`] (what `riffle cache stats` reports without a mount)
-//! estimates 120.
+//! in-memory cost is a budget: at most 150 bytes per cached object (`tests/cache_memory.rs`
+//! measures it with a counting allocator on the W1 state: 139 bytes live, 113 after a
+//! restart). [`DiskCache::index_memory`] agrees within 1%; [`disk::closed_entry_bytes`]
+//! (what `riffle cache stats` reports without a mount) estimates 120.
 //!
 //! How, per entry (`disk`, [`slab`], `entry`):
 //! - **One table.** Known entries are 64-byte records in numbered slots of a [`slab::Chunked`]
@@ -100,11 +89,7 @@
 //!   when it also owned the object's `ObjectIdentity`). A use turns it back into an
 //!   `OpenEntry` (three or four allocations, no system call: every block read is still checked
 //!   against its CRC, and pins still take the shared lock on the journal), and the end of the
-//!   use makes it idle again. Measured on the warm calls (release build, minimum of 15 runs
-//!   on a loaded machine): pin and unpin 2.74–2.85 against 2.65 µs (the journal `flock`s are
-//!   the cost), pin, `complete_data_file` and unpin (a passthrough open) 5.85 against 5.8
-//!   µs, `status` of an unpinned entry 1.2 against 1.1 µs; block reads and `open_complete`
-//!   equal within the noise.
+//!   use makes it idle again, at no measurable cost on the warm calls.
 //! - Entries of more than one block keep an `OpenEntry` while open (their block tables, 8
 //!   bytes a block, live there): at most [`CacheConfig::max_open_objects`] of them, whose
 //!   files are closed beyond that, least recently used first.
@@ -115,14 +100,12 @@
 //! cap is 16,384, lower under a tight limit) has most entries closed during an epoch, so a
 //! closed entry of one block keeps its data file's nonce and its CRC in the space of the
 //! idle form (`Files::Closed`, no growth) and is read by name without the journal
-//! (`entry::OneBlock`). Measured on W1's warm epoch without passthrough with 20,000 files
-//! and 6,453 open entries (this VM's open-file limit of 20,000): 0.36–0.44× local disk when
-//! every closed entry was reopened, 0.71–0.76× read by name (the same as 6,000 files that all
-//! stay open, 0.71–0.78×).
+//! (`entry::OneBlock`): on W1 without passthrough, reopening every closed entry halved the
+//! warm epoch's rate; reading by name keeps it equal to a dataset whose entries all stay open.
 //!
 //! # Sharing one directory between processes
 //! - `DIR/lock`: every [`DiskCache`] holds a shared `flock` on it; `clear` needs the exclusive
-//!   one, so it refuses while a mount runs ([`ops`]).
+//!   one, so it refuses while a mount runs ([`commands`]).
 //! - Creating an entry: the journal header is written to a temporary file and `link`ed into
 //!   place (exactly one creator wins; the others open the winner's), then the data file is
 //!   created; nobody ever sees half a header.
@@ -154,7 +137,7 @@
 //! cache.open_complete(&id).await -> Ok(Some(DataFile)) // for ReplyOpen::opened_passthrough
 //! cache.is_complete(&id) / has_block(&id, i)       // in-memory, no I/O
 //! cache.stats()                                    // riffle stats
-//! ops::stats_dir(dir) / ops::clear_dir(dir)        // riffle cache stats|clear (no mount)
+//! commands::stats_dir(dir) / commands::clear_dir(dir)      // riffle cache stats|clear (no mount)
 //! ```
 //! How the fetcher should use it: on a claim, blocks that miss the memory cache and are not in
 //! flight are first looked up with `read_block` inside the task that would otherwise GET them
@@ -174,12 +157,12 @@
 //! metadata TTL and are kept in one log per principal under `DIR/proofs/`, so a remount does
 //! not ask again. The fetcher's disk tier applies the rule (`fetch::disk`).
 
+pub(crate) mod commands;
 pub(crate) mod disk;
 pub(crate) mod entry;
 pub(crate) mod evict;
 pub(crate) mod format;
 pub(crate) mod identity;
-pub(crate) mod ops;
 pub(crate) mod proofs;
 pub(crate) mod ring;
 pub(crate) mod scan;
@@ -206,12 +189,12 @@ use std::time::Duration;
 /// one block cost no memory beyond their record (see "Memory"), others 220–280 bytes.
 pub(crate) const DEFAULT_MAX_OPEN_OBJECTS: usize = 16_384;
 
+pub(crate) use commands::{clear_dir, stats_dir, DirStats};
 pub use disk::DiskCache;
 pub(crate) use disk::{DataFile, PinGuard, WriteStep};
 pub use evict::{make_policy, EvictionKind, NoPlan, PlanOracle};
 pub(crate) use identity::EntryKey;
 pub use identity::ObjectIdentity;
-pub(crate) use ops::{clear_dir, stats_dir, DirStats};
 pub(crate) use proofs::{Principal, ProofLog, Verdict};
 
 /// The cache's byte budget.
@@ -393,7 +376,7 @@ fn upgrade_older_format(root: &Path, lock: &File, found: u32) -> Result<(), Cach
             expected: format::FORMAT_VERSION,
         });
     }
-    let cleared = ops::clear_locked(root);
+    let cleared = commands::clear_locked(root);
     sys::try_flock(lock, sys::Lock::Shared).map_err(|e| io("locking", e))?;
     let report = cleared?;
     tracing::info!(

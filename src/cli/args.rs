@@ -204,9 +204,10 @@ pub struct MountArgs {
     #[arg(long, value_name = "FILE")]
     pub prefetch_plan: Option<PathBuf>,
 
-    /// Fetch the whole mount into the cache in the background after mounting (lowest priority)
-    #[arg(long)]
-    pub preload: bool,
+    /// Fetch the whole mount into the cache in the background after mounting (lowest
+    /// priority), as `riffle warm MOUNT` does
+    #[arg(long, visible_alias = "preload")]
+    pub warm: bool,
 
     /// With no plan, recognise a shuffled epoch over a directory tree and fetch its files
     /// that have not been opened yet in the background (bounded by what the reader has

@@ -30,11 +30,11 @@ use crate::fetch::peer::{self, server::PeerServer};
 use crate::fetch::{DiskTier, FetchConfig, Fetcher};
 use crate::fs::handover::serving::ServingLock;
 use crate::fs::handover::{protocol, request_resend, Handover, InitParams, Resumed};
-use crate::fs::ops::FuseOps;
+use crate::fs::latency::FuseOps;
 use crate::fs::{FsConfig, FsStatus, RiffleFs};
 use crate::metrics::{serve_metrics, MountMetrics};
 use crate::namespace::background::FanoutConfig;
-use crate::namespace::kept::KeptListings;
+use crate::namespace::saved::SavedListings;
 use crate::namespace::{MetadataTtl, Namespace, NamespaceOptions, NodeLog};
 use crate::prefetch::plan::Plan;
 use crate::prefetch::{Oracle, PrefetchConfig, Prefetcher};
@@ -268,7 +268,7 @@ fn build(
     };
     let endpoint = args.endpoint_url.as_deref().unwrap_or("aws-s3");
     let kept = args.cache_dir.as_ref().map(|dir| {
-        let kept = KeptListings::new(dir, endpoint, &args.source.bucket);
+        let kept = SavedListings::new(dir, endpoint, &args.source.bucket);
         // The probe just listed the mount root with this mount's credentials.
         kept.grant_access();
         Arc::new(kept)
@@ -664,9 +664,9 @@ fn serve_until_unmounted(
     let (_control, _metrics_server) = {
         let _in_runtime = runtime.enter();
         prefetch.start();
-        if args.preload && !taken_over {
+        if args.warm && !taken_over {
             let id = prefetch.warm(Vec::new());
-            tracing::info!(job = id, "preloading the whole mount in the background");
+            tracing::info!(job = id, "warming the whole mount in the background");
         }
         let handler = Arc::new(MountControl {
             stats: stack.metrics.clone(),

@@ -7,7 +7,7 @@ use serde_json::json;
 use super::args::{CacheCommand, StatsArgs};
 use crate::cache;
 use crate::control;
-use crate::namespace::kept;
+use crate::namespace::saved;
 
 pub fn run(args: &StatsArgs) -> anyhow::Result<()> {
     let value = control::request(&args.mountpoint, "stats")?;
@@ -24,9 +24,9 @@ pub fn cache(cmd: &CacheCommand) -> anyhow::Result<()> {
         CacheCommand::Clear { cache_dir } => {
             let report = cache::clear_dir(cache_dir)
                 .with_context(|| format!("cannot clear {}", cache_dir.display()))?;
-            // Kept listings: cleared once the cache showed no mount uses the directory.
-            let listings = kept::clear(cache_dir).with_context(|| {
-                format!("cannot clear the kept listings of {}", cache_dir.display())
+            // Saved listings: cleared once the cache showed no mount uses the directory.
+            let listings = saved::clear(cache_dir).with_context(|| {
+                format!("cannot clear the saved listings of {}", cache_dir.display())
             })?;
             println!(
                 "cleared {}: {} files, {} bytes",

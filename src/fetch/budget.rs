@@ -1,7 +1,7 @@
 //! The two budgets every GET holds: a slot of `max_inflight` concurrent GETs and the bytes of
 //! its buffers (`inflight_memory`, counted in [`MEMORY_UNIT`]s). Demand reads wait for both in
 //! FIFO order; background work first takes a slot of its priority's limiter (prefetch at most
-//! 3/4 of the GET slots, preload 1/2 and behind prefetch); read-ahead takes only what is free
+//! 3/4 of the GET slots, warm 1/2 and behind prefetch); read-ahead takes only what is free
 //! at once. A fetch for a peer takes a slot of its own limit and memory from the same budget.
 
 use tokio::sync::OwnedSemaphorePermit;
@@ -78,8 +78,8 @@ impl Fetcher {
     ) -> Option<Budget> {
         let mut limits = Vec::new();
         if let Some(p) = priority {
-            if p == Priority::Preload {
-                limits.push(self.preload_limit.clone().acquire_owned().await.ok()?);
+            if p == Priority::Warm {
+                limits.push(self.warm_limit.clone().acquire_owned().await.ok()?);
             }
             limits.push(self.background_limit.clone().acquire_owned().await.ok()?);
         }
@@ -132,6 +132,6 @@ impl Budget {
 pub enum Priority {
     /// The epoch plan, directory order: at most 3/4 of the GET slots.
     Prefetch,
-    /// `riffle warm` and `--preload`: at most 1/2 of the GET slots, and behind prefetch.
-    Preload,
+    /// `riffle warm` and `--warm`: at most 1/2 of the GET slots, and behind prefetch.
+    Warm,
 }

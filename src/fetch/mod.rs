@@ -151,7 +151,7 @@ pub struct Fetcher {
     requests: Arc<Semaphore>,
     memory: Arc<Semaphore>,
     background_limit: Arc<Semaphore>,
-    preload_limit: Arc<Semaphore>,
+    warm_limit: Arc<Semaphore>,
     stats: FetchStats,
     runtime: tokio::runtime::Handle,
     disk: Option<Arc<DiskTier>>,
@@ -184,7 +184,7 @@ impl Fetcher {
             inflight: Arc::new(Mutex::new(HashMap::new())),
             requests: Arc::new(Semaphore::new(config.max_inflight)),
             background_limit: Arc::new(Semaphore::new((config.max_inflight * 3 / 4).max(1))),
-            preload_limit: Arc::new(Semaphore::new((config.max_inflight / 2).max(1))),
+            warm_limit: Arc::new(Semaphore::new((config.max_inflight / 2).max(1))),
             memory: Arc::new(Semaphore::new(memory_units)),
             stats: FetchStats::default(),
             runtime,
@@ -282,7 +282,7 @@ impl Fetcher {
 
     /// Fetches `blocks` of `obj` at background priority and waits until they are in (cached
     /// in memory, and written to the NVMe cache when there is one). Used by the prefetch
-    /// scheduler (epoch plans, directory order) and preload; demand reads always go first
+    /// scheduler (epoch plans, directory order) and warming; demand reads always go first
     /// (see [`Priority`]).
     pub(crate) async fn fetch_background(
         self: &Arc<Self>,

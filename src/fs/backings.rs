@@ -1,4 +1,4 @@
-//! Passthrough backing files kept after the last close, so reopening a cached file is answered
+//! Passthrough backing files held idle after the last close, so reopening a cached file is answered
 //! from memory.
 //!
 //! Handing a file to the kernel for passthrough costs the daemon an `open` of the cache's data
@@ -14,7 +14,7 @@
 //! - an open at another ETag (the object changed) drops the kept one: a changed object never
 //!   reuses the old version's bytes;
 //! - the cache may still evict the entry (a kept file is not pinned, so the eviction policy
-//!   is not constrained); the cache then tells the FUSE layer, which drops the kept backing
+//!   is not constrained); the cache then tells the FUSE layer, which drops the idle backing
 //!   here, so the kernel lets go of the deleted file and its blocks are freed.
 //!
 //! Bound: at most `max_entries` entries, the least recently opened dropped first. Each costs
@@ -38,7 +38,7 @@ use parking_lot::Mutex;
 
 /// See the module documentation. `K` is the cache entry key, `B` the backing id handle
 /// (generic so the policy is testable without a kernel).
-pub struct KeptBackings<K, B> {
+pub struct IdleBackings<K, B> {
     inner: Mutex<Inner<K, B>>,
     max_entries: usize,
     /// How many are kept, for the stats.
@@ -58,11 +58,11 @@ struct Inner<K, B> {
     next_stamp: u64,
 }
 
-impl<K: Hash + Eq + Clone, B: Clone> KeptBackings<K, B> {
+impl<K: Hash + Eq + Clone, B: Clone> IdleBackings<K, B> {
     /// At most `max_entries`; `gauge` always holds how many are kept.
     pub fn new(max_entries: usize, gauge: Arc<AtomicU64>) -> Self {
         gauge.store(0, Ordering::Relaxed);
-        KeptBackings {
+        IdleBackings {
             inner: Mutex::new(Inner {
                 by_key: HashMap::new(),
                 order: BTreeMap::new(),
@@ -79,7 +79,7 @@ impl<K: Hash + Eq + Clone, B: Clone> KeptBackings<K, B> {
     }
 
     /// The backing kept for `key` if it belongs to version `etag` (and marks it recently used);
-    /// a kept backing of another version is dropped.
+    /// a idle backing of another version is dropped.
     pub fn get(&self, key: &K, etag: &str) -> Option<B> {
         let mut inner = self.inner.lock();
         let inner = &mut *inner;
@@ -245,7 +245,7 @@ mod tests {
     #[test]
     fn reuses_only_the_same_version() {
         let live = Arc::new(AtomicUsize::new(0));
-        let kept = KeptBackings::new(10, Arc::default());
+        let kept = IdleBackings::new(10, Arc::default());
         kept.keep(7u64, "e1".into(), Probe::new(&live, 70));
         assert_eq!(id(kept.get(&7, "e1")), Some(70));
         assert!(kept.contains(&7, "e1") && !kept.contains(&7, "e2"));
@@ -260,7 +260,7 @@ mod tests {
     #[test]
     fn keeps_within_the_bound_dropping_the_least_recent() {
         let live = Arc::new(AtomicUsize::new(0));
-        let kept = KeptBackings::new(3, Arc::default());
+        let kept = IdleBackings::new(3, Arc::default());
         for k in 1..=3u64 {
             kept.keep(k, "e".into(), Probe::new(&live, k as u32));
         }
@@ -277,7 +277,7 @@ mod tests {
     #[test]
     fn replacing_forgetting_and_dropping_release_backings() {
         let live = Arc::new(AtomicUsize::new(0));
-        let kept = KeptBackings::new(10, Arc::default());
+        let kept = IdleBackings::new(10, Arc::default());
         kept.keep(1u64, "e".into(), Probe::new(&live, 1));
         kept.keep(1, "f".into(), Probe::new(&live, 11));
         assert_eq!(kept.len(), 1);
@@ -294,7 +294,7 @@ mod tests {
     #[test]
     fn zero_entries_keeps_nothing() {
         let live = Arc::new(AtomicUsize::new(0));
-        let kept = KeptBackings::new(0, Arc::default());
+        let kept = IdleBackings::new(0, Arc::default());
         kept.keep(1u64, "e".into(), Probe::new(&live, 1));
         assert_eq!(id(kept.get(&1, "e")), None);
         assert_eq!(live.load(Ordering::SeqCst), 0);

@@ -1,7 +1,7 @@
 //! The FUSE handlers whose answer never changes: one line each instead of one function each.
 //!
 //! [`fixed_answers!`] writes, inside `impl Filesystem for RiffleFs`, one handler per line that
-//! ignores its arguments, times the request under its [`FuseOp`](super::ops::FuseOp) and
+//! ignores its arguments, times the request under its [`FuseOp`](super::latency::FuseOp) and
 //! sends the same reply every time: an errno (`error(Errno::ENOSYS)`) or success (`ok()`).
 //! Why each operation answers what it answers is in the module documentation of [`super`]
 //! and on each line of the list.

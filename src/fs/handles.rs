@@ -18,7 +18,7 @@ use std::sync::{Arc, Weak};
 use fuser::{BackingId, FileHandle, FopenFlags, ReplyOpen};
 use parking_lot::Mutex;
 
-use super::backings::{KeptBackings, KernelBacking};
+use super::backings::{IdleBackings, KernelBacking};
 use super::handover::{HandleRecord, HandleTable};
 use super::{FsStatus, KEPT_BACKINGS_MAX};
 use crate::cache::EntryKey;
@@ -40,7 +40,7 @@ pub(super) struct Handles {
     /// Open handles per inode served by the daemon (not passthrough).
     pub(super) cached_opens: Mutex<HashMap<u64, u32>>,
     /// Backing files kept for reopening, per cache entry.
-    pub(super) kept: KeptBackings<EntryKey, Arc<KernelBacking>>,
+    pub(super) kept: IdleBackings<EntryKey, Arc<KernelBacking>>,
     /// Where open file handles are recorded for a successor daemon ([`handover`]).
     pub(super) table: std::sync::OnceLock<Arc<HandleTable>>,
 }
@@ -88,7 +88,7 @@ impl Handles {
             backing_by_fh: Mutex::default(),
             backing_by_ino: Mutex::default(),
             cached_opens: Mutex::default(),
-            kept: KeptBackings::new(KEPT_BACKINGS_MAX, kept_gauge),
+            kept: IdleBackings::new(KEPT_BACKINGS_MAX, kept_gauge),
             table: std::sync::OnceLock::new(),
         }
     }

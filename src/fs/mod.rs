@@ -60,10 +60,10 @@ mod errno;
 mod fixed;
 mod handles;
 pub(crate) mod handover;
+pub mod latency;
 mod lookahead;
 pub(crate) mod mountinfo;
 mod open;
-pub mod ops;
 mod preopen;
 pub(crate) mod stats_file;
 
@@ -90,9 +90,9 @@ use errno::{fetch_errno, ns_errno};
 use fixed::fixed_answers;
 use handles::Handles;
 use handover::{HandleTable, InitParams};
+use latency::{FuseOp, FuseOps};
 use lookahead::Lookahead;
 pub(crate) use lookahead::LookaheadStats;
-use ops::{FuseOp, FuseOps};
 pub(crate) use preopen::FuseDevice;
 use stats_file::StatsFile;
 
@@ -127,12 +127,12 @@ pub(crate) struct FsConfig {
 pub(crate) struct FsStatus {
     pub opens: AtomicU64,
     pub passthrough_opens: AtomicU64,
-    /// Passthrough opens answered on the FUSE thread from a kept backing id.
+    /// Passthrough opens answered on the FUSE thread from a idle backing id.
     pub fast_opens: AtomicU64,
     /// Backing ids opened ahead, as objects completed in the cache.
     pub opened_ahead: AtomicU64,
     /// Backing files kept for reopening, now.
-    pub kept_backings: Arc<AtomicU64>,
+    pub idle_backings: Arc<AtomicU64>,
     /// Why passthrough is not in use, or "enabled".
     pub passthrough_mode: Mutex<String>,
     /// Readaheads of small cached files started by lookups ([`lookahead`]).
@@ -180,9 +180,9 @@ impl RiffleFs {
         config: FsConfig,
         status: Arc<FsStatus>,
     ) -> Self {
-        let handles = Arc::new(Handles::new(status.kept_backings.clone()));
+        let handles = Arc::new(Handles::new(status.idle_backings.clone()));
         if let Some(disk) = fetcher.disk() {
-            // An evicted file must not live on in the kernel through a kept backing file.
+            // An evicted file must not live on in the kernel through a idle backing file.
             let handles = Arc::downgrade(&handles);
             disk.cache().on_evicted(move |keys| {
                 if let Some(handles) = handles.upgrade() {

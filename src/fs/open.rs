@@ -11,7 +11,7 @@ use fuser::{BackingId, Errno, INodeNo, InitFlags, ReplyOpen};
 use super::errno::{fetch_errno, ns_errno};
 use super::handles::{object_of, Answered, Opener};
 use super::handover::{HandleTable, InitParams, TableError};
-use super::ops::OpTimer;
+use super::latency::OpTimer;
 use super::RiffleFs;
 use crate::fetch::{FetchError, ObjectVersion};
 use crate::namespace::Opening;

@@ -140,7 +140,7 @@ mod tests {
     use tokio::net::TcpStream;
 
     use super::*;
-    use crate::fs::ops::{FuseOp, FuseOps};
+    use crate::fs::latency::{FuseOp, FuseOps};
     use crate::metrics::StatsSource;
 
     struct Fixed;

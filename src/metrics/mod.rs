@@ -3,7 +3,7 @@
 //! [`MountMetrics`] gathers them into one JSON tree, served on the control socket
 //! (`riffle stats`). The same tree feeds the Prometheus endpoint (`--metrics-addr`):
 //! [`prometheus`] translates it into OpenMetrics families on each scrape and adds the FUSE
-//! operation latency histograms recorded by [`crate::fs::ops`]; [`http`] serves the result.
+//! operation latency histograms recorded by [`crate::fs::latency`]; [`http`] serves the result.
 //! [`serve_metrics`] puts the three together.
 
 pub mod http;
@@ -17,7 +17,7 @@ use std::time::Instant;
 use serde_json::json;
 
 use crate::fetch::{Fetcher, ObjectVersion};
-use crate::fs::ops::FuseOps;
+use crate::fs::latency::FuseOps;
 use crate::fs::FsStatus;
 use crate::namespace::{ListedUsage, Namespace};
 use crate::store::retry::RetryingStore;
@@ -146,7 +146,7 @@ impl StatsSource for MountMetrics {
                 "passthrough_opens": load(&self.fs.passthrough_opens),
                 "fast_opens": load(&self.fs.fast_opens),
                 "backings_opened_ahead": load(&self.fs.opened_ahead),
-                "kept_backings": load(&self.fs.kept_backings),
+                "idle_backings": load(&self.fs.idle_backings),
                 "lookup_readaheads": load(&self.fs.lookahead.requested),
                 "lookup_readaheads_failed": load(&self.fs.lookahead.failed),
                 "passthrough": self.fs.passthrough_mode.lock().clone(),
@@ -185,8 +185,8 @@ impl StatsSource for MountMetrics {
                 "listings_background": listings.background,
                 "listings_background_failed": listings.background_failed,
                 "listings_from_disk": listings.from_disk,
-                "listings_kept": listings.kept_written,
-                "listings_kept_ignored": listings.kept_ignored,
+                "listings_saved": listings.saved_written,
+                "listings_saved_ignored": listings.saved_ignored,
                 "heap_trims": crate::heap_trim::trims(),
             },
         })

@@ -27,7 +27,7 @@ use prometheus_client::registry::{Registry, Unit};
 use serde_json::Value;
 
 use super::StatsSource;
-use crate::fs::ops::{FuseOp, FuseOps, BUCKET_BOUNDS};
+use crate::fs::latency::{FuseOp, FuseOps, BUCKET_BOUNDS};
 
 /// The content type of [`Exporter::encode`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -103,8 +103,8 @@ pub const STATS: &[StatSpec] = &[
     spec("store.proofs_refused", "riffle_store_proofs_refused", Counter, None, "Opens refused (EACCES) because the store refused this mount's credential the object."),
     spec("fuse.opens", "riffle_fuse_opens", Counter, None, "Files opened."),
     spec("fuse.passthrough_opens", "riffle_fuse_passthrough_opens", Counter, None, "Files opened in FUSE passthrough mode (served by the kernel from the cache)."),
-    spec("fuse.fast_opens", "riffle_fuse_fast_opens", Counter, None, "Passthrough opens answered from memory with a kept backing file."),
-    spec("fuse.kept_backings", "riffle_fuse_kept_backings", Gauge, None, "Backing files kept for reopening cached files from memory."),
+    spec("fuse.fast_opens", "riffle_fuse_fast_opens", Counter, None, "Passthrough opens answered from memory with a idle backing file."),
+    spec("fuse.idle_backings", "riffle_fuse_idle_backings", Gauge, None, "Idle backing files held for reopening cached files from memory."),
     spec("fuse.backings_opened_ahead", "riffle_fuse_backings_opened_ahead", Counter, None, "Backing files registered with the kernel as objects completed in the cache, before any open."),
     spec("fuse.lookup_readaheads", "riffle_fuse_lookup_readaheads", Counter, None, "Readaheads of small cached files' cache files started because a lookup named them."),
     spec("fuse.lookup_readaheads_failed", "riffle_fuse_lookup_readaheads_failed", Counter, None, "Lookup readaheads that failed (the cache file was gone)."),
@@ -193,8 +193,8 @@ pub const STATS: &[StatSpec] = &[
     spec("namespace.listings_background", "riffle_namespace_listings_background", Counter, None, "Directory listings started in the background ahead of a walk."),
     spec("namespace.listings_background_failed", "riffle_namespace_listings_background_failed", Counter, None, "Background listings that failed after retries (a reader lists the directory itself)."),
     spec("namespace.listings_from_disk", "riffle_namespace_listings_from_disk", Counter, None, "Directory listings taken from the cache directory instead of the store."),
-    spec("namespace.listings_kept", "riffle_namespace_listings_kept", Counter, None, "Directory listings written to the cache directory."),
-    spec("namespace.listings_kept_ignored", "riffle_namespace_listings_kept_ignored", Counter, None, "Kept listings found torn or unreadable and not used."),
+    spec("namespace.listings_saved", "riffle_namespace_listings_saved", Counter, None, "Directory listings written to the cache directory."),
+    spec("namespace.listings_saved_ignored", "riffle_namespace_listings_saved_ignored", Counter, None, "Saved listings found torn or unreadable and not used."),
     spec("namespace.heap_trims", "riffle_namespace_heap_trims", Counter, None, "Times freed heap memory was given back to the system after a burst of listings."),
 ];
 

@@ -4,7 +4,7 @@
 //! A walk (`find`, `du`, ImageFolder's `os.scandir` of every class) reads one directory at a
 //! time, and the kernel asks for a directory only when the walker gets there, so a tree of
 //! `n` directories costs `n` LIST round trips one after another. Instead, when a directory is
-//! *read* (a `readdir` answered, from the store, from memory or from a kept listing), each
+//! *read* (a `readdir` answered, from the store, from memory or from a saved listing), each
 //! of its subdirectories without a fresh listing is queued for a background listing, once per
 //! listing of the directory read. By the time the walker descends, its listing is there (or
 //! under way, and the walker's `readdir` follows it: module `listings`), so the walk costs

@@ -41,11 +41,11 @@
 //! listing into the tree in module `readdir`; this module is the service around them.
 
 pub(crate) mod background;
-pub(crate) mod kept;
 mod listings;
 pub(crate) mod names;
-mod open;
+mod open_version;
 mod readdir;
+pub(crate) mod saved;
 mod tree;
 mod usage;
 
@@ -57,10 +57,10 @@ use parking_lot::RwLock;
 
 use crate::store::{ListRequest, ObjectMeta, ObjectStore, StoreError};
 use background::{Fanout, FanoutConfig};
-use kept::KeptListings;
 use listings::{Claim, Listings};
 use names::{invalid_reason, Name, SkipLog};
-pub(crate) use open::{OpenTarget, Opening, VersionsInUse};
+pub(crate) use open_version::{OpenTarget, Opening, VersionsInUse};
+use saved::SavedListings;
 pub(crate) use tree::DirEntry;
 use tree::{Body, DirState, Mtime, Node, NodeKind, Stamp, StoredEtag, Tree};
 pub(crate) use usage::ListedUsage;
@@ -202,7 +202,7 @@ pub struct Namespace {
     mount_time: SystemTime,
     listings: Listings,
     fanout: Option<Arc<Fanout>>,
-    kept: Option<Arc<KeptListings>>,
+    kept: Option<Arc<SavedListings>>,
     counts: Arc<ListingCounts>,
 }
 
@@ -220,8 +220,8 @@ pub(crate) struct RestoredNode {
 pub(crate) struct NamespaceOptions {
     /// List the subdirectories of directories being read in the background.
     pub fanout: Option<FanoutConfig>,
-    /// Keep listings on disk and use kept ones (after [`KeptListings::grant_access`]).
-    pub kept: Option<Arc<KeptListings>>,
+    /// Keep listings on disk and use saved ones (after [`SavedListings::grant_access`]).
+    pub kept: Option<Arc<SavedListings>>,
     /// Told of every node created ([`NodeLog`]).
     pub node_log: Option<Arc<dyn NodeLog>>,
 }
@@ -231,8 +231,8 @@ pub(crate) struct NamespaceOptions {
 struct ListingCounts {
     from_store: AtomicU64,
     from_disk: AtomicU64,
-    kept_written: AtomicU64,
-    kept_ignored: AtomicU64,
+    saved_written: AtomicU64,
+    saved_ignored: AtomicU64,
 }
 
 /// A snapshot of the listing counters.
@@ -247,9 +247,9 @@ pub(crate) struct ListingStats {
     /// Listings taken from disk (kept by this or an earlier mount).
     pub from_disk: u64,
     /// Listings written to disk.
-    pub kept_written: u64,
-    /// Kept listings found torn or unreadable (and not used).
-    pub kept_ignored: u64,
+    pub saved_written: u64,
+    /// Saved listings found torn or unreadable (and not used).
+    pub saved_ignored: u64,
 }
 
 /// The outcome of asking the store about one name.
@@ -270,7 +270,7 @@ impl Namespace {
         Self::with_options(store, root_prefix, ttl, NamespaceOptions::default())
     }
 
-    /// [`Self::new`] with background listings and kept listings as `options` say.
+    /// [`Self::new`] with background listings and saved listings as `options` say.
     pub(crate) fn with_options(
         store: Arc<dyn ObjectStore>,
         root_prefix: &str,
@@ -348,8 +348,8 @@ impl Namespace {
     }
 
     /// One LIST of the mount root with this namespace's store (its credentials); on success,
-    /// kept listings may be used from now on. (`riffle mount` makes the same check in its
-    /// start-up probe and calls [`KeptListings::grant_access`] itself.)
+    /// saved listings may be used from now on. (`riffle mount` makes the same check in its
+    /// start-up probe and calls [`SavedListings::grant_access`] itself.)
     #[cfg(test)]
     pub(crate) async fn check_access(&self) -> Result<(), NamespaceError> {
         self.store
@@ -369,8 +369,8 @@ impl Namespace {
             background: self.fanout.as_ref().map_or(0, |f| load(&f.started)),
             background_failed: self.fanout.as_ref().map_or(0, |f| load(&f.failed)),
             from_disk: load(&self.counts.from_disk),
-            kept_written: load(&self.counts.kept_written),
-            kept_ignored: load(&self.counts.kept_ignored),
+            saved_written: load(&self.counts.saved_written),
+            saved_ignored: load(&self.counts.saved_ignored),
         }
     }
 
@@ -749,7 +749,7 @@ impl Namespace {
         }
     }
 
-    /// Deletes the kept listing of a directory whose in-memory listing was dropped because
+    /// Deletes the saved listing of a directory whose in-memory listing was dropped because
     /// something in it changed, so no later mount trusts it.
     fn forget_kept(&self, prefix: &str) {
         if let Some(kept) = &self.kept {

@@ -2,7 +2,7 @@
 //! into the tree.
 //!
 //! A read of a directory whose listing is older than the TTL lists it again, one listing per
-//! directory at a time (followers wait for the lead, module `listings`), takes a kept listing
+//! directory at a time (followers wait for the lead, module `listings`), takes a saved listing
 //! from disk when one may be used (module [`super::kept`]) and keeps each new one there, and
 //! then queues background listings of its subdirectories (module [`super::background`]). A
 //! listing is applied to the tree whole or not at all.
@@ -11,14 +11,14 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use super::kept::{ListedFile, RawListing};
 use super::listings::{Claim, Lead};
 use super::names::invalid_reason;
+use super::saved::{ListedFile, RawListing};
 use super::tree::{DirEntry, NodeKind, Tree};
 use super::{MetadataTtl, Namespace, NamespaceError};
 use crate::store::{ListPage, ListRequest, ObjectMeta};
 
-/// Kept listings written at once (each on a blocking thread).
+/// Saved listings written at once (each on a blocking thread).
 const KEPT_WRITERS: usize = 2;
 
 impl Namespace {
@@ -205,7 +205,7 @@ impl Namespace {
         result
     }
 
-    /// The kept listing of directory `ino`, applied, if there is one that may be used: kept
+    /// The saved listing of directory `ino`, applied, if there is one that may be used: kept
     /// listings enabled, access granted, the directory never listed in this mount, the file
     /// whole and fresh under the TTL.
     pub(super) async fn apply_kept(&self, ino: u64, prefix: &str) -> Option<Arc<Vec<DirEntry>>> {
@@ -224,8 +224,8 @@ impl Namespace {
             Ok(Ok(Some(found))) => found,
             Ok(Ok(None)) | Err(_) => return None,
             Ok(Err(e)) => {
-                self.counts.kept_ignored.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(error = %e, "kept listing not used");
+                self.counts.saved_ignored.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(error = %e, "saved listing not used");
                 return None;
             }
         };
@@ -261,7 +261,7 @@ impl Namespace {
                 tokio::task::spawn_blocking(move || kept.store(&prefix, taken, &raw)).await;
             match written {
                 Ok(Ok(())) => {
-                    counts.kept_written.fetch_add(1, Ordering::Relaxed);
+                    counts.saved_written.fetch_add(1, Ordering::Relaxed);
                 }
                 Ok(Err(e)) => tracing::debug!(error = %e, "cannot keep a listing"),
                 Err(_) => {}
@@ -342,7 +342,7 @@ impl Namespace {
     }
 
     /// Merges a complete listing of directory `ino`, taken at `at`, into the tree and returns
-    /// its entries. With `if_unlisted` (a kept listing), nothing is merged (`None`) when the
+    /// its entries. With `if_unlisted` (a saved listing), nothing is merged (`None`) when the
     /// directory was listed in this mount meanwhile.
     pub(super) fn apply_raw(
         &self,
@@ -384,7 +384,7 @@ impl Namespace {
             dir.fanned_out = false;
         }
         if if_unlisted {
-            // A kept listing: counted before a reader can see its entries, so a walk that
+            // A saved listing: counted before a reader can see its entries, so a walk that
             // saw them also sees the count (a listing applied in the background, ahead of
             // the walker, is otherwise counted after the walker has moved on).
             self.counts.from_disk.fetch_add(1, Ordering::Relaxed);

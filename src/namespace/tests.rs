@@ -340,7 +340,7 @@ async fn concurrent_readdirs_share_one_listing() {
     assert_eq!(store.count(Op::List), 5);
 }
 
-// ---- Listing ahead (module `background`) and kept listings (module `kept`) ----
+// ---- Listing ahead (module `background`) and saved listings (module `kept`) ----
 
 mod ahead_and_kept {
     use crate::store::RangeRequest;
@@ -352,7 +352,7 @@ mod ahead_and_kept {
 
     use super::*;
     use crate::namespace::background::FanoutConfig;
-    use crate::namespace::kept::KeptListings;
+    use crate::namespace::saved::SavedListings;
     use crate::store::retry::{RetryPolicy, RetryingStore};
     use crate::store::ListPage;
     use crate::test_support::eventually;
@@ -395,7 +395,7 @@ mod ahead_and_kept {
         (store, keys)
     }
 
-    fn options(concurrency: usize, kept: Option<Arc<KeptListings>>) -> NamespaceOptions {
+    fn options(concurrency: usize, kept: Option<Arc<SavedListings>>) -> NamespaceOptions {
         NamespaceOptions {
             fanout: Some(FanoutConfig {
                 concurrency,
@@ -533,22 +533,22 @@ mod ahead_and_kept {
         assert_eq!(ns.listing_stats().from_store, 32);
     }
 
-    /// Mounts `store` with kept listings under `dir`, walks it, and waits until every listing
+    /// Mounts `store` with saved listings under `dir`, walks it, and waits until every listing
     /// is on disk.
     async fn first_mount(store: Arc<MemoryStore>, dir: &std::path::Path, dirs: u64) {
-        let kept = Arc::new(KeptListings::new(dir, "http://rgw", "bucket"));
+        let kept = Arc::new(SavedListings::new(dir, "http://rgw", "bucket"));
         let ns =
             Namespace::with_options(store, "", MetadataTtl::Indefinite, options(8, Some(kept)));
         ns.check_access().await.unwrap();
         walk(&ns).await;
         eventually("every listing kept on disk", || {
-            ns.listing_stats().kept_written == dirs
+            ns.listing_stats().saved_written == dirs
         })
         .await;
     }
 
     fn remount(store: Arc<MemoryStore>, dir: &std::path::Path, ttl: MetadataTtl) -> Arc<Namespace> {
-        let kept = Arc::new(KeptListings::new(dir, "http://rgw", "bucket"));
+        let kept = Arc::new(SavedListings::new(dir, "http://rgw", "bucket"));
         Namespace::with_options(store, "", ttl, options(8, Some(kept)))
     }
 
@@ -560,7 +560,7 @@ mod ahead_and_kept {
 
         // Before the access check nothing kept is used: the store is listed.
         mem.reset_counts();
-        let kept = Arc::new(KeptListings::new(cache.path(), "http://rgw", "bucket"));
+        let kept = Arc::new(SavedListings::new(cache.path(), "http://rgw", "bucket"));
         let no_fanout = NamespaceOptions {
             fanout: None,
             kept: Some(kept),
@@ -574,7 +574,7 @@ mod ahead_and_kept {
         // It keeps what it listed, on a blocking thread: let that land before the files are
         // aged below, or it could replace the aged root listing with a fresh one.
         eventually("the unchecked mount's listing kept", || {
-            unchecked.listing_stats().kept_written == 1
+            unchecked.listing_stats().saved_written == 1
         })
         .await;
 
@@ -585,13 +585,13 @@ mod ahead_and_kept {
         exactly_once(walk(&ns).await, &keys);
         assert_eq!(mem.count(Op::List), 0);
         assert_eq!(ns.listing_stats().from_disk, 12);
-        // Attributes come from the kept listing too: a lookup costs no request.
+        // Attributes come from the saved listing too: a lookup costs no request.
         let attr = ns.resolve("train/c003/img004.jpg").await.unwrap();
         assert!(matches!(attr.kind, Kind::File { size: 14, .. }));
         assert_eq!(mem.count(Op::Head) + mem.count(Op::List), 0);
 
         // Listings two minutes old: fresh with `indefinite`, stale under a 60 s TTL.
-        let kept = KeptListings::new(cache.path(), "http://rgw", "bucket");
+        let kept = SavedListings::new(cache.path(), "http://rgw", "bucket");
         kept.grant_access();
         let mut prefixes = vec![String::new(), "train/".to_string()];
         prefixes.extend((0..10).map(|d| format!("train/c{d:03}/")));
@@ -613,7 +613,7 @@ mod ahead_and_kept {
         // Its listings are written on blocking threads after the walk saw them: wait for
         // them, so that the next mount finds every file in place.
         eventually("the stale mount's listings kept again", || {
-            stale.listing_stats().kept_written == 12
+            stale.listing_stats().saved_written == 12
         })
         .await;
         let ns = remount(
@@ -659,7 +659,7 @@ mod ahead_and_kept {
         let cache = tempfile::tempdir().unwrap();
         let (mem, keys) = tree(4, 50, 1000);
         first_mount(mem.clone(), cache.path(), 6).await;
-        let kept = KeptListings::new(cache.path(), "http://rgw", "bucket");
+        let kept = SavedListings::new(cache.path(), "http://rgw", "bucket");
         // A crash tore one directory's file (half of it reached the disk), and left a
         // temporary file of another behind.
         let torn = kept.path_for("train/c002/");
@@ -672,7 +672,7 @@ mod ahead_and_kept {
         mem.reset_counts();
         exactly_once(walk(&ns).await, &keys);
         let stats = ns.listing_stats();
-        assert_eq!(stats.kept_ignored, 1, "{stats:?}");
+        assert_eq!(stats.saved_ignored, 1, "{stats:?}");
         assert_eq!(stats.from_disk, 4);
         assert_eq!(
             mem.count(Op::List),
@@ -707,7 +707,7 @@ fn etags_are_kept_compact_and_given_back_exactly() {
 fn compact_times_keep_their_order_and_meaning() {
     let now = Instant::now();
     assert!(Stamp::at(now).elapsed() < Duration::from_secs(60));
-    // Before the process-wide base (a kept listing's age) still fits.
+    // Before the process-wide base (a saved listing's age) still fits.
     if let Some(earlier) = now.checked_sub(Duration::from_secs(3600)) {
         let e = Stamp::at(earlier).elapsed();
         assert!(

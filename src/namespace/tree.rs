@@ -67,7 +67,7 @@ pub(super) enum StoredEtag {
 }
 
 /// Whether `s` is lowercase hex of even length: an ETag that can be kept as the bytes it
-/// spells and given back exactly (here and in kept listings).
+/// spells and given back exactly (here and in saved listings).
 pub(super) fn is_lower_hex(s: &str) -> bool {
     s.len() % 2 == 0 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
@@ -129,7 +129,7 @@ impl NodeKind {
 }
 
 /// When a node was last checked against the store, in 8 bytes (an `Instant` takes 16):
-/// signed nanoseconds from a process-wide base, so moments before it (a kept listing's age)
+/// signed nanoseconds from a process-wide base, so moments before it (a saved listing's age)
 /// fit too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Stamp(i64);
@@ -253,7 +253,7 @@ pub(super) struct DirState {
     pub(super) changes: HashMap<Arc<str>, Option<u64>>,
     /// Names known not to exist, and since when.
     pub(super) missing: HashMap<Arc<str>, Instant>,
-    /// Listed at least once in this mount (a kept listing is only used before that).
+    /// Listed at least once in this mount (a saved listing is only used before that).
     pub(super) ever_listed: bool,
     /// The subdirectories of the current listing were queued for background listings.
     pub(super) fanned_out: bool,

@@ -1,4 +1,4 @@
-//! Deciding what to fetch before it is asked for: epoch plans, directory order, preload.
+//! Deciding what to fetch before it is asked for: epoch plans, directory order, warming.
 //!
 //! The in-file read-ahead of `reader` hides latency *within* a file; this module hides it
 //! *across* files, which is what small-file datasets need (a 110 KB file is all latency).
@@ -20,7 +20,7 @@
 //! 2. **Directory order** ([`dirorder`]): for opens outside a plan, a reader that opens a
 //!    directory's files in listing order gets the next files of the listing fetched ahead, in
 //!    a window that grows while the order holds.
-//! 3. **Preload** ([`warm`]): whole subtrees, lowest priority.
+//! 3. **Warm** ([`warm`]): whole subtrees, lowest priority.
 //!
 //! Files are prefetched whole up to `max_file_bytes` (larger ones only their first part; the
 //! in-file read-ahead takes over when they are opened). Every open is checked against the
@@ -504,8 +504,8 @@ impl Prefetcher {
         self.wake.notify_one();
     }
 
-    /// Bytes a preload may still bring in without evicting what is cached.
-    pub(crate) fn room_for_preload(&self) -> u64 {
+    /// Bytes a warm job may still bring in without evicting what is cached.
+    pub(crate) fn room_for_warm(&self) -> u64 {
         match self.fetcher.disk() {
             Some(disk) => {
                 let s = disk.cache().stats();

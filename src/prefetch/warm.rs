@@ -1,8 +1,8 @@
-//! Preload: `riffle warm MOUNT [PATH...]` and `--preload` fetch whole subtrees into the cache.
+//! Warm: `riffle warm MOUNT [PATH...]` and `--warm` fetch whole subtrees into the cache.
 //!
 //! A warm job first lists what it was given (directories recursively, in listing order) to
 //! learn the files and total bytes, then fetches the files whole, in that order, with
-//! preload priority (behind demand reads and the prefetch plan; see `fetch::Priority`), many
+//! warm priority (behind demand reads and the prefetch plan; see `fetch::Priority`), many
 //! at a time. It stops cleanly when the next file would take it past the room the cache has
 //! (the NVMe cache's free budget, or the in-memory cache without one), with a message saying
 //! how far it got; it can be cancelled at any time without disturbing the mount. Progress
@@ -20,7 +20,7 @@ use super::Prefetcher;
 use crate::fetch::{ObjectVersion, Priority};
 use crate::namespace::Kind;
 
-/// Files a warm job fetches at once (the preload limiter caps GETs further).
+/// Files a warm job fetches at once (the warm limiter caps GETs further).
 const PARALLEL_FILES: usize = 32;
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -115,7 +115,7 @@ pub async fn run(prefetcher: Arc<Prefetcher>, job: Arc<WarmJob>, paths: Vec<Stri
     if job.is_cancelled() {
         return job.finish(Phase::Cancelled, None);
     }
-    let room = prefetcher.room_for_preload();
+    let room = prefetcher.room_for_warm();
     let total: u64 = files.iter().map(|f| f.size).sum();
     let mut take = 0u64;
     let count = files
@@ -138,10 +138,7 @@ pub async fn run(prefetcher: Arc<Prefetcher>, job: Arc<WarmJob>, paths: Vec<Stri
                     return;
                 }
                 let blocks = 0..obj.size.div_ceil(bs);
-                match fetcher
-                    .fetch_background(&obj, blocks, Priority::Preload)
-                    .await
-                {
+                match fetcher.fetch_background(&obj, blocks, Priority::Warm).await {
                     Ok(()) => {
                         job_ref.files_done.fetch_add(1, Ordering::Relaxed);
                         job_ref.bytes_done.fetch_add(obj.size, Ordering::Relaxed);

@@ -86,7 +86,7 @@ pub use write::{HookAction, WriteHook};
 /// inode allocation at once).
 const METADATA_TASKS: usize = 16;
 
-/// Of the [`METADATA_TASKS`] slots, those background work (prefetch, preload) may hold at
+/// Of the [`METADATA_TASKS`] slots, those background work (prefetch, warming) may hold at
 /// once: the rest are always free for a reader's demand read. Without the split, a cold epoch
 /// whose prefetcher had a few hundred new entries queued for creation made every demand
 /// read's own entry wait behind all of them (the slots are first come, first served).

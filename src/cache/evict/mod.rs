@@ -27,14 +27,14 @@ use std::time::SystemTime;
 
 use super::identity::EntryKey;
 
-pub mod epoch;
+pub mod epoch_policy;
 pub mod lru;
-pub mod plan;
+pub mod plan_policy;
 pub mod policy;
 
-pub use epoch::EpochPolicy;
+pub use epoch_policy::EpochPolicy;
 pub use lru::LruPolicy;
-pub use plan::{NoPlan, PlanOracle, PlanPolicy};
+pub use plan_policy::{NoPlan, PlanOracle, PlanPolicy};
 pub use policy::{make_policy, EvictionKind};
 
 /// Where the cache keeps an entry: a small number it assigns when it first knows the entry,

@@ -94,7 +94,7 @@
 //!   `--cache-dir`) evicts by its own order, so a file fetched ahead could be the next victim:
 //!   then only sets whose drawn-from directories fit in the room are prefetched.
 //! - A plan, when set, wins: epoch prefetch pauses while one is active. Directory order and
-//!   `--preload` work as before (a fetch already in flight is shared, never repeated).
+//!   `--warm` work as before (a fetch already in flight is shared, never repeated).
 //!
 //! # Cost
 //! Per file of the set: its inode, size and last-open sequence (24 bytes), a flag byte and an

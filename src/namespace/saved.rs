@@ -1,6 +1,6 @@
-//! Listings kept on disk under `--cache-dir`, so a new mount does not list again.
+//! Listings saved on disk under `--cache-dir`, so a new mount does not list again.
 //!
-//! # What is kept, and where
+//! # What is saved, and where
 //! Every listing a mount takes from the store (all pages of one directory, after the names
 //! that cannot be POSIX names were dropped) is written to `DIR/listings/ab/<key>.lst`, where
 //! `<key>` is the first 128 bits of SHA-256 over a domain tag and the length-prefixed
@@ -30,19 +30,19 @@
 //! mix. Should a file still be torn (a crash of the machine before the data reached the disk,
 //! a truncated copy), its CRC32C or its length does not match and the whole file is ignored
 //! (counted, logged at debug), and the directory is listed from the store as if nothing was
-//! kept: a kept listing is used whole or not at all. A temporary file a crash left behind is
+//! kept: a saved listing is used whole or not at all. A temporary file a crash left behind is
 //! never read (only `.lst` files are) and goes with `riffle cache clear`.
 //!
 //! # Freshness and the access check
-//! A kept listing is used only while it is younger than `--metadata-ttl` (always with
+//! A saved listing is used only while it is younger than `--metadata-ttl` (always with
 //! `indefinite`, never with `0`), measured from the wall-clock time its LIST started; once
 //! applied it ages in memory like a listing just taken, so it is asked again when its TTL
 //! runs out. It is used only after this mount proved, with its own credentials, that it can
-//! list the bucket: [`KeptListings::grant_access`] is called once the mount's startup probe
-//! (one LIST of the mount root) succeeded, and until then [`KeptListings::load`] answers
+//! list the bucket: [`SavedListings::grant_access`] is called once the mount's startup probe
+//! (one LIST of the mount root) succeeded, and until then [`SavedListings::load`] answers
 //! nothing. A changed object is still caught by the read path: every GET carries `If-Match`
 //! with the ETag of the listing, and an object that no longer matches invalidates its
-//! directory, which also deletes that directory's kept listing ([`KeptListings::forget`]).
+//! directory, which also deletes that directory's saved listing ([`SavedListings::forget`]).
 
 use std::fs;
 use std::io::{self, Write};
@@ -55,7 +55,7 @@ use sha2::{Digest, Sha256};
 use super::names::invalid_reason;
 use super::tree::{is_lower_hex, lower_hex, lower_hex_bytes};
 
-/// The directory under the cache dir holding kept listings.
+/// The directory under the cache dir holding saved listings.
 pub const LISTINGS_DIR: &str = "listings";
 
 const MAGIC: &[u8; 8] = b"RIFFLIST";
@@ -88,19 +88,19 @@ pub struct Kept {
     pub listing: RawListing,
 }
 
-/// Why a kept listing could not be read or written.
+/// Why a saved listing could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum KeptError {
-    #[error("kept listing {path}: {source}")]
+    #[error("saved listing {path}: {source}")]
     Io { path: PathBuf, source: io::Error },
     /// Short, checksum mismatch, bad magic or version, or a field out of bounds.
-    #[error("kept listing {path} is torn or damaged ({why}); ignored")]
+    #[error("saved listing {path} is torn or damaged ({why}); ignored")]
     Torn { path: PathBuf, why: &'static str },
 }
 
-/// Kept listings of one endpoint and bucket under one cache directory (module documentation).
+/// Saved listings of one endpoint and bucket under one cache directory (module documentation).
 #[derive(Debug)]
-pub struct KeptListings {
+pub struct SavedListings {
     dir: PathBuf,
     scope: String,
     access: AtomicBool,
@@ -109,11 +109,11 @@ pub struct KeptListings {
 /// Numbers temporary files: unique within the process (the pid makes them unique on the node).
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
-impl KeptListings {
+impl SavedListings {
     /// Listings of `bucket` at `endpoint` kept under `cache_dir`; not usable until
     /// [`Self::grant_access`].
     pub fn new(cache_dir: &Path, endpoint: &str, bucket: &str) -> Self {
-        KeptListings {
+        SavedListings {
             dir: cache_dir.join(LISTINGS_DIR),
             scope: format!("{endpoint}\0{bucket}"),
             access: AtomicBool::new(false),
@@ -121,7 +121,7 @@ impl KeptListings {
     }
 
     /// Records that this mount listed the mount root with its own credentials: from now on
-    /// kept listings may be used.
+    /// saved listings may be used.
     pub fn grant_access(&self) {
         self.access.store(true, Ordering::Release);
     }
@@ -147,7 +147,7 @@ impl KeptListings {
         self.dir.join(&key[..2]).join(format!("{key}.{SUFFIX}"))
     }
 
-    /// The kept listing of `prefix`: `Ok(None)` when there is none or access was not granted.
+    /// The saved listing of `prefix`: `Ok(None)` when there is none or access was not granted.
     /// Freshness is the caller's to judge (from [`Kept::taken`]).
     pub fn load(&self, prefix: &str) -> Result<Option<Kept>, KeptError> {
         if !self.access_granted() {
@@ -196,7 +196,7 @@ impl KeptListings {
         Ok(())
     }
 
-    /// Deletes the kept listing of `prefix` (its directory changed under a reader).
+    /// Deletes the saved listing of `prefix` (its directory changed under a reader).
     pub fn forget(&self, prefix: &str) {
         let _ = fs::remove_file(self.path_for(prefix));
     }
@@ -209,7 +209,7 @@ pub struct Cleared {
     pub bytes: u64,
 }
 
-/// Removes every kept listing under `cache_dir` (for `riffle cache clear`).
+/// Removes every saved listing under `cache_dir` (for `riffle cache clear`).
 pub fn clear(cache_dir: &Path) -> io::Result<Cleared> {
     let dir = cache_dir.join(LISTINGS_DIR);
     let mut out = Cleared::default();
@@ -385,7 +385,7 @@ fn decode(bytes: &[u8], scope: &str, prefix: &str) -> Result<Option<Kept>, &'sta
     }
     let mut c = Cursor { bytes: body };
     if c.take(MAGIC.len())? != MAGIC {
-        return Err("not a kept listing");
+        return Err("not a saved listing");
     }
     if c.u32()? != VERSION {
         return Err("another format version");
@@ -468,7 +468,7 @@ mod tests {
     #[test]
     fn round_trips_and_is_keyed_by_scope_and_prefix() {
         let dir = tempfile::tempdir().unwrap();
-        let kept = KeptListings::new(dir.path(), "http://e", "bucket");
+        let kept = SavedListings::new(dir.path(), "http://e", "bucket");
         let taken = SystemTime::now();
         kept.store("ds/train/", taken, &sample()).unwrap();
         assert_eq!(kept.load("ds/train/").unwrap(), None, "no access yet");
@@ -477,7 +477,7 @@ mod tests {
         assert_eq!(back.listing, sample());
         assert_eq!(back.taken, taken);
         assert_eq!(kept.load("ds/other/").unwrap(), None);
-        let other = KeptListings::new(dir.path(), "http://e", "bucket2");
+        let other = SavedListings::new(dir.path(), "http://e", "bucket2");
         other.grant_access();
         assert_eq!(other.load("ds/train/").unwrap(), None);
         // A file of another scope at this path (a collision) is not used either.
@@ -523,7 +523,7 @@ mod tests {
     #[test]
     fn clear_removes_everything() {
         let dir = tempfile::tempdir().unwrap();
-        let kept = KeptListings::new(dir.path(), "e", "b");
+        let kept = SavedListings::new(dir.path(), "e", "b");
         kept.store("", SystemTime::now(), &sample()).unwrap();
         kept.store("x/", SystemTime::now(), &sample()).unwrap();
         let cleared = clear(dir.path()).unwrap();

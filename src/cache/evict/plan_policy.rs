@@ -497,7 +497,7 @@ impl EvictionPolicy for PlanPolicy {
 mod tests {
     use std::time::{Duration, SystemTime};
 
-    use super::super::epoch::EpochClass;
+    use super::super::epoch_policy::EpochClass;
     use super::*;
     use crate::cache::simulate::{TraceOracle, Workload};
 

@@ -11,7 +11,7 @@
 //! The FUSE adapter times an operation with a guard:
 //!
 //! ```
-//! # use rifflefs::fs::ops::{FuseOp, FuseOps};
+//! # use rifflefs::fs::latency::{FuseOp, FuseOps};
 //! let ops = FuseOps::new();
 //! let timer = ops.start(FuseOp::Read);
 //! // ... later, possibly in a task spawned on the runtime (the guard is `Send + 'static`):
