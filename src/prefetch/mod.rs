@@ -156,6 +156,15 @@ impl PlanOracle for Oracle {
         self.get()
             .map_or(0, |p| p.generation.load(Ordering::Relaxed))
     }
+
+    /// The epoch tracker's boundaries ([`PrefetchStats::epochs`]): the one epoch detector of
+    /// a mount, whose boundaries the eviction policy follows.
+    fn epochs(&self) -> Option<u64> {
+        let p = self.get()?;
+        p.config
+            .epoch_prefetch
+            .then(|| p.stats.epochs.load(Ordering::Relaxed))
+    }
 }
 
 impl Prefetcher {

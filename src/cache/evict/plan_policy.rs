@@ -88,6 +88,14 @@ pub trait PlanOracle: Send + Sync {
     fn generation(&self) -> u64 {
         0
     }
+
+    /// Epoch boundaries the mount's epoch detector has seen so far, or `None` when no detector
+    /// runs (no prefetcher, or epoch prefetch off). While this is `Some`, the inner
+    /// [`EpochPolicy`] takes its boundaries from it instead of inferring them (see
+    /// [`EpochPolicy::follow_announced`]).
+    fn epochs(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// An oracle with no plan: every entry is "not needed", so a [`PlanPolicy`] behaves exactly as
@@ -153,6 +161,8 @@ pub struct PlanPolicy {
     /// Live entries in the heap partition.
     needed: usize,
     generation: u64,
+    /// The oracle's [`PlanOracle::epochs`] last seen.
+    epochs: Option<u64>,
     cursor: u32,
     offered: Vec<Slot>,
 }
@@ -192,6 +202,7 @@ impl PlanPolicy {
             heap: BinaryHeap::new(),
             needed: 0,
             generation,
+            epochs: None,
             cursor: 0,
             offered: Vec::new(),
         }
@@ -302,6 +313,7 @@ impl PlanPolicy {
     /// After a plan change, re-asks the oracle about every entry (before anything else
     /// happens under the new plan). Returns whether it did.
     fn check_generation(&mut self, keys: &dyn SlotKeys) -> bool {
+        self.check_epochs();
         let generation = self.oracle.generation();
         if generation == self.generation {
             return false;
@@ -317,6 +329,23 @@ impl PlanPolicy {
         }
         self.compact();
         true
+    }
+
+    /// Passes the epoch boundaries the oracle announced since the last call on to the inner
+    /// policy (before a plan change they came with is applied).
+    fn check_epochs(&mut self) {
+        let epochs = self.oracle.epochs();
+        if epochs == self.epochs {
+            return;
+        }
+        self.rest.follow_announced(epochs.is_some());
+        if let (Some(now), Some(before)) = (epochs, self.epochs) {
+            // Two boundaries make everything stale: more change nothing.
+            for _ in 0..now.saturating_sub(before).min(2) {
+                self.rest.new_epoch();
+            }
+        }
+        self.epochs = epochs;
     }
 
     /// Re-asks the oracle after a plan change, and about a few entries in turn otherwise.
@@ -495,6 +524,7 @@ impl EvictionPolicy for PlanPolicy {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::{Duration, SystemTime};
 
     use super::super::epoch_policy::EpochClass;
@@ -716,5 +746,60 @@ mod tests {
             }
         }
         assert_eq!(plan.order(), epoch.order());
+    }
+
+    /// An oracle with no plan whose epoch detector announces boundaries when told to.
+    struct Announcer(AtomicU64);
+
+    impl PlanOracle for Announcer {
+        fn next_use(&self, _key: EntryKey) -> Option<u64> {
+            None
+        }
+
+        fn epochs(&self) -> Option<u64> {
+            Some(self.0.load(Ordering::Relaxed))
+        }
+    }
+
+    /// Inserts objects `0..n`, then touches them all again: a second pass, whose repeats
+    /// end the first epoch for a policy that infers boundaries.
+    fn two_passes(p: &mut PlanPolicy, keys: &Vec<EntryKey>) {
+        for (i, &key) in keys.iter().enumerate() {
+            let info = EntryInfo {
+                key,
+                bytes: 1,
+                last_used: None,
+            };
+            p.insert(i as Slot, &info, keys);
+        }
+        for i in 0..keys.len() {
+            p.touch(i as Slot, keys);
+        }
+    }
+
+    #[test]
+    fn announced_epochs_replace_the_inferred_ones() {
+        let keys = Workload::new(200).keys;
+        // Inferred: the second pass's repeats end the first epoch.
+        let mut inferred = PlanPolicy::new(Arc::new(NoPlan));
+        two_passes(&mut inferred, &keys);
+        assert!(inferred.rest().boundaries() >= 1);
+
+        // Announced: the same accesses end nothing, and no sample is kept ...
+        let announcer = Arc::new(Announcer(AtomicU64::new(0)));
+        let mut told = PlanPolicy::new(announcer.clone());
+        two_passes(&mut told, &keys);
+        assert_eq!(told.rest().boundaries(), 0);
+        let slots_only = told.rest().memory_bytes();
+        assert!(slots_only < inferred.rest().memory_bytes());
+        // ... until the detector announces a boundary, passed on at the next access.
+        announcer.0.store(1, Ordering::Relaxed);
+        told.touch(0, &keys);
+        assert_eq!(told.rest().boundaries(), 1);
+        // The entry touched after the boundary is of the new epoch; the rest, read in the
+        // old one, are expected back (Pending), and the new epoch's reads go first.
+        assert_eq!(told.rest().class(0), Some(EpochClass::Done));
+        assert_eq!(told.rest().class(1), Some(EpochClass::Pending));
+        assert_eq!(told.victim(&keys, &mut |_| true), Some(0));
     }
 }

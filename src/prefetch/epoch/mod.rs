@@ -89,7 +89,9 @@
 //!   a fill that found cached files). Without it the files kept from the last epoch stayed in
 //!   the policy's "not needed" order and went first: a set twice the cache's size was fetched
 //!   nearly whole every epoch, some files twice, instead of about half and none twice (a unit
-//!   test checks this).
+//!   test checks this). The boundaries found here are the mount's only ones: the oracle
+//!   reports their count (`PlanOracle::epochs`, [`PrefetchStats::epochs`]) and the eviction
+//!   policy's epoch classes follow it instead of inferring epochs from the cache's accesses.
 //! - With `--eviction lru` or `epoch` the policy does not ask, and the memory cache (no
 //!   `--cache-dir`) evicts by its own order, so a file fetched ahead could be the next victim:
 //!   then only sets whose drawn-from directories fit in the room are prefetched.

@@ -577,6 +577,11 @@ async fn the_next_epoch_starts_when_the_set_is_opened_again() {
         st.opened_files
     );
     assert_eq!(s.prefetch.stats().epochs.load(Ordering::Relaxed), 1);
+    drop(st);
+    // The eviction policy hears of the boundary through the oracle.
+    let oracle = Oracle::default();
+    oracle.bind(&s.prefetch);
+    assert_eq!(oracle.epochs(), Some(1));
 }
 
 /// A node that reads a random half of the set per epoch: usefulness is low, prefetch backs
@@ -659,6 +664,10 @@ async fn off_means_off() {
     }
     assert!(s.prefetch.epoch.lock().set.is_none());
     assert_eq!(s.store.get_log().len(), 40);
+    // No detector runs: the eviction policy infers epochs itself.
+    let oracle = Oracle::default();
+    oracle.bind(&s.prefetch);
+    assert_eq!(oracle.epochs(), None);
 }
 
 /// Every number of the prefetch section of `riffle stats` is a Prometheus metric.

@@ -41,8 +41,12 @@ impl EpochPolicy {
         self.epoch_start + r as u64
     }
 
-    /// Feeds the boundary detector with an access of `key`.
+    /// Feeds the boundary detector with an access of `key` (nothing while boundaries are
+    /// announced).
     pub(super) fn observe(&mut self, key: EntryKey) {
+        if self.announced {
+            return;
+        }
         if self.clock.saturating_sub(self.epoch_start) >= u32::MAX as u64 {
             // 2^32 accesses without a boundary: end the epoch here, so that the sample's
             // relative clocks stay exact.

@@ -38,8 +38,17 @@
 //! after the read rather than before it) but count nothing. The window does not slide, so a
 //! file re-read every few accesses still counts its reads and can become hot.
 //!
+//! # Who says where an epoch ends
+//! A mount has one epoch detector: the prefetcher's (`prefetch::epoch`), which sees opens
+//! of files in the directory tree being read. Through the plan oracle
+//! (`PlanOracle::epochs`) the [`PlanPolicy`](super::PlanPolicy) wrapping this policy is
+//! told of each boundary it finds and announces it here ([`EpochPolicy::follow_announced`],
+//! [`EpochPolicy::new_epoch`]); then nothing below is run and no sample is kept. A policy
+//! with no detector behind it (epoch prefetch off, `--eviction-policy epoch`, the
+//! simulator) infers boundaries itself, as follows.
+//!
 //! # Inferring epoch boundaries
-//! Epochs are not announced. The signal is *repeats*: an object accessed a second time in the
+//! Without a detector, epochs are not announced. The signal is *repeats*: an object accessed a second time in the
 //! current epoch. In a pass over a dataset nothing repeats until the next pass starts, and then
 //! everything does. The policy watches a hash sample of the keys it sees (all of them for up to
 //! [`SAMPLE_MAX`] objects, then a `2^-k` sample chosen by the key's own hash bits, which are
@@ -78,7 +87,7 @@
 //! used first, so it degrades to LRU (measured: Zipf and uniform random within 0.01 of LRU).
 //!
 //! [`EpochPolicy::new_epoch`] announces a boundary explicitly (the plan policy does when the
-//! plan is replaced).
+//! prefetcher's detector finds one, and twice when the plan is replaced).
 //!
 //! The sampled keys' access clocks are kept relative to the epoch's start in 32 bits, so an
 //! epoch ends after at most 2^32 accesses (about 12 hours of 100,000 file accesses a second
@@ -255,6 +264,8 @@ pub struct EpochPolicy {
     forcible: bool,
     offered: Vec<Slot>,
     boundaries: u64,
+    /// Boundaries are announced ([`Self::follow_announced`]): the sample is not kept.
+    announced: bool,
 }
 
 impl Default for EpochPolicy {
@@ -279,6 +290,7 @@ impl EpochPolicy {
             forcible: false,
             offered: Vec::new(),
             boundaries: 0,
+            announced: false,
         }
     }
 
@@ -322,6 +334,21 @@ impl EpochPolicy {
             });
         }
         out
+    }
+
+    /// Whether epoch boundaries are announced by the mount's epoch detector (the
+    /// prefetcher's, through the plan oracle) rather than inferred here. While they are, no
+    /// sample is kept and [`Self::new_epoch`] is the only boundary (one detector per mount:
+    /// the two cannot disagree); when the detector stops announcing, inference resumes from
+    /// an empty sample.
+    pub fn follow_announced(&mut self, announced: bool) {
+        if announced == self.announced {
+            return;
+        }
+        self.announced = announced;
+        self.sample = HashMap::new();
+        self.repeats = 0;
+        self.forcible = false;
     }
 
     /// Announces an epoch boundary now (everything accessed so far belongs to the old epoch).
