@@ -19,7 +19,7 @@
 # RSS, then the same after a remount, LISTs and HEADs counted at the proxy.
 # W6 (benches/w6.sh, benches/lib/w6.sh) mounts W1's data three times as three
 # nodes, with and without --peers, and reads DistributedSampler shares. Prints the tables, merges them into benches/results/{quick,full}.json
-# and writes benches/README.md and the plots in benches/plots/. Exits
+# and writes benches/README.md and the plots in benches/plots/ (or under --report-dir). Exits
 # non-zero if any system returned wrong bytes, and with --quick also if a
 # riffle variant failed to run or hit I/O errors. Every mount is unmounted on
 # exit, failure included.
@@ -56,6 +56,10 @@ Usage: benches/run.sh [--quick] [options] [W1 W2 W3 W4 W5 W6]
   --no-build       use the binaries as they are
   --build-mountpoint  build the bench-only Mountpoint binary if needed (~10 min
                    the first time; default in full runs, not with --quick)
+  --report-dir DIR where the results (DIR/results), the report (DIR/README.md)
+                   and the plots (DIR/plots) go [benches: the committed ones];
+                   another DIR starts from a copy of the committed results, so
+                   a smoke run (tests/run.sh) leaves the tracked tree as it was
 
 Environment: RIFFLE_BENCH_WORK (scratch dir) [benches/.work],
 RIFFLE_BENCH_SEED [1], RIFFLE_BENCH_W1_MAX_FILES (each W1 epoch reads the same
@@ -86,6 +90,7 @@ MODE=full
 SYSTEMS=$DEFAULT_SYSTEMS
 DIRECT=
 BUILD=1
+REPORT_DIR=benches
 BUILD_MOUNTPOINT=
 PLOTS=1
 PROFILE=${RIFFLE_BENCH_PROFILE:-release}
@@ -99,6 +104,7 @@ while [ $# -gt 0 ]; do
         --direct) DIRECT=${2:?}; shift ;;
         --no-build) BUILD=0 ;;
         --build-mountpoint) BUILD_MOUNTPOINT=1 ;;
+        --report-dir) REPORT_DIR=${2:?}; shift ;;
         -h|--help) usage; exit 0 ;;
         [wW][1-6]) WORKLOADS+=("$(echo "$1" | tr 'W' 'w')") ;;
         *) usage >&2; exit 2 ;;
@@ -230,15 +236,23 @@ checks=(--check)
 # A run of W6 alone records no rows (its table is benches/results/w6-MODE.md).
 run_arg=()
 [ -s "$RUN_FILE" ] && run_arg=(--run "$RUN_FILE")
-"$BIN/riffle-bench" report "${run_arg[@]}" --results-dir benches/results \
-    --readme benches/README.md --plots-dir benches/plots \
+if [ "$REPORT_DIR" != benches ] && [ ! -d "$REPORT_DIR/results" ]; then
+    # Start from the committed results, so the report keeps the sections this run did not
+    # redo (the full run's, other workloads').
+    mkdir -p "$REPORT_DIR/plots"
+    cp -r benches/results "$REPORT_DIR/results"
+    cp benches/README.md "$REPORT_DIR/README.md"
+fi
+"$BIN/riffle-bench" report "${run_arg[@]}" --results-dir "$REPORT_DIR/results" \
+    --readme "$REPORT_DIR/README.md" --plots-dir "$REPORT_DIR/plots" \
     --plot-data "$RES_DIR/plot-data.json" "${checks[@]}" || rc=$?
 if [ "$PLOTS" = 1 ] && [ -x benches/.venv/bin/python ]; then
-    benches/.venv/bin/python benches/plot.py "$RES_DIR/plot-data.json" benches/plots \
+    benches/.venv/bin/python benches/plot.py "$RES_DIR/plot-data.json" "$REPORT_DIR/plots" \
         >>"$LOG_DIR/plot.log" 2>&1 || warn "plotting failed (see $LOG_DIR/plot.log)"
-    "$BIN/riffle-bench" report --results-dir benches/results --readme benches/README.md \
-        --plots-dir benches/plots >/dev/null 2>&1 || true
+    "$BIN/riffle-bench" report --results-dir "$REPORT_DIR/results" --readme "$REPORT_DIR/README.md" \
+        --plots-dir "$REPORT_DIR/plots" >/dev/null 2>&1 || true
 fi
+say "report: $REPORT_DIR/README.md"
 if [ -n "$W6_FAILED" ]; then
     say "FAILED: W6: $W6_FAILED"
     rc=1

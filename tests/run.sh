@@ -58,9 +58,10 @@ cargo test --workspace --features "$RGW_TESTS" "$@"
 echo "==> RGW stopped and restarted under a mount (alone, last)"
 cargo test -p rifflefs --features rgw-tests --test rgw_restart -- --ignored
 echo "==> benchmark smoke test (quick datasets, every system side by side, every byte verified)"
-# Debug binaries (already built for the tests); fails on any wrong byte. It rewrites
-# benches/README.md's quick section in this checkout; the committed one is from a release run.
-benches/run.sh --quick --debug --no-plots
+# Debug binaries (already built for the tests); fails on any wrong byte. Its report goes to
+# target/bench-quick (README.md and results/), so the tracked tree stays as it was.
+rm -rf target/bench-quick
+benches/run.sh --quick --debug --no-plots --report-dir target/bench-quick
 echo "==> quickstart end to end (small sample, debug binaries) and the README's PyTorch example"
 # Checks the report (every byte verified, 0 GETs in the warm epoch, its lines present), never
 # timings; unmounts and stops the proxy it started, leaves the RGW to this script.
