@@ -18,7 +18,7 @@
 # VmHWM from /proc/PID/status and its listed entries (riffle stats).
 #
 # The bound checked: peak RSS <= --max-memory + OVERHEAD + listed entries x
-# PER_OBJECT (README.md, "Memory"), OVERHEAD 64 MiB and PER_OBJECT 500 bytes
+# PER_OBJECT (docs/memory.md, "The bound"), OVERHEAD 64 MiB and PER_OBJECT 500 bytes
 # unless RIFFLE_MEM_OVERHEAD / RIFFLE_MEM_PER_OBJECT say otherwise. Writes
 # benches/results/memory.md (the table) and puts it into benches/README.md
 # (section "Memory bound", also kept by `riffle-bench report`); with --out,
@@ -187,7 +187,7 @@ out=${OUT:-benches/results/memory.md}
     echo "commit \`$(git rev-parse --short HEAD 2>/dev/null || echo '?')\`): one riffle daemon per row,"
     echo "a fresh mount with an empty \`--cache-dir\`, a cold and a warm epoch of the"
     echo "workload; peak RSS is the daemon's \`VmHWM\`. **bound** = \`--max-memory\` +"
-    echo "${OVERHEAD_MIB} MiB + ${PER_OBJECT} bytes per listed entry (README.md, \"Memory\")."
+    echo "${OVERHEAD_MIB} MiB + ${PER_OBJECT} bytes per listed entry (docs/memory.md, \"The bound\")."
     echo "small: 64 readers of W1 files; shards: 6 W2 shards at once (1 MiB reads);"
     echo "random: 16 threads of random 4 KiB-1 MiB preads of the W3 file for $DURATION;"
     echo "mixed: the three at once and a walk (with stat) of the W4 tree. The same run on"

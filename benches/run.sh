@@ -83,7 +83,7 @@ benches/lib/mountpoint.sh; MOUNTPOINT_CACHE defaults to 1 here).
 USAGE
 }
 
-# Run order (README "Run order"): riffle-plan right after copy-first, the pair of the
+# Run order (benches/README.md, "Run order"): riffle-plan right after copy-first, the pair of the
 # cold-epoch goal; the table's row order is fixed elsewhere (results/render.rs).
 DEFAULT_SYSTEMS="local,local-py,copy-first,riffle-plan,s3-client,riffle,riffle-py,riffle-plan-py,riffle-nopt,riffle-listing,riffle-seq,s3fs,rclone,mountpoint"
 MODE=full

@@ -17,7 +17,7 @@ import glob
 import os
 import sys
 
-# The bound the docs state (README.md, "Memory"), for the default mount.
+# The bound the docs state (docs/memory.md, "The bound"), for the default mount.
 MAX_MEMORY_MIB = 1024
 OVERHEAD_MIB = 64
 PER_OBJECT = 500

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A training-style reader that follows an epoch plan, the way the README's PyTorch snippet does.
+"""A training-style reader that follows an epoch plan, as docs/prefetch.md's PyTorch snippet does.
 
 It lists the dataset like torchvision's ImageFolder (sorted classes, sorted files), orders the
 indices like torch's DistributedSampler (a seeded shuffle per epoch, then every world-th index

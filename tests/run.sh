@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command (README "Run the tests"; CI calls exactly this).
+# The test command (README.md, "Run the tests"; CI calls exactly this).
 # Installs what the tests need, starts the local Ceph RGW unless one is already up, runs the
 # format and lint checks and every test of the workspace against it, then stops the RGW it
 # started. Usage: tests/run.sh [extra cargo test args]

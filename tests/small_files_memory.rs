@@ -1,6 +1,6 @@
 //! The memory bound under many small files (issue 46): a mount with a small `--max-memory`
 //! and an NVMe cache reads 20,000 files of 1–4 KiB cold, then warm, and the daemon's peak
-//! RSS (`VmHWM`) must stay within the bound the README states, `--max-memory` + 64 MiB + 500
+//! RSS (`VmHWM`) must stay within the bound docs/memory.md states, `--max-memory` + 64 MiB + 500
 //! bytes per listed entry (104 MiB here). Before issue 46 every small file read held several
 //! KB (a 2.5 KB block in 8 KiB of aligned heap while the memory cache counted 2.5 KB, and
 //! per-file state outside any budget): the same test with that build's daemon fails, at
@@ -19,7 +19,7 @@ use common::*;
 const FILES: usize = 20_000;
 const DIRS: usize = 20;
 const MAX_MEMORY: u64 = 32 << 20;
-/// The fixed part and the per-listed-entry part of the bound (README.md, "Memory").
+/// The fixed part and the per-listed-entry part of the bound (docs/memory.md, "The bound").
 const OVERHEAD: u64 = 64 << 20;
 const PER_ENTRY: u64 = 450;
 
