@@ -68,6 +68,10 @@ fn bad_input_gets_a_clear_reason() {
         mount_fails(&refs, env)
     };
 
+    // The exit status tells the kind of failure (`riffle mount`'s table, `cli::failure`).
+    use rifflefs::cli::FailureKind::*;
+    let [not_found, denied, unavailable, precondition] =
+        [NotFound, PermissionDenied, Unavailable, FailedPrecondition].map(|k| k.exit_code());
     let cases: Vec<Case> = vec![
         (
             vec![
@@ -78,19 +82,19 @@ fn bad_input_gets_a_clear_reason() {
                 "--force-path-style".into(),
             ],
             vec![],
-            1,
+            not_found,
             "does not exist",
         ),
         (
             with(&[]),
             vec![("AWS_SECRET_ACCESS_KEY", "wrong-secret")],
-            1,
+            denied,
             "secret key is wrong",
         ),
         (
             with(&[]),
             vec![("AWS_ACCESS_KEY_ID", "NOSUCHKEY")],
-            1,
+            denied,
             "access key is not known",
         ),
         (
@@ -102,7 +106,7 @@ fn bad_input_gets_a_clear_reason() {
                 "--force-path-style".into(),
             ],
             vec![],
-            1,
+            unavailable,
             "cannot reach http://127.0.0.1:9",
         ),
         (
@@ -113,7 +117,7 @@ fn bad_input_gets_a_clear_reason() {
                 endpoint.clone(),
             ],
             vec![],
-            1,
+            precondition,
             "does not exist",
         ),
         (
@@ -124,7 +128,7 @@ fn bad_input_gets_a_clear_reason() {
                 endpoint.clone(),
             ],
             vec![],
-            1,
+            precondition,
             "already mounted",
         ),
         (
@@ -135,7 +139,7 @@ fn bad_input_gets_a_clear_reason() {
                 endpoint.clone(),
             ],
             vec![],
-            1,
+            precondition,
             "not empty",
         ),
         (
@@ -207,7 +211,7 @@ fn bad_input_gets_a_clear_reason() {
         ],
         &[],
     );
-    assert_eq!(code, 1);
+    assert_eq!(code, precondition);
     assert!(stderr.contains("not a directory"), "{stderr}");
     // Nothing is left mounted after the failures.
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
@@ -277,7 +281,10 @@ fn a_killed_daemon_leaves_a_dead_mount_that_can_be_cleaned() {
         ],
         &[],
     );
-    assert_eq!(code, 1);
+    assert_eq!(
+        code,
+        rifflefs::cli::FailureKind::FailedPrecondition.exit_code()
+    );
     assert!(stderr.contains("dead mount"), "{stderr}");
     let out = run_with_timeout(
         Command::new(RIFFLE).args(["unmount", m]),

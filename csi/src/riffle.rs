@@ -37,6 +37,7 @@ use crate::mountinfo::{self, Probe, RIFFLE_FSTYPE};
 use crate::peers::{NodePeers, PeerOptions};
 use crate::process;
 use async_trait::async_trait;
+use rifflefs::cli::failure::FailureKind;
 use std::ffi::OsString;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -269,69 +270,18 @@ impl RiffleMounter {
     }
 }
 
-/// `riffle mount --take-over`'s exit status when the fd store holds no live connection for
-/// the target (riffle's `cli::EXIT_NOTHING_TO_TAKE_OVER`).
-pub const EXIT_NOTHING_TO_TAKE_OVER: i32 = 3;
-
-/// Maps riffle's exit code and reason line to an error category.
-pub fn classify(exit_code: Option<i32>, reason: &str) -> MountErrorKind {
-    let r = reason.to_ascii_lowercase();
-    let has = |words: &[&str]| words.iter().any(|w| r.contains(w));
-    if exit_code == Some(EXIT_NOTHING_TO_TAKE_OVER) {
-        MountErrorKind::NothingToTakeOver
-    } else if exit_code == Some(2)
-        || has(&[
-            "invalid value",
-            "invalid option",
-            "unexpected argument",
-            "usage:",
-        ])
-    {
-        MountErrorKind::InvalidArgument
-    } else if has(&[
-        "accessdenied",
-        "access denied",
-        "forbidden",
-        "403",
-        "credential",
-        "signature",
-        "invalidaccesskeyid",
-        "unauthorized",
-        "401",
-    ]) {
-        MountErrorKind::PermissionDenied
-    } else if has(&[
-        "nosuchbucket",
-        "no such bucket",
-        "not found",
-        "404",
-        "does not exist",
-    ]) {
-        MountErrorKind::NotFound
-    } else if has(&[
-        "timed out",
-        "timeout",
-        "unreachable",
-        "connection refused",
-        "connect",
-        "dns",
-        "resolve",
-        "unavailable",
-    ]) {
-        MountErrorKind::Unavailable
-    } else if has(&[
-        "mountpoint",
-        "mount point",
-        "not a directory",
-        "busy",
-        "not empty",
-        "/dev/fuse",
-    ]) {
-        MountErrorKind::FailedPrecondition
-    } else if has(&["invalid"]) {
-        MountErrorKind::InvalidArgument
-    } else {
-        MountErrorKind::Internal
+/// The category of a failed `riffle mount`, from its exit status alone: riffle tells the kind
+/// of a failure by its status (`rifflefs::cli::failure`, which documents the table); a
+/// signal or a status no kind has is [`MountErrorKind::Internal`].
+pub fn classify(exit_code: Option<i32>) -> MountErrorKind {
+    match exit_code.and_then(FailureKind::from_exit_code) {
+        Some(FailureKind::InvalidArgument) => MountErrorKind::InvalidArgument,
+        Some(FailureKind::NothingToTakeOver) => MountErrorKind::NothingToTakeOver,
+        Some(FailureKind::NotFound) => MountErrorKind::NotFound,
+        Some(FailureKind::PermissionDenied) => MountErrorKind::PermissionDenied,
+        Some(FailureKind::Unavailable) => MountErrorKind::Unavailable,
+        Some(FailureKind::FailedPrecondition) => MountErrorKind::FailedPrecondition,
+        Some(FailureKind::Failed) | None => MountErrorKind::Internal,
     }
 }
 
@@ -524,7 +474,7 @@ impl RiffleMounter {
             let reason = req
                 .auth
                 .scrub(&scrub(req.credentials, &reason_line(&stderr)));
-            let kind = classify(status.code(), &reason);
+            let kind = classify(status.code());
             return Err(MountError::new(
                 kind,
                 format!(
@@ -654,33 +604,20 @@ mod tests {
     fn classification() {
         use MountErrorKind::*;
         let cases = [
-            (
-                Some(2),
-                "error: unexpected argument '--bogus'",
-                InvalidArgument,
-            ),
-            (Some(1), "error: bucket \"x\": NoSuchBucket", NotFound),
-            (
-                Some(1),
-                "error: AccessDenied: check credentials",
-                PermissionDenied,
-            ),
-            (
-                Some(1),
-                "error: cannot connect to http://10.0.0.1:7480: Connection refused",
-                Unavailable,
-            ),
-            (
-                Some(1),
-                "error: mountpoint /x is not a directory",
-                FailedPrecondition,
-            ),
-            (Some(1), "error: invalid --cache-size", InvalidArgument),
-            (Some(1), "error: something odd", Internal),
+            (FailureKind::InvalidArgument, InvalidArgument),
+            (FailureKind::NotFound, NotFound),
+            (FailureKind::PermissionDenied, PermissionDenied),
+            (FailureKind::Unavailable, Unavailable),
+            (FailureKind::FailedPrecondition, FailedPrecondition),
+            (FailureKind::NothingToTakeOver, NothingToTakeOver),
+            (FailureKind::Failed, Internal),
         ];
-        for (code, line, kind) in cases {
-            assert_eq!(classify(code, line), kind, "{line}");
+        for (failure, kind) in cases {
+            assert_eq!(classify(Some(failure.exit_code())), kind, "{failure:?}");
         }
+        // Killed by a signal, or a status riffle never uses.
+        assert_eq!(classify(None), Internal);
+        assert_eq!(classify(Some(101)), Internal);
     }
 
     #[test]

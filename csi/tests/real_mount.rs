@@ -853,7 +853,7 @@ async fn mount_failures_map_to_grpc_codes() {
 
 /// `riffle mount --take-over` tells the mounter by its exit status which failure allows a
 /// fresh mount: the fd store's word that it holds nothing for the target is
-/// [`riffle_csi::riffle::EXIT_NOTHING_TO_TAKE_OVER`]; a store that cannot be asked is not
+/// [`rifflefs::cli::EXIT_NOTHING_TO_TAKE_OVER`]; a store that cannot be asked is not
 /// (a connection may still be kept there, and a remount would take it from the pods).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_take_over_with_nothing_to_take_says_so_in_its_exit_status() {
@@ -887,7 +887,7 @@ async fn a_take_over_with_nothing_to_take_says_so_in_its_exit_status() {
     let said = String::from_utf8_lossy(&nothing.stderr).into_owned();
     assert_eq!(
         nothing.status.code(),
-        Some(riffle_csi::riffle::EXIT_NOTHING_TO_TAKE_OVER),
+        Some(rifflefs::cli::EXIT_NOTHING_TO_TAKE_OVER),
         "{said}"
     );
     assert!(said.contains("holds no connection"), "{said}");
@@ -896,7 +896,7 @@ async fn a_take_over_with_nothing_to_take_says_so_in_its_exit_status() {
     assert_eq!(unreachable.status.code(), Some(1), "{said}");
     assert!(said.contains("unreachable"), "{said}");
     assert_eq!(
-        riffle_csi::riffle::classify(nothing.status.code(), ""),
+        riffle_csi::riffle::classify(nothing.status.code()),
         riffle_csi::mounter::MountErrorKind::NothingToTakeOver
     );
     transcript(format!(

@@ -3,9 +3,8 @@
 //! The parent creates a pipe, starts `riffle` again with the same arguments plus
 //! `--foreground` in a new session (detached from the terminal, stdio on /dev/null, logs to a
 //! file), hands it the pipe's write end through `RIFFLE_READY_FD`, and waits. The daemon writes
-//! `OK` once the filesystem is mounted, or `ERR <reason>` and exits (`NOTHING <reason>` for a
-//! `--take-over` that found nothing to take over, so the parent exits with
-//! [`super::EXIT_NOTHING_TO_TAKE_OVER`]). If the daemon dies without
+//! `OK` once the filesystem is mounted, or `ERR <kind> <reason>` and exits (the kind's
+//! [`FailureKind::name`]), so the parent exits with the status of that kind. If the daemon dies without
 //! a word the pipe closes and the parent says so; if nothing arrives within the start-up limit
 //! the parent kills the daemon. Either way the parent never waits forever.
 
@@ -19,12 +18,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
-use super::NothingToTakeOver;
+use super::failure::{self, fail, FailureKind};
 use nix::fcntl::{fcntl, FcntlArg, FdFlag};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-
-/// The readiness line of a `--take-over` that found nothing to take over (else `ERR `).
-const NOTHING: &str = "NOTHING ";
 
 /// How long a daemon may take to mount before `riffle mount` gives up.
 pub const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -76,10 +72,7 @@ pub fn spawn_and_wait(log_file: &Path, pass_log_file: bool) -> anyhow::Result<()
         Ok(Some(msg)) if msg == "OK" => Ok(()),
         Ok(Some(msg)) => {
             let _ = child.wait();
-            if let Some(reason) = msg.strip_prefix(NOTHING) {
-                return Err(NothingToTakeOver(reason.to_string()).into());
-            }
-            bail!("{}", msg.strip_prefix("ERR ").unwrap_or(&msg))
+            Err(failure_of(&msg))
         }
         Ok(None) => {
             let status = child.wait().ok();
@@ -94,6 +87,18 @@ pub fn spawn_and_wait(log_file: &Path, pass_log_file: bool) -> anyhow::Result<()
             let _ = child.wait();
             Err(e)
         }
+    }
+}
+
+/// The failure a readiness line other than `OK` reports: `ERR <kind> <reason>`.
+fn failure_of(line: &str) -> anyhow::Error {
+    let text = line.strip_prefix("ERR ").unwrap_or(line);
+    match text.split_once(' ') {
+        Some((word, reason)) => match FailureKind::from_name(word) {
+            Some(kind) => fail(kind, reason),
+            None => fail(FailureKind::Failed, text),
+        },
+        None => fail(FailureKind::Failed, text),
     }
 }
 
@@ -154,19 +159,18 @@ impl Readiness {
         self.send("OK");
     }
 
+    /// Reports a failure of kind [`FailureKind::Failed`].
     pub fn failed(&mut self, reason: &str) {
-        self.send(&format!("ERR {reason}"));
+        self.send_failure(FailureKind::Failed, reason);
     }
 
-    /// Reports `e`, keeping its kind where the parent's exit status tells it
-    /// ([`NothingToTakeOver`]).
+    /// Reports `e` with its kind, which the parent's exit status tells.
     pub fn failed_with(&mut self, e: &anyhow::Error) {
-        let reason = super::one_line(e);
-        if e.downcast_ref::<NothingToTakeOver>().is_some() {
-            self.send(&format!("{NOTHING}{reason}"));
-        } else {
-            self.failed(&reason);
-        }
+        self.send_failure(failure::kind_of(e), &super::one_line(e));
+    }
+
+    fn send_failure(&mut self, kind: FailureKind, reason: &str) {
+        self.send(&format!("ERR {} {reason}", kind.name()));
     }
 
     fn send(&mut self, line: &str) {

@@ -51,7 +51,7 @@ use parking_lot::Mutex;
 use super::args::MountArgs;
 use super::daemon::Readiness;
 use super::systemd::{self, SystemdStore};
-use super::NothingToTakeOver;
+use super::{fail, FailureKind};
 use crate::fs::handover::protocol::{self, Holder, Message, ProtocolError};
 
 /// Successive failed starts of a successor before the keeper gives up.
@@ -217,9 +217,10 @@ impl SystemdLink {
             store.forget();
         }
         if !live && take_over_only {
-            return Err(anyhow::Error::new(NothingToTakeOver(
-                "--take-over: systemd passed no live connection; nothing was mounted".into(),
-            )));
+            return Err(fail(
+                FailureKind::NothingToTakeOver,
+                "--take-over: systemd passed no live connection; nothing was mounted",
+            ));
         }
         if live {
             let mut holder = holder.lock();
@@ -379,7 +380,7 @@ impl StoreLink {
             )
         };
         // The store's word that no live connection is kept: mounting afresh is right.
-        let nothing_to_take = |why: &str| anyhow::Error::new(NothingToTakeOver(message(why)));
+        let nothing_to_take = |why: &str| fail(FailureKind::NothingToTakeOver, message(why));
         // No answer: a connection may still be kept, so nothing may mount over it.
         let no_answer = |why: &str| anyhow::anyhow!(message(why));
         let lease = match protocol::connect(socket) {

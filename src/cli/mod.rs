@@ -8,6 +8,7 @@
 mod adoption;
 pub(crate) mod args;
 mod daemon;
+pub mod failure;
 mod fd_limit;
 mod fd_store;
 mod fstab;
@@ -82,23 +83,16 @@ pub fn main() -> i32 {
     }
 }
 
+pub use failure::{fail, Failure, FailureKind};
+
 /// `riffle mount --take-over` exits with this when the fd store holds no live connection for
 /// the mountpoint (nothing was mounted): the one failure after which mounting afresh is
-/// right. Other statuses: 0 done, 1 failed, 2 invalid arguments.
-pub const EXIT_NOTHING_TO_TAKE_OVER: i32 = 3;
-
-/// The failure of a `--take-over` that found nothing to take over.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct NothingToTakeOver(pub String);
+/// right. The other statuses are [`FailureKind`]'s.
+pub const EXIT_NOTHING_TO_TAKE_OVER: i32 = FailureKind::NothingToTakeOver.exit_code();
 
 /// The exit status for `e`.
 fn exit_status(e: &anyhow::Error) -> i32 {
-    if e.downcast_ref::<NothingToTakeOver>().is_some() {
-        EXIT_NOTHING_TO_TAKE_OVER
-    } else {
-        1
-    }
+    failure::kind_of(e).exit_code()
 }
 
 /// An error and its causes on one line.

@@ -20,7 +20,7 @@ use super::fd_limit::{self, Budget};
 use super::keeper;
 use super::size::SizeSpec;
 use super::unmount::{mount_state, MountState};
-use super::{logging, one_line};
+use super::{fail, logging, one_line, FailureKind};
 use crate::cache::{
     make_policy, CacheConfig, DiskCache, EvictionKind, SizeLimit, DEFAULT_MAX_OPEN_OBJECTS,
 };
@@ -52,7 +52,8 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
 
 pub fn run(args: MountArgs) -> anyhow::Result<()> {
     // Peer options that cannot be used are said at once, before any daemon starts.
-    args.check_peer_options().map_err(|e| anyhow!(e))?;
+    args.check_peer_options()
+        .map_err(|e| fail(FailureKind::InvalidArgument, e))?;
     if let Some(path) = &args.peer_secret_file {
         peer::Secret::from_file(path)?;
     }
@@ -76,7 +77,7 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
             // A successor's log file may not be open yet (`logging::init_deferred`).
             logging::append_line(log, "ERROR", &line);
         }
-        readiness.failed(&line);
+        readiness.failed_with(e);
     }
     result
 }
@@ -358,8 +359,12 @@ fn build(
     if let Some(path) = &args.prefetch_plan {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read the prefetch plan {}", path.display()))?;
-        let plan =
-            Plan::parse(&text).map_err(|e| anyhow!("prefetch plan {}: {e}", path.display()))?;
+        let plan = Plan::parse(&text).map_err(|e| {
+            fail(
+                FailureKind::InvalidArgument,
+                format!("prefetch plan {}: {e}", path.display()),
+            )
+        })?;
         tracing::info!(items = plan.len(), "prefetch plan loaded");
         prefetch.set_plan(Some(plan));
     }
@@ -525,7 +530,7 @@ fn mount(
     }
     let config = session_config(args, keeper.is_some());
     let session = fuser::Session::new(fs, mountpoint, &config)
-        .map_err(|e| anyhow!("cannot mount at {}: {e}", mountpoint.display()))?;
+        .map_err(|e| precondition(format!("cannot mount at {}: {e}", mountpoint.display())))?;
     let read_ahead = match crate::fs::bdi::set_read_ahead(mountpoint, KERNEL_READ_AHEAD) {
         Ok(path) => {
             tracing::debug!(path = %path.display(), "kernel read-ahead window set");
@@ -787,33 +792,44 @@ async fn probe(raw: Arc<dyn ObjectStore>, args: &MountArgs) -> anyhow::Result<()
     let store = RetryingStore::new(raw, policy);
     let listing = store.list_page(ListRequest::probe(&args.source.prefix));
     match tokio::time::timeout(PROBE_TIMEOUT, listing).await {
-        Err(_) => bail!(
-            "no answer from {endpoint} within {} s",
-            PROBE_TIMEOUT.as_secs()
-        ),
+        Err(_) => Err(fail(
+            FailureKind::Unavailable,
+            format!(
+                "no answer from {endpoint} within {} s",
+                PROBE_TIMEOUT.as_secs()
+            ),
+        )),
         Ok(Ok(page)) => {
             if page.objects.is_empty() && page.prefixes.is_empty() {
                 tracing::warn!(source = %args.source, "nothing under this prefix yet: the mount is empty");
             }
             Ok(())
         }
-        Ok(Err(StoreError::NoSuchBucket(b))) => {
-            bail!("bucket '{b}' does not exist at {endpoint}")
+        Ok(Err(e)) => {
+            let message = match &e {
+                StoreError::NoSuchBucket(b) => format!("bucket '{b}' does not exist at {endpoint}"),
+                StoreError::AccessDenied(detail) => format!(
+                    "access to bucket '{bucket}' was denied: {detail}; check the credentials \
+                     (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or --profile; --no-sign-request for public buckets)"
+                ),
+                StoreError::Unreachable(detail) => format!("cannot reach {endpoint}: {detail}"),
+                StoreError::Transient(detail) => {
+                    format!("{endpoint} did not answer properly: {detail}")
+                }
+                StoreError::NoCredentials(detail) => format!(
+                    "no usable AWS credentials ({detail}): set AWS_ACCESS_KEY_ID and \
+                     AWS_SECRET_ACCESS_KEY, use --profile, or --no-sign-request for a public bucket"
+                ),
+                e => format!("cannot list {} at {endpoint}: {e}", args.source),
+            };
+            Err(fail(FailureKind::of_store_error(&e), message))
         }
-        Ok(Err(StoreError::AccessDenied(detail))) => bail!(
-            "access to bucket '{bucket}' was denied: {detail}; check the credentials \
-             (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or --profile; --no-sign-request for public buckets)"
-        ),
-        Ok(Err(StoreError::Unreachable(detail))) => bail!("cannot reach {endpoint}: {detail}"),
-        Ok(Err(StoreError::Transient(detail))) => {
-            bail!("{endpoint} did not answer properly: {detail}")
-        }
-        Ok(Err(StoreError::NoCredentials(detail))) => bail!(
-            "no usable AWS credentials ({detail}): set AWS_ACCESS_KEY_ID and \
-             AWS_SECRET_ACCESS_KEY, use --profile, or --no-sign-request for a public bucket"
-        ),
-        Ok(Err(e)) => bail!("cannot list {} at {endpoint}: {e}", args.source),
     }
+}
+
+/// A failure of the mountpoint or the FUSE device, not of the bucket.
+fn precondition(message: String) -> anyhow::Error {
+    fail(FailureKind::FailedPrecondition, message)
 }
 
 /// Checks the mountpoint and returns its absolute path.
@@ -822,27 +838,33 @@ fn check_mountpoint(path: &Path) -> anyhow::Result<PathBuf> {
     match mount_state(path)? {
         MountState::NotMounted => {}
         MountState::Mounted { fstype } => {
-            bail!("{shown} is already mounted ({fstype}); unmount it first")
+            return Err(precondition(format!(
+                "{shown} is already mounted ({fstype}); unmount it first"
+            )))
         }
-        MountState::Dead => bail!(
-            "{shown} is a dead mount (its daemon is gone: transport endpoint is not connected); \
-             clean it with `riffle unmount {shown}` and mount again"
-        ),
+        MountState::Dead => {
+            return Err(precondition(format!(
+                "{shown} is a dead mount (its daemon is gone: transport endpoint is not \
+                 connected); clean it with `riffle unmount {shown}` and mount again"
+            )))
+        }
     }
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            bail!("mountpoint {shown} does not exist")
+            return Err(precondition(format!("mountpoint {shown} does not exist")))
         }
         Err(e) => return Err(e).with_context(|| format!("cannot use mountpoint {shown}")),
     };
     if !meta.is_dir() {
-        bail!("mountpoint {shown} is not a directory");
+        return Err(precondition(format!(
+            "mountpoint {shown} is not a directory"
+        )));
     }
     let mut entries =
         std::fs::read_dir(path).with_context(|| format!("cannot read mountpoint {shown}"))?;
     if entries.next().is_some() {
-        bail!("mountpoint {shown} is not empty");
+        return Err(precondition(format!("mountpoint {shown} is not empty")));
     }
     std::fs::canonicalize(path).with_context(|| format!("cannot resolve {shown}"))
 }
