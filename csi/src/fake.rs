@@ -184,15 +184,7 @@ impl Mounter for FakeMounter {
             .into_iter()
             .filter_map(|(k, v)| v.map(|v| (k.to_string(), v)))
             .collect();
-        let mut env_names: Vec<String> = auth_env.iter().map(|(k, _)| k.clone()).collect();
-        if let Some(c) = req.credentials {
-            env_names.extend(
-                c.env()
-                    .into_iter()
-                    .filter(|(_, v)| v.is_some())
-                    .map(|(k, _)| k.to_string()),
-            );
-        }
+        let env_names: Vec<String> = auth_env.iter().map(|(k, _)| k.clone()).collect();
         std::fs::write(req.pid_file, daemon.pid.to_string()).ok();
         self.lock().mounts.insert(
             req.target.to_path_buf(),

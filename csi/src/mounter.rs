@@ -172,10 +172,6 @@ pub struct MountRequest<'a> {
     pub settings: &'a VolumeSettings,
     /// How the daemon authenticates.
     pub auth: &'a DaemonCredentials,
-    /// Keys to put in the daemon's environment: only from a plugin older
-    /// than [`DaemonCredentials`] (its mount requests carry the keys); this
-    /// plugin always sends None.
-    pub credentials: Option<&'a Credentials>,
     /// Where the daemon writes its pid.
     pub pid_file: &'a Path,
     /// Where the daemon writes its log.

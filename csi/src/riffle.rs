@@ -7,7 +7,7 @@
 //! ([`DaemonCredentials::env`]: a keys file or a web identity token file on
 //! the plugin's tmpfs, which the daemon re-reads; other AWS credential
 //! variables of this process are removed unless the volume uses the node's
-//! identity); keys from an older plugin's request go into the environment. Without
+//! identity). Without
 //! `--foreground`, riffle forks the daemon and exits 0 once the mount is live,
 //! or non-zero with a one-line reason on stderr. Its stderr goes to a file in
 //! the (root-only) run directory instead of a pipe: the daemon inherits the
@@ -29,7 +29,6 @@
 
 use crate::cache_disk::RootDisk;
 use crate::cache_shares::{CacheShares, Grant};
-use crate::credentials::{scrub, Credentials};
 use crate::mounter::{
     DaemonCredentials, DaemonId, Health, MountError, MountErrorKind, MountRequest, Mounter,
 };
@@ -224,14 +223,8 @@ impl RiffleMounter {
         }
     }
 
-    /// The `riffle mount` command with `args` and the environment of
-    /// `auth` (and, from an older plugin, `credentials`).
-    pub fn command(
-        &self,
-        args: &[OsString],
-        auth: &DaemonCredentials,
-        credentials: Option<&Credentials>,
-    ) -> Command {
+    /// The `riffle mount` command with `args` and the environment of `auth`.
+    pub fn command(&self, args: &[OsString], auth: &DaemonCredentials) -> Command {
         let mut cmd = Command::new(&self.binary);
         cmd.args(args).stdin(Stdio::null()).stdout(Stdio::null());
         for (name, value) in auth.env() {
@@ -239,14 +232,6 @@ impl RiffleMounter {
                 Some(v) => cmd.env(name, v),
                 None => cmd.env_remove(name),
             };
-        }
-        if let Some(c) = credentials {
-            for (name, value) in c.env() {
-                match value {
-                    Some(v) => cmd.env(name, v),
-                    None => cmd.env_remove(name),
-                };
-            }
         }
         // SAFETY: setsid is async-signal-safe and touches no memory of the
         // parent; it only fails if the child already leads a group, which a
@@ -428,7 +413,7 @@ impl RiffleMounter {
                     format!("cannot create {}: {e}", stderr_path.display()),
                 )
             })?;
-        let mut cmd = self.command(&args, req.auth, req.credentials);
+        let mut cmd = self.command(&args, req.auth);
         cmd.stderr(stderr_file);
         tracing::info!(
             target = %req.target.display(),
@@ -471,9 +456,7 @@ impl RiffleMounter {
         let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
         let _ = std::fs::remove_file(&stderr_path);
         if !status.success() {
-            let reason = req
-                .auth
-                .scrub(&scrub(req.credentials, &reason_line(&stderr)));
+            let reason = req.auth.scrub(&reason_line(&stderr));
             let kind = classify(status.code());
             return Err(MountError::new(
                 kind,
@@ -633,18 +616,15 @@ mod tests {
         attrs.insert("bucket".to_string(), "datasets".to_string());
         attrs.insert("cacheSize".to_string(), "10GiB".to_string());
         let settings = VolumeSettings::parse(&attrs, &[]).expect("valid");
-        let secrets: HashMap<String, String> = [
-            ("accessKeyId".to_string(), "AKIDARGS".to_string()),
-            ("secretAccessKey".to_string(), "SECRETARGS".to_string()),
-        ]
-        .into();
-        let creds = Credentials::from_secrets(&secrets).expect("ok");
+        // The keys stay in their file: the arguments name only the file's variable.
+        let keys = DaemonCredentials::KeysFile {
+            path: "/run/riffle-csi/AKIDARGS-SECRETARGS".into(),
+        };
         let m = RiffleMounter::new("riffle".into(), Some("/var/cache/riffle".into()));
         let req = MountRequest {
             target: Path::new("/t"),
             settings: &settings,
-            auth: &DaemonCredentials::Node,
-            credentials: creds.as_ref(),
+            auth: &keys,
             pid_file: Path::new("/s/run/k.pid"),
             log_file: Path::new("/s/logs/k.log"),
         };
@@ -706,7 +686,6 @@ mod tests {
             target: Path::new(target),
             settings: s,
             auth: &DaemonCredentials::Anonymous,
-            credentials: None,
             pid_file: Path::new("/s/run/k.pid"),
             log_file: Path::new("/s/logs/k.log"),
         };
@@ -761,7 +740,7 @@ mod tests {
     /// with their values, removed ones as None.
     fn child_env(auth: &DaemonCredentials) -> HashMap<String, Option<String>> {
         let m = RiffleMounter::new("riffle".into(), None);
-        let cmd = m.command(&[], auth, None);
+        let cmd = m.command(&[], auth);
         cmd.as_std()
             .get_envs()
             .map(|(k, v)| {

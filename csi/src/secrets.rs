@@ -22,10 +22,6 @@
 //! sees the old or the new content, never half of one. This is how a
 //! republish (the CSIDriver's `requiresRepublish`) hands a running daemon a
 //! fresh token or rotated keys without a remount.
-//!
-//! Earlier plugins kept keys in `STATE/secrets/KEY.json` on the node's disk;
-//! [`SecretStore::adopt_legacy`] moves them here at start and deletes the
-//! old files.
 
 use crate::access::VolumeAccess;
 use crate::credentials::Credentials;
@@ -242,39 +238,6 @@ impl SecretStore {
         }
         Ok(pruned)
     }
-
-    /// Moves the keys earlier plugins kept on disk (`STATE/secrets/`) here,
-    /// for the targets `store` has records of, and deletes that directory.
-    /// Returns the targets whose keys were moved.
-    pub fn adopt_legacy(&self, store: &StateStore) -> Result<Vec<PathBuf>, SecretsError> {
-        let legacy = store.root().join("secrets");
-        if !legacy.exists() {
-            return Ok(Vec::new());
-        }
-        let mut moved = Vec::new();
-        let records = store.list().map_err(|e| SecretsError::Io {
-            path: store.root().to_path_buf(),
-            source: io::Error::other(e.to_string()),
-        })?;
-        for record in records {
-            let file = legacy.join(format!("{}.json", StateStore::key(&record.target)));
-            let Ok(bytes) = fs::read(&file) else {
-                continue;
-            };
-            match Credentials::from_json(&bytes) {
-                Ok(creds) => {
-                    self.write(&record.target, &VolumeAccess::Secret(creds), None)?;
-                    moved.push(record.target.clone());
-                }
-                Err(_) => tracing::warn!(
-                    target = %record.target.display(),
-                    "dropping unreadable credentials an earlier plugin stored on disk"
-                ),
-            }
-        }
-        fs::remove_dir_all(&legacy).map_err(io_err(&legacy))?;
-        Ok(moved)
-    }
 }
 
 fn create_dir(dir: &Path) -> Result<(), SecretsError> {
@@ -378,7 +341,7 @@ mod tests {
     }
 
     #[test]
-    fn keys_round_trip_and_legacy_keys_leave_the_disk() {
+    fn keys_round_trip_and_secrets_of_unrecorded_targets_are_pruned() {
         let dir = shm_dir();
         let state_dir = tempfile::tempdir().expect("tempdir");
         let state = StateStore::open(state_dir.path()).expect("state");
@@ -401,34 +364,24 @@ mod tests {
             })
             .expect("save");
         let creds = Credentials::from_secrets(&map(&[
-            ("accessKeyId", "AKIDLEGACY"),
-            ("secretAccessKey", "SECRETLEGACY"),
+            ("accessKeyId", "AKIDKEYS"),
+            ("secretAccessKey", "SECRETKEYS"),
         ]))
         .expect("ok")
         .expect("some");
-        let legacy = state_dir.path().join("secrets");
-        fs::create_dir_all(&legacy).expect("mkdir");
-        fs::write(
-            legacy.join(format!("{}.json", StateStore::key(&target))),
-            creds.to_json(),
-        )
-        .expect("write");
+        store
+            .write(&target, &VolumeAccess::Secret(creds.clone()), None)
+            .expect("write");
         // Secrets of a target without a record (a plugin that died before
         // writing it) are pruned; the recorded target's stay.
         store
             .write(Path::new("/pods/gone/mount"), &web_identity("ORPHAN"), None)
             .expect("write");
-        assert_eq!(
-            store.adopt_legacy(&state).expect("adopt"),
-            vec![target.clone()]
-        );
         assert_eq!(store.prune(&state).expect("prune"), 1);
         assert!(store.keys_file(&target).is_file());
         assert!(!store.token_file(Path::new("/pods/gone/mount")).exists());
-        assert!(!legacy.exists(), "the on-disk copy is gone");
         let back = store.load_keys(&target).expect("load").expect("some");
         assert_eq!(back.env(), creds.env());
-        assert!(store.adopt_legacy(&state).expect("again").is_empty());
     }
 
     #[test]

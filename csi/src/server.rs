@@ -178,15 +178,10 @@ pub async fn start(
         secrets,
         config.policy.allow_node_credentials,
     ));
-    match manager.adopt_legacy_secrets() {
+    match manager.prune_secrets() {
         Ok(0) => {}
-        Ok(n) => tracing::info!(
-            volumes = n,
-            "moved credentials an earlier plugin kept in the state directory to the secrets tmpfs"
-        ),
-        Err(e) => {
-            tracing::error!(error = %e, "cannot move old credentials out of the state directory")
-        }
+        Ok(n) => tracing::info!(pruned = n, "removed secrets of targets without a record"),
+        Err(e) => tracing::error!(error = %e, "cannot prune the secrets of unrecorded targets"),
     }
     tracing::info!(
         secrets_dir = %config.secrets_dir.display(),

@@ -114,7 +114,7 @@ pub fn clear_dir(dir: &Path) -> Result<ClearReport, CacheError> {
 }
 
 /// Removes every entry, the read proofs and the format file; the caller holds the directory lock exclusively.
-pub(super) fn clear_locked(dir: &Path) -> Result<ClearReport, CacheError> {
+fn clear_locked(dir: &Path) -> Result<ClearReport, CacheError> {
     let io = |context: &str, e| CacheError::dir_io(context, dir, e);
     let objects = dir.join(OBJECTS_DIR);
     if objects.exists() {

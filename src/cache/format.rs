@@ -8,11 +8,10 @@
 //! DIR/objects/ab/<key>.idx               the entry's index journal
 //! DIR/objects/ab/<key>-<nonce>.data      the entry's data: the object's bytes at their offsets
 //! ```
-//! A directory with another block size, or written by a newer format version, is refused with a
-//! clear error (`riffle cache clear` starts it afresh) rather than half understood. One written
-//! by an older version (format 1 fanned out over `objects/ab/cd/`) is cleared and started
-//! afresh by the first mount that finds no other process using it; while another process holds
-//! it, it is refused like a newer one.
+//! A directory with another block size, or written by another format version, is refused with
+//! a clear error (`riffle cache clear` starts it afresh) rather than half understood. Format 2
+//! is the first released one; a change of format from here on says in CHANGELOG.md how a
+//! directory of the previous one is carried over, with a test.
 //!
 //! ## The index journal (`.idx`)
 //! An append-only file: a header, then fixed 16-byte records.

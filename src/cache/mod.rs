@@ -349,45 +349,13 @@ fn prepare_dir(root: &Path, block_size: u64) -> Result<File, CacheError> {
     if !locked {
         return Err(CacheError::InUse(root.to_path_buf()));
     }
-    match check_format(root, block_size) {
-        Err(CacheError::Format { found, .. }) if (1..format::FORMAT_VERSION).contains(&found) => {
-            upgrade_older_format(root, &lock, found)?;
-            check_format(root, block_size)?;
-        }
-        other => other?,
-    }
+    check_format(root, block_size)?;
     let tag = root.join(format::CACHEDIR_TAG);
     if !tag.exists() {
         let _ = fs::write(&tag, format::CACHEDIR_TAG_TEXT);
     }
     fs::create_dir_all(root.join(identity::OBJECTS_DIR)).map_err(|e| io("creating", e))?;
     Ok(lock)
-}
-
-/// Clears a directory written by an older format version, when no other process uses it (our
-/// shared lock converts to an exclusive one), and takes the shared lock back. An older riffle
-/// still using the directory keeps it: the open fails with the format error.
-fn upgrade_older_format(root: &Path, lock: &File, found: u32) -> Result<(), CacheError> {
-    let io = |context: &str, e| CacheError::dir_io(context, root, e);
-    if !sys::try_flock(lock, sys::Lock::Exclusive).map_err(|e| io("locking", e))? {
-        return Err(CacheError::Format {
-            dir: root.to_path_buf(),
-            found,
-            expected: format::FORMAT_VERSION,
-        });
-    }
-    let cleared = commands::clear_locked(root);
-    sys::try_flock(lock, sys::Lock::Shared).map_err(|e| io("locking", e))?;
-    let report = cleared?;
-    tracing::info!(
-        dir = %root.display(),
-        from = found,
-        to = format::FORMAT_VERSION,
-        files = report.files,
-        bytes = report.bytes,
-        "cache directory had an older format; cleared it and started afresh"
-    );
-    Ok(())
 }
 
 /// Creates the format file (atomically, first creator wins) or checks it.

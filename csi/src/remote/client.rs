@@ -9,10 +9,7 @@
 //! starting daemons in the plugin's own container, which would quietly
 //! bring back the problem the mounter exists to solve.
 
-use super::protocol::{
-    read_line, write_line, Request, Response, WireError, FEATURE_BIND, FEATURE_CREDENTIAL_FILES,
-    FEATURE_TAKE_OVER,
-};
+use super::protocol::{read_line, write_line, Request, Response, WireError};
 use crate::mounter::{DaemonId, Health, MountError, MountErrorKind, MountRequest, Mounter, Pulse};
 use async_trait::async_trait;
 use std::path::{Path, PathBuf};
@@ -94,26 +91,6 @@ impl RemoteMounter {
     }
 }
 
-impl RemoteMounter {
-    /// Whether the mounter's Pong lists `feature`.
-    async fn has(&self, feature: &str) -> Result<bool, MountError> {
-        let (_, _, features) = self.pong().await?;
-        Ok(features.iter().any(|f| f == feature))
-    }
-
-    /// Fails with FailedPrecondition when the mounter's Pong does not list `feature`; the
-    /// message says it cannot `what`.
-    async fn require(&self, feature: &str, what: &str) -> Result<(), MountError> {
-        if self.has(feature).await? {
-            return Ok(());
-        }
-        Err(MountError::new(
-            MountErrorKind::FailedPrecondition,
-            format!("the riffle-mounter on this node is older than the plugin and cannot {what}"),
-        ))
-    }
-}
-
 fn unexpected(response: &Response) -> MountError {
     MountError::new(
         MountErrorKind::Internal,
@@ -124,22 +101,10 @@ fn unexpected(response: &Response) -> MountError {
 #[async_trait]
 impl Mounter for RemoteMounter {
     async fn mount(&self, req: MountRequest<'_>) -> Result<Option<DaemonId>, MountError> {
-        if req.auth.uses_files() {
-            // An older mounter would drop `auth` and run the daemon with the
-            // node's identity: ask first (one local round trip).
-            self.require(
-                FEATURE_CREDENTIAL_FILES,
-                "give a volume its own credentials; update it (see deploy/kubernetes/README.md, Upgrading)",
-            )
-            .await?;
-        }
         let request = Request::Mount {
             target: req.target.to_path_buf(),
             settings: req.settings.clone(),
-            credentials: req
-                .credentials
-                .map(|c| String::from_utf8_lossy(&c.to_json()).into_owned()),
-            auth: Some(req.auth.clone()),
+            auth: req.auth.clone(),
             pid_file: req.pid_file.to_path_buf(),
             log_file: req.log_file.to_path_buf(),
         };
@@ -185,8 +150,6 @@ impl Mounter for RemoteMounter {
     }
 
     async fn take_over(&self, req: MountRequest<'_>) -> Result<Option<DaemonId>, MountError> {
-        // An older mounter would not know the request; ask first (one local round trip).
-        self.require(FEATURE_TAKE_OVER, "take mounts over").await?;
         let request = Request::TakeOver {
             target: req.target.to_path_buf(),
             settings: req.settings.clone(),
@@ -201,9 +164,6 @@ impl Mounter for RemoteMounter {
     }
 
     async fn bind(&self, source: &Path, target: &Path) -> Result<(), MountError> {
-        if !self.has(FEATURE_BIND).await? {
-            return crate::mounter::bind_here(source, target).await;
-        }
         let request = Request::Bind {
             source: source.to_path_buf(),
             target: target.to_path_buf(),
@@ -215,9 +175,6 @@ impl Mounter for RemoteMounter {
     }
 
     async fn unbind(&self, target: &Path) -> Result<(), MountError> {
-        if !self.has(FEATURE_BIND).await? {
-            return crate::mounter::unbind_here(target).await;
-        }
         let request = Request::Unbind {
             target: target.to_path_buf(),
         };
@@ -242,63 +199,5 @@ impl Mounter for RemoteMounter {
                 None
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::settings::VolumeSettings;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-    use tokio::net::UnixListener;
-
-    /// A mounter from before credential files: answers every request with a
-    /// Pong without features, and counts the requests.
-    fn old_mounter(socket: &Path, served: Arc<AtomicUsize>) -> tokio::task::JoinHandle<()> {
-        let listener = UnixListener::bind(socket).expect("bind");
-        tokio::spawn(async move {
-            while let Ok((mut stream, _)) = listener.accept().await {
-                let _: serde_json::Value = read_line(&mut stream).await.expect("request");
-                served.fetch_add(1, Ordering::SeqCst);
-                let pong = serde_json::json!({"result": "pong", "version": "0.0.9", "pid": 1});
-                write_line(&mut stream, &pong).await.expect("answer");
-            }
-        })
-    }
-
-    #[tokio::test]
-    async fn an_older_mounter_is_never_asked_to_mount_with_credential_files() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let socket = dir.path().join("old.sock");
-        let served = Arc::new(AtomicUsize::new(0));
-        let server = old_mounter(&socket, Arc::clone(&served));
-        let remote = RemoteMounter::new(socket, Duration::from_secs(5));
-        let settings = VolumeSettings::parse(
-            &[("bucket".to_string(), "datasets".to_string())].into(),
-            &[],
-        )
-        .expect("valid");
-        let auth = crate::mounter::DaemonCredentials::WebIdentity {
-            role_arn: "arn:aws:iam::1:role/r".into(),
-            token_file: "/run/riffle-csi/k/token".into(),
-            session_name: "s".into(),
-            sts_endpoint_url: None,
-        };
-        let err = remote
-            .mount(MountRequest {
-                target: Path::new("/t"),
-                settings: &settings,
-                auth: &auth,
-                credentials: None,
-                pid_file: Path::new("/p"),
-                log_file: Path::new("/l"),
-            })
-            .await
-            .expect_err("refused");
-        assert_eq!(err.kind, MountErrorKind::FailedPrecondition, "{err}");
-        assert!(err.message.contains("riffle-mounter"), "{err}");
-        server.abort();
-        assert_eq!(served.load(Ordering::SeqCst), 1, "only the ping was sent");
     }
 }

@@ -7,35 +7,22 @@
 //! credentials; [`Request`]'s `Debug` names the operation and target only.
 //!
 //! Compatibility: the mounter is replaced only when an operator deletes its
-//! pod, so a plugin often talks to an older mounter. Fields are only ever
+//! pod, so after the first release a plugin will often talk to an older
+//! mounter. The rules from then on (CHANGELOG.md): fields are only ever
 //! added (serde ignores fields it does not know); a volume setting is a
 //! riffle flag name in [`VolumeSettings::options`], so one the older
 //! mounter's `riffle` does not know fails that mount with riffle's own
 //! "unexpected argument" message instead of being dropped silently; an
 //! operation the mounter does not know is answered with an
-//! `InvalidArgument` failure naming it as unreadable. A mount whose daemon
-//! reads its identity from files ([`DaemonCredentials::uses_files`]) is
-//! sent only to a mounter whose Pong lists [`FEATURE_CREDENTIAL_FILES`]: an
-//! older one would drop the field and run the daemon with the node's
-//! identity.
+//! `InvalidArgument` failure naming it as unreadable; a request an older
+//! mounter would misread is sent only to a mounter whose Pong lists a
+//! feature naming it (`features`, empty in this first protocol).
 
 use crate::mounter::{DaemonCredentials, DaemonId, Health, MountErrorKind};
 use crate::settings::VolumeSettings;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
-
-/// The Pong feature of mounters that run daemons with
-/// [`DaemonCredentials`].
-pub const FEATURE_CREDENTIAL_FILES: &str = "credential-files";
-
-/// The Pong feature of mounters that answer [`Request::TakeOver`].
-pub const FEATURE_TAKE_OVER: &str = "take-over";
-
-/// The Pong feature of mounters that answer [`Request::Bind`] and [`Request::Unbind`]
-/// (older ones: the plugin binds in its own container, which sees the same kubelet
-/// directory).
-pub const FEATURE_BIND: &str = "bind";
 
 /// Longest request or response line accepted.
 pub const MAX_LINE: u64 = 1 << 20;
@@ -52,22 +39,14 @@ pub enum Request {
     Mount {
         target: PathBuf,
         settings: VolumeSettings,
-        /// [`Credentials::to_json`](crate::credentials::Credentials::to_json)
-        /// of the volume's secret, from plugins before `auth`; this plugin
-        /// sends no secret over the socket.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        credentials: Option<String>,
-        /// How the daemon authenticates (no secrets: paths and names).
-        /// Absent from older plugins' requests.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        auth: Option<DaemonCredentials>,
+        /// How the daemon authenticates (no secrets over the socket: paths and names).
+        auth: DaemonCredentials,
         pid_file: PathBuf,
         log_file: PathBuf,
     },
     /// A new daemon for the live mount at `target`, whose FUSE connection
     /// the node's fd store kept when the daemon died (see
-    /// [`Mounter::take_over`](crate::mounter::Mounter::take_over)). Sent only
-    /// to mounters whose Pong lists [`FEATURE_TAKE_OVER`].
+    /// [`Mounter::take_over`](crate::mounter::Mounter::take_over)).
     TakeOver {
         target: PathBuf,
         settings: VolumeSettings,
@@ -133,12 +112,11 @@ pub enum Response {
     Pong {
         version: String,
         pid: u32,
-        /// What this mounter can do beyond the first protocol.
+        /// What this mounter can do beyond the first protocol (none yet).
         #[serde(default)]
         features: Vec<String>,
         /// Names this mounter process (its pid and start time): a change
-        /// between two pings is a restart. Absent from older mounters.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        /// between two pings is a restart.
         instance: Option<String>,
         /// Keepers and daemons that ended under this mounter so far ([`crate::reaper`]).
         #[serde(default)]
@@ -220,13 +198,13 @@ mod tests {
 
     #[tokio::test]
     async fn a_request_round_trips_and_its_debug_hides_credentials() {
+        let auth = DaemonCredentials::KeysFile {
+            path: "/run/riffle-csi/keys-of-SECRETWIRE".into(),
+        };
         let req = Request::Mount {
             target: "/t".into(),
             settings: settings(),
-            credentials: Some(
-                r#"{"accessKeyId":"AKIDWIRE","secretAccessKey":"SECRETWIRE"}"#.into(),
-            ),
-            auth: None,
+            auth: auth.clone(),
             pid_file: "/s/run/k.pid".into(),
             log_file: "/s/logs/k.log".into(),
         };
@@ -237,11 +215,11 @@ mod tests {
         let back: Request = read_line(&buf[..]).await.expect("read");
         match back {
             Request::Mount {
-                credentials,
+                auth: a,
                 settings: s,
                 ..
             } => {
-                assert!(credentials.is_some_and(|c| c.contains("SECRETWIRE")));
+                assert_eq!(a, auth);
                 assert_eq!(s, settings());
             }
             other => panic!("{other:?}"),

@@ -17,13 +17,9 @@
 //! to anybody). Different targets proceed in parallel. Requests are logged
 //! by operation and target; credentials are never logged.
 
-use super::protocol::{
-    read_line, write_line, Request, Response, FEATURE_BIND, FEATURE_CREDENTIAL_FILES,
-    FEATURE_TAKE_OVER,
-};
-use crate::credentials::{scrub, Credentials};
+use super::protocol::{read_line, write_line, Request, Response};
 use crate::locks::KeyedLocks;
-use crate::mounter::{DaemonCredentials, MountError, MountErrorKind, MountRequest, Mounter};
+use crate::mounter::{MountError, MountErrorKind, MountRequest, Mounter};
 use crate::server::{self, ServerError};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -188,11 +184,7 @@ pub async fn handle(request: Request, mounter: &dyn Mounter, locks: &KeyedLocks)
         Request::Ping => Response::Pong {
             version: crate::VERSION.to_string(),
             pid: std::process::id(),
-            features: vec![
-                FEATURE_CREDENTIAL_FILES.to_string(),
-                FEATURE_TAKE_OVER.to_string(),
-                FEATURE_BIND.to_string(),
-            ],
+            features: Vec::new(),
             instance: Some(instance().to_string()),
             exited: crate::reaper::exited(),
         },
@@ -208,7 +200,6 @@ pub async fn handle(request: Request, mounter: &dyn Mounter, locks: &KeyedLocks)
                 target: &target,
                 settings: &settings,
                 auth: &auth,
-                credentials: None,
                 pid_file: &pid_file,
                 log_file: &log_file,
             };
@@ -220,31 +211,15 @@ pub async fn handle(request: Request, mounter: &dyn Mounter, locks: &KeyedLocks)
         Request::Mount {
             target,
             settings,
-            credentials,
             auth,
             pid_file,
             log_file,
         } => {
-            let credentials = match credentials.map(|c| Credentials::from_json(c.as_bytes())) {
-                None => None,
-                Some(Ok(c)) => Some(c),
-                // serde's message may quote the text: never pass it on.
-                Some(Err(_)) => {
-                    return failed(
-                        MountErrorKind::InvalidArgument,
-                        "the credentials sent with the mount request are malformed".into(),
-                    )
-                }
-            };
-            // An older plugin sends keys and no `auth`: keys in the
-            // environment, else the node's identity (as it always did).
-            let auth = auth.unwrap_or(DaemonCredentials::Node);
             let _one_at_a_time = locks.lock(&target).await;
             let req = MountRequest {
                 target: &target,
                 settings: &settings,
                 auth: &auth,
-                credentials: credentials.as_ref(),
                 pid_file: &pid_file,
                 log_file: &log_file,
             };
@@ -252,7 +227,7 @@ pub async fn handle(request: Request, mounter: &dyn Mounter, locks: &KeyedLocks)
                 Ok(daemon) => Response::Mounted { daemon },
                 // Neither the log below nor the plugin may see a secret
                 // that a failure message echoed.
-                Err(e) => failed(e.kind, auth.scrub(&scrub(credentials.as_ref(), &e.message))),
+                Err(e) => failed(e.kind, auth.scrub(&e.message)),
             }
         }
         Request::Unmount { target, daemon } => {
@@ -290,7 +265,7 @@ pub async fn handle(request: Request, mounter: &dyn Mounter, locks: &KeyedLocks)
 mod tests {
     use super::*;
     use crate::fake::FakeMounter;
-    use crate::mounter::Health;
+    use crate::mounter::{DaemonCredentials, Health};
     use crate::remote::client::RemoteMounter;
     use crate::settings::VolumeSettings;
     use std::collections::HashMap;
@@ -317,18 +292,14 @@ mod tests {
         let attrs: HashMap<String, String> =
             [("bucket".to_string(), "datasets".to_string())].into();
         let settings = VolumeSettings::parse(&attrs, &[]).expect("valid");
-        let secrets: HashMap<String, String> = [
-            ("accessKeyId".to_string(), "AKIDREMOTE".to_string()),
-            ("secretAccessKey".to_string(), "SECRETREMOTE".to_string()),
-        ]
-        .into();
-        let creds = Credentials::from_secrets(&secrets).expect("ok");
+        let auth = DaemonCredentials::KeysFile {
+            path: dir.path().join("keys.json"),
+        };
         let pid_file = dir.path().join("k.pid");
         let req = MountRequest {
             target: &target,
             settings: &settings,
-            auth: &DaemonCredentials::Node,
-            credentials: creds.as_ref(),
+            auth: &auth,
             pid_file: &pid_file,
             log_file: &dir.path().join("k.log"),
         };
@@ -338,14 +309,8 @@ mod tests {
             Health::Live
         );
         assert_eq!(remote.daemon_from_pid_file(&pid_file).await, Some(daemon));
-        // The credentials reached the mounter's side whole.
-        assert_eq!(
-            fake.mount_at(&target).expect("mounted").env_names,
-            vec![
-                "AWS_ACCESS_KEY_ID".to_string(),
-                "AWS_SECRET_ACCESS_KEY".to_string()
-            ]
-        );
+        // The identity reached the mounter's side whole.
+        assert_eq!(fake.mount_at(&target).expect("mounted").auth, auth);
         assert!(fake.kill(&target));
         assert!(matches!(
             remote.health(&target, Some(daemon)).await.expect("health"),
@@ -373,30 +338,6 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn failures_keep_their_kind_and_malformed_credentials_are_not_echoed() {
-        let fake = FakeMounter::new();
-        let request = Request::Mount {
-            target: "/nonexistent-target".into(),
-            settings: VolumeSettings::parse(
-                &[("bucket".to_string(), "bkt".to_string())].into(),
-                &[],
-            )
-            .expect("valid"),
-            credentials: Some("{\"accessKeyId\": SECRETLEAK".into()),
-            auth: None,
-            pid_file: "/nonexistent/pid".into(),
-            log_file: "/nonexistent/log".into(),
-        };
-        match handle(request, &fake, &KeyedLocks::default()).await {
-            Response::Failed { kind, message } => {
-                assert_eq!(kind, MountErrorKind::InvalidArgument);
-                assert!(!message.contains("SECRETLEAK"), "{message}");
-            }
-            other => panic!("{other:?}"),
-        }
-    }
-
-    #[tokio::test]
     async fn mounts_of_one_target_never_overlap_other_targets_do() {
         let dir = tempfile::tempdir().expect("tempdir");
         let socket = dir.path().join("mounter.sock");
@@ -420,7 +361,6 @@ mod tests {
                         target: &target,
                         settings: &settings,
                         auth: &DaemonCredentials::Node,
-                        credentials: None,
                         pid_file: &dir.join("p"),
                         log_file: &dir.join("l"),
                     })

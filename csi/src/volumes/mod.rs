@@ -133,24 +133,10 @@ impl VolumeManager {
         &self.secrets
     }
 
-    /// Moves keys an earlier plugin kept in the state directory to the
-    /// tmpfs and records where the daemons find them, and deletes secrets
-    /// of targets without a record (at start, before reconciliation).
-    pub fn adopt_legacy_secrets(&self) -> Result<usize, VolumeError> {
-        let moved = self.secrets.adopt_legacy(&self.store)?;
-        let pruned = self.secrets.prune(&self.store)?;
-        if pruned > 0 {
-            tracing::info!(pruned, "removed secrets of targets without a record");
-        }
-        for target in &moved {
-            if let Some(mut record) = self.store.load(target)? {
-                record.auth = Some(DaemonCredentials::KeysFile {
-                    path: self.secrets.keys_file(target),
-                });
-                self.store.save(&record)?;
-            }
-        }
-        Ok(moved.len())
+    /// Deletes the secrets of targets without a record (a plugin that died before writing
+    /// it), at start, before reconciliation; returns how many.
+    pub fn prune_secrets(&self) -> Result<usize, VolumeError> {
+        Ok(self.secrets.prune(&self.store)?)
     }
 
     /// Which mounter answers, if one does, and what ended under it (see [`Mounter::pulse`]).
@@ -541,7 +527,6 @@ impl VolumeManager {
             target: &record.target,
             settings: &record.settings,
             auth,
-            credentials: None,
             pid_file: &pid_file,
             log_file: &log_file,
         };
