@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use fuser::Errno;
 
-use super::answer::{Entry, Node};
+use super::answer::Entry;
 use super::errno::ns_errno;
+use super::node::Node;
 use super::stats_file::{self, StatsFile};
 use super::{FsConfig, FsStatus, RiffleFs};
 use crate::namespace::{Attr, Namespace, NamespaceError};

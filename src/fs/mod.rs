@@ -2,8 +2,8 @@
 //!
 //! Every request that may wait on the store is moved onto the tokio runtime together with its
 //! reply, so the FUSE threads only decode requests and never block; the reply is sent from the
-//! task when the answer is ready. Errors become errno values here and nowhere else: missing
-//! names ENOENT, denied EACCES, anything the store could not deliver EIO, and every call that
+//! task when the answer is ready. Errors become errno values in this layer (module `errno`) and
+//! nowhere else: missing names ENOENT, denied EACCES, anything the store could not deliver EIO, and every call that
 //! would modify the tree EROFS.
 //!
 //! Open files get a [`FileReader`] keyed by a fresh file handle. The kernel page cache is kept
@@ -44,11 +44,20 @@
 //! `.riffle-stats` at the mount root is answered by [`stats_file`] (lookup of a name the bucket
 //! lacks, getattr, open, read, release of its inode): the mount's statistics, never listed.
 //!
-//! Files: this one holds [`RiffleFs`] and its `Filesystem` requests; `open` the open path
-//! (fast and on a task) and the takeover of a predecessor's handles; `handles` the open-file
-//! table; `attr` the attributes and listings as FUSE shows them; `errno` the errno mapping;
-//! `fixed` the fixed answers; the rest one feature each (passthrough backings, preopen,
-//! lookahead, dirplus, the stats file, the handover).
+//! The adapter is a thin shell: each operation classifies its inode once ([`node::Node`]:
+//! the stats file or a namespace inode), asks a decision (a function or method over the file
+//! system's state that returns a value, module [`answer`]) and sends that value with the
+//! operation's fuser reply, in one place per operation (the `send` at its top), from the FUSE
+//! thread or from the task that waited for the answer. The decisions are tested without a
+//! kernel (module `tests`).
+//!
+//! Files: this one holds [`RiffleFs`] and its `Filesystem` requests; `node` which node a
+//! request names; `answer` the decisions' values; `meta` the lookup and getattr answers;
+//! `open` the open decision (fast and on a task) and the takeover of a predecessor's handles;
+//! `read` the read that waits; `handles` the open-file table and `inode_opens` its per-inode
+//! state; `attr` the attributes, listings and xattrs as FUSE shows them; `errno` the errno
+//! mapping; `fixed` the fixed answers; the rest one feature each (passthrough backings,
+//! preopen, lookahead, dirplus, the stats file, the handover).
 //!
 //! [`FileReader`]: crate::reader::FileReader
 
@@ -66,6 +75,7 @@ pub mod latency;
 mod lookahead;
 mod meta;
 pub(crate) mod mountinfo;
+mod node;
 mod open;
 mod preopen;
 mod read;
@@ -88,10 +98,10 @@ use fuser::{
 use parking_lot::Mutex;
 
 use crate::fetch::Fetcher;
-use crate::namespace::{Attr, DirEntry, Kind, Namespace, Stat};
+use crate::namespace::{DirEntry, Namespace, Stat};
 use crate::prefetch::Prefetcher;
 use crate::reader::ReadAheadConfig;
-use answer::{Entry, Node, OpenAnswer};
+use answer::{Entry, OpenAnswer};
 use attr::{walk_listing, xattr_reply};
 use bytes::Bytes;
 use errno::ns_errno;
@@ -102,6 +112,7 @@ use latency::{FuseOp, FuseOps};
 use lookahead::Lookahead;
 pub(crate) use lookahead::LookaheadStats;
 use meta::Meta;
+use node::Node;
 pub(crate) use preopen::FuseDevice;
 use read::Reads;
 use stats_file::StatsFile;
@@ -226,33 +237,6 @@ impl RiffleFs {
         }
     }
 
-    /// The listing behind directory handle `fh`. A handle this process did not open was opened
-    /// by a predecessor daemon ([`handover`]): the directory is listed again (on this thread,
-    /// once per such handle) and the handle keeps that listing.
-    fn dir_handle(&self, ino: u64, fh: u64) -> Result<Arc<Vec<DirEntry>>, Errno> {
-        if let Some(entries) = self.handles.dir(fh) {
-            return Ok(entries);
-        }
-        if self.handles.table.get().is_none() {
-            return Err(Errno::EBADF);
-        }
-        let entries = self
-            .runtime
-            .block_on(self.meta.ns.readdir(ino))
-            .map_err(|e| ns_errno(&e))?;
-        self.handles.insert_dir(fh, entries.clone());
-        Ok(entries)
-    }
-
-    /// Whether the read at `offset` of directory `ino`, listed as `entries`, gives only `.`
-    /// and `..`: a first read, for a reader that wants names (module [`dirplus`]).
-    fn names_only(&self, ino: u64, offset: u64, entries: &[DirEntry]) -> bool {
-        offset == 0 && {
-            let files = entries.iter().filter(|e| !e.is_dir()).count() as u64;
-            self.meta.status.dirplus.first_read(ino, files) == dirplus::FirstRead::NamesOnly
-        }
-    }
-
     /// Forgets handle `fh` of `node` (the kernel released it; one it does not know changes
     /// nothing).
     fn release_handle(&self, node: Node, fh: u64) {
@@ -262,37 +246,6 @@ impl RiffleFs {
                 self.handles.release(fh, ino);
                 self.prefetch.on_release();
             }
-        }
-    }
-
-    /// The getxattr of `name` on `node` (`Ok`: the value).
-    fn xattr(&self, node: Node, name: &OsStr) -> Result<Arc<str>, Errno> {
-        let Node::Object(ino) = node else {
-            return Err(Errno::NO_XATTR);
-        };
-        let etag = match self.meta.ns.cached_attr(ino) {
-            Ok(Attr {
-                kind: Kind::File { etag, .. },
-                ..
-            }) => etag,
-            Ok(_) => return Err(Errno::NO_XATTR),
-            Err(e) => return Err(ns_errno(&e)),
-        };
-        if name != ETAG_XATTR {
-            return Err(Errno::NO_XATTR);
-        }
-        Ok(etag)
-    }
-
-    /// The listxattr of `node`: the names, each ending in a NUL.
-    fn xattr_names(&self, node: Node) -> Result<&'static [u8], Errno> {
-        let Node::Object(ino) = node else {
-            return Ok(b"");
-        };
-        match self.meta.ns.cached_attr(ino) {
-            Ok(attr) if !attr.is_dir() => Ok(b"user.riffle.etag\0"),
-            Ok(_) => Ok(b""),
-            Err(e) => Err(ns_errno(&e)),
         }
     }
 
