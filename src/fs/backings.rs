@@ -10,7 +10,7 @@
 //! last passthrough open, or one opened ahead by `preopen` when the object became complete in
 //! the cache, together with the ETag it belongs to. While kept:
 //! - an open of the same object at the same ETag reuses the backing id; the FUSE thread
-//!   answers it without a tokio task (see `RiffleFs::open`);
+//!   answers it without a tokio task (see `Opener::open_now` in `super::open`);
 //! - an open at another ETag (the object changed) drops the kept one: a changed object never
 //!   reuses the old version's bytes;
 //! - the cache may still evict the entry (a kept file is not pinned, so the eviction policy
