@@ -119,7 +119,7 @@ async fn ino_of(fs: &RiffleFs, name: &str) -> u64 {
 }
 
 /// An open of `ino` as the adapter answers it: on the FUSE thread if it can, else on a task.
-async fn open(fs: &RiffleFs, ino: u64, kernel: &Kernel) -> OpenAnswer {
+async fn open(fs: &RiffleFs, ino: u64, kernel: &impl Register) -> OpenAnswer {
     let fh = fs.new_fh();
     let opener = fs.opener();
     match opener.open_now(ino, fh, 0, kernel) {
@@ -378,4 +378,50 @@ async fn a_release_of_an_unknown_handle_changes_nothing() {
     fs.release_handle(Node::Object(ino), fh);
     assert_eq!(fs.handles.opens.served(ino), 0);
     assert_eq!(read_all(&fs, ino, fh).await, Err(Errno::EBADF));
+}
+
+/// A kernel that refuses backing files (a daemon without `CAP_SYS_ADMIN`).
+struct Refusing;
+
+impl Register for Refusing {
+    fn open_backing(&self, _file: &File) -> std::io::Result<BackingId> {
+        Err(std::io::Error::from_raw_os_error(libc::EPERM))
+    }
+
+    unsafe fn wrap_backing(&self, id: u32) -> BackingId {
+        // SAFETY: a detached id is never closed.
+        unsafe { BackingId::detached(id) }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kernel_that_refuses_backing_files_turns_passthrough_off_and_is_served() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Arc::new(MemoryStore::new());
+    let etag = store.put("a", vec![3u8; 5000]);
+    let fs = mount(&store, Some(dir.path()));
+    fs.passthrough.store(true, Ordering::Relaxed);
+    let ino = ino_of(&fs, "a").await;
+    let fh = open(&fs, ino, &Kernel::new()).await.fh().expect("opened");
+    read_all(&fs, ino, fh).await.expect("read");
+    fs.release_handle(Node::Object(ino), fh);
+    let object = ObjectVersion {
+        key: Arc::from("a"),
+        etag: Arc::from(etag.as_str()),
+        size: 5000,
+    };
+    until_passthrough_ready(&fs, &object).await;
+    let answer = open(&fs, ino, &Refusing).await;
+    let fh = answer.fh().expect("opened");
+    assert!(
+        served(fh, FopenFlags::FOPEN_KEEP_CACHE)(&answer),
+        "{answer:?}"
+    );
+    assert!(!fs.passthrough.load(Ordering::Relaxed));
+    assert!(fs
+        .meta
+        .status
+        .passthrough_mode
+        .lock()
+        .contains("CAP_SYS_ADMIN"));
 }
