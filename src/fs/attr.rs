@@ -1,9 +1,15 @@
-//! What FUSE is shown: the attributes of an inode, a directory handle's entries from an
-//! offset, and the size-or-data answer of the xattr calls.
+//! What FUSE is shown: the attributes of an inode, a directory handle's listing and its
+//! entries from an offset, the extended attributes, and the size-or-data answer of the xattr
+//! calls.
+
+use std::ffi::OsStr;
+use std::sync::Arc;
 
 use fuser::{Errno, FileAttr, FileType, INodeNo, ReplyXattr};
 
-use super::{FsConfig, RiffleFs};
+use super::errno::ns_errno;
+use super::node::Node;
+use super::{dirplus, FsConfig, RiffleFs, ETAG_XATTR};
 use crate::namespace::{Attr, DirEntry, Kind, Stat};
 
 impl RiffleFs {
@@ -41,6 +47,64 @@ impl RiffleFs {
             rdev: 0,
             flags: 0,
             blksize: 1 << 20,
+        }
+    }
+
+    /// The listing behind directory handle `fh`. A handle this process did not open was opened
+    /// by a predecessor daemon ([`super::handover`]): the directory is listed again (on this thread,
+    /// once per such handle) and the handle keeps that listing.
+    pub(super) fn dir_handle(&self, ino: u64, fh: u64) -> Result<Arc<Vec<DirEntry>>, Errno> {
+        if let Some(entries) = self.handles.dir(fh) {
+            return Ok(entries);
+        }
+        if self.handles.table.get().is_none() {
+            return Err(Errno::EBADF);
+        }
+        let entries = self
+            .runtime
+            .block_on(self.meta.ns.readdir(ino))
+            .map_err(|e| ns_errno(&e))?;
+        self.handles.insert_dir(fh, entries.clone());
+        Ok(entries)
+    }
+
+    /// Whether the read at `offset` of directory `ino`, listed as `entries`, gives only `.`
+    /// and `..`: a first read, for a reader that wants names (module [`dirplus`]).
+    pub(super) fn names_only(&self, ino: u64, offset: u64, entries: &[DirEntry]) -> bool {
+        offset == 0 && {
+            let files = entries.iter().filter(|e| !e.is_dir()).count() as u64;
+            self.meta.status.dirplus.first_read(ino, files) == dirplus::FirstRead::NamesOnly
+        }
+    }
+
+    /// The getxattr of `name` on `node` (`Ok`: the value).
+    pub(super) fn xattr(&self, node: Node, name: &OsStr) -> Result<Arc<str>, Errno> {
+        let Node::Object(ino) = node else {
+            return Err(Errno::NO_XATTR);
+        };
+        let etag = match self.meta.ns.cached_attr(ino) {
+            Ok(Attr {
+                kind: Kind::File { etag, .. },
+                ..
+            }) => etag,
+            Ok(_) => return Err(Errno::NO_XATTR),
+            Err(e) => return Err(ns_errno(&e)),
+        };
+        if name != ETAG_XATTR {
+            return Err(Errno::NO_XATTR);
+        }
+        Ok(etag)
+    }
+
+    /// The listxattr of `node`: the names, each ending in a NUL.
+    pub(super) fn xattr_names(&self, node: Node) -> Result<&'static [u8], Errno> {
+        let Node::Object(ino) = node else {
+            return Ok(b"");
+        };
+        match self.meta.ns.cached_attr(ino) {
+            Ok(attr) if !attr.is_dir() => Ok(b"user.riffle.etag\0"),
+            Ok(_) => Ok(b""),
+            Err(e) => Err(ns_errno(&e)),
         }
     }
 }

@@ -10,7 +10,7 @@
 //! last passthrough open, or one opened ahead by `preopen` when the object became complete in
 //! the cache, together with the ETag it belongs to. While kept:
 //! - an open of the same object at the same ETag reuses the backing id; the FUSE thread
-//!   answers it without a tokio task (see `RiffleFs::open`);
+//!   answers it without a tokio task (see `Opener::open_now` in `super::open`);
 //! - an open at another ETag (the object changed) drops the kept one: a changed object never
 //!   reuses the old version's bytes;
 //! - the cache may still evict the entry (a kept file is not pinned, so the eviction policy
@@ -35,6 +35,30 @@ use std::sync::Arc;
 
 use fuser::{BackingId, ReplyOpen};
 use parking_lot::Mutex;
+
+/// Registers files with the kernel as backing files: an open's reply in the adapter (fuser
+/// makes backing ids only through one), a stand-in in tests (no `/dev/fuse` needed).
+pub(super) trait Register: Sync {
+    /// A new backing id for `file`.
+    fn open_backing(&self, file: &std::fs::File) -> std::io::Result<BackingId>;
+
+    /// fuser's handle of raw backing id `id`, which closes it when dropped.
+    ///
+    /// # Safety
+    /// `id` was opened on this session's device and is open, and nothing else closes it.
+    unsafe fn wrap_backing(&self, id: u32) -> BackingId;
+}
+
+impl Register for ReplyOpen {
+    fn open_backing(&self, file: &std::fs::File) -> std::io::Result<BackingId> {
+        ReplyOpen::open_backing(self, file)
+    }
+
+    unsafe fn wrap_backing(&self, id: u32) -> BackingId {
+        // SAFETY: as the caller promises.
+        unsafe { ReplyOpen::wrap_backing(self, id) }
+    }
+}
 
 /// See the module documentation. `K` is the cache entry key, `B` the backing id handle
 /// (generic so the policy is testable without a kernel).
@@ -192,7 +216,7 @@ impl KernelBacking {
     }
 
     /// The fuser handle to reply with; a raw id becomes fuser's (and is closed by it) here.
-    pub fn for_reply(&self, reply: &ReplyOpen) -> Arc<BackingId> {
+    pub(super) fn for_reply(&self, reply: &impl Register) -> Arc<BackingId> {
         let mut state = self.state.lock();
         match &*state {
             State::Wrapped(id) => id.clone(),

@@ -41,6 +41,25 @@ pub(super) fn fetch_errno(key: &str, e: &FetchError) -> Errno {
     }
 }
 
+/// A failed read of `offset`..+`size` of `key`: EACCES when the store refused this mount's
+/// credential the object (as [`fetch_errno`]), EIO otherwise, logged: a version that changed
+/// while open (the reader reopens to see the new one) or anything the store could not deliver.
+pub(super) fn read_errno(key: &str, offset: u64, size: u32, e: &FetchError) -> Errno {
+    match e {
+        FetchError::NotPermitted | FetchError::Store(StoreError::AccessDenied(_)) => {
+            fetch_errno(key, e)
+        }
+        FetchError::Changed => {
+            tracing::warn!(%key, "object changed while open; failing the read (reopen to see the new version)");
+            Errno::EIO
+        }
+        other => {
+            tracing::warn!(%key, offset, size, error = %other, "read failed");
+            Errno::EIO
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -67,6 +86,25 @@ mod tests {
         ];
         for (error, errno) in cases {
             assert_eq!(ns_errno(&error), errno, "{error:?}");
+        }
+    }
+
+    #[test]
+    fn read_errors_map_to_errno() {
+        let cases = [
+            (FetchError::NotPermitted, Errno::EACCES),
+            (
+                FetchError::Store(StoreError::AccessDenied("x".into())),
+                Errno::EACCES,
+            ),
+            (FetchError::Changed, Errno::EIO),
+            (
+                FetchError::Store(StoreError::Transient("503".into())),
+                Errno::EIO,
+            ),
+        ];
+        for (error, errno) in cases {
+            assert_eq!(read_errno("k", 0, 1, &error), errno, "{error:?}");
         }
     }
 }

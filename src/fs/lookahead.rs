@@ -163,11 +163,11 @@ impl RiffleFs {
         let Kind::File { size, etag } = &attr.kind else {
             return None;
         };
-        if *size == 0 || *size > self.config.lookup_readahead {
+        if *size == 0 || *size > self.meta.config.lookup_readahead {
             return None;
         }
         let object = Arc::new(ObjectVersion {
-            key: Arc::from(self.ns.key_of(attr.ino)),
+            key: Arc::from(self.meta.ns.key_of(attr.ino)),
             etag: etag.clone(),
             size: *size,
         });

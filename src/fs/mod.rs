@@ -2,8 +2,8 @@
 //!
 //! Every request that may wait on the store is moved onto the tokio runtime together with its
 //! reply, so the FUSE threads only decode requests and never block; the reply is sent from the
-//! task when the answer is ready. Errors become errno values here and nowhere else: missing
-//! names ENOENT, denied EACCES, anything the store could not deliver EIO, and every call that
+//! task when the answer is ready. Errors become errno values in this layer (module `errno`) and
+//! nowhere else: missing names ENOENT, denied EACCES, anything the store could not deliver EIO, and every call that
 //! would modify the tree EROFS.
 //!
 //! Open files get a [`FileReader`] keyed by a fresh file handle. The kernel page cache is kept
@@ -44,14 +44,24 @@
 //! `.riffle-stats` at the mount root is answered by [`stats_file`] (lookup of a name the bucket
 //! lacks, getattr, open, read, release of its inode): the mount's statistics, never listed.
 //!
-//! Files: this one holds [`RiffleFs`] and its `Filesystem` requests; `open` the open path
-//! (fast and on a task) and the takeover of a predecessor's handles; `handles` the open-file
-//! table; `attr` the attributes and listings as FUSE shows them; `errno` the errno mapping;
-//! `fixed` the fixed answers; the rest one feature each (passthrough backings, preopen,
-//! lookahead, dirplus, the stats file, the handover).
+//! The adapter is a thin shell: each operation classifies its inode once ([`node::Node`]:
+//! the stats file or a namespace inode), asks a decision (a function or method over the file
+//! system's state that returns a value, module [`answer`]) and sends that value with the
+//! operation's fuser reply, in one place per operation (the `send` at its top), from the FUSE
+//! thread or from the task that waited for the answer. The decisions are tested without a
+//! kernel (module `tests`).
+//!
+//! Files: this one holds [`RiffleFs`] and its `Filesystem` requests; `node` which node a
+//! request names; `answer` the decisions' values; `meta` the lookup and getattr answers;
+//! `open` the open decision (fast and on a task) and the takeover of a predecessor's handles;
+//! `read` the read that waits; `handles` the open-file table and `inode_opens` its per-inode
+//! state; `attr` the attributes, listings and xattrs as FUSE shows them; `errno` the errno
+//! mapping; `fixed` the fixed answers; the rest one feature each (passthrough backings,
+//! preopen, lookahead, dirplus, the stats file, the handover).
 //!
 //! [`FileReader`]: crate::reader::FileReader
 
+mod answer;
 mod attr;
 mod backings;
 pub(crate) mod bdi;
@@ -60,17 +70,23 @@ mod errno;
 mod fixed;
 mod handles;
 pub(crate) mod handover;
+mod inode_opens;
 pub mod latency;
 mod lookahead;
+mod meta;
 pub(crate) mod mountinfo;
+mod node;
 mod open;
 mod preopen;
+mod read;
 pub(crate) mod stats_file;
+#[cfg(test)]
+mod tests;
 
 use std::ffi::OsStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use fuser::{
     CopyFileRangeFlags, Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
@@ -81,19 +97,24 @@ use fuser::{
 };
 use parking_lot::Mutex;
 
-use crate::fetch::{FetchError, Fetcher};
-use crate::namespace::{Attr, DirEntry, Kind, Namespace, Stat};
+use crate::fetch::Fetcher;
+use crate::namespace::{DirEntry, Namespace, Stat};
 use crate::prefetch::Prefetcher;
 use crate::reader::ReadAheadConfig;
+use answer::{Entry, OpenAnswer};
 use attr::{walk_listing, xattr_reply};
-use errno::{fetch_errno, ns_errno};
+use bytes::Bytes;
+use errno::ns_errno;
 use fixed::fixed_answers;
 use handles::Handles;
 use handover::{HandleTable, InitParams};
 use latency::{FuseOp, FuseOps};
 use lookahead::Lookahead;
 pub(crate) use lookahead::LookaheadStats;
+use meta::Meta;
+use node::Node;
 pub(crate) use preopen::FuseDevice;
+use read::Reads;
 use stats_file::StatsFile;
 
 /// Passthrough backing files kept after close, at most this many ([`backings`]).
@@ -145,22 +166,19 @@ pub(crate) struct FsStatus {
 
 /// See the module documentation.
 pub(crate) struct RiffleFs {
-    ns: Arc<Namespace>,
+    /// The namespace, the modes shown, the counters and the stats file ([`meta`]).
+    meta: Arc<Meta>,
     fetcher: Arc<Fetcher>,
     runtime: tokio::runtime::Handle,
-    config: FsConfig,
     handles: Arc<Handles>,
     next_fh: AtomicU64,
     prefetch: Arc<Prefetcher>,
     ops: Arc<FuseOps>,
-    status: Arc<FsStatus>,
     passthrough: Arc<std::sync::atomic::AtomicBool>,
     /// The session's `/dev/fuse`, for opening backing ids ahead ([`preopen`]).
     device: FuseDevice,
     /// Readahead of small cached files at lookup ([`lookahead`]).
     lookahead: Option<Lookahead>,
-    /// `.riffle-stats` at the mount root ([`stats_file`]).
-    stats_file: Arc<StatsFile>,
 }
 
 /// The running kernel's release (`uname -r`), for saying why passthrough is off.
@@ -192,29 +210,24 @@ impl RiffleFs {
                 }
             });
         }
+        let meta = Arc::new(Meta {
+            ns,
+            config,
+            status,
+            stats_file: Arc::default(),
+        });
         RiffleFs {
+            meta,
             handles,
             prefetch,
             ops,
-            status,
             passthrough: Arc::default(),
-            ns,
             fetcher,
             runtime,
-            config,
             device: FuseDevice::default(),
             next_fh: AtomicU64::new(1),
             lookahead: None,
-            stats_file: Arc::default(),
         }
-    }
-
-    fn ttl(&self) -> Duration {
-        self.ns.ttl().kernel_ttl()
-    }
-
-    fn name_str(name: &OsStr) -> Option<&str> {
-        name.to_str()
     }
 
     fn new_fh(&self) -> u64 {
@@ -224,22 +237,24 @@ impl RiffleFs {
         }
     }
 
-    /// The listing behind directory handle `fh`. A handle this process did not open was opened
-    /// by a predecessor daemon ([`handover`]): the directory is listed again (on this thread,
-    /// once per such handle) and the handle keeps that listing.
-    fn dir_handle(&self, ino: u64, fh: u64) -> Result<Arc<Vec<DirEntry>>, Errno> {
-        if let Some(entries) = self.handles.dirs.lock().get(&fh).cloned() {
-            return Ok(entries);
+    /// Forgets handle `fh` of `node` (the kernel released it; one it does not know changes
+    /// nothing).
+    fn release_handle(&self, node: Node, fh: u64) {
+        match node {
+            Node::Stats => self.meta.stats_file.release(fh),
+            Node::Object(ino) => {
+                self.handles.release(fh, ino);
+                self.prefetch.on_release();
+            }
         }
-        if self.handles.table.get().is_none() {
-            return Err(Errno::EBADF);
+    }
+
+    fn reads(&self) -> Reads {
+        Reads {
+            ns: self.meta.ns.clone(),
+            fetcher: self.fetcher.clone(),
+            handles: self.handles.clone(),
         }
-        let entries = self
-            .runtime
-            .block_on(self.ns.readdir(ino))
-            .map_err(|e| ns_errno(&e))?;
-        self.handles.dirs.lock().insert(fh, entries.clone());
-        Ok(entries)
     }
 
     /// Records every open file handle in `table` from now on, and takes its handle numbers
@@ -257,13 +272,13 @@ impl RiffleFs {
     /// The mount's `.riffle-stats` file; the mount gives it its stats source once the
     /// control handler exists.
     pub fn stats_file(&self) -> Arc<StatsFile> {
-        self.stats_file.clone()
+        self.meta.stats_file.clone()
     }
 
     /// Sets passthrough and the lookup readahead up, given whether the connection has
     /// passthrough (`Err`: why not); at INIT, or from a predecessor's INIT parameters.
     fn configure(&mut self, negotiated: Result<(), String>) {
-        let mode = if !self.config.passthrough {
+        let mode = if !self.meta.config.passthrough {
             "off (--no-passthrough)".to_string()
         } else if self.fetcher.disk().is_none() {
             "off (no --cache-dir)".to_string()
@@ -275,11 +290,11 @@ impl RiffleFs {
             "enabled".to_string()
         };
         // With passthrough or without it (see `look_ahead` and `look_ahead_for_daemon`).
-        if self.config.lookup_readahead > 0 && self.fetcher.disk().is_some() {
-            self.lookahead = Some(Lookahead::new(self.status.lookahead.clone()));
+        if self.meta.config.lookup_readahead > 0 && self.fetcher.disk().is_some() {
+            self.lookahead = Some(Lookahead::new(self.meta.status.lookahead.clone()));
         }
         tracing::info!(passthrough = %mode, "FUSE passthrough");
-        *self.status.passthrough_mode.lock() = mode;
+        *self.meta.status.passthrough_mode.lock() = mode;
     }
 
     /// Starts opening backing ids ahead for objects as they complete in the cache.
@@ -293,7 +308,7 @@ impl RiffleFs {
             self.fetcher.clone(),
             self.handles.clone(),
             self.device.clone(),
-            self.status.clone(),
+            self.meta.status.clone(),
         ));
     }
 }
@@ -309,7 +324,7 @@ impl Filesystem for RiffleFs {
                 tracing::debug!(?flag, "kernel does not offer this FUSE capability");
             }
         }
-        let negotiated = if !self.config.passthrough || self.fetcher.disk().is_none() {
+        let negotiated = if !self.meta.config.passthrough || self.fetcher.disk().is_none() {
             Ok(()) // `configure` says why it is off
         } else if config
             .add_capabilities(InitFlags::FUSE_PASSTHROUGH)
@@ -325,7 +340,7 @@ impl Filesystem for RiffleFs {
             Ok(())
         };
         self.configure(negotiated);
-        let _ = config.set_max_readahead(self.config.kernel_read_ahead);
+        let _ = config.set_max_readahead(self.meta.config.kernel_read_ahead);
         let _ = config.set_max_background(64);
         let _ = config.set_congestion_threshold(48);
         tracing::info!(abi = ?config.kernel_abi(), "FUSE session initialised");
@@ -349,98 +364,87 @@ impl Filesystem for RiffleFs {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let timer = self.ops.start(FuseOp::Lookup);
-        let Some(name) = Self::name_str(name).map(str::to_string) else {
-            reply.error(Errno::ENOENT);
-            return;
+        let send = |reply: ReplyEntry, answer: Result<Entry, Errno>| match answer {
+            Ok(e) => reply.entry(&e.ttl, &e.attr, Generation(0)),
+            Err(e) => reply.error(e),
         };
-        if let Some(answer) = self.ns.lookup_cached(parent.0, &name) {
+        let Some(name) = name.to_str().map(str::to_string) else {
+            return send(reply, Err(Errno::ENOENT));
+        };
+        if let Some(found) = self.meta.ns.lookup_cached(parent.0, &name) {
             let _timer = timer;
-            match answer {
-                Ok(attr) => {
-                    if !attr.is_dir() {
-                        self.status.dirplus.looked_up_file(parent.0);
-                    }
-                    let read_ahead = self.look_ahead(&attr);
-                    reply.entry(
-                        &self.ttl(),
-                        &Self::file_attr(&self.config, &attr),
-                        Generation(0),
-                    );
-                    if let Some((lookahead, job)) = read_ahead {
-                        lookahead.run(job);
-                    } else {
-                        self.look_ahead_for_daemon(&attr);
-                    }
-                }
-                Err(e) if stats_file::stands_in(parent.0, &name, &e) => {
-                    self.stats_file.reply_entry(&self.config, reply)
-                }
-                Err(e) => reply.error(ns_errno(&e)),
+            let answer = self.meta.looked_up(parent.0, &name, &found);
+            let Ok(attr) = &found else {
+                return send(reply, answer);
+            };
+            let read_ahead = self.look_ahead(attr);
+            send(reply, answer);
+            match read_ahead {
+                Some((lookahead, job)) => lookahead.run(job),
+                None => self.look_ahead_for_daemon(attr),
             }
             return;
         }
-        let ns = self.ns.clone();
-        let config = self.config.clone();
-        let ttl = self.ttl();
-        let status = self.status.clone();
-        let stats = self.stats_file.clone();
+        let meta = self.meta.clone();
         self.runtime.spawn(async move {
             let _timer = timer;
-            match ns.lookup(parent.0, &name).await {
-                Ok(attr) => {
-                    if !attr.is_dir() {
-                        status.dirplus.looked_up_file(parent.0);
-                    }
-                    reply.entry(&ttl, &Self::file_attr(&config, &attr), Generation(0))
-                }
-                Err(e) if stats_file::stands_in(parent.0, &name, &e) => {
-                    stats.reply_entry(&config, reply)
-                }
-                Err(e) => reply.error(ns_errno(&e)),
-            }
+            send(reply, meta.lookup(parent.0, &name).await);
         });
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         let timer = self.ops.start(FuseOp::Getattr);
-        if ino.0 == stats_file::INO {
-            return self.stats_file.reply_attr(&self.config, fh, reply);
-        }
-        if let Some(answer) = self.ns.getattr_cached(ino.0) {
+        let send = |reply: ReplyAttr, answer: Result<Entry, Errno>| match answer {
+            Ok(e) => reply.attr(&e.ttl, &e.attr),
+            Err(e) => reply.error(e),
+        };
+        let node = Node::of(ino.0);
+        if let Some(answer) = self.meta.getattr_now(node, fh.map(|f| f.0)) {
             let _timer = timer;
-            match answer {
-                Ok(attr) => reply.attr(&self.ttl(), &Self::file_attr(&self.config, &attr)),
-                Err(e) => reply.error(ns_errno(&e)),
-            }
-            return;
+            return send(reply, answer);
         }
-        let ns = self.ns.clone();
-        let config = self.config.clone();
-        let ttl = self.ttl();
+        let meta = self.meta.clone();
         self.runtime.spawn(async move {
             let _timer = timer;
-            match ns.getattr(ino.0).await {
-                Ok(attr) => reply.attr(&ttl, &Self::file_attr(&config, &attr)),
-                Err(e) => reply.error(ns_errno(&e)),
-            }
+            send(reply, meta.getattr(ino.0).await);
         });
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let timer = self.ops.start(FuseOp::Open);
+        let send = |reply: ReplyOpen, answer: OpenAnswer| match answer {
+            OpenAnswer::Passthrough { fh, backing } => {
+                reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &backing)
+            }
+            OpenAnswer::Served { fh, flags } => reply.opened(FileHandle(fh), flags),
+            OpenAnswer::Stale => reply.error(Errno::ESTALE),
+            OpenAnswer::Error(e) => reply.error(e),
+        };
         if flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0 {
-            reply.error(Errno::EROFS);
-            return;
+            return send(reply, OpenAnswer::Error(Errno::EROFS));
         }
         let fh = self.new_fh();
-        if ino.0 == stats_file::INO {
-            return self.stats_file.open(fh, &self.runtime, reply);
-        }
-        let caller = req.pid();
-        let Some(reply) = self.open_now(ino.0, fh, caller, reply) else {
-            return;
+        let ino = match Node::of(ino.0) {
+            Node::Stats => {
+                // Renders the document: on the blocking pool.
+                let stats = self.meta.stats_file.clone();
+                self.runtime
+                    .spawn_blocking(move || send(reply, stats.open(fh)));
+                return;
+            }
+            Node::Object(ino) => ino,
         };
-        self.open_later(ino, fh, caller, reply, timer);
+        let caller = req.pid();
+        let opener = self.opener();
+        if let Some(answer) = opener.open_now(ino, fh, caller, &reply) {
+            let _timer = timer;
+            return send(reply, answer);
+        }
+        self.runtime.spawn(async move {
+            let _timer = timer;
+            let answer = opener.open_later(ino, fh, caller, &reply).await;
+            send(reply, answer);
+        });
     }
 
     fn read(
@@ -455,54 +459,34 @@ impl Filesystem for RiffleFs {
         reply: ReplyData,
     ) {
         let timer = self.ops.start(FuseOp::Read);
-        if ino.0 == stats_file::INO {
-            return self.stats_file.read(fh.0, offset, size, reply);
-        }
-        let Some(reader) = self.handles.files.lock().get(&fh.0).cloned() else {
-            reply.error(Errno::EBADF);
-            return;
+        let send = |reply: ReplyData, answer: Result<Bytes, Errno>| match answer {
+            Ok(data) => reply.data(&data),
+            Err(e) => reply.error(e),
+        };
+        let ino = match Node::of(ino.0) {
+            Node::Stats => return send(reply, self.meta.stats_file.read(fh.0, offset, size)),
+            Node::Object(ino) => ino,
+        };
+        let Some(reader) = self.handles.reader(fh.0) else {
+            return send(reply, Err(Errno::EBADF));
         };
         let range = reader.begin_read(offset, size);
         let object = reader.object().clone();
-        let ns = self.ns.clone();
-        let handles = self.handles.clone();
-        let fetcher = self.fetcher.clone();
+        let reads = self.reads();
         let runtime = self.runtime.clone();
         // Bytes already cached are answered without a task (`Fetcher::read_quick`); the rest,
-        // and anything that went wrong there, go through one.
-        self.fetcher.read_quick(&object, range.clone(), move |quick| {
-            if let Some(data) = quick {
-                let _timer = timer;
-                return reply.data(&data);
-            }
-            runtime.spawn(async move {
-                let _timer = timer;
-                let object = reader.object();
-                match fetcher.read(object, range).await {
-                    Ok(data) => reply.data(&data),
-                    Err(e) => {
-                        let key = &object.key;
-                        match &e {
-                            FetchError::Changed => {
-                                tracing::warn!(%key, "object changed while open; failing the read (reopen to see the new version)");
-                                ns.invalidate(ino.0);
-                                if let Some(disk) = fetcher.disk() {
-                                    handles.kept.forget(&disk.entry_key(object));
-                                }
-                            }
-                            FetchError::NotPermitted
-                            | FetchError::Store(crate::store::StoreError::AccessDenied(_)) => {
-                                return reply.error(fetch_errno(key, &e));
-                            }
-                            other => {
-                                tracing::warn!(%key, offset, size, error = %other, "read failed")
-                            }
-                        }
-                        reply.error(Errno::EIO);
-                    }
+        // and anything that went wrong there, go through one (module `read`).
+        self.fetcher
+            .read_quick(&object, range.clone(), move |quick| {
+                if let Some(data) = quick {
+                    let _timer = timer;
+                    return send(reply, Ok(data));
                 }
+                runtime.spawn(async move {
+                    let _timer = timer;
+                    send(reply, reads.read(ino, &reader, range, offset, size).await);
+                });
             });
-        });
     }
 
     fn release(
@@ -516,25 +500,20 @@ impl Filesystem for RiffleFs {
         reply: ReplyEmpty,
     ) {
         let _timer = self.ops.start(FuseOp::Release);
-        if ino.0 == stats_file::INO {
-            self.stats_file.release(fh.0);
-            return reply.ok();
-        }
-        self.handles.release(fh.0, ino.0);
-        self.prefetch.on_release();
+        self.release_handle(Node::of(ino.0), fh.0);
         reply.ok();
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let timer = self.ops.start(FuseOp::Opendir);
         let fh = self.new_fh();
-        let ns = self.ns.clone();
+        let ns = self.meta.ns.clone();
         let handles = self.handles.clone();
         self.runtime.spawn(async move {
             let _timer = timer;
             match ns.readdir(ino.0).await {
                 Ok(entries) => {
-                    handles.dirs.lock().insert(fh, entries);
+                    handles.insert_dir(fh, entries);
                     reply.opened(FileHandle(fh), FopenFlags::empty());
                 }
                 Err(e) => reply.error(ns_errno(&e)),
@@ -555,8 +534,8 @@ impl Filesystem for RiffleFs {
             Ok(entries) => entries,
             Err(e) => return reply.error(e),
         };
-        let parent = self.ns.parent_of(ino.0);
-        self.ns.with_entries(|nodes| {
+        let parent = self.meta.ns.parent_of(ino.0);
+        self.meta.ns.with_entries(|nodes| {
             let name_of = |e: &DirEntry| nodes.name(e);
             walk_listing(&entries, ino.0, parent, offset, name_of, |e, name, next| {
                 let kind = if e.is_dir() {
@@ -583,15 +562,11 @@ impl Filesystem for RiffleFs {
             Ok(entries) => entries,
             Err(e) => return reply.error(e),
         };
-        let ttl = self.ttl();
-        let parent = self.ns.parent_of(ino.0);
-        // The first read of a directory gives only `.` and `..` to a reader that wants names
-        // (module `dirplus`); `walk_listing` stops after them, at offset 2.
-        let names_only = offset == 0 && {
-            let files = entries.iter().filter(|e| !e.is_dir()).count() as u64;
-            self.status.dirplus.first_read(ino.0, files) == dirplus::FirstRead::NamesOnly
-        };
-        self.ns.with_entries(|nodes| {
+        let ttl = self.meta.ttl();
+        let parent = self.meta.ns.parent_of(ino.0);
+        // `walk_listing` stops after `.` and `..` (offset 2) for a names-only first read.
+        let names_only = self.names_only(ino.0, offset, &entries);
+        self.meta.ns.with_entries(|nodes| {
             let name_of = |e: &DirEntry| nodes.name(e);
             walk_listing(&entries, ino.0, parent, offset, name_of, |e, name, next| {
                 if names_only && next > 2 {
@@ -601,7 +576,7 @@ impl Filesystem for RiffleFs {
                     size: None,
                     mtime: SystemTime::UNIX_EPOCH,
                 });
-                let attr = Self::stat_attr(&self.config, e.ino(), stat);
+                let attr = Self::stat_attr(&self.meta.config, e.ino(), stat);
                 reply.add(INodeNo(e.ino()), next, name, &ttl, &attr, Generation(0))
             })
         });
@@ -617,44 +592,39 @@ impl Filesystem for RiffleFs {
         reply: ReplyEmpty,
     ) {
         let _timer = self.ops.start(FuseOp::Releasedir);
-        self.handles.dirs.lock().remove(&fh.0);
+        self.handles.release_dir(fh.0);
         reply.ok();
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         let _timer = self.ops.start(FuseOp::Statfs);
         let bsize = 4096;
-        reply.statfs(1 << 32, 0, 0, self.ns.inode_count(), 0, bsize, 255, bsize);
+        reply.statfs(
+            1 << 32,
+            0,
+            0,
+            self.meta.ns.inode_count(),
+            0,
+            bsize,
+            255,
+            bsize,
+        );
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let _timer = self.ops.start(FuseOp::Getxattr);
-        if ino.0 == stats_file::INO {
-            return reply.error(Errno::NO_XATTR);
+        match self.xattr(Node::of(ino.0), name) {
+            Ok(value) => xattr_reply(reply, value.as_bytes(), size),
+            Err(e) => reply.error(e),
         }
-        let etag = match self.ns.cached_attr(ino.0) {
-            Ok(Attr {
-                kind: Kind::File { etag, .. },
-                ..
-            }) => etag,
-            Ok(_) => return reply.error(Errno::NO_XATTR),
-            Err(e) => return reply.error(ns_errno(&e)),
-        };
-        if name != ETAG_XATTR {
-            return reply.error(Errno::NO_XATTR);
-        }
-        xattr_reply(reply, etag.as_bytes(), size);
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let _timer = self.ops.start(FuseOp::Listxattr);
-        let names: &[u8] = match self.ns.cached_attr(ino.0) {
-            _ if ino.0 == stats_file::INO => b"",
-            Ok(attr) if !attr.is_dir() => b"user.riffle.etag\0",
-            Ok(_) => b"",
-            Err(e) => return reply.error(ns_errno(&e)),
-        };
-        xattr_reply(reply, names, size);
+        match self.xattr_names(Node::of(ino.0)) {
+            Ok(names) => xattr_reply(reply, names, size),
+            Err(e) => reply.error(e),
+        }
     }
 
     // Fixed answers (module `fixed`); the module documentation says why each is what it is.

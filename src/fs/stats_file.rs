@@ -25,12 +25,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
-use fuser::{
-    Errno, FileAttr, FileHandle, FopenFlags, Generation, ReplyAttr, ReplyData, ReplyEntry,
-    ReplyOpen,
-};
+use bytes::Bytes;
+use fuser::{Errno, FileAttr, FopenFlags};
 use parking_lot::Mutex;
 
+use super::answer::{Entry, OpenAnswer};
 use super::{FsConfig, RiffleFs};
 use crate::metrics::StatsSource;
 use crate::namespace::{NamespaceError, Stat, ROOT_INO};
@@ -99,40 +98,38 @@ impl StatsFile {
         RiffleFs::stat_attr(config, INO, stat)
     }
 
-    /// Answers the lookup that found the file.
-    pub fn reply_entry(&self, config: &FsConfig, reply: ReplyEntry) {
-        reply.entry(&Duration::ZERO, &self.attr(config, None), Generation(0));
+    /// The answer to the lookup that found the file, or to a `getattr` (an `fstat` names
+    /// its handle).
+    pub(super) fn entry(&self, config: &FsConfig, fh: Option<u64>) -> Entry {
+        Entry {
+            attr: self.attr(config, fh),
+            ttl: Duration::ZERO,
+        }
     }
 
-    /// Answers a `getattr` (an `fstat` names its handle).
-    pub fn reply_attr(&self, config: &FsConfig, fh: Option<FileHandle>, reply: ReplyAttr) {
-        reply.attr(&Duration::ZERO, &self.attr(config, fh.map(|f| f.0)));
-    }
-
-    /// Opens handle `fh`: renders its document on the blocking pool, then replies.
-    pub fn open(self: &Arc<Self>, fh: u64, runtime: &tokio::runtime::Handle, reply: ReplyOpen) {
-        let this = self.clone();
-        runtime.spawn_blocking(move || match this.render() {
+    /// Opens handle `fh`: renders its document (on the blocking pool: the caller's job).
+    pub(super) fn open(&self, fh: u64) -> OpenAnswer {
+        match self.render() {
             Some(doc) => {
-                this.open.lock().insert(fh, doc);
-                reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO);
+                self.open.lock().insert(fh, doc);
+                OpenAnswer::Served {
+                    fh,
+                    flags: FopenFlags::FOPEN_DIRECT_IO,
+                }
             }
-            None => reply.error(Errno::EAGAIN),
-        });
+            None => OpenAnswer::Error(Errno::EAGAIN),
+        }
     }
 
     /// Reads handle `fh`'s document. A handle this daemon did not open (a predecessor's,
     /// after a handover) gets a fresh document, kept from then on.
-    pub fn read(&self, fh: u64, offset: u64, size: u32, reply: ReplyData) {
+    pub(super) fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes, Errno> {
         let known = self.open.lock().get(&fh).cloned();
-        let doc = match known.or_else(|| self.render()) {
-            Some(doc) => doc,
-            None => return reply.error(Errno::EAGAIN),
-        };
+        let doc = known.or_else(|| self.render()).ok_or(Errno::EAGAIN)?;
         self.open.lock().entry(fh).or_insert_with(|| doc.clone());
         let start = usize::try_from(offset).unwrap_or(usize::MAX).min(doc.len());
         let end = start.saturating_add(size as usize).min(doc.len());
-        reply.data(&doc[start..end]);
+        Ok(Bytes::copy_from_slice(&doc[start..end]))
     }
 
     pub fn release(&self, fh: u64) {
