@@ -20,6 +20,7 @@ use crate::fs::latency::FuseOps;
 use crate::metrics::{Exporter, StatsSource};
 use crate::prefetch::plan::Plan;
 use crate::prefetch::Prefetcher;
+use crate::stats::Sample;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
@@ -76,11 +77,9 @@ impl MountControl {
 impl StatsSource for MountControl {
     /// The mount's counters with the prefetcher's section added.
     fn stats(&self) -> serde_json::Value {
-        let mut stats = self.stats.stats();
-        if let Some(map) = stats.as_object_mut() {
-            map.insert("prefetch".into(), self.prefetch.stats_json());
-        }
-        stats
+        let mut sample = Sample::from(self.stats.stats());
+        self.prefetch.record(&mut sample);
+        sample.into_json()
     }
 }
 
@@ -267,4 +266,68 @@ pub fn request_with(
         anyhow::bail!("{err}");
     }
     Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use serde_json::Value;
+
+    use super::*;
+    use crate::metrics::fixture::mount_metrics;
+    use crate::prefetch::PrefetchConfig;
+    use crate::stats::defs;
+
+    /// Every path of `v` that holds a value (numbers, strings, booleans and nulls).
+    fn leaf_paths(prefix: &str, v: &Value, out: &mut BTreeSet<String>) {
+        match v {
+            Value::Object(map) => {
+                for (k, child) in map {
+                    let path = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    leaf_paths(&path, child, out);
+                }
+            }
+            _ => {
+                out.insert(prefix.to_string());
+            }
+        }
+    }
+
+    /// The `riffle stats` tree of a mount with every section (disk cache, peers, a plan) has
+    /// exactly the declared fields: each declaration is written, nothing else is.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_stats_tree_has_exactly_the_declared_fields() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let metrics = mount_metrics(dir.path());
+        let config = PrefetchConfig {
+            concurrency: 4,
+            byte_budget: 1 << 20,
+            max_items_ahead: 100,
+            max_file_bytes: 1 << 20,
+            max_dir_window: 16,
+            epoch_prefetch: true,
+            eviction_asks_prefetch: false,
+        };
+        let prefetch = Prefetcher::new(metrics.namespace.clone(), metrics.fetcher.clone(), config);
+        prefetch.set_plan(Some(Plan::parse("a/b.bin\n").expect("plan")));
+        let control = MountControl {
+            stats: metrics,
+            prefetch,
+            fuse_ops: FuseOps::new(),
+        };
+        let mut written = BTreeSet::new();
+        leaf_paths("", &StatsSource::stats(&control), &mut written);
+        let declared: BTreeSet<String> = defs::ALL.iter().map(|s| s.path.to_string()).collect();
+        let undeclared: Vec<_> = written.difference(&declared).collect();
+        let unwritten: Vec<_> = declared.difference(&written).collect();
+        assert!(
+            undeclared.is_empty() && unwritten.is_empty(),
+            "written but not declared: {undeclared:?}; declared but not written: {unwritten:?}"
+        );
+    }
 }

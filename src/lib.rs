@@ -15,6 +15,8 @@
 //!   directory order, warming).
 //! - [`fs`]: the FUSE adapter: requests in, namespace and reader calls out, errno values,
 //!   passthrough, and the handover of a live connection to a successor daemon.
+//! - [`stats`]: every field a mount reports, declared once (path, kind, unit, help), and the
+//!   builder of the `riffle stats` tree that the layers record into.
 //! - [`metrics`]: what a mount reports (`riffle stats` JSON, Prometheus endpoint).
 //! - [`control`]: the per-mount control socket (`riffle stats`, `plan`, `warm`).
 //! - [`heap_trim`]: gives freed heap back to the system after bursts of listings.
@@ -34,6 +36,7 @@ pub(crate) mod metrics;
 pub mod namespace;
 pub(crate) mod prefetch;
 pub(crate) mod reader;
+pub mod stats;
 pub mod store;
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ import sys
 # Lowest first. Modules on one line are peers (may use each other, but no two files may
 # import each other).
 LAYERS = [
-    ["heap_trim", "http_server"],
+    ["heap_trim", "http_server", "stats"],
     ["store"],
     ["namespace", "cache"],
     ["fetch"],

@@ -2,15 +2,16 @@
 //!
 //! Nothing is counted twice: on each scrape a collector asks the same [`StatsSource`] that
 //! answers `riffle stats` for its JSON tree and translates it, so the two views cannot drift.
-//! The translation is the table [`STATS`]: each entry maps one JSON path (`store.get_bytes`)
-//! to a metric family with a type (counter or gauge), a unit and a help text, e.g.
-//! `riffle_store_get_bytes_total`. A numeric (or boolean) field of the JSON that is not in the
-//! table is still exported, as an OpenMetrics `unknown` metric named after its path
-//! (`riffle_<section>_<field>`), so a counter added to the JSON shows up before it is
-//! classified here; a unit test fails until it is. Strings (the bucket, the cache directory)
-//! are not exported, except the passthrough state, as a 0/1 gauge. There are no per-object or
-//! per-path labels: the label sets are fixed (the FUSE operation kind), so the number of series
-//! is bounded.
+//! The translation iterates the declarations of [`crate::stats::defs`]: each exported
+//! [`Stat`] (counter, gauge, or string compared with a value) whose path is in the tree becomes
+//! one metric family with the declaration's type, unit and help text, named by
+//! [`family_name`] (`store.get_bytes` → `riffle_store_get_bytes_total`). A numeric (or
+//! boolean) field of the JSON that is not declared (only a [`StatsSource`] other than the
+//! mount's can have one) is still exported, as an OpenMetrics `unknown` metric named after
+//! its path (`riffle_<section>_<field>`). Strings (the bucket, the cache directory) and
+//! identities (the pid) are not exported, except the passthrough state, as a 0/1 gauge. There
+//! are no per-object or per-path labels: the label sets are fixed (the FUSE operation kind),
+//! so the number of series is bounded.
 //!
 //! A second collector encodes the FUSE latency histograms of [`FuseOps`]:
 //! `riffle_fuse_op_duration_seconds{op="read"}` and `riffle_fuse_ops_in_progress{op="read"}`.
@@ -28,178 +29,36 @@ use serde_json::Value;
 
 use super::StatsSource;
 use crate::fs::latency::{FuseOp, FuseOps, BUCKET_BOUNDS};
+use crate::stats::{defs, Kind, Stat};
 
 /// The content type of [`Exporter::encode`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// How a JSON field becomes a metric.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// Only goes up (the exposed name gets `_total`).
-    Counter,
-    /// Goes up and down.
-    Gauge,
-    /// A string field: 1 when it equals the given value, else 0.
-    Equals(&'static str),
+/// `prometheus_client`'s spelling of a declaration's unit.
+fn unit(stat: &Stat) -> Option<Unit> {
+    stat.unit.map(|u| match u {
+        crate::stats::Unit::Bytes => Unit::Bytes,
+        crate::stats::Unit::Seconds => Unit::Seconds,
+    })
 }
 
-/// One row of the translation table.
-#[derive(Debug, Clone, Copy)]
-pub struct StatSpec {
-    /// Dotted path in the JSON stats (as `riffle stats` prints it).
-    pub path: &'static str,
-    /// Metric family name, without the unit and `_total` suffixes.
-    pub name: &'static str,
-    pub kind: Kind,
-    pub unit: Option<MetricUnit>,
-    pub help: &'static str,
-}
-
-/// The units used here (a `Copy` stand-in for `prometheus_client`'s `Unit`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MetricUnit {
-    Bytes,
-    Seconds,
-}
-
-impl MetricUnit {
-    fn unit(self) -> Unit {
-        match self {
-            MetricUnit::Bytes => Unit::Bytes,
-            MetricUnit::Seconds => Unit::Seconds,
-        }
+/// The family name of `stat`, without the unit and `_total` suffixes the encoder adds: the
+/// declared [`Stat::name`], else `riffle_` and the path with `.` made `_`, less a trailing
+/// `_<unit>` (the unit suffix puts it back).
+pub fn family_name(stat: &Stat) -> String {
+    if let Some(name) = stat.name {
+        return name.to_string();
+    }
+    let name = fallback_name(stat.path);
+    let suffix = stat.unit.map(|u| format!("_{}", u.as_str()));
+    match suffix
+        .as_deref()
+        .and_then(|suffix| name.strip_suffix(suffix))
+    {
+        Some(stem) => stem.to_string(),
+        None => name,
     }
 }
-
-const fn spec(
-    path: &'static str,
-    name: &'static str,
-    kind: Kind,
-    unit: Option<MetricUnit>,
-    help: &'static str,
-) -> StatSpec {
-    StatSpec {
-        path,
-        name,
-        kind,
-        unit,
-        help,
-    }
-}
-
-use Kind::{Counter, Gauge};
-const BYTES: Option<MetricUnit> = Some(MetricUnit::Bytes);
-const SECONDS: Option<MetricUnit> = Some(MetricUnit::Seconds);
-
-/// Every field of the JSON stats and the metric it becomes.
-#[rustfmt::skip]
-pub const STATS: &[StatSpec] = &[
-    spec("uptime_seconds", "riffle_uptime", Gauge, SECONDS, "Time since the mount started."),
-    spec("store.get_requests", "riffle_store_get_requests", Counter, None, "Ranged GET requests sent to the object store."),
-    spec("store.get_bytes", "riffle_store_get", Counter, BYTES, "Bytes received from the object store by GETs."),
-    spec("store.retries", "riffle_store_retries", Counter, None, "Object store requests retried after a transient error."),
-    spec("store.errors", "riffle_store_errors", Counter, None, "Fetches that failed after retries."),
-    spec("store.proof_requests", "riffle_store_proof_requests", Counter, None, "One-byte GETs proving this mount's credential may read an object another credential cached."),
-    spec("store.proofs_refused", "riffle_store_proofs_refused", Counter, None, "Opens refused (EACCES) because the store refused this mount's credential the object."),
-    spec("fuse.opens", "riffle_fuse_opens", Counter, None, "Files opened."),
-    spec("fuse.passthrough_opens", "riffle_fuse_passthrough_opens", Counter, None, "Files opened in FUSE passthrough mode (served by the kernel from the cache)."),
-    spec("fuse.fast_opens", "riffle_fuse_fast_opens", Counter, None, "Passthrough opens answered from memory with a idle backing file."),
-    spec("fuse.idle_backings", "riffle_fuse_idle_backings", Gauge, None, "Idle backing files held for reopening cached files from memory."),
-    spec("fuse.backings_opened_ahead", "riffle_fuse_backings_opened_ahead", Counter, None, "Backing files registered with the kernel as objects completed in the cache, before any open."),
-    spec("fuse.lookup_readaheads", "riffle_fuse_lookup_readaheads", Counter, None, "Readaheads of small cached files' cache files started because a lookup named them."),
-    spec("fuse.lookup_readaheads_failed", "riffle_fuse_lookup_readaheads_failed", Counter, None, "Lookup readaheads that failed (the cache file was gone)."),
-    spec("fuse.dir_reads_with_attrs", "riffle_fuse_dir_reads_with_attrs", Counter, None, "First reads of a directory answered with every entry's attributes (readdirplus), for readers that stat what they list."),
-    spec("fuse.dir_reads_names_only", "riffle_fuse_dir_reads_names_only", Counter, None, "First reads of a directory answered with names only, for readers that do not stat what they list."),
-    spec("fuse.passthrough", "riffle_fuse_passthrough_enabled", Kind::Equals("enabled"), None, "1 if FUSE passthrough is in use, else 0 (see riffle stats for the reason)."),
-    spec("cache.objects", "riffle_cache_objects", Gauge, None, "Objects with bytes in the disk cache."),
-    spec("cache.complete_objects", "riffle_cache_complete_objects", Gauge, None, "Objects whose every block is in the disk cache."),
-    spec("cache.blocks", "riffle_cache_blocks", Gauge, None, "Blocks in the disk cache."),
-    spec("cache.bytes", "riffle_cache", Gauge, BYTES, "Bytes charged to the disk cache."),
-    spec("cache.limit", "riffle_cache_limit", Gauge, BYTES, "Size limit of the disk cache."),
-    spec("cache.hits", "riffle_cache_hits", Counter, None, "Disk cache block lookups that found the block."),
-    spec("cache.misses", "riffle_cache_misses", Counter, None, "Disk cache block lookups that did not find the block."),
-    spec("cache.crc_failures", "riffle_cache_crc_failures", Counter, None, "Disk cache blocks that failed their checksum."),
-    spec("cache.writes", "riffle_cache_writes", Counter, None, "Blocks written to the disk cache."),
-    spec("cache.write_bytes", "riffle_cache_written", Counter, BYTES, "Bytes written to the disk cache."),
-    spec("cache.evictions", "riffle_cache_evictions", Counter, None, "Objects evicted from the disk cache."),
-    spec("cache.evicted_bytes", "riffle_cache_evicted", Counter, BYTES, "Bytes evicted from the disk cache."),
-    spec("cache.full", "riffle_cache_full_refusals", Counter, None, "Disk cache writes refused because nothing could be evicted."),
-    spec("cache.verified_reads", "riffle_cache_verified_reads", Counter, None, "Disk cache reads of blocks known good served as just the bytes asked for (no whole-block read and CRC check)."),
-    spec("cache.free_floor_refusals", "riffle_cache_free_floor_refusals", Counter, None, "Disk cache writes refused because the cache filesystem is down to the free space kept (--cache-min-free)."),
-    spec("cache.min_free", "riffle_cache_min_free", Gauge, BYTES, "Bytes of the cache filesystem always left free (--cache-min-free)."),
-    spec("cache.no_space_errors", "riffle_cache_no_space_errors", Counter, None, "Disk cache writes that failed with ENOSPC."),
-    spec("cache.io_errors", "riffle_cache_io_errors", Counter, None, "Disk cache I/O errors."),
-    spec("cache.index_memory_per_object", "riffle_cache_index_memory_per_object", Gauge, BYTES, "Memory of the disk cache index per known object."),
-    spec("blocks.disk_hits", "riffle_blocks_disk_hits", Counter, None, "Blocks served from the disk cache."),
-    spec("blocks.hits", "riffle_blocks_hits", Counter, None, "Blocks served from memory or joined in flight."),
-    spec("blocks.misses", "riffle_blocks_misses", Counter, None, "Blocks that had to be fetched from the store."),
-    spec("blocks.memory_cache_bytes", "riffle_blocks_memory_cache", Gauge, BYTES, "Bytes of blocks held in the memory cache."),
-    spec("read_ahead.requests", "riffle_read_ahead_requests", Counter, None, "Read-ahead GETs started."),
-    spec("read_ahead.skipped_for_budget", "riffle_read_ahead_skipped_for_budget", Counter, None, "Read-ahead skipped because the request or memory budget was used up."),
-    spec("prefetch.opens", "riffle_prefetch_opens", Counter, None, "File opens seen by the prefetcher."),
-    spec("prefetch.opens_already_cached", "riffle_prefetch_opens_already_cached", Counter, None, "File opens whose file was already wholly cached."),
-    spec("prefetch.plan_opens", "riffle_prefetch_plan_opens", Counter, None, "File opens of files in the epoch plan."),
-    spec("prefetch.plan_opens_already_cached", "riffle_prefetch_plan_opens_already_cached", Counter, None, "File opens of plan files that were already wholly cached."),
-    spec("prefetch.plan_fetched_files", "riffle_prefetch_plan_fetched_files", Counter, None, "Files fetched ahead of the reader by the epoch plan."),
-    spec("prefetch.plan_fetched_bytes", "riffle_prefetch_plan_fetched", Counter, BYTES, "Bytes fetched ahead of the reader by the epoch plan."),
-    spec("prefetch.plan_missing", "riffle_prefetch_plan_missing", Counter, None, "Plan entries not found in the store."),
-    spec("prefetch.plan_errors", "riffle_prefetch_plan_errors", Counter, None, "Plan fetches that failed."),
-    spec("prefetch.plan_unused_bytes", "riffle_prefetch_plan_unused", Counter, BYTES, "Bytes fetched for a plan that was replaced before they were opened (wasted)."),
-    spec("prefetch.dir_order_fetched_files", "riffle_prefetch_dir_order_fetched_files", Counter, None, "Files fetched ahead of the reader in directory order."),
-    spec("prefetch.epoch.enabled", "riffle_prefetch_epoch_enabled", Gauge, None, "1 if epoch prefetch is on (--epoch-prefetch)."),
-    spec("prefetch.epoch.active", "riffle_prefetch_epoch_active", Gauge, None, "1 while an epoch set is recognised and no plan is set."),
-    spec("prefetch.epoch.files", "riffle_prefetch_epoch_set_files", Gauge, None, "Files in the epoch set epoch prefetch recognised (no plan)."),
-    spec("prefetch.epoch.bytes", "riffle_prefetch_epoch_set", Gauge, BYTES, "Bytes of the files in the epoch set."),
-    spec("prefetch.epoch.directories", "riffle_prefetch_epoch_set_directories", Gauge, None, "Directories in the epoch set."),
-    spec("prefetch.epoch.directories_drawn_from", "riffle_prefetch_epoch_directories_drawn_from", Gauge, None, "Directories of the epoch set the reader has opened files in."),
-    spec("prefetch.epoch.files_drawn_from", "riffle_prefetch_epoch_files_drawn_from", Gauge, None, "Files in the directories drawn from (what epoch prefetch may fetch)."),
-    spec("prefetch.epoch.bytes_drawn_from", "riffle_prefetch_epoch_drawn_from", Gauge, BYTES, "Bytes in the directories drawn from."),
-    spec("prefetch.epoch.epoch", "riffle_prefetch_epoch_number", Gauge, None, "The epoch the reader is in (1 = the first seen)."),
-    spec("prefetch.epoch.opened_files", "riffle_prefetch_epoch_opened_files", Gauge, None, "Files of the set opened in this epoch."),
-    spec("prefetch.epoch.opened_bytes", "riffle_prefetch_epoch_opened", Gauge, BYTES, "Bytes of the files of the set opened in this epoch."),
-    spec("prefetch.epoch.fetched_ahead_files", "riffle_prefetch_epoch_fetched_ahead_files", Gauge, None, "Files epoch prefetch started fetching in this epoch."),
-    spec("prefetch.epoch.fetched_ahead_bytes", "riffle_prefetch_epoch_fetched_ahead", Gauge, BYTES, "Bytes epoch prefetch started fetching in this epoch."),
-    spec("prefetch.epoch.ahead_unopened_files", "riffle_prefetch_epoch_ahead_unopened_files", Gauge, None, "Files fetched ahead in this epoch and not opened yet."),
-    spec("prefetch.epoch.ahead_unopened_bytes", "riffle_prefetch_epoch_ahead_unopened", Gauge, BYTES, "Bytes fetched ahead in this epoch and not opened yet."),
-    spec("prefetch.epoch.fetching", "riffle_prefetch_epoch_fetching", Gauge, None, "Epoch prefetch fetches in flight."),
-    spec("prefetch.epoch.cached_unopened_bytes", "riffle_prefetch_epoch_cached_unopened", Gauge, BYTES, "Bytes of set files cached and not opened in this epoch (protected from eviction)."),
-    spec("prefetch.epoch.last_usefulness", "riffle_prefetch_epoch_last_usefulness", Gauge, None, "Share of the files fetched ahead in the last epoch that were opened in it."),
-    spec("prefetch.epoch.total_fetched_files", "riffle_prefetch_epoch_fetched_files", Counter, None, "Files fetched ahead by epoch prefetch."),
-    spec("prefetch.epoch.total_fetched_bytes", "riffle_prefetch_epoch_fetched", Counter, BYTES, "Bytes fetched ahead by epoch prefetch."),
-    spec("prefetch.epoch.wasted_bytes", "riffle_prefetch_epoch_wasted", Counter, BYTES, "Bytes epoch prefetch fetched that were not opened before their epoch ended."),
-    spec("prefetch.epoch.errors", "riffle_prefetch_epoch_errors", Counter, None, "Epoch prefetch fetches that failed."),
-    spec("prefetch.epoch.epochs_started", "riffle_prefetch_epochs_started", Counter, None, "Epoch boundaries seen (files of the set opened again)."),
-    spec("prefetch.plan.items", "riffle_prefetch_plan_items", Gauge, None, "Entries in the current epoch plan."),
-    spec("prefetch.plan.position", "riffle_prefetch_plan_position", Gauge, None, "The reader's position in the epoch plan."),
-    spec("prefetch.plan.fetching", "riffle_prefetch_plan_fetching", Gauge, None, "Plan files being fetched."),
-    spec("prefetch.plan.ready_unopened_bytes", "riffle_prefetch_plan_ready_unopened", Gauge, BYTES, "Bytes fetched for the plan and not yet opened by the reader."),
-    spec("volume.listed_files", "riffle_volume_listed_files", Gauge, None, "Files reachable from the mount root among the names listed so far."),
-    spec("volume.listed_dirs", "riffle_volume_listed_dirs", Gauge, None, "Directories reachable from the mount root among the names listed so far."),
-    spec("volume.listed_entries", "riffle_volume_listed_entries", Gauge, None, "Files and directories listed so far (the volume's inodes in NodeGetVolumeStats)."),
-    spec("volume.listed_bytes", "riffle_volume_listed", Gauge, BYTES, "Bytes of the files listed so far (the volume's total bytes in NodeGetVolumeStats)."),
-    spec("volume.cached_bytes", "riffle_volume_cached", Gauge, BYTES, "Bytes of the listed files the node's disk cache holds whole (the volume's used bytes in NodeGetVolumeStats)."),
-    spec("peer.members", "riffle_peer_members", Gauge, None, "Members of the peer ring (this node included when it is one)."),
-    spec("peer.bytes_served", "riffle_peer_served", Counter, BYTES, "Bytes of blocks served to peers."),
-    spec("peer.blocks_served", "riffle_peer_blocks_served", Counter, None, "Blocks served to peers."),
-    spec("peer.bytes_fetched", "riffle_peer_fetched", Counter, BYTES, "Bytes of blocks fetched from peers (CRC-checked)."),
-    spec("peer.blocks_fetched", "riffle_peer_blocks_fetched", Counter, None, "Blocks fetched from peers (CRC-checked)."),
-    spec("peer.store_fallbacks", "riffle_peer_store_fallbacks", Counter, None, "Blocks fetched from the store because the peers asked failed."),
-    spec("peer.errors", "riffle_peer_errors", Counter, None, "Failed requests to peers, and refused requests from them."),
-    spec("inflight.requests", "riffle_inflight_requests", Gauge, None, "GET requests in flight."),
-    spec("inflight.bytes", "riffle_inflight", Gauge, BYTES, "Bytes of GET buffers reserved."),
-    spec("namespace.inodes", "riffle_namespace_inodes", Gauge, None, "Inodes known to the namespace."),
-    spec("namespace.skipped_keys", "riffle_namespace_skipped_keys", Gauge, None, "Object keys not representable as paths (skipped)."),
-    spec("namespace.listings", "riffle_namespace_listings", Counter, None, "Directory listings taken from the store (all pages of one directory)."),
-    spec("namespace.listings_background", "riffle_namespace_listings_background", Counter, None, "Directory listings started in the background ahead of a walk."),
-    spec("namespace.listings_background_failed", "riffle_namespace_listings_background_failed", Counter, None, "Background listings that failed after retries (a reader lists the directory itself)."),
-    spec("namespace.listings_from_disk", "riffle_namespace_listings_from_disk", Counter, None, "Directory listings taken from the cache directory instead of the store."),
-    spec("namespace.listings_saved", "riffle_namespace_listings_saved", Counter, None, "Directory listings written to the cache directory."),
-    spec("namespace.listings_saved_ignored", "riffle_namespace_listings_saved_ignored", Counter, None, "Saved listings found torn or unreadable and not used."),
-    spec("namespace.heap_trims", "riffle_namespace_heap_trims", Counter, None, "Times freed heap memory was given back to the system after a burst of listings."),
-];
-
-/// JSON fields deliberately not exported (identity, not measurements).
-pub const IGNORED: &[&str] = &["pid"];
 
 /// The Prometheus view of a mount: a registry with the stats and FUSE latency collectors.
 pub struct Exporter {
@@ -258,18 +117,19 @@ impl Collector for StatsCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let stats = self.source.stats();
         let mut names = HashSet::new();
-        for s in STATS {
-            let Some(value) = lookup(&stats, s.path) else {
+        for s in defs::ALL.iter().filter(|s| s.exported()) {
+            let Some(value) = s.get(&stats) else {
                 continue;
             };
-            if encode_spec(&mut encoder, s, value)? {
-                names.insert(exposed_name(s.name, s.kind, s.unit));
+            let name = family_name(s);
+            if encode_stat(&mut encoder, s, &name, value)? {
+                names.insert(exposed_name(name, s));
             }
         }
         let mut leaves = Vec::new();
         numeric_leaves("", &stats, &mut leaves);
         for (path, value) in leaves {
-            if IGNORED.contains(&path.as_str()) || STATS.iter().any(|s| s.path == path) {
+            if defs::find(&path).is_some() {
                 continue;
             }
             let name = fallback_name(&path);
@@ -285,40 +145,33 @@ impl Collector for StatsCollector {
 }
 
 /// The name a family is exposed under: `name[_unit][_total]`.
-fn exposed_name(name: &str, kind: Kind, unit: Option<MetricUnit>) -> String {
-    let mut out = name.to_string();
-    if let Some(u) = unit {
-        out.push('_');
-        out.push_str(u.unit().as_str());
+fn exposed_name(mut name: String, s: &Stat) -> String {
+    if let Some(u) = s.unit {
+        name.push('_');
+        name.push_str(u.as_str());
     }
-    if kind == Kind::Counter {
-        out.push_str("_total");
+    if s.kind == Kind::Counter {
+        name.push_str("_total");
     }
-    out
+    name
 }
 
-/// The value at a dotted path of `stats`, if present and not null.
-fn lookup<'v>(stats: &'v Value, path: &str) -> Option<&'v Value> {
-    let mut v = stats;
-    for part in path.split('.') {
-        v = v.get(part)?;
-    }
-    (!v.is_null()).then_some(v)
-}
-
-/// Encodes one table row; false if the value has the wrong shape (and nothing was written).
-fn encode_spec(
+/// Encodes one declaration as family `name`; false if the value has the wrong shape (and
+/// nothing was written).
+fn encode_stat(
     encoder: &mut DescriptorEncoder,
-    s: &StatSpec,
+    s: &Stat,
+    name: &str,
     value: &Value,
 ) -> Result<bool, std::fmt::Error> {
-    let unit = s.unit.map(MetricUnit::unit);
+    let unit = unit(s);
     match s.kind {
+        Kind::Text | Kind::Id => return Ok(false),
         Kind::Equals(expected) => {
             let Some(text) = value.as_str() else {
                 return Ok(false);
             };
-            let m = encoder.encode_descriptor(s.name, s.help, None, MetricType::Gauge)?;
+            let m = encoder.encode_descriptor(name, s.help, None, MetricType::Gauge)?;
             ConstGauge::new(i64::from(text == expected)).encode(m)?;
         }
         Kind::Counter => {
@@ -332,8 +185,7 @@ fn encode_spec(
                 (None, Some(x)) if x >= 0.0 => Total::Amount(x),
                 _ => return Ok(false),
             };
-            let m =
-                encoder.encode_descriptor(s.name, s.help, unit.as_ref(), MetricType::Counter)?;
+            let m = encoder.encode_descriptor(name, s.help, unit.as_ref(), MetricType::Counter)?;
             match total {
                 Total::Count(n) => ConstCounter::new(n).encode(m)?,
                 Total::Amount(x) => ConstCounter::new(x).encode(m)?,
@@ -347,7 +199,7 @@ fn encode_spec(
             {
                 return Ok(false);
             }
-            let m = encoder.encode_descriptor(s.name, s.help, unit.as_ref(), MetricType::Gauge)?;
+            let m = encoder.encode_descriptor(name, s.help, unit.as_ref(), MetricType::Gauge)?;
             encode_gauge(m, value)?;
         }
     }
@@ -452,19 +304,12 @@ impl Collector for FuseOpsCollector {
 
 #[cfg(test)]
 mod tests {
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     use serde_json::json;
 
     use super::*;
-    use crate::cache::{CacheConfig, DiskCache, SizeLimit};
-    use crate::fetch::{DiskTier, FetchConfig, Fetcher};
-    use crate::fs::FsStatus;
-    use crate::metrics::MountMetrics;
-    use crate::namespace::{MetadataTtl, Namespace};
-    use crate::store::memory::MemoryStore;
-    use crate::store::retry::{RetryPolicy, RetryingStore};
-    use crate::store::ObjectStore;
+    use crate::metrics::fixture::mount_metrics;
 
     struct Fixed(Value);
 
@@ -624,60 +469,23 @@ mod tests {
         );
     }
 
-    /// Every number in the real `riffle stats` JSON (with a disk cache) is in [`STATS`], so none
-    /// is exported as `unknown`. When this fails, add the new field to the table.
+    /// Every number in the real `riffle stats` JSON (with a disk cache) is declared in
+    /// [`defs`], so none is exported as `unknown`.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn every_field_of_the_real_stats_is_classified() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let memory = Arc::new(MemoryStore::new());
-        memory.put("a/b.bin", vec![7u8; 10]);
-        let retrying = Arc::new(RetryingStore::new(memory, RetryPolicy::default()));
-        let store: Arc<dyn ObjectStore> = retrying.clone();
-        let ns = Namespace::new(store.clone(), "", MetadataTtl::Indefinite);
-        let cache = DiskCache::open(CacheConfig::new(dir.path(), SizeLimit::Bytes(64 << 20)))
-            .expect("cache");
-        let disk = Arc::new(DiskTier::new(cache, "memory", "bucket", "key:test", None));
-        let fetcher = Fetcher::new(
-            store,
-            FetchConfig::default(),
-            tokio::runtime::Handle::current(),
-            Some(disk),
-        );
-        // With peers, so their section is classified too.
-        fetcher.set_peers(crate::fetch::peer::Peers::new(
-            crate::fetch::peer::PeerConfig {
-                listen: None,
-                members: crate::fetch::peer::Membership::Static(vec!["127.0.0.1:9".into()]),
-                secret: crate::fetch::peer::Secret::from_bytes(b"0123456789abcdef"),
-                timeout: std::time::Duration::from_secs(2),
-                bucket: "bucket".into(),
-                prefix: String::new(),
-                principal: "00".repeat(16),
-                block_size: 1 << 20,
-                backoff: std::time::Duration::from_secs(1),
-            },
-        ));
-        let fs = Arc::new(FsStatus::default());
-        *fs.passthrough_mode.lock() = "enabled".into();
-        let source = Arc::new(MountMetrics {
-            source: "s3://bucket/".into(),
-            started: Instant::now(),
-            namespace: ns,
-            fetcher,
-            store: retrying,
-            fs,
-        });
+        let source = mount_metrics(dir.path());
         let mut leaves = Vec::new();
         let stats = source.stats();
         numeric_leaves("", &stats, &mut leaves);
         let unclassified: Vec<_> = leaves
             .iter()
             .map(|(p, _)| p.as_str())
-            .filter(|p| !IGNORED.contains(p) && !STATS.iter().any(|s| s.path == *p))
+            .filter(|p| defs::find(p).is_none())
             .collect();
         assert!(
             unclassified.is_empty(),
-            "add these stats fields to STATS in src/metrics/prometheus.rs: {unclassified:?}"
+            "declare these stats fields in src/stats/defs.rs: {unclassified:?}"
         );
         let text = Exporter::new(source, FuseOps::new())
             .encode()
@@ -691,5 +499,33 @@ mod tests {
         for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
             assert!(seen.insert(line.split(' ').nth(2)), "duplicate {line}");
         }
+    }
+
+    /// No two exported declarations share a family (OpenMetrics requires unique names), and
+    /// a derived name drops a unit suffix the encoder adds back.
+    #[test]
+    fn family_names_are_unique_and_derived_from_paths() {
+        let mut seen = HashSet::new();
+        for s in defs::ALL.iter().filter(|s| s.exported()) {
+            let name = exposed_name(family_name(s), s);
+            assert!(
+                seen.insert(name.clone()),
+                "two stats are exported as {name}"
+            );
+        }
+        assert_eq!(family_name(&defs::STORE_GET_BYTES), "riffle_store_get");
+        assert_eq!(family_name(&defs::UPTIME_SECONDS), "riffle_uptime");
+        assert_eq!(family_name(&defs::CACHE_LIMIT), "riffle_cache_limit");
+        assert_eq!(
+            family_name(&defs::CACHE_WRITE_BYTES),
+            "riffle_cache_written"
+        );
+        assert_eq!(
+            exposed_name(
+                family_name(&defs::PREFETCH_OPENS_ALREADY_CACHED),
+                &defs::PREFETCH_OPENS_ALREADY_CACHED
+            ),
+            "riffle_prefetch_opens_already_cached_total"
+        );
     }
 }

@@ -42,12 +42,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 
 use parking_lot::Mutex;
-use serde_json::json;
 use tokio::sync::Notify;
 
 use crate::cache::{EntryKey, PlanOracle};
 use crate::fetch::{Fetcher, ObjectVersion, Priority};
 use crate::namespace::{Attr, Kind, Namespace, NamespaceError};
+use crate::stats::{defs, Sample};
 use dirorder::DirOrder;
 use plan::{Plan, PlanTracker, Window};
 use warm::WarmJob;
@@ -548,32 +548,41 @@ impl Prefetcher {
         }
     }
 
-    /// The prefetch section of `riffle stats`.
-    pub fn stats_json(&self) -> serde_json::Value {
+    /// Records the prefetch section of `riffle stats`.
+    pub fn record(&self, sample: &mut Sample) {
         let s = &self.stats;
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let plan = self.plan.lock().as_ref().map(|slot| {
-            json!({
-                "items": slot.tracker.plan().len(),
-                "position": slot.tracker.position(),
-                "fetching": slot.tracker.fetching(),
-                "ready_unopened_bytes": slot.tracker.ready_bytes(),
-            })
-        });
-        json!({
-            "plan": plan,
-            "opens": load(&s.opens),
-            "opens_already_cached": load(&s.opens_cached),
-            "plan_opens": load(&s.plan_opens),
-            "plan_opens_already_cached": load(&s.plan_opens_ready),
-            "plan_fetched_files": load(&s.plan_fetched),
-            "plan_fetched_bytes": load(&s.plan_fetched_bytes),
-            "plan_missing": load(&s.plan_missing),
-            "plan_errors": load(&s.plan_errors),
-            "plan_unused_bytes": load(&s.plan_unused_bytes),
-            "dir_order_fetched_files": load(&s.dir_order_fetched),
-            "epoch": self.epoch_json(),
-        })
+        match self.plan.lock().as_ref() {
+            Some(slot) => {
+                let t = &slot.tracker;
+                sample.put(&defs::PREFETCH_PLAN_ITEMS, t.plan().len());
+                sample.put(&defs::PREFETCH_PLAN_POSITION, t.position());
+                sample.put(&defs::PREFETCH_PLAN_FETCHING, t.fetching());
+                sample.put(&defs::PREFETCH_PLAN_READY_UNOPENED_BYTES, t.ready_bytes());
+            }
+            None => sample.absent(&defs::PREFETCH_PLAN),
+        }
+        sample.put(&defs::PREFETCH_OPENS, load(&s.opens));
+        sample.put(&defs::PREFETCH_OPENS_ALREADY_CACHED, load(&s.opens_cached));
+        sample.put(&defs::PREFETCH_PLAN_OPENS, load(&s.plan_opens));
+        let ready = load(&s.plan_opens_ready);
+        sample.put(&defs::PREFETCH_PLAN_OPENS_ALREADY_CACHED, ready);
+        sample.put(&defs::PREFETCH_PLAN_FETCHED_FILES, load(&s.plan_fetched));
+        sample.put(
+            &defs::PREFETCH_PLAN_FETCHED_BYTES,
+            load(&s.plan_fetched_bytes),
+        );
+        sample.put(&defs::PREFETCH_PLAN_MISSING, load(&s.plan_missing));
+        sample.put(&defs::PREFETCH_PLAN_ERRORS, load(&s.plan_errors));
+        sample.put(
+            &defs::PREFETCH_PLAN_UNUSED_BYTES,
+            load(&s.plan_unused_bytes),
+        );
+        sample.put(
+            &defs::PREFETCH_DIR_ORDER_FETCHED_FILES,
+            load(&s.dir_order_fetched),
+        );
+        self.record_epoch(sample);
     }
 }
 

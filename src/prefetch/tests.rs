@@ -232,7 +232,9 @@ async fn a_new_plan_replaces_the_old_one_mid_epoch() {
     assert_eq!(log.iter().filter(|k| k.starts_with("b/")).count(), 5);
     assert_eq!(log.iter().filter(|k| k.starts_with("a/")).count(), 5);
     s.prefetch.set_plan(None);
-    assert!(s.prefetch.stats_json()["plan"].is_null());
+    let mut sample = crate::stats::Sample::new();
+    s.prefetch.record(&mut sample);
+    assert!(sample.into_json()["prefetch"]["plan"].is_null());
     // Both plans' five files were fetched and never opened: counted as unused.
     assert_eq!(
         load(&s.prefetch.stats().plan_unused_bytes),

@@ -111,7 +111,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use serde_json::json;
 
 pub(super) use machine::EpochState;
 use machine::{common_ancestor, DirRange, EpochSet, Listed, AHEAD};
@@ -120,6 +119,7 @@ use super::Prefetcher;
 use crate::cache::EntryKey;
 use crate::fetch::{ObjectVersion, Priority};
 use crate::namespace::Kind;
+use crate::stats::{defs, Sample};
 
 /// Opens under a candidate root before its files are enumerated.
 pub const MIN_OPENS_TO_BUILD: u32 = 4;
@@ -676,41 +676,66 @@ impl Prefetcher {
         self.epoch_wake.notify_one();
     }
 
-    /// The epoch section of `riffle stats`.
-    pub(super) fn epoch_json(&self) -> serde_json::Value {
+    /// Records the epoch section of `riffle stats`.
+    pub(super) fn record_epoch(&self, sample: &mut Sample) {
         let s = &self.stats;
         let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
         let plan_active = self.plan.lock().is_some();
         let st = self.epoch.lock();
         let set = st.set.as_ref();
-        json!({
-            "enabled": self.config.epoch_prefetch,
-            "active": set.is_some() && !plan_active,
-            "root": set.map(|s| if s.root_path.is_empty() { "/".to_string() } else { s.root_path.clone() }),
-            "files": set.map_or(0, |s| s.inos.len()),
-            "bytes": set.map_or(0, |s| s.total_bytes),
-            "directories": set.map_or(0, |s| s.dirs.len()),
-            "directories_drawn_from": set.map_or(0, |s| s.drawn.len()),
-            "files_drawn_from": set.map_or(0, |s| s.drawn_files),
-            "bytes_drawn_from": set.map_or(0, |s| s.drawn_bytes),
-            "epoch": st.epoch,
-            "opened_files": st.opened_files,
-            "opened_bytes": st.opened_bytes,
-            "fetched_ahead_files": st.fetched_this_epoch,
-            "fetched_ahead_bytes": st.fetched_bytes_this_epoch,
-            "ahead_unopened_files": st.ahead_files,
-            "ahead_unopened_bytes": st.ahead_bytes,
-            "fetching": st.in_flight,
-            "cached_unopened_bytes": st.needed_bytes,
-            "mode": st.trust.as_str(),
-            "last_usefulness": st.last_usefulness,
-            "note": st.note,
-            "total_fetched_files": load(&s.epoch_fetched),
-            "total_fetched_bytes": load(&s.epoch_fetched_bytes),
-            "wasted_bytes": load(&s.epoch_wasted_bytes),
-            "errors": load(&s.epoch_errors),
-            "epochs_started": load(&s.epochs),
-        })
+        let root = set.map(|s| {
+            if s.root_path.is_empty() {
+                "/".to_string()
+            } else {
+                s.root_path.clone()
+            }
+        });
+        sample.put(&defs::PREFETCH_EPOCH_ENABLED, self.config.epoch_prefetch);
+        sample.put(&defs::PREFETCH_EPOCH_ACTIVE, set.is_some() && !plan_active);
+        sample.put(&defs::PREFETCH_EPOCH_ROOT, root);
+        sample.put(&defs::PREFETCH_EPOCH_FILES, set.map_or(0, |s| s.inos.len()));
+        sample.put(
+            &defs::PREFETCH_EPOCH_BYTES,
+            set.map_or(0, |s| s.total_bytes),
+        );
+        sample.put(
+            &defs::PREFETCH_EPOCH_DIRECTORIES,
+            set.map_or(0, |s| s.dirs.len()),
+        );
+        let drawn = set.map_or(0, |s| s.drawn.len());
+        sample.put(&defs::PREFETCH_EPOCH_DIRECTORIES_DRAWN_FROM, drawn);
+        let drawn_files = set.map_or(0, |s| s.drawn_files);
+        sample.put(&defs::PREFETCH_EPOCH_FILES_DRAWN_FROM, drawn_files);
+        let drawn_bytes = set.map_or(0, |s| s.drawn_bytes);
+        sample.put(&defs::PREFETCH_EPOCH_BYTES_DRAWN_FROM, drawn_bytes);
+        sample.put(&defs::PREFETCH_EPOCH_EPOCH, st.epoch);
+        sample.put(&defs::PREFETCH_EPOCH_OPENED_FILES, st.opened_files);
+        sample.put(&defs::PREFETCH_EPOCH_OPENED_BYTES, st.opened_bytes);
+        sample.put(
+            &defs::PREFETCH_EPOCH_FETCHED_AHEAD_FILES,
+            st.fetched_this_epoch,
+        );
+        let fetched_bytes = st.fetched_bytes_this_epoch;
+        sample.put(&defs::PREFETCH_EPOCH_FETCHED_AHEAD_BYTES, fetched_bytes);
+        sample.put(&defs::PREFETCH_EPOCH_AHEAD_UNOPENED_FILES, st.ahead_files);
+        sample.put(&defs::PREFETCH_EPOCH_AHEAD_UNOPENED_BYTES, st.ahead_bytes);
+        sample.put(&defs::PREFETCH_EPOCH_FETCHING, st.in_flight);
+        sample.put(&defs::PREFETCH_EPOCH_CACHED_UNOPENED_BYTES, st.needed_bytes);
+        sample.put(&defs::PREFETCH_EPOCH_MODE, st.trust.as_str());
+        sample.put(&defs::PREFETCH_EPOCH_LAST_USEFULNESS, st.last_usefulness);
+        sample.put(&defs::PREFETCH_EPOCH_NOTE, st.note.clone());
+        sample.put(
+            &defs::PREFETCH_EPOCH_TOTAL_FETCHED_FILES,
+            load(&s.epoch_fetched),
+        );
+        let total_bytes = load(&s.epoch_fetched_bytes);
+        sample.put(&defs::PREFETCH_EPOCH_TOTAL_FETCHED_BYTES, total_bytes);
+        sample.put(
+            &defs::PREFETCH_EPOCH_WASTED_BYTES,
+            load(&s.epoch_wasted_bytes),
+        );
+        sample.put(&defs::PREFETCH_EPOCH_ERRORS, load(&s.epoch_errors));
+        sample.put(&defs::PREFETCH_EPOCH_EPOCHS_STARTED, load(&s.epochs));
     }
 }
 

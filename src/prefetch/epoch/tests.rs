@@ -16,6 +16,15 @@ use crate::test_support::eventually;
 
 const BLOCK: u64 = 4096;
 
+impl Prefetcher {
+    /// The epoch section of `riffle stats`.
+    fn epoch_json(&self) -> serde_json::Value {
+        let mut sample = Sample::new();
+        self.record_epoch(&mut sample);
+        sample.into_json()["prefetch"]["epoch"].take()
+    }
+}
+
 struct Setup {
     store: Arc<MemoryStore>,
     ns: Arc<Namespace>,
@@ -673,23 +682,26 @@ async fn off_means_off() {
 /// Every number of the prefetch section of `riffle stats` is a Prometheus metric.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_prefetch_stat_is_exported() {
-    use crate::metrics::prometheus::{numeric_leaves, STATS};
+    use crate::metrics::prometheus::numeric_leaves;
+    use crate::stats::defs;
     let s = setup(2, 10, 4096, None, true);
     for p in shuffled(&s.paths, 2).iter().take(10) {
         s.read(p).await;
     }
     s.wait_for_set().await;
-    let stats = serde_json::json!({ "prefetch": s.prefetch.stats_json() });
+    let mut sample = Sample::new();
+    s.prefetch.record(&mut sample);
+    let stats = sample.into_json();
     let mut leaves = Vec::new();
     numeric_leaves("", &stats, &mut leaves);
     let missing: Vec<&str> = leaves
         .iter()
         .map(|(p, _)| p.as_str())
-        .filter(|p| !STATS.iter().any(|s| s.path == *p))
+        .filter(|p| !defs::find(p).is_some_and(|s| s.exported()))
         .collect();
     assert!(
         missing.is_empty(),
-        "add to STATS in src/metrics/prometheus.rs: {missing:?}"
+        "declare in src/stats/defs.rs: {missing:?}"
     );
 }
 

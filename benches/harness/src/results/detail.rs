@@ -9,6 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use rifflefs::stats::{defs, Stat};
 use serde_json::Value;
 
 use super::{PassDetail, RiffleCounters};
@@ -33,6 +34,7 @@ fn read_json(path: &Path) -> anyhow::Result<Option<Value>> {
     }
 }
 
+/// The number at `path` of the proxy's JSON (0 when missing).
 fn u(v: &Value, path: &[&str]) -> u64 {
     path.iter()
         .try_fold(v, |v, k| v.get(k))
@@ -40,34 +42,38 @@ fn u(v: &Value, path: &[&str]) -> u64 {
         .unwrap_or(0)
 }
 
-/// riffle's counters between two `riffle stats --json` snapshots.
+/// riffle's counters between two `riffle stats --json` snapshots, read by
+/// their declarations in `rifflefs::stats::defs`.
 pub fn riffle_delta(before: Option<&Value>, after: &Value) -> RiffleCounters {
-    let d = |path: &[&str]| u(after, path).saturating_sub(before.map_or(0, |b| u(b, path)));
+    let d = |stat: &Stat| {
+        stat.count(after)
+            .saturating_sub(before.map_or(0, |b| stat.count(b)))
+    };
     RiffleCounters {
-        get_requests: d(&["store", "get_requests"]),
-        get_bytes: d(&["store", "get_bytes"]),
-        opens: d(&["fuse", "opens"]),
-        opens_already_cached: d(&["prefetch", "opens_already_cached"]),
-        passthrough_opens: d(&["fuse", "passthrough_opens"]),
-        plan_opens: d(&["prefetch", "plan_opens"]),
-        plan_opens_already_cached: d(&["prefetch", "plan_opens_already_cached"]),
-        plan_fetched_files: d(&["prefetch", "plan_fetched_files"]),
-        plan_unused_bytes: d(&["prefetch", "plan_unused_bytes"]),
-        dir_order_fetched_files: d(&["prefetch", "dir_order_fetched_files"]),
-        cache_hits: d(&["cache", "hits"]),
-        cache_misses: d(&["cache", "misses"]),
-        evictions: d(&["cache", "evictions"]),
-        passthrough: after
-            .pointer("/fuse/passthrough")
+        get_requests: d(&defs::STORE_GET_REQUESTS),
+        get_bytes: d(&defs::STORE_GET_BYTES),
+        opens: d(&defs::FUSE_OPENS),
+        opens_already_cached: d(&defs::PREFETCH_OPENS_ALREADY_CACHED),
+        passthrough_opens: d(&defs::FUSE_PASSTHROUGH_OPENS),
+        plan_opens: d(&defs::PREFETCH_PLAN_OPENS),
+        plan_opens_already_cached: d(&defs::PREFETCH_PLAN_OPENS_ALREADY_CACHED),
+        plan_fetched_files: d(&defs::PREFETCH_PLAN_FETCHED_FILES),
+        plan_unused_bytes: d(&defs::PREFETCH_PLAN_UNUSED_BYTES),
+        dir_order_fetched_files: d(&defs::PREFETCH_DIR_ORDER_FETCHED_FILES),
+        cache_hits: d(&defs::CACHE_HITS),
+        cache_misses: d(&defs::CACHE_MISSES),
+        evictions: d(&defs::CACHE_EVICTIONS),
+        passthrough: defs::FUSE_PASSTHROUGH
+            .get(after)
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_string(),
-        cache_objects: u(after, &["cache", "objects"]),
-        cache_bytes: u(after, &["cache", "bytes"]),
-        index_memory_per_object: u(after, &["cache", "index_memory_per_object"]),
-        listings: d(&["namespace", "listings"]),
-        listings_background: d(&["namespace", "listings_background"]),
-        listings_from_disk: d(&["namespace", "listings_from_disk"]),
+        cache_objects: defs::CACHE_OBJECTS.count(after),
+        cache_bytes: defs::CACHE_BYTES.count(after),
+        index_memory_per_object: defs::CACHE_INDEX_MEMORY_PER_OBJECT.count(after),
+        listings: d(&defs::NAMESPACE_LISTINGS),
+        listings_background: d(&defs::NAMESPACE_LISTINGS_BACKGROUND),
+        listings_from_disk: d(&defs::NAMESPACE_LISTINGS_FROM_DISK),
     }
 }
 
