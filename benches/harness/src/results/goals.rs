@@ -11,6 +11,7 @@
 
 use super::metrics::{throughput, Epoch, Unit};
 use super::render::system_label;
+pub(super) use super::rules::{rule, Rule};
 use super::{Column, Row};
 
 fn find<'a>(rows: &'a [Row], table: &str, system: &str) -> Option<&'a Row> {
@@ -56,26 +57,19 @@ fn median(values: &[f64]) -> Option<f64> {
     }
 }
 
-/// `at_least`: the goal is `value >= goal` (else `value <= goal`, or `<`
-/// when `strict`). `values` holds one value per round that measured it;
-/// the goal is checked on their median.
+/// One goal measured: `values` holds one value per round that measured it, judged on their
+/// median by its `rule` (its line of `benches/goals.toml`).
 pub(super) struct Goal {
     pub(super) what: String,
     pub(super) values: Vec<f64>,
-    pub(super) goal: f64,
-    pub(super) at_least: bool,
-    pub(super) strict: bool,
+    pub(super) rule: Rule,
     pub(super) unit: &'static str,
     pub(super) missing: String,
 }
 
 impl Goal {
     fn render(&self) -> String {
-        let op = match (self.at_least, self.strict) {
-            (true, _) => "≥",
-            (false, true) => "<",
-            (false, false) => "≤",
-        };
+        let op = self.rule.cmp.symbol();
         let fmt = |v: f64| {
             if self.unit == "%" {
                 format!("{v:.1}{}", self.unit)
@@ -87,15 +81,11 @@ impl Goal {
                 format!("{v:.2}{}", self.unit)
             }
         };
-        let goal = format!("goal {op} {}{}", self.goal, self.unit);
+        let goal = format!("goal {op} {}{}", self.rule.goal, self.unit);
         let Some(v) = median(&self.values) else {
             return format!("{}: not measured ({}; {goal})", self.what, self.missing);
         };
-        let met = match (self.at_least, self.strict) {
-            (true, _) => v >= self.goal,
-            (false, true) => v < self.goal,
-            (false, false) => v <= self.goal,
-        };
+        let met = self.rule.cmp.met(v, self.rule.goal);
         let rounds = if self.values.len() > 1 {
             let each: Vec<String> = self.values.iter().map(|&x| fmt(x)).collect();
             format!(
@@ -122,24 +112,21 @@ pub(super) fn div(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     }
 }
 
-/// `a`'s throughput in its epoch ÷ `b`'s in its epoch, per round, with the
-/// goal `≥ goal`.
+/// `a`'s throughput in its epoch ÷ `b`'s in its epoch, per round, judged by goal `id`.
 fn ratio_goal(
     rounds: &[Vec<Row>],
     table: &str,
     what: String,
     a: (&str, Epoch),
     b: (&str, Epoch),
-    goal: f64,
+    id: &str,
 ) -> Goal {
     Goal {
         what,
         values: per_round(rounds, |r| {
             div(tp(r, table, a.0, a.1), tp(r, table, b.0, b.1))
         }),
-        goal,
-        at_least: true,
-        strict: false,
+        rule: rule(id),
         unit: "×",
         missing: missing(&rounds[0], table, &[a, b]),
     }
@@ -170,7 +157,7 @@ fn missing(rows: &[Row], table: &str, wanted: &[(&str, Epoch)]) -> String {
 
 /// `system`'s throughput in `epoch` (warm or the re-read) ÷ local disk's
 /// in the same epoch, per round.
-fn vs_local(rounds: &[Vec<Row>], table: &str, system: &str, epoch: Epoch, goal: f64) -> Goal {
+fn vs_local(rounds: &[Vec<Row>], table: &str, system: &str, epoch: Epoch, id: &str) -> Goal {
     let unit = Unit::of_table(table).label();
     let what = match epoch {
         Epoch::Reread => format!("epoch 3 (re-read) {unit} ÷ local disk epoch 3"),
@@ -182,7 +169,7 @@ fn vs_local(rounds: &[Vec<Row>], table: &str, system: &str, epoch: Epoch, goal: 
         format!("{}, {what}", system_label(system)),
         (system, epoch),
         ("local", epoch),
-        goal,
+        id,
     )
 }
 
@@ -190,7 +177,7 @@ fn vs_local(rounds: &[Vec<Row>], table: &str, system: &str, epoch: Epoch, goal: 
 /// wrote) ÷ local disk's epoch 1 (its first read of the copy written just
 /// before it), per round: a first read of freshly written files on both
 /// sides.
-fn first_reads(rounds: &[Vec<Row>], table: &str, system: &str, goal: f64) -> Goal {
+fn first_reads(rounds: &[Vec<Row>], table: &str, system: &str, id: &str) -> Goal {
     let unit = Unit::of_table(table).label();
     ratio_goal(
         rounds,
@@ -202,7 +189,7 @@ fn first_reads(rounds: &[Vec<Row>], table: &str, system: &str, goal: f64) -> Goa
         ),
         (system, Epoch::Warm),
         ("local", Epoch::Cold),
-        goal,
+        id,
     )
 }
 
@@ -232,7 +219,7 @@ fn no_plan_goals(rounds: &[Vec<Row>], rows: &[Row]) -> Vec<Goal> {
             format!("{no_plan}, cold files/s ÷ riffle + epoch plan"),
             ("riffle", Epoch::Cold),
             ("riffle-plan", Epoch::Cold),
-            0.9,
+            "w1.no_plan_cold_vs_plan",
         ));
     }
     if find(rows, table, "copy-first").is_some() {
@@ -244,9 +231,7 @@ fn no_plan_goals(rounds: &[Vec<Row>], rows: &[Row]) -> Vec<Goal> {
         out.push(Goal {
             what: format!("{no_plan}, cold epoch time ÷ copy-first total (copy + local epoch)"),
             values: per_round(rounds, |r| div(cold(r).map(|o| o.elapsed_s), copy_total(r))),
-            goal: 1.0,
-            at_least: false,
-            strict: false,
+            rule: rule("w1.no_plan_cold_vs_copy_first"),
             unit: "×",
             missing: missing(
                 rows,
@@ -258,9 +243,7 @@ fn no_plan_goals(rounds: &[Vec<Row>], rows: &[Row]) -> Vec<Goal> {
     out.push(Goal {
         what: format!("{no_plan}, first 256 files of the cold epoch"),
         values: per_round(rounds, |r| cold(r)?.first_256_s),
-        goal: 1.0,
-        at_least: false,
-        strict: true,
+        rule: rule("w1.no_plan_first_256"),
         unit: " s",
         missing: missing(rows, table, &[("riffle", Epoch::Cold)]),
     });
@@ -281,18 +264,14 @@ fn no_plan_goals(rounds: &[Vec<Row>], rows: &[Row]) -> Vec<Goal> {
     out.push(Goal {
         what: format!("{no_plan}, GETs at the store ÷ files read, cold epoch"),
         values: per_round(rounds, |r| gets_per_file(r, false)),
-        goal: 1.02,
-        at_least: false,
-        strict: false,
+        rule: rule("w1.no_plan_cold_gets_per_file"),
         unit: "×",
         missing: "no proxy counts".into(),
     });
     out.push(Goal {
         what: format!("{no_plan}, GETs at the store in the warm epoch"),
         values: per_round(rounds, |r| gets_per_file(r, true)),
-        goal: 0.0,
-        at_least: false,
-        strict: false,
+        rule: rule("w1.no_plan_warm_gets"),
         unit: "",
         missing: "no proxy counts".into(),
     });
@@ -320,9 +299,7 @@ fn no_plan_goals(rounds: &[Vec<Row>], rows: &[Row]) -> Vec<Goal> {
         out.push(Goal {
             what,
             values: value.into_iter().collect(),
-            goal: 2.0,
-            at_least: false,
-            strict: false,
+            rule: rule("w1.browse_fetched_vs_read"),
             unit: "×",
             missing: browse.status.clone(),
         });
@@ -344,9 +321,7 @@ fn w5_goals(rows: &[Row]) -> Vec<Goal> {
     out.push(Goal {
         what: format!("{label}, files/s in epochs 2–3 ÷ `--eviction epoch`"),
         values: div(rate, epoch_rate).into_iter().collect(),
-        goal: 2.5,
-        at_least: true,
-        strict: false,
+        rule: rule("w5.no_plan_vs_epoch"),
         unit: "×",
         missing: "`--eviction epoch` not in this run".into(),
     });
@@ -363,9 +338,7 @@ fn w5_goals(rows: &[Row]) -> Vec<Goal> {
             .then(|| cached as f64 / opens as f64)
             .into_iter()
             .collect(),
-        goal: 0.8,
-        at_least: true,
-        strict: false,
+        rule: rule("w5.opens_cached"),
         unit: "",
         missing: "no riffle counters".into(),
     });
@@ -376,9 +349,7 @@ fn w5_goals(rows: &[Row]) -> Vec<Goal> {
     out.push(Goal {
         what: format!("{label}, GETs per epoch ÷ files read, epochs 2–3 (the larger)"),
         values: worst.into_iter().collect(),
-        goal: 0.55,
-        at_least: false,
-        strict: false,
+        rule: rule("w5.gets_per_file"),
         unit: "×",
         missing: "no proxy counts".into(),
     });
@@ -404,7 +375,7 @@ fn python_goals(rounds: &[Vec<Row>], rows: &[Row]) -> Vec<Goal> {
         ),
         ("riffle-py", Epoch::Warm),
         ("local-py", Epoch::Warm),
-        0.9,
+        "w1.python_warm_vs_local_py",
     )];
     // riffle ÷ local disk as each reader sees it.
     let vs_local = |r: &[Row], system: &str, epoch: Epoch| {
@@ -431,9 +402,10 @@ fn python_goals(rounds: &[Vec<Row>], rows: &[Row]) -> Vec<Goal> {
                 )?;
                 Some((ratio - 1.0).abs() * 100.0)
             }),
-            goal: 10.0,
-            at_least: false,
-            strict: false,
+            rule: rule(match epoch {
+                Epoch::Warm => "w1.python_vs_read_fs.warm",
+                _ => "w1.python_vs_read_fs.cold",
+            }),
             unit: "%",
             missing: missing(
                 rows,
@@ -458,20 +430,26 @@ pub fn goals(table: &str, rows: &[Row], extra: &[Row]) -> Vec<String> {
     match table {
         "w1" => {
             // Issue 21: without passthrough (most GPU nodes' kernels) at 0.85× local disk.
-            for (s, goal) in [("riffle", 0.8), ("riffle-nopt", 0.85)] {
+            for (s, id) in [
+                ("riffle", "w1.warm_vs_local.riffle"),
+                ("riffle-nopt", "w1.warm_vs_local.riffle-nopt"),
+            ] {
                 if find(rows, table, s).is_some() {
-                    out.push(vs_local(&rounds, table, s, Epoch::Warm, goal));
+                    out.push(vs_local(&rounds, table, s, Epoch::Warm, id));
                 }
             }
             if find(rows, table, "riffle-plan").is_some() {
-                for (peer, goal) in [("s3fs", 10.0), ("mountpoint", 5.0)] {
+                for (peer, id) in [
+                    ("s3fs", "w1.plan_cold_vs.s3fs"),
+                    ("mountpoint", "w1.plan_cold_vs.mountpoint"),
+                ] {
                     out.push(ratio_goal(
                         &rounds,
                         table,
                         format!("riffle + epoch plan, cold files/s ÷ {}", system_label(peer)),
                         ("riffle-plan", Epoch::Cold),
                         (peer, Epoch::Cold),
-                        goal,
+                        id,
                     ));
                 }
                 let plan_cold = |r: &[Row]| {
@@ -490,9 +468,7 @@ pub fn goals(table: &str, rows: &[Row], extra: &[Row]) -> Vec<String> {
                     values: per_round(&rounds, |r| {
                         div(plan_cold(r).map(|o| o.elapsed_s), copy_total(r))
                     }),
-                    goal: 1.1,
-                    at_least: false,
-                    strict: false,
+                    rule: rule("w1.plan_cold_vs_copy_first"),
                     unit: "×",
                     missing: missing(
                         rows,
@@ -503,9 +479,7 @@ pub fn goals(table: &str, rows: &[Row], extra: &[Row]) -> Vec<String> {
                 out.push(Goal {
                     what: "riffle + epoch plan, first 256 files of the cold epoch".into(),
                     values: per_round(&rounds, |r| plan_cold(r)?.first_256_s),
-                    goal: 1.0,
-                    at_least: false,
-                    strict: true,
+                    rule: rule("w1.plan_first_256"),
                     unit: " s",
                     missing: missing(rows, table, &[("riffle-plan", Epoch::Cold)]),
                 });
@@ -522,12 +496,29 @@ pub fn goals(table: &str, rows: &[Row], extra: &[Row]) -> Vec<String> {
             // disk's first read of the copy it just wrote (epoch 1); and
             // riffle's re-read against local disk's re-read (epoch 3).
             let reread = has_reread(rows, table);
-            for (s, goal) in [("riffle", 0.95), ("riffle-nopt", 0.85)] {
+            for (s, [warm, first, reread_id]) in [
+                (
+                    "riffle",
+                    [
+                        "w2.warm_vs_local.riffle",
+                        "w2.first_reads.riffle",
+                        "w2.reread_vs_local.riffle",
+                    ],
+                ),
+                (
+                    "riffle-nopt",
+                    [
+                        "w2.warm_vs_local.riffle-nopt",
+                        "w2.first_reads.riffle-nopt",
+                        "w2.reread_vs_local.riffle-nopt",
+                    ],
+                ),
+            ] {
                 if find(rows, table, s).is_some() {
-                    out.push(vs_local(&rounds, table, s, Epoch::Warm, goal));
-                    out.push(first_reads(&rounds, table, s, goal));
+                    out.push(vs_local(&rounds, table, s, Epoch::Warm, warm));
+                    out.push(first_reads(&rounds, table, s, first));
                     if reread {
-                        out.push(vs_local(&rounds, table, s, Epoch::Reread, goal));
+                        out.push(vs_local(&rounds, table, s, Epoch::Reread, reread_id));
                     }
                 }
             }

@@ -7,6 +7,7 @@ pub mod goals;
 pub mod machine;
 pub mod metrics;
 pub mod render;
+mod rules;
 pub mod store;
 pub mod w4;
 pub mod w5;

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use super::goals::{div, per_round, Goal};
+use super::goals::{div, per_round, rule, Goal};
 use super::metrics::{num, ratio, PlotPoint, PlotSeries, PlotTable};
 use super::{Column, Listing, Row, Step};
 
@@ -130,9 +130,7 @@ pub(super) fn goals(rounds: &[Vec<Row>], rows: &[Row]) -> Vec<Goal> {
                     walk_secs(r, "s3-client", cold_walk),
                 )
             }),
-            goal: 1.5,
-            at_least: false,
-            strict: false,
+            rule: rule("w4.cold_walk_vs_s3_client"),
             unit: "×",
             missing: missing(
                 rows,
@@ -150,9 +148,7 @@ pub(super) fn goals(rounds: &[Vec<Row>], rows: &[Row]) -> Vec<Goal> {
                     walk_secs(r, "riffle", cold_walk),
                 )
             }),
-            goal: 3.0,
-            at_least: true,
-            strict: false,
+            rule: rule("w4.seq_walk_vs_riffle"),
             unit: "×",
             missing: missing(
                 rows,
@@ -176,9 +172,7 @@ pub(super) fn goals(rounds: &[Vec<Row>], rows: &[Row]) -> Vec<Goal> {
     out.push(Goal {
         what: format!("{riffle}, LISTs at the store in the remount's walk and stat"),
         values: per_round(rounds, remount_lists),
-        goal: 0.0,
-        at_least: false,
-        strict: false,
+        rule: rule("w4.remount_lists"),
         unit: "",
         missing: format!(
             "no proxy counts; {}",
@@ -193,9 +187,7 @@ pub(super) fn goals(rounds: &[Vec<Row>], rows: &[Row]) -> Vec<Goal> {
                 walk_secs(r, "riffle", cold_walk),
             )
         }),
-        goal: 0.2,
-        at_least: false,
-        strict: false,
+        rule: rule("w4.remount_vs_cold_walk"),
         unit: "×",
         missing: missing(
             rows,
@@ -217,9 +209,7 @@ pub(super) fn goals(rounds: &[Vec<Row>], rows: &[Row]) -> Vec<Goal> {
                 .as_ref()?
                 .rss_per_object()
         }),
-        goal: 150.0,
-        at_least: false,
-        strict: false,
+        rule: rule("w4.rss_per_listed_object"),
         unit: " B",
         missing: format!(
             "no RSS readings, or {}",
