@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Layer check of `src/` (issue 35): no module imports a higher one, no two files import
-each other.
+"""Layer check of `src/` (issue 35) and of the CSI crate's `csi/src/` (issue 49): no module
+imports a higher one, no two files import each other.
 
 Modules are the top-level ones of the crate, in layers (lowest first, one layer a line in
 LAYERS); a module may use its own layer's and lower layers' modules, never a higher layer's.
@@ -9,7 +9,7 @@ A file "imports" another when it names it in a `use` or a path (`crate::a::b`, `
 its own direct child (the parent declares the child and the child uses the parent's types,
 the way Rust lays a module out). Prints every violation; exits 1 if there is any.
 
-Usage: tests/layers.py [SRC_DIR]   (default: src/ beside this script)
+Usage: tests/layers.py [SRC_DIR]   (default: src/ beside this script; csi/src uses CSI_LAYERS)
 """
 import os
 import re
@@ -27,10 +27,33 @@ LAYERS = [
     ["control"],
     ["cli"],
 ]
-LAYER = {m: i for i, mods in enumerate(LAYERS) for m in mods}
+# The CSI crate, lowest first, by job.
+CSI_LAYERS = [
+    # values and facts of the node: settings, keys, the mount table, locks, exited children
+    ["settings", "credentials", "mountinfo", "reaper", "locks", "cache_disk", "log_forward",
+     "old_clients"],
+    # what a volume may read with, the mounter interface, peers, cache shares, logging set-up
+    ["access", "mounter", "peers", "cache_shares", "startup"],
+    # the gRPC types, the state records, daemons as processes, the test mounter
+    ["proto", "state", "process", "fake"],
+    # identity service, secrets on tmpfs, the mounter's metrics, `riffle mount` itself
+    ["identity", "secrets", "metrics_proxy", "riffle"],
+    # volume bookkeeping (publish, stage, recover)
+    ["volumes"],
+    ["supervisor", "volume_stats"],
+    # the gRPC node service, the plugin's server, the mounter's socket service
+    ["node"],
+    ["server"],
+    ["remote"],
+    # the binaries
+    ["mounter_main"],
+]
 
 SRC = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "src")
 SRC = os.path.normpath(SRC)
+if SRC.endswith(os.path.join("csi", "src")):
+    LAYERS = CSI_LAYERS
+LAYER = {m: i for i, mods in enumerate(LAYERS) for m in mods}
 
 
 def module_path(rel):

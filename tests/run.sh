@@ -49,8 +49,9 @@ export RIFFLE_BENCH_CACHE_MIN_FREE=0 RIFFLE_QUICKSTART_CACHE_MIN_FREE=0
 RGW_TESTS=rifflefs/rgw-tests,riffle-csi/rgw-tests
 echo "==> cargo fmt --check"
 cargo fmt --all --check
-echo "==> layer check of src/ (no module importing a higher one, no two files importing each other)"
+echo "==> layer check of src/ and csi/src/ (no module importing a higher one, no two files importing each other)"
 python3 tests/layers.py
+python3 tests/layers.py csi/src
 echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --features "$RGW_TESTS" -- -D warnings
 echo "==> cargo test"
