@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use crate::settings::VolumeSettings;
-use rifflefs::cli::size::parse_size;
+use rifflefs::cli::size::{parse_size, SizeSpec};
 
 /// The default node budget: the cache disk less the default free-space floor (15%).
 pub const DEFAULT_BUDGET: &str = "85%";
@@ -189,10 +189,13 @@ impl CacheShares {
 }
 
 /// The size of the file system holding `dir`, bytes.
-/// The bytes of a size or of a percentage ("80%") of `total`, as riffle reads them; None if
-/// it is neither.
+/// The bytes of a size or of a percentage ("80%") of `total` (whole hundredths of it), as
+/// riffle reads them; None if it is neither.
 fn bytes_of(value: &str, total: u64) -> Option<u64> {
-    parse_size(value).ok().map(|size| size.resolve(total))
+    match parse_size(value).ok()? {
+        SizeSpec::Bytes(bytes) => Some(bytes),
+        SizeSpec::Percent(p) => Some(((total / 100) as f64 * p) as u64),
+    }
 }
 
 fn disk_size(dir: &Path) -> io::Result<u64> {

@@ -629,6 +629,31 @@ mod tests {
     }
 
     #[test]
+    fn riffles_message_follows_the_name_the_user_wrote() {
+        let err = VolumeSettings::parse(&attrs(&[("bucket", "abc"), ("fileMode", "999")]), &[])
+            .expect_err("not octal");
+        let msg = err.to_string();
+        assert!(msg.contains("fileMode") && msg.contains("octal"), "{msg}");
+        let err = VolumeSettings::parse(&attrs(&[("bucket", "abc")]), &["max_memory=1K".into()])
+            .expect_err("too small");
+        let msg = err.to_string();
+        assert!(msg.contains("max-memory") && msg.contains("32M"), "{msg}");
+        // Options that are the node's are not volume settings.
+        for (attribute, option) in [("cacheDir", "cache-dir=/x"), ("pidFile", "pid-file=/x")] {
+            let err = VolumeSettings::parse(&attrs(&[("bucket", "abc"), (attribute, "/x")]), &[]);
+            assert!(
+                matches!(err, Err(SettingsError::UnknownAttributes { .. })),
+                "{err:?}"
+            );
+            let err = VolumeSettings::parse(&attrs(&[("bucket", "abc")]), &[option.into()]);
+            assert!(
+                matches!(err, Err(SettingsError::UnknownMountOptions { .. })),
+                "{err:?}"
+            );
+        }
+    }
+
+    #[test]
     fn values_are_attached_to_their_flag() {
         // `--flag=value` form: a value can never be taken for another flag.
         let s = VolumeSettings::parse(&attrs(&[("bucket", "abc"), ("maxMemory", "1GiB")]), &[])

@@ -11,6 +11,7 @@ pub enum SizeSpec {
 
 impl SizeSpec {
     /// The size in bytes, taking percentages of `total`.
+    #[cfg(test)]
     pub fn resolve(&self, total: u64) -> u64 {
         match *self {
             SizeSpec::Bytes(b) => b,
