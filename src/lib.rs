@@ -27,7 +27,7 @@
 
 pub mod cache;
 pub mod cli;
-pub(crate) mod control;
+pub mod control;
 pub mod fetch;
 pub mod fs;
 pub(crate) mod heap_trim;

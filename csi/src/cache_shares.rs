@@ -26,7 +26,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use crate::settings::{size_or_percent_bytes, VolumeSettings};
+use crate::settings::VolumeSettings;
+use rifflefs::cli::size::{parse_size, SizeSpec};
 
 /// The default node budget: the cache disk less the default free-space floor (15%).
 pub const DEFAULT_BUDGET: &str = "85%";
@@ -63,7 +64,7 @@ impl CacheShares {
     /// The budget `budget` (a size or a percentage of the cache disk) for `cache_dir`, shares
     /// recorded in `file`. Fails on a budget that is neither.
     pub fn new(cache_dir: &Path, budget: &str, file: &Path) -> Result<Self, String> {
-        if size_or_percent_bytes(budget, 100).is_none() {
+        if parse_size(budget).is_err() {
             return Err(format!(
                 "--cache-size {budget:?}: expected a size such as 500GiB or a percentage such as 85%"
             ));
@@ -108,8 +109,8 @@ impl CacheShares {
     pub fn grant(&self, target: &Path, asked: &str) -> io::Result<Grant> {
         let mut mounting = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let total = disk_size(&self.cache_dir)?;
-        let budget = size_or_percent_bytes(&self.budget, total).unwrap_or(0);
-        let asked = size_or_percent_bytes(asked, total).ok_or_else(|| {
+        let budget = bytes_of(&self.budget, total).unwrap_or(0);
+        let asked = bytes_of(asked, total).ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("cacheSize {asked:?} is not a size or a percentage"),
@@ -188,6 +189,15 @@ impl CacheShares {
 }
 
 /// The size of the file system holding `dir`, bytes.
+/// The bytes of a size or of a percentage ("80%") of `total` (whole hundredths of it), as
+/// riffle reads them; None if it is neither.
+fn bytes_of(value: &str, total: u64) -> Option<u64> {
+    match parse_size(value).ok()? {
+        SizeSpec::Bytes(bytes) => Some(bytes),
+        SizeSpec::Percent(p) => Some(((total / 100) as f64 * p) as u64),
+    }
+}
+
 fn disk_size(dir: &Path) -> io::Result<u64> {
     let st = nix::sys::statvfs::statvfs(dir).map_err(io::Error::from)?;
     Ok(st.blocks() * st.fragment_size())

@@ -293,25 +293,9 @@ fn key_of(target: &Path) -> String {
     crate::state::StateStore::key(target)
 }
 
-/// Where the daemon mounted at `mountpoint` listens for control commands: riffle's
-/// `control::socket_path` (`src/control.rs`), which this must match: `/run/riffle` for root,
-/// else `$XDG_RUNTIME_DIR/riffle`, else `$TMPDIR/riffle-UID`, and a 64-bit FNV-1a hash of the
-/// path. The daemons run with the mounter's user and environment.
-pub fn control_socket_path(mountpoint: &Path) -> PathBuf {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in mountpoint.as_os_str().as_encoded_bytes() {
-        h = (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
-    }
-    let uid = nix::unistd::geteuid();
-    let dir = if uid.is_root() {
-        PathBuf::from("/run/riffle")
-    } else if let Some(runtime) = std::env::var_os("XDG_RUNTIME_DIR") {
-        PathBuf::from(runtime).join("riffle")
-    } else {
-        std::env::temp_dir().join(format!("riffle-{uid}"))
-    };
-    dir.join(format!("{h:016x}.sock"))
-}
+/// Where the daemon mounted at `mountpoint` listens for control commands: riffle's own
+/// rule (the daemons run with the mounter's user and environment).
+pub use rifflefs::control::socket_path as control_socket_path;
 
 /// One metric family being merged.
 #[derive(Debug, Default)]
@@ -842,16 +826,6 @@ riffle_fuse_op_duration_seconds_bucket{le=\"+Inf\",op=\"read\"} 3\n\
         assert_eq!(
             merged.finish(),
             "x{volume=\"a\",key=\"k\"} 1\ny{volume=\"a\",key=\"k\",a=\"1\"} 2\n"
-        );
-    }
-
-    #[test]
-    fn the_control_socket_path_matches_riffles() {
-        // src/control.rs: 64-bit FNV-1a of the path's bytes.
-        let p = control_socket_path(Path::new(""));
-        assert!(
-            p.to_string_lossy().ends_with("cbf29ce484222325.sock"),
-            "{p:?}"
         );
     }
 

@@ -1,25 +1,31 @@
 //! Volume settings: `volumeAttributes` plus `mountOptions` -> one validated,
 //! canonical [`VolumeSettings`].
 //!
-//! Algorithm: one table ([`OPTIONS`]) lists every setting with its
-//! attribute name (camelCase, as written in a PV's `volumeAttributes` or an
-//! inline volume), its mount option name (kebab-case, as written in a PV's
-//! `mountOptions`) and the `riffle mount` flag it becomes. Each input is
-//! looked up in the table, its value checked against the setting's kind and
-//! stored canonically (booleans that are false are dropped, so "absent" and
-//! "false" are the same setting) in a sorted map keyed by the riffle flag.
-//! A setting given both as an attribute and as a mount option is refused
-//! rather than silently resolved. Everything not in the table is refused with
-//! its name, except the `csi.storage.k8s.io/*` keys kubelet adds itself.
+//! Algorithm: the `riffle mount` options a volume may set are riffle's one list of them
+//! ([`VOLUME_OPTIONS`]); each is written as a volume attribute in camelCase
+//! (`cacheSize`, derived from the flag `cache-size`) or as a mount option under the
+//! flag's own name (`cache-size=...`, '_' read as '-'). Each input is looked up there, its
+//! value spelled canonically ([`rifflefs::cli::volume_options::Spelling`]) and checked by
+//! `riffle mount`'s own parser ([`check_mount_args`]), whose message, prefixed with the
+//! name the user wrote, is what an invalid value is refused with. Switches (flags without a
+//! value, such as `--warm`) take "true"/"false"; false ones are dropped, so "absent" and
+//! "false" are the same setting. The values are kept in a sorted map keyed by the riffle
+//! flag. A setting given both as an attribute and as a mount option is refused rather than
+//! silently resolved. Everything else is refused with its name, except what riffle does not
+//! know and the plugin does: `bucket`, `prefix`, the identity attributes, `peers`, the
+//! no-op mount options, and the `csi.storage.k8s.io/*` keys kubelet adds itself.
 //!
 //! The canonical form makes the settings hash (used to tell "same publish
 //! again" from "different settings at the same target") independent of map
-//! order, spelling of booleans and the attribute/mount-option choice.
+//! order, spelling of values and the attribute/mount-option choice.
 //! Credentials are not settings: they never pass through this module. The
 //! identity attributes `roleArn` and `stsEndpointUrl` are settings (they
 //! name a role and an endpoint, not a secret) but not `riffle mount` flags:
 //! they become the daemon's environment ([`crate::access`]).
 
+use rifflefs::cli::volume_options::{
+    check_endpoint_url, check_mount_args, is_switch, VolumeOption, VOLUME_OPTIONS,
+};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
@@ -40,14 +46,14 @@ pub enum SettingsError {
     InvalidValue {
         source_name: String,
         value: String,
-        reason: &'static str,
+        reason: String,
     },
     #[error("invalid mount option {name:?}: {reason}")]
     InvalidMountOption { name: String, reason: &'static str },
     #[error("{setting} is set both as volume attribute {attribute:?} and as mount option {option:?}; set it once")]
     Conflict {
         setting: &'static str,
-        attribute: &'static str,
+        attribute: String,
         option: String,
     },
     #[error("cacheMinFree (cache-min-free) applies to the node cache; set cacheSize as well")]
@@ -56,124 +62,38 @@ pub enum SettingsError {
     StsEndpointWithoutRole,
     #[error("the volume sets gid {gid} but the pod's fsGroup is {group}: drop gid from the volume (fsGroup sets the files' group) or make them equal")]
     GidNotFsGroup { gid: String, group: String },
+    #[error("riffle mount refuses these settings together: {0}")]
+    Combination(String),
 }
 
-/// The kind of value a setting takes; decides validation and how the flag
-/// is written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    /// http(s) URL without credentials, query or fragment.
-    Url,
-    /// A plain token such as a region name.
-    Token,
-    /// "true"/"false"; true becomes a bare flag.
-    Bool,
-    /// A uid/gid.
-    Id,
-    /// An octal permission mode such as 0444.
-    Mode,
-    /// Seconds or "indefinite".
-    Ttl,
-    /// A positive integer.
-    Count,
-    /// A byte size such as 512MiB.
-    Size,
-    /// A byte size or a percentage such as 80%.
-    SizeOrPercent,
-    /// Free space the cache leaves on its filesystem: 0, a size, or a
-    /// percentage below 100%.
-    FreeSpace,
-    /// An absolute path on the node.
-    AbsPath,
-    /// error|warn|info|debug|trace.
-    LogLevel,
-}
-
-/// One setting: its attribute name, mount option name (if it may be given
-/// as a mount option), and the `riffle mount` flag.
-struct OptionSpec {
-    attribute: &'static str,
-    mount_option: Option<&'static str>,
-    flag: &'static str,
-    kind: Kind,
-}
-
-const fn opt(
-    attribute: &'static str,
-    mount_option: Option<&'static str>,
-    flag: &'static str,
-    kind: Kind,
-) -> OptionSpec {
-    OptionSpec {
-        attribute,
-        mount_option,
-        flag,
-        kind,
+/// The volume attribute that sets `--flag`: its camelCase (`cache-size` -> `cacheSize`).
+fn attribute_name(flag: &str) -> String {
+    let mut parts = flag.split('-');
+    let mut name = parts.next().unwrap_or_default().to_string();
+    for part in parts {
+        let mut chars = part.chars();
+        if let Some(first) = chars.next() {
+            name.push(first.to_ascii_uppercase());
+            name.extend(chars);
+        }
     }
+    name
 }
-
-/// Every setting a volume may carry besides `bucket` and `prefix`.
-const OPTIONS: &[OptionSpec] = &[
-    opt(
-        "endpointUrl",
-        Some("endpoint-url"),
-        "endpoint-url",
-        Kind::Url,
-    ),
-    opt("region", Some("region"), "region", Kind::Token),
-    opt(
-        "forcePathStyle",
-        Some("force-path-style"),
-        "force-path-style",
-        Kind::Bool,
-    ),
-    opt(
-        "noSignRequest",
-        Some("no-sign-request"),
-        "no-sign-request",
-        Kind::Bool,
-    ),
-    opt("uid", Some("uid"), "uid", Kind::Id),
-    opt("gid", Some("gid"), "gid", Kind::Id),
-    opt("fileMode", Some("file-mode"), "file-mode", Kind::Mode),
-    opt("dirMode", Some("dir-mode"), "dir-mode", Kind::Mode),
-    opt(
-        "metadataTtl",
-        Some("metadata-ttl"),
-        "metadata-ttl",
-        Kind::Ttl,
-    ),
-    opt(
-        "maxInflight",
-        Some("max-inflight"),
-        "max-inflight",
-        Kind::Count,
-    ),
-    opt("maxMemory", Some("max-memory"), "max-memory", Kind::Size),
-    opt(
-        "cacheSize",
-        Some("cache-size"),
-        "cache-size",
-        Kind::SizeOrPercent,
-    ),
-    opt(
-        "cacheMinFree",
-        Some("cache-min-free"),
-        "cache-min-free",
-        Kind::FreeSpace,
-    ),
-    opt("prefetchPlan", None, "prefetch-plan", Kind::AbsPath),
-    opt("warm", Some("warm"), "warm", Kind::Bool),
-    opt("logLevel", Some("log-level"), "log-level", Kind::LogLevel),
-];
 
 /// Mount options accepted and ignored because they are always in effect:
 /// rifflefs mounts are read-only and always allow other users (pods run
 /// under arbitrary uids).
 const NOOP_MOUNT_OPTIONS: &[&str] = &["ro", "read-only", "allow-other"];
 
+/// The attributes the plugin reads itself (not `riffle mount` flags).
+const PLUGIN_ATTRIBUTES: &[&str] = &["bucket", "prefix", "roleArn", "stsEndpointUrl", "peers"];
+
 /// Attribute keys kubelet adds on its own (podInfoOnMount, ephemeral).
 const KUBELET_PREFIX: &str = "csi.storage.k8s.io/";
+
+/// The cache directory riffle's parser is shown when it checks a value: `--cache-size` and
+/// its kin need one, and the node supplies it.
+const CHECKED_CACHE_DIR: &str = "/node/cache";
 
 /// Validated, canonical settings of one volume. Contains no secrets.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -208,7 +128,7 @@ impl VolumeSettings {
         mount_flags: &[String],
     ) -> Result<Self, SettingsError> {
         let mut options = BTreeMap::new();
-        let mut from_attribute: HashMap<&'static str, &'static str> = HashMap::new();
+        let mut from_attribute: HashMap<&'static str, String> = HashMap::new();
         let mut unknown: Vec<&str> = Vec::new();
         let mut bucket = None;
         let mut prefix = String::new();
@@ -224,25 +144,24 @@ impl VolumeSettings {
                 "bucket" => bucket = Some(parse_bucket(value)?),
                 "prefix" => prefix = parse_prefix(value)?,
                 "roleArn" => role_arn = Some(parse_role_arn(value)?),
-                "stsEndpointUrl" => {
-                    sts_endpoint_url = canonical(&STS_ENDPOINT, "stsEndpointUrl", value)?
-                }
-                "peers" => peers = Some(canonical(&PEERS, "peers", value)?.is_some()),
+                "stsEndpointUrl" => sts_endpoint_url = Some(parse_sts_endpoint(value)?),
+                "peers" => peers = Some(parse_bool("peers", value)?),
                 k if k.starts_with(KUBELET_PREFIX) => {}
-                k => match OPTIONS.iter().find(|o| o.attribute == k) {
-                    Some(spec) => {
-                        if let Some(v) = canonical(spec, spec.attribute, value)? {
-                            options.insert(spec.flag.to_string(), v);
+                k => match VOLUME_OPTIONS.iter().find(|o| attribute_name(o.flag) == k) {
+                    Some(option) => {
+                        if let Some(v) = canonical(option, k, value)? {
+                            options.insert(option.flag.to_string(), v);
                         }
-                        from_attribute.insert(spec.flag, spec.attribute);
+                        from_attribute.insert(option.flag, k.to_string());
                     }
                     None => unknown.push(k),
                 },
             }
         }
         if !unknown.is_empty() {
-            let mut supported = vec!["bucket", "prefix", "roleArn", "stsEndpointUrl", "peers"];
-            supported.extend(OPTIONS.iter().map(|o| o.attribute));
+            let mut supported: Vec<String> =
+                PLUGIN_ATTRIBUTES.iter().map(|a| a.to_string()).collect();
+            supported.extend(VOLUME_OPTIONS.iter().map(|o| attribute_name(o.flag)));
             return Err(SettingsError::UnknownAttributes {
                 names: unknown.join(", "),
                 supported: supported.join(", "),
@@ -262,38 +181,43 @@ impl VolumeSettings {
                 }
                 continue;
             }
-            let Some(spec) = OPTIONS
+            let Some(option) = VOLUME_OPTIONS
                 .iter()
-                .find(|o| o.mount_option == Some(name.as_str()))
+                .find(|o| !o.node_path && o.flag == name)
             else {
                 unknown_flags.push(name);
                 continue;
             };
-            if let Some(attribute) = from_attribute.get(spec.flag) {
+            if let Some(attribute) = from_attribute.get(option.flag) {
                 return Err(SettingsError::Conflict {
-                    setting: spec.flag,
-                    attribute,
+                    setting: option.flag,
+                    attribute: attribute.clone(),
                     option: name,
                 });
             }
-            let value = match (spec.kind, value) {
-                (Kind::Bool, None) => "true".to_string(),
-                (_, Some(v)) => v,
-                (_, None) => {
+            let value = match value {
+                None if is_switch(option.flag) => "true".to_string(),
+                Some(v) => v,
+                None => {
                     return Err(SettingsError::InvalidMountOption {
                         name,
                         reason: "needs a value (name=value)",
                     })
                 }
             };
-            match canonical(spec, &name, &value)? {
-                Some(v) => options.insert(spec.flag.to_string(), v),
-                None => options.remove(spec.flag),
+            match canonical(option, &name, &value)? {
+                Some(v) => options.insert(option.flag.to_string(), v),
+                None => options.remove(option.flag),
             };
         }
         if !unknown_flags.is_empty() {
             let mut supported: Vec<&str> = NOOP_MOUNT_OPTIONS.to_vec();
-            supported.extend(OPTIONS.iter().filter_map(|o| o.mount_option));
+            supported.extend(
+                VOLUME_OPTIONS
+                    .iter()
+                    .filter(|o| !o.node_path)
+                    .map(|o| o.flag),
+            );
             return Err(SettingsError::UnknownMountOptions {
                 names: unknown_flags.join(", "),
                 supported: supported.join(", "),
@@ -305,14 +229,18 @@ impl VolumeSettings {
         if sts_endpoint_url.is_some() && role_arn.is_none() {
             return Err(SettingsError::StsEndpointWithoutRole);
         }
-        Ok(Self {
+        let settings = Self {
             bucket,
             prefix,
             options,
             role_arn,
             sts_endpoint_url,
             peers,
-        })
+        };
+        // Each value passed alone; this catches options that riffle refuses together.
+        check_mount_args(&settings.flags(Some(Path::new(CHECKED_CACHE_DIR))))
+            .map_err(SettingsError::Combination)?;
+        Ok(settings)
     }
 
     /// `s3://bucket/prefix/`, the source argument of `riffle mount`.
@@ -409,10 +337,7 @@ impl VolumeSettings {
     pub fn flags(&self, cache_dir: Option<&Path>) -> Vec<OsString> {
         let mut out = Vec::new();
         for (flag, value) in &self.options {
-            let bare = OPTIONS
-                .iter()
-                .any(|o| o.flag == flag && o.kind == Kind::Bool);
-            if bare {
+            if is_switch(flag) {
                 out.push(OsString::from(format!("--{flag}")));
             } else {
                 out.push(OsString::from(format!("--{flag}={value}")));
@@ -437,11 +362,11 @@ fn split_mount_flag(raw: &str) -> (String, Option<String>) {
     }
 }
 
-fn invalid(source_name: &str, value: &str, reason: &'static str) -> SettingsError {
+fn invalid(source_name: &str, value: &str, reason: impl Into<String>) -> SettingsError {
     SettingsError::InvalidValue {
         source_name: source_name.to_string(),
         value: value.to_string(),
-        reason,
+        reason: reason.into(),
     }
 }
 
@@ -458,12 +383,6 @@ fn parse_bucket(value: &str) -> Result<String, SettingsError> {
     }
     Ok(value.to_string())
 }
-
-/// How `stsEndpointUrl` is checked (the same rules as `endpointUrl`).
-const STS_ENDPOINT: OptionSpec = opt("stsEndpointUrl", None, "", Kind::Url);
-
-/// How `peers` is checked: "true" or "false".
-const PEERS: OptionSpec = opt("peers", None, "", Kind::Bool);
 
 /// An IAM role ARN: `arn:PARTITION:iam::ACCOUNT:role/NAME` (RGW's have an
 /// empty account). Checked loosely: STS has the last word.
@@ -506,10 +425,32 @@ fn parse_prefix(value: &str) -> Result<String, SettingsError> {
     }
 }
 
-/// Validates `value` for `spec`; returns the canonical value, or None for a
-/// boolean that is false.
+/// "true" or "false", in any case, as `source_name` takes it.
+fn parse_bool(source_name: &str, value: &str) -> Result<bool, SettingsError> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(invalid(
+            source_name,
+            value,
+            "expected \"true\" or \"false\"",
+        )),
+    }
+}
+
+/// `stsEndpointUrl`: a URL checked as riffle checks `--endpoint-url`, kept as written.
+fn parse_sts_endpoint(value: &str) -> Result<String, SettingsError> {
+    let value = value.trim();
+    check_endpoint_url(value)
+        .map(|()| value.to_string())
+        .map_err(|reason| invalid("stsEndpointUrl", value, reason))
+}
+
+/// The canonical value of `option` as `source_name` (the attribute or mount option the
+/// user wrote) sets it to `value`, checked by riffle's parser; None for a switch that is
+/// false.
 fn canonical(
-    spec: &OptionSpec,
+    option: &VolumeOption,
     source_name: &str,
     value: &str,
 ) -> Result<Option<String>, SettingsError> {
@@ -517,141 +458,28 @@ fn canonical(
     if value.chars().any(char::is_control) {
         return Err(invalid(source_name, value, "contains control characters"));
     }
-    let bad = |reason| Err(invalid(source_name, value, reason));
-    match spec.kind {
-        Kind::Bool => match value.to_ascii_lowercase().as_str() {
-            "true" => Ok(Some("true".into())),
-            "false" => Ok(None),
-            _ => bad("expected \"true\" or \"false\""),
-        },
-        Kind::Url => {
-            let Ok(url) = url::Url::parse(value) else {
-                return bad("not a URL (expected e.g. https://s3.example.com:7480)");
-            };
-            if !matches!(url.scheme(), "http" | "https") {
-                return bad("the scheme must be http or https");
-            }
-            if !url.username().is_empty() || url.password().is_some() {
-                return bad("must not contain credentials; use nodePublishSecretRef");
-            }
-            if url.query().is_some() || url.fragment().is_some() {
-                return bad("must not have a query or fragment");
-            }
-            Ok(Some(value.to_string()))
-        }
-        Kind::Token => {
-            let ok = value.starts_with(|c: char| c.is_ascii_alphanumeric())
-                && value.len() <= 64
-                && value
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-            if ok {
-                Ok(Some(value.to_string()))
-            } else {
-                bad("expected 1-64 letters, digits, '-', '_' or '.', starting with a letter or digit")
-            }
-        }
-        Kind::Id => match value.parse::<u32>() {
-            Ok(n) => Ok(Some(n.to_string())),
-            Err(_) => bad("expected a numeric id"),
-        },
-        Kind::Mode => {
-            let digits = value.trim_start_matches("0o");
-            match u32::from_str_radix(digits, 8) {
-                Ok(m) if m <= 0o7777 && !digits.is_empty() => Ok(Some(format!("{m:04o}"))),
-                _ => bad("expected an octal mode such as 0444"),
-            }
-        }
-        Kind::Ttl => {
-            if value.eq_ignore_ascii_case("indefinite") {
-                Ok(Some("indefinite".into()))
-            } else {
-                match value.parse::<u64>() {
-                    Ok(n) => Ok(Some(n.to_string())),
-                    Err(_) => bad("expected a number of seconds or \"indefinite\""),
-                }
-            }
-        }
-        Kind::Count => match value.parse::<u32>() {
-            Ok(n) if n > 0 => Ok(Some(n.to_string())),
-            _ => bad("expected a positive integer"),
-        },
-        Kind::Size => {
-            if is_size(value) {
-                Ok(Some(value.to_string()))
-            } else {
-                bad("expected a size such as 512MiB or 2GB")
-            }
-        }
-        Kind::SizeOrPercent => {
-            let percent_ok = percent(value).is_some_and(|n| (1..=100).contains(&n));
-            if percent_ok || is_size(value) {
-                Ok(Some(value.to_string()))
-            } else {
-                bad("expected a size such as 500GiB or a percentage such as 80%")
-            }
-        }
-        Kind::FreeSpace => {
-            let percent_ok = percent(value).is_some_and(|n| n < 100);
-            if value == "0" || percent_ok || is_size(value) {
-                Ok(Some(value.to_string()))
-            } else {
-                bad("expected 0 (none), a size such as 10GiB or a percentage below 100% such as 5%")
-            }
-        }
-        Kind::AbsPath => {
-            if Path::new(value).is_absolute() {
-                Ok(Some(value.to_string()))
-            } else {
-                bad("expected an absolute path on the node")
-            }
-        }
-        Kind::LogLevel => match value.to_ascii_lowercase().as_str() {
-            l @ ("error" | "warn" | "info" | "debug" | "trace") => Ok(Some(l.to_string())),
-            _ => bad("expected error, warn, info, debug or trace"),
-        },
+    if is_switch(option.flag) {
+        return Ok(parse_bool(source_name, value)?.then(|| "true".to_string()));
     }
-}
-
-/// The whole number of a percentage such as "80%".
-fn percent(value: &str) -> Option<u8> {
-    value.strip_suffix('%')?.parse().ok()
-}
-
-/// "123", "1.5GiB", "512M", "2gb": a number and an optional unit.
-fn is_size(value: &str) -> bool {
-    size_bytes(value).is_some()
-}
-
-/// The bytes of a size such as "123", "1.5GiB", "512M" or "2gb", with binary units as riffle
-/// reads them (K = 1024, and GB means GiB); None if it is not one.
-pub fn size_bytes(value: &str) -> Option<u64> {
-    let split = value
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(value.len());
-    let (number, unit) = value.split_at(split);
-    let number = number
-        .parse::<f64>()
-        .ok()
-        .filter(|n| *n > 0.0 && n.is_finite())?;
-    let shift = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        _ => return None,
-    };
-    Some((number * (1u64 << shift) as f64) as u64)
-}
-
-/// The bytes of a size or of a percentage ("80%") of `total`; None if it is neither.
-pub fn size_or_percent_bytes(value: &str, total: u64) -> Option<u64> {
-    match percent(value) {
-        Some(p) if (1..=100).contains(&p) => Some(total / 100 * u64::from(p)),
-        Some(_) => None,
-        None => size_bytes(value),
+    // Never anything that reads as a flag, nor an empty value.
+    if value.is_empty() || value.starts_with('-') {
+        return Err(invalid(source_name, value, "expected a value"));
     }
+    if option.node_path && !Path::new(value).is_absolute() {
+        return Err(invalid(
+            source_name,
+            value,
+            "expected an absolute path on the node",
+        ));
+    }
+    let canonical = option.spelling.canonical(value);
+    let args = [
+        format!("--{}={canonical}", option.flag),
+        format!("--cache-dir={CHECKED_CACHE_DIR}"),
+    ];
+    check_mount_args(&args.map(OsString::from))
+        .map_err(|reason| invalid(source_name, value, reason))?;
+    Ok(Some(canonical))
 }
 
 #[cfg(test)]
@@ -798,6 +626,31 @@ mod tests {
         }
         let err = VolumeSettings::parse(&attrs(&[("bucket", "abc"), ("prefix", "a/../b")]), &[]);
         assert!(err.is_err());
+    }
+
+    #[test]
+    fn riffles_message_follows_the_name_the_user_wrote() {
+        let err = VolumeSettings::parse(&attrs(&[("bucket", "abc"), ("fileMode", "999")]), &[])
+            .expect_err("not octal");
+        let msg = err.to_string();
+        assert!(msg.contains("fileMode") && msg.contains("octal"), "{msg}");
+        let err = VolumeSettings::parse(&attrs(&[("bucket", "abc")]), &["max_memory=1K".into()])
+            .expect_err("too small");
+        let msg = err.to_string();
+        assert!(msg.contains("max-memory") && msg.contains("32M"), "{msg}");
+        // Options that are the node's are not volume settings.
+        for (attribute, option) in [("cacheDir", "cache-dir=/x"), ("pidFile", "pid-file=/x")] {
+            let err = VolumeSettings::parse(&attrs(&[("bucket", "abc"), (attribute, "/x")]), &[]);
+            assert!(
+                matches!(err, Err(SettingsError::UnknownAttributes { .. })),
+                "{err:?}"
+            );
+            let err = VolumeSettings::parse(&attrs(&[("bucket", "abc")]), &[option.into()]);
+            assert!(
+                matches!(err, Err(SettingsError::UnknownMountOptions { .. })),
+                "{err:?}"
+            );
+        }
     }
 
     #[test]
@@ -956,6 +809,11 @@ mod tests {
     fn cache_dir_only_with_cache_size() {
         let s = VolumeSettings::parse(&attrs(&[("bucket", "abc")]), &[]).expect("valid");
         assert!(flags(&s).is_empty());
+    }
+
+    /// A positive size, as riffle reads it.
+    fn is_size(value: &str) -> bool {
+        rifflefs::cli::size::parse_bytes(value).is_ok_and(|b| b > 0)
     }
 
     #[test]

@@ -316,7 +316,7 @@ pub struct UnmountArgs {
     pub lazy: bool,
 }
 
-fn parse_mode(s: &str) -> Result<u16, String> {
+pub(crate) fn parse_mode(s: &str) -> Result<u16, String> {
     let digits = s.trim_start_matches("0o");
     u16::from_str_radix(digits, 8)
         .ok()
@@ -406,7 +406,7 @@ fn parse_peer_timeout(s: &str) -> Result<std::time::Duration, String> {
     Ok(d)
 }
 
-fn parse_endpoint(s: &str) -> Result<String, String> {
+pub(crate) fn parse_endpoint(s: &str) -> Result<String, String> {
     let url = url::Url::parse(s).map_err(|e| format!("'{s}' is not a URL: {e}"))?;
     if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
         return Err(format!(
@@ -419,7 +419,20 @@ fn parse_endpoint(s: &str) -> Result<String, String> {
                 .into(),
         );
     }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(format!("'{s}' must not have a query or fragment"));
+    }
     Ok(s.trim_end_matches('/').to_string())
+}
+
+/// clap's first line of `e`, without its "error: " prefix.
+pub(crate) fn clap_one_line(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    text.lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("invalid arguments")
+        .trim_start_matches("error: ")
+        .to_string()
 }
 
 #[cfg(test)]
@@ -444,6 +457,8 @@ mod tests {
         assert!(parse_endpoint("localhost:7480").is_err());
         assert!(parse_endpoint("ftp://x").is_err());
         assert!(parse_endpoint("http://u:p@host").is_err());
+        assert!(parse_endpoint("http://host/?x=1").is_err());
+        assert!(parse_endpoint("http://host/#f").is_err());
         assert_eq!(
             parse_endpoint("http://127.0.0.1:7480/").unwrap(),
             "http://127.0.0.1:7480"

@@ -16,11 +16,12 @@ mod keeper;
 mod log_limit;
 mod logging;
 mod mount;
-pub(crate) mod size;
+pub mod size;
 pub(crate) mod source;
 mod stats;
 mod systemd;
 mod unmount;
+pub mod volume_options;
 mod warm;
 
 use clap::Parser;
@@ -52,16 +53,7 @@ pub fn main() -> i32 {
             return 0;
         }
         Err(e) => {
-            // One line: clap's first line without its "error: " prefix.
-            let text = e.render().to_string();
-            let first = text
-                .lines()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("invalid arguments");
-            eprintln!(
-                "riffle: {} (see riffle --help)",
-                first.trim_start_matches("error: ")
-            );
+            eprintln!("riffle: {} (see riffle --help)", args::clap_one_line(&e));
             return 2;
         }
     };

@@ -31,11 +31,7 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
 /// The number of `s` if it is written as a percentage (`N%`), parsed.
 fn percentage(s: &str) -> Option<Result<f64, String>> {
     let p = s.trim().strip_suffix('%')?;
-    Some(
-        p.trim()
-            .parse()
-            .map_err(|_| format!("'{s}' is not a percentage")),
-    )
+    Some(p.parse().map_err(|_| format!("'{s}' is not a percentage")))
 }
 
 /// Parses a size or a percentage.
@@ -57,7 +53,7 @@ pub fn parse_size(s: &str) -> Result<SizeSpec, String> {
     let value: f64 = num
         .parse()
         .map_err(|_| format!("'{s}' is not a size (examples: 512M, 4G, 1048576)"))?;
-    let shift = match unit.trim().to_ascii_uppercase().as_str() {
+    let shift = match unit.to_ascii_uppercase().as_str() {
         "" | "B" => 0,
         "K" | "KB" | "KIB" => 10,
         "M" | "MB" | "MIB" => 20,
@@ -108,5 +104,8 @@ mod tests {
         assert_eq!(parse_free_space("20G"), Ok(SizeSpec::Bytes(20 << 30)));
         assert!(parse_free_space("100%").is_err());
         assert!(parse_free_space("-1%").is_err());
+        // No space inside a size.
+        assert!(parse_size("5 %").is_err());
+        assert!(parse_bytes("1 G").is_err());
     }
 }
