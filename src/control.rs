@@ -17,7 +17,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::fs::latency::FuseOps;
-use crate::metrics::{Exporter, StatsSource};
+use crate::metrics::{Exporter, MetricLabel, StatsSource};
 use crate::prefetch::plan::Plan;
 use crate::prefetch::Prefetcher;
 use crate::stats::Sample;
@@ -58,6 +58,8 @@ pub struct MountControl {
     pub prefetch: Arc<Prefetcher>,
     /// The FUSE latency histograms the `metrics` command adds.
     pub fuse_ops: Arc<FuseOps>,
+    /// The labels of every sample the `metrics` command writes (`--metrics-label`).
+    pub metrics_labels: Arc<[MetricLabel]>,
 }
 
 impl MountControl {
@@ -67,8 +69,9 @@ impl MountControl {
             stats: self.stats.clone(),
             prefetch: self.prefetch.clone(),
             fuse_ops: self.fuse_ops.clone(),
+            metrics_labels: self.metrics_labels.clone(),
         });
-        Exporter::new(source, self.fuse_ops.clone())
+        Exporter::new(source, self.fuse_ops.clone(), &self.metrics_labels)
             .encode()
             .map_err(|_| "cannot encode the metrics".to_string())
     }
@@ -319,6 +322,7 @@ mod tests {
             stats: metrics,
             prefetch,
             fuse_ops: FuseOps::new(),
+            metrics_labels: Arc::from([]),
         };
         let mut written = BTreeSet::new();
         leaf_paths("", &StatsSource::stats(&control), &mut written);

@@ -31,7 +31,7 @@ pub mod control;
 pub mod fetch;
 pub mod fs;
 pub(crate) mod heap_trim;
-pub(crate) mod http_server;
+pub mod http_server;
 pub(crate) mod metrics;
 pub mod namespace;
 pub(crate) mod prefetch;

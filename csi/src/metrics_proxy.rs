@@ -2,30 +2,45 @@
 //! port, each series labelled with its volume.
 //!
 //! The daemons under the mounter share the node's network (the mounter runs with
-//! `hostNetwork`), so they open no port of their own: on each scrape ([`MetricsProxy::render`])
-//! the mounter reads the plugin's volume records (`STATE/volumes/*.json`, read only: the
-//! plugin's records are the truth), asks the daemon of each published one for its metrics over
-//! its control socket (the `metrics` command: `{"pid": PID, "text": "<OpenMetrics text>"}`,
-//! the same text `riffle mount --metrics-addr` serves), and merges the answers
-//! ([`Merged`]): every sample line gets the labels `volume` (the CSI volume id), `pod`
-//! (`namespace/name`, when kubelet passed the pod's name: `podInfoOnMount`) and `key` (the
-//! target's key, as in the `[volume <key>]` log lines; it keeps two publishes of one volume
-//! apart); the `# HELP`, `# TYPE` and `# UNIT` lines of a family are written once, with the
-//! samples of every volume under them. Labels a daemon already has are kept (one named like
-//! ours becomes `exported_<name>`, as Prometheus does), label values are escaped.
+//! `hostNetwork`), so they open no port of their own. Each daemon labels its own samples: the
+//! mounter starts it with its volume's labels ([`VolumeLabels`], `riffle mount
+//! --metrics-label`, [`crate::riffle::metrics_label_flags`]): `volume` (the CSI volume id),
+//! `pod` (`namespace/name`, when kubelet passed the pod's name: `podInfoOnMount`) and `key`
+//! (the target's key, as in the `[volume <key>]` log lines; it keeps two publishes of one
+//! volume apart). On each scrape ([`MetricsProxy::render`]) the mounter reads the plugin's
+//! volume records (`STATE/volumes/*.json`, read only: the plugin's records are the truth),
+//! asks the daemon of each published one for its metrics over its control socket (the
+//! `metrics` command: `{"pid": PID, "text": "<OpenMetrics text>"}`, the same text `riffle
+//! mount --metrics-addr` serves), and puts the answers together ([`Merged`]).
 //!
-//! The mounter adds series of its own: `riffle_mounter_volumes` (published volumes with a
-//! daemon), `riffle_mounter_volume_up` (1 when the volume's daemon answered this scrape) and
-//! `riffle_mounter_daemon_restarts_total` (daemon processes replaced under the volume's keeper
-//! as this mounter saw them between scrapes: a new pid; a restart and a second one between two
-//! scrapes count once), and `riffle_mounter_peer_port_conflicts_total` ([`crate::peers`]).
+//! The merge reads lines, never sample values or label sets: OpenMetrics wants every family
+//! in one block, so the lines of each daemon's text are grouped under the family of the
+//! `# TYPE` / `# HELP` / `# UNIT` line that precedes them (a sample before any of them is a
+//! family of its own name); a family's descriptor lines are written once (the first daemon's),
+//! then every daemon's samples of it, families in the order first seen, one `# EOF` at the end.
+//! A family whose `# TYPE` differs from the one already merged (daemons of different
+//! versions) keeps the first daemon's samples only. Samples are never relabelled here: the
+//! daemon's labels are already on them.
+//!
+//! The mounter adds series of its own, labelled with the same [`VolumeLabels`]:
+//! `riffle_mounter_volumes` (published volumes with a daemon), `riffle_mounter_volume_up` (1
+//! when the volume's daemon answered this scrape) and `riffle_mounter_daemon_restarts_total`
+//! (daemon processes replaced under the volume's keeper as this mounter saw them between
+//! scrapes: a new pid; a restart and a second one between two scrapes count once), and
+//! `riffle_mounter_peer_port_conflicts_total` ([`crate::peers`]).
 //!
 //! Bounds: daemons are asked in parallel, each within [`DAEMON_TIMEOUT`], and an answer longer
-//! than [`MAX_ANSWER`] is dropped; the HTTP side ([`serve`]) serves a fixed number of
-//! connections at once, reads at most [`MAX_REQUEST`] bytes of a request within
-//! [`REQUEST_TIMEOUT`], answers one request per connection and closes it. Nothing secret is in
-//! the output: daemon metrics hold counters only, and the records' settings are not read.
+//! than [`MAX_ANSWER`] is dropped; the HTTP side ([`serve`], on `rifflefs::http_server`)
+//! serves [`MAX_CONNECTIONS`] connections at once, reads at most [`MAX_REQUEST`] bytes of a
+//! request's head within [`REQUEST_TIMEOUT`], answers one request per connection and closes
+//! it. Nothing secret is in the output: daemon metrics hold counters only, and the records'
+//! settings are not read.
 
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::header::{HeaderValue, ALLOW, CACHE_CONTROL, CONNECTION, CONTENT_TYPE as CONTENT};
+use hyper::{Method, Request, Response, StatusCode};
+use rifflefs::http_server::{self, HttpServer, ServerLimits};
 use serde::Deserialize;
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
@@ -34,15 +49,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream, UnixStream};
-use tokio::sync::Semaphore;
+use tokio::net::UnixStream;
 use tokio::task::JoinSet;
 
 /// How long one daemon may take to answer.
 pub const DAEMON_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest answer read from a daemon.
 pub const MAX_ANSWER: u64 = 16 << 20;
-/// Longest HTTP request (line and headers) read.
+/// Longest HTTP request head (line and headers) read.
 pub const MAX_REQUEST: usize = 16 * 1024;
 /// Time a client has to send its request.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -58,7 +72,7 @@ pub enum MetricsProxyError {
     #[error("cannot listen for metrics on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
-        source: std::io::Error,
+        source: http_server::ServeError,
     },
 }
 
@@ -75,7 +89,8 @@ struct Record {
     daemon: Option<serde_json::Value>,
 }
 
-/// A volume's labels.
+/// A volume's labels: on every sample of its daemon (which the mounter starts with them) and
+/// on the mounter's own series of the volume.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VolumeLabels {
     pub volume: String,
@@ -84,13 +99,33 @@ pub struct VolumeLabels {
 }
 
 impl VolumeLabels {
-    fn pairs(&self) -> Vec<(&'static str, &str)> {
+    /// The labels of the volume `volume_id` published at `target` for `pod` (none if empty).
+    pub fn new(volume_id: &str, pod: Option<&str>, target: &Path) -> Self {
+        VolumeLabels {
+            volume: volume_id.to_string(),
+            pod: pod.filter(|p| !p.is_empty()).map(str::to_string),
+            key: key_of(target),
+        }
+    }
+
+    /// Name and value of each label, in the order they are written.
+    pub fn pairs(&self) -> Vec<(&'static str, &str)> {
         let mut pairs = vec![("volume", self.volume.as_str())];
         if let Some(pod) = &self.pod {
             pairs.push(("pod", pod.as_str()));
         }
         pairs.push(("key", self.key.as_str()));
         pairs
+    }
+
+    /// The label set of a sample, `{volume="...",...}`, values escaped (OpenMetrics).
+    fn label_set(&self) -> String {
+        let set: Vec<String> = self
+            .pairs()
+            .iter()
+            .map(|(k, v)| format!("{k}=\"{}\"", escape_label_value(v)))
+            .collect();
+        format!("{{{}}}", set.join(","))
     }
 }
 
@@ -168,14 +203,11 @@ impl MetricsProxy {
         let keys: HashSet<String> = records.iter().map(|r| key_of(&r.target)).collect();
         seen.retain(|k, _| keys.contains(k));
         for (record, answer) in records.iter().zip(answers) {
-            let labels = VolumeLabels {
-                volume: record.volume_id.clone(),
-                pod: record.pod.clone().filter(|p| !p.is_empty()),
-                key: key_of(&record.target),
-            };
+            let labels =
+                VolumeLabels::new(&record.volume_id, record.pod.as_deref(), &record.target);
             let answered = match answer {
                 Some(Ok(metrics)) => {
-                    merged.add(&metrics.text, &labels);
+                    merged.add(&metrics.text);
                     let entry = seen.entry(labels.key.clone()).or_insert((metrics.pid, 0));
                     if entry.0 != metrics.pid {
                         *entry = (metrics.pid, entry.1 + 1);
@@ -245,13 +277,8 @@ fn family(
     let _ = writeln!(out, "# TYPE {name} {kind}\n# HELP {name} {help}");
     let suffix = if kind == "counter" { "_total" } else { "" };
     for (labels, value) in samples {
-        let sample = format!("{name}{suffix} {value}");
-        let line = match labels {
-            Some(l) => add_labels(&sample, &l.pairs()).unwrap_or(sample),
-            None => sample,
-        };
-        out.push_str(&line);
-        out.push('\n');
+        let set = labels.map(VolumeLabels::label_set).unwrap_or_default();
+        let _ = writeln!(out, "{name}{suffix}{set} {value}");
     }
 }
 
@@ -297,52 +324,81 @@ fn key_of(target: &Path) -> String {
 /// rule (the daemons run with the mounter's user and environment).
 pub use rifflefs::control::socket_path as control_socket_path;
 
-/// One metric family being merged.
-#[derive(Debug, Default)]
-struct Family {
-    /// `# TYPE`, `# HELP`, `# UNIT` lines, from the first daemon that had the family.
-    descriptors: Vec<String>,
-    kind: Option<String>,
-    samples: Vec<String>,
-}
-
-/// Several daemons' OpenMetrics texts merged into one (module documentation).
+/// Several daemons' OpenMetrics texts put together into one (module documentation).
 #[derive(Debug, Default)]
 pub struct Merged {
     order: Vec<String>,
     families: HashMap<String, Family>,
 }
 
-/// Suffixes a sample's name may add to its family's (OpenMetrics).
-const SUFFIXES: &[&str] = &[
-    "_total", "_created", "_bucket", "_count", "_sum", "_info", "_gcount", "_gsum",
-];
+/// One family being merged: its descriptor lines (the first daemon's) and every daemon's
+/// sample lines.
+#[derive(Debug, Default)]
+struct Family {
+    descriptors: Vec<String>,
+    /// The `# TYPE` line, which another daemon's must match.
+    kind: Option<String>,
+    samples: Vec<String>,
+}
 
 impl Merged {
-    /// Adds one daemon's text, every sample labelled with `labels`. Lines that cannot be
-    /// parsed are dropped; a family whose type differs from the one already merged (daemons
-    /// of different versions) keeps the first daemon's samples only.
-    pub fn add(&mut self, text: &str, labels: &VolumeLabels) {
-        let pairs = labels.pairs();
-        for parsed in parse_families(text) {
-            let family = match self.families.get_mut(&parsed.name) {
-                Some(f) if f.kind == parsed.kind => f,
-                Some(f) => {
-                    tracing::debug!(family = %parsed.name, merged = ?f.kind, this = ?parsed.kind, "a family of another type; its samples are left out");
+    /// Adds one daemon's text (up to its `# EOF`).
+    pub fn add(&mut self, text: &str) {
+        // This daemon's families in its order: name, descriptor lines, sample lines.
+        let mut parts: Vec<(String, Vec<String>, Vec<String>)> = Vec::new();
+        let mut current: Option<String> = None;
+        for line in text.lines().map(str::trim_end) {
+            if line == "# EOF" {
+                break;
+            }
+            if line.is_empty() {
+                continue;
+            }
+            if let Some(rest) = line.strip_prefix("# ") {
+                let mut words = rest.splitn(3, ' ');
+                let (Some("HELP" | "TYPE" | "UNIT"), Some(name)) = (words.next(), words.next())
+                else {
                     continue;
+                };
+                if current.as_deref() != Some(name) {
+                    parts.push((name.to_string(), Vec::new(), Vec::new()));
+                    current = Some(name.to_string());
                 }
-                None => {
-                    self.order.push(parsed.name.clone());
-                    self.families.entry(parsed.name.clone()).or_insert(Family {
-                        descriptors: parsed.descriptors.iter().map(|d| d.to_string()).collect(),
-                        kind: parsed.kind.clone(),
-                        samples: Vec::new(),
-                    })
+                if let Some(part) = parts.last_mut() {
+                    part.1.push(line.to_string());
                 }
-            };
-            family
-                .samples
-                .extend(parsed.samples.iter().filter_map(|s| add_labels(s, &pairs)));
+                continue;
+            }
+            if line.starts_with('#') {
+                continue;
+            }
+            if current.is_none() {
+                // A sample without descriptors: a family of its own name.
+                let end = line.find(['{', ' ']).unwrap_or(line.len());
+                parts.push((line[..end].to_string(), Vec::new(), Vec::new()));
+            }
+            if let Some(part) = parts.last_mut() {
+                part.2.push(line.to_string());
+            }
+        }
+        for (name, descriptors, samples) in parts {
+            let kind = descriptors
+                .iter()
+                .find(|d| d.starts_with("# TYPE "))
+                .cloned();
+            let family = self.families.entry(name.clone()).or_insert_with(|| {
+                self.order.push(name.clone());
+                Family {
+                    descriptors,
+                    kind: kind.clone(),
+                    samples: Vec::new(),
+                }
+            });
+            if family.kind != kind {
+                tracing::debug!(family = %name, merged = ?family.kind, this = ?kind, "a family of another type; its samples are left out");
+                continue;
+            }
+            family.samples.extend(samples);
         }
     }
 
@@ -354,12 +410,8 @@ impl Merged {
             let Some(f) = families.remove(name) else {
                 continue;
             };
-            for d in &f.descriptors {
-                out.push_str(d);
-                out.push('\n');
-            }
-            for s in &f.samples {
-                out.push_str(s);
+            for line in f.descriptors.iter().chain(&f.samples) {
+                out.push_str(line);
                 out.push('\n');
             }
         }
@@ -367,90 +419,8 @@ impl Merged {
     }
 }
 
-/// One family of a daemon's text.
-struct Parsed<'a> {
-    name: String,
-    kind: Option<String>,
-    descriptors: Vec<&'a str>,
-    samples: Vec<&'a str>,
-}
-
-impl Parsed<'_> {
-    /// A family with nothing in it yet.
-    fn named(name: &str) -> Self {
-        Parsed {
-            name: name.to_string(),
-            kind: None,
-            descriptors: Vec::new(),
-            samples: Vec::new(),
-        }
-    }
-}
-
-/// Splits an OpenMetrics (or Prometheus) text into its families: a `# HELP`, `# TYPE` or
-/// `# UNIT` line of a new name starts one; a sample whose name is not the current family's
-/// (or that name with an OpenMetrics suffix) starts an untyped family of its own.
-fn parse_families(text: &str) -> Vec<Parsed<'_>> {
-    let mut out: Vec<Parsed<'_>> = Vec::new();
-    for line in text.lines() {
-        let line = line.trim_end();
-        if line == "# EOF" {
-            break;
-        }
-        if line.is_empty() {
-            continue;
-        }
-        if let Some(rest) = line.strip_prefix("# ") {
-            let mut words = rest.splitn(3, ' ');
-            let (Some(what @ ("HELP" | "TYPE" | "UNIT")), Some(name)) =
-                (words.next(), words.next())
-            else {
-                continue;
-            };
-            if out.last().is_none_or(|f| f.name != name) {
-                out.push(Parsed::named(name));
-            }
-            if let Some(f) = out.last_mut() {
-                if what == "TYPE" {
-                    f.kind = words.next().map(|k| k.trim().to_string());
-                }
-                f.descriptors.push(line);
-            }
-            continue;
-        }
-        if line.starts_with('#') {
-            continue;
-        }
-        let name = sample_name(line);
-        if name.is_empty() {
-            continue;
-        }
-        let belongs = out.last().is_some_and(|f| {
-            name == f.name
-                || name
-                    .strip_prefix(f.name.as_str())
-                    .is_some_and(|s| SUFFIXES.contains(&s))
-        });
-        if !belongs {
-            out.push(Parsed::named(name));
-        }
-        if let Some(f) = out.last_mut() {
-            f.samples.push(line);
-        }
-    }
-    out
-}
-
-/// The metric name a sample line starts with.
-fn sample_name(line: &str) -> &str {
-    let end = line
-        .find(|c: char| c == '{' || c.is_whitespace())
-        .unwrap_or(line.len());
-    &line[..end]
-}
-
 /// Escapes a label value (OpenMetrics: backslash, double quote, newline).
-pub fn escape_label_value(value: &str) -> String {
+fn escape_label_value(value: &str) -> String {
     let mut out = String::with_capacity(value.len());
     for c in value.chars() {
         match c {
@@ -463,303 +433,107 @@ pub fn escape_label_value(value: &str) -> String {
     out
 }
 
-/// `line` (a sample: `name{labels} value ...` or `name value ...`) with `labels` put first in
-/// its label set; an existing label with one of their names is renamed `exported_<name>`.
-/// None if the line's label set is malformed.
-pub fn add_labels(line: &str, labels: &[(&str, &str)]) -> Option<String> {
-    let name = sample_name(line);
-    if name.is_empty() {
-        return None;
-    }
-    let rest = &line[name.len()..];
-    let mut set: Vec<String> = labels
-        .iter()
-        .map(|(k, v)| format!("{k}=\"{}\"", escape_label_value(v)))
-        .collect();
-    let after = if let Some(inner) = rest.strip_prefix('{') {
-        let (existing, after) = parse_label_set(inner)?;
-        for (k, raw) in existing {
-            let k = if labels.iter().any(|(ours, _)| *ours == k) {
-                format!("exported_{k}")
-            } else {
-                k.to_string()
-            };
-            set.push(format!("{k}=\"{raw}\""));
-        }
-        after
-    } else {
-        rest
-    };
-    Some(format!("{name}{{{}}}{after}", set.join(",")))
-}
+/// A running endpoint; dropping it stops it (listener and connections).
+pub type MetricsEndpoint = HttpServer;
 
-/// Parses `a="x",b="y"} rest` (after the `{`): the labels with their raw (still escaped)
-/// values, and what follows the `}`.
-fn parse_label_set(s: &str) -> Option<(Vec<(&str, &str)>, &str)> {
-    let mut labels = Vec::new();
-    let mut rest = s.trim_start();
-    loop {
-        if let Some(after) = rest.strip_prefix('}') {
-            return Some((labels, after));
-        }
-        let eq = rest.find('=')?;
-        let key = rest[..eq].trim();
-        if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-            return None;
-        }
-        let value_start = rest[eq + 1..].trim_start().strip_prefix('"')?;
-        let mut end = None;
-        let mut escaped = false;
-        for (i, c) in value_start.char_indices() {
-            if escaped {
-                escaped = false;
-            } else if c == '\\' {
-                escaped = true;
-            } else if c == '"' {
-                end = Some(i);
-                break;
-            }
-        }
-        let end = end?;
-        labels.push((key, &value_start[..end]));
-        rest = value_start[end + 1..].trim_start();
-        if let Some(after) = rest.strip_prefix(',') {
-            rest = after.trim_start();
-        } else if !rest.starts_with('}') {
-            return None;
-        }
-    }
-}
+const INDEX: &str = "<!DOCTYPE html>\n<html><head><title>riffle-mounter</title></head><body><p><a href=\"/metrics\">metrics</a></p></body></html>\n";
 
-/// A running endpoint; dropping it stops accepting.
-#[derive(Debug)]
-pub struct MetricsEndpoint {
-    addr: SocketAddr,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl MetricsEndpoint {
-    /// The address actually bound (port 0 picks one).
-    pub fn local_addr(&self) -> SocketAddr {
-        self.addr
-    }
-}
-
-impl Drop for MetricsEndpoint {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// Binds `addr` and serves `GET /metrics` from `proxy` (module documentation for the bounds).
+/// Binds `addr` and serves `GET /metrics` from `proxy` on `rifflefs::http_server` (module
+/// documentation for the bounds).
 pub async fn serve(
     addr: SocketAddr,
     proxy: Arc<MetricsProxy>,
 ) -> Result<MetricsEndpoint, MetricsProxyError> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|source| MetricsProxyError::Bind { addr, source })?;
-    let local = listener
-        .local_addr()
-        .map_err(|source| MetricsProxyError::Bind { addr, source })?;
-    tracing::info!("serving the volumes' Prometheus metrics on http://{local}/metrics");
-    let task = tokio::spawn(accept_loop(listener, proxy));
-    Ok(MetricsEndpoint { addr: local, task })
-}
-
-async fn accept_loop(listener: TcpListener, proxy: Arc<MetricsProxy>) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                tracing::debug!(error = %e, "metrics accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            continue; // too many at once: closed
-        };
-        let proxy = proxy.clone();
-        tokio::spawn(async move {
-            let _slot = slot;
-            if let Err(e) = answer(stream, &proxy).await {
-                tracing::debug!(error = %e, "metrics request failed");
-            }
-        });
-    }
-}
-
-/// Reads one request and answers it.
-async fn answer(mut stream: TcpStream, proxy: &MetricsProxy) -> std::io::Result<()> {
-    let head = match tokio::time::timeout(REQUEST_TIMEOUT, read_head(&mut stream)).await {
-        Ok(Ok(Some(head))) => head,
-        Ok(Ok(None)) => {
-            return respond(
-                &mut stream,
-                "431 Request Header Fields Too Large",
-                "text/plain",
-                "request too large\n",
-                false,
-            )
-            .await
-        }
-        Ok(Err(e)) => return Err(e),
-        Err(_) => return Ok(()),
+    let limits = ServerLimits {
+        header_timeout: REQUEST_TIMEOUT,
+        max_header_bytes: Some(MAX_REQUEST),
+        max_connections: MAX_CONNECTIONS,
+        connection_lifetime: None,
     };
-    let mut parts = head.split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = path.split('?').next().unwrap_or("");
-    match (method, path) {
-        ("GET" | "HEAD", "/metrics") => {
-            let body = proxy.render().await;
-            respond(&mut stream, "200 OK", CONTENT_TYPE, &body, method == "HEAD").await
-        }
-        ("GET" | "HEAD", "/") => {
-            let index = "<!DOCTYPE html>\n<html><head><title>riffle-mounter</title></head><body><p><a href=\"/metrics\">metrics</a></p></body></html>\n";
-            respond(
-                &mut stream,
-                "200 OK",
-                "text/html; charset=utf-8",
-                index,
-                method == "HEAD",
-            )
-            .await
-        }
-        (_, "/metrics" | "/") => {
-            respond(
-                &mut stream,
-                "405 Method Not Allowed",
-                "text/plain",
-                "GET or HEAD\n",
-                false,
-            )
-            .await
-        }
-        _ => {
-            respond(
-                &mut stream,
-                "404 Not Found",
-                "text/plain",
-                "not found\n",
-                false,
-            )
-            .await
-        }
-    }
-}
-
-/// The request line and headers (up to the blank line); None if longer than [`MAX_REQUEST`].
-async fn read_head(stream: &mut TcpStream) -> std::io::Result<Option<String>> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    loop {
-        let n = stream.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok(Some(String::from_utf8_lossy(&buf).into_owned()));
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        if buf.windows(4).any(|w| w == b"\r\n\r\n") || buf.windows(2).any(|w| w == b"\n\n") {
-            return Ok(Some(String::from_utf8_lossy(&buf).into_owned()));
-        }
-        if buf.len() > MAX_REQUEST {
-            return Ok(None);
-        }
-    }
-}
-
-async fn respond(
-    stream: &mut TcpStream,
-    status: &str,
-    content_type: &str,
-    body: &str,
-    head_only: bool,
-) -> std::io::Result<()> {
-    let header = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n",
-        body.len()
+    let handler = move |req| answer(req, proxy.clone());
+    let server = http_server::serve(addr, limits, "mounter metrics endpoint", handler)
+        .map_err(|source| MetricsProxyError::Bind { addr, source })?;
+    tracing::info!(
+        "serving the volumes' Prometheus metrics on http://{}/metrics",
+        server.local_addr()
     );
-    stream.write_all(header.as_bytes()).await?;
-    if !head_only {
-        stream.write_all(body.as_bytes()).await?;
-    }
-    stream.shutdown().await
+    Ok(server)
+}
+
+/// Answers one request; every answer closes its connection.
+async fn answer<B>(req: Request<B>, proxy: Arc<MetricsProxy>) -> Response<Full<Bytes>> {
+    let readable = matches!(*req.method(), Method::GET | Method::HEAD);
+    let mut response = match req.uri().path() {
+        "/metrics" | "/" if !readable => {
+            let mut r = respond(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "text/plain",
+                "GET or HEAD\n".into(),
+            );
+            r.headers_mut()
+                .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+            r
+        }
+        "/metrics" => respond(StatusCode::OK, CONTENT_TYPE, proxy.render().await),
+        "/" => respond(StatusCode::OK, "text/html; charset=utf-8", INDEX.into()),
+        _ => respond(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
+    };
+    let headers = response.headers_mut();
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    headers.insert(CONNECTION, HeaderValue::from_static("close"));
+    response
+}
+
+fn respond(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT, HeaderValue::from_static(content_type));
+    r
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::net::TcpStream;
 
-    fn labels(volume: &str, pod: Option<&str>, key: &str) -> VolumeLabels {
-        VolumeLabels {
-            volume: volume.into(),
-            pod: pod.map(str::to_string),
-            key: key.into(),
-        }
-    }
-
-    const DAEMON: &str = "# HELP riffle_build The riffle version serving this mount.\n\
+    /// A daemon's text as `riffle mount --metrics-label` writes it: `labels` (a label set's
+    /// inside, `volume="..",...`) first in every sample's label set.
+    fn daemon(labels: &str) -> String {
+        format!(
+            "# HELP riffle_build The riffle version serving this mount.\n\
 # TYPE riffle_build info\n\
-riffle_build_info{version=\"0.1.0\"} 1\n\
+riffle_build_info{{{labels},version=\"0.1.0\"}} 1\n\
 # HELP riffle_store_get_requests Ranged GET requests sent to the object store.\n\
 # TYPE riffle_store_get_requests counter\n\
-riffle_store_get_requests_total 7\n\
+riffle_store_get_requests_total{{{labels}}} 7\n\
 # HELP riffle_fuse_op_duration_seconds FUSE operation latency.\n\
 # TYPE riffle_fuse_op_duration_seconds histogram\n\
 # UNIT riffle_fuse_op_duration_seconds seconds\n\
-riffle_fuse_op_duration_seconds_sum{op=\"read\"} 0.5\n\
-riffle_fuse_op_duration_seconds_count{op=\"read\"} 3\n\
-riffle_fuse_op_duration_seconds_bucket{le=\"0.001\",op=\"read\"} 1\n\
-riffle_fuse_op_duration_seconds_bucket{le=\"+Inf\",op=\"read\"} 3\n\
-# EOF\n";
-
-    #[test]
-    fn labels_go_first_and_existing_ones_are_kept() {
-        let pairs = [("volume", "v1"), ("key", "k")];
-        assert_eq!(
-            add_labels("m_total 3", &pairs).as_deref(),
-            Some("m_total{volume=\"v1\",key=\"k\"} 3")
-        );
-        assert_eq!(
-            add_labels("h_bucket{le=\"0.5\",op=\"read\"} 2 1700000000", &pairs).as_deref(),
-            Some("h_bucket{volume=\"v1\",key=\"k\",le=\"0.5\",op=\"read\"} 2 1700000000")
-        );
-        assert_eq!(
-            add_labels("m{} 1", &pairs).as_deref(),
-            Some("m{volume=\"v1\",key=\"k\"} 1")
-        );
+riffle_fuse_op_duration_seconds_sum{{{labels},op=\"read\"}} 0.5\n\
+riffle_fuse_op_duration_seconds_count{{{labels},op=\"read\"}} 3\n\
+riffle_fuse_op_duration_seconds_bucket{{{labels},le=\"0.001\",op=\"read\"}} 1\n\
+riffle_fuse_op_duration_seconds_bucket{{{labels},le=\"+Inf\",op=\"read\"}} 3\n\
+# EOF\n"
+        )
     }
 
     #[test]
-    fn a_label_named_like_ours_is_exported_and_escapes_survive() {
-        let pairs = [("volume", "v1")];
-        assert_eq!(
-            add_labels("m{volume=\"a\\\"b,}\",x=\"y\"} 1", &pairs).as_deref(),
-            Some("m{volume=\"v1\",exported_volume=\"a\\\"b,}\",x=\"y\"} 1")
-        );
-    }
-
-    #[test]
-    fn label_values_are_escaped() {
+    fn the_mounters_own_labels_are_escaped() {
         assert_eq!(escape_label_value("a\\b\"c\nd"), "a\\\\b\\\"c\\nd");
-        let line = add_labels("m 1", &[("pod", "ns/we\"ird\\\n")]).expect("line");
-        assert_eq!(line, "m{pod=\"ns/we\\\"ird\\\\\\n\"} 1");
-    }
-
-    #[test]
-    fn malformed_label_sets_are_dropped() {
-        assert_eq!(add_labels("m{a=\"x\" 1", &[("v", "1")]), None);
-        assert_eq!(add_labels("m{a=x} 1", &[("v", "1")]), None);
-        assert_eq!(add_labels("m{a=\"x\"b=\"y\"} 1", &[("v", "1")]), None);
-        assert_eq!(add_labels("{a=\"x\"} 1", &[("v", "1")]), None);
+        let labels = VolumeLabels::new("v1", Some("ns/we\"ird\\\n"), Path::new("/t"));
+        let key = key_of(Path::new("/t"));
+        assert_eq!(
+            labels.label_set(),
+            format!("{{volume=\"v1\",pod=\"ns/we\\\"ird\\\\\\n\",key=\"{key}\"}}")
+        );
     }
 
     #[test]
     fn two_daemons_merge_with_descriptors_once() {
         let mut merged = Merged::default();
-        merged.add(DAEMON, &labels("vol-a", Some("ml/trainer-0"), "ka"));
-        merged.add(DAEMON, &labels("vol-b", None, "kb"));
+        merged.add(&daemon("volume=\"vol-a\",pod=\"ml/trainer-0\",key=\"ka\""));
+        merged.add(&daemon("volume=\"vol-b\",key=\"kb\""));
         let text = merged.finish();
         for descriptor in [
             "# TYPE riffle_store_get_requests counter",
@@ -805,12 +579,10 @@ riffle_fuse_op_duration_seconds_bucket{le=\"+Inf\",op=\"read\"} 3\n\
     fn a_family_of_another_type_keeps_the_first_daemons_samples() {
         let mut merged = Merged::default();
         merged.add(
-            "# TYPE m gauge\nm 1\n# TYPE n gauge\nn 1\n# EOF\n",
-            &labels("a", None, "ka"),
+            "# TYPE m gauge\nm{volume=\"a\",key=\"ka\"} 1\n# TYPE n gauge\nn{volume=\"a\",key=\"ka\"} 1\n# EOF\n",
         );
         merged.add(
-            "# TYPE m counter\nm_total 2\n# TYPE n gauge\nn 2\n# EOF\n",
-            &labels("b", None, "kb"),
+            "# TYPE m counter\nm_total{volume=\"b\",key=\"kb\"} 2\n# TYPE n gauge\nn{volume=\"b\",key=\"kb\"} 2\n# EOF\n",
         );
         let text = merged.finish();
         assert_eq!(
@@ -822,7 +594,7 @@ riffle_fuse_op_duration_seconds_bucket{le=\"+Inf\",op=\"read\"} 3\n\
     #[test]
     fn untyped_samples_become_families_of_their_own() {
         let mut merged = Merged::default();
-        merged.add("x 1\ny{a=\"1\"} 2\n", &labels("a", None, "k"));
+        merged.add("x{volume=\"a\",key=\"k\"} 1\ny{volume=\"a\",key=\"k\",a=\"1\"} 2\n");
         assert_eq!(
             merged.finish(),
             "x{volume=\"a\",key=\"k\"} 1\ny{volume=\"a\",key=\"k\",a=\"1\"} 2\n"

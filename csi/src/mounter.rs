@@ -176,6 +176,10 @@ pub struct MountRequest<'a> {
     pub pid_file: &'a Path,
     /// Where the daemon writes its log.
     pub log_file: &'a Path,
+    /// The CSI volume id and the pod (`namespace/name`, when kubelet said it): labels of the
+    /// daemon's metrics ([`crate::metrics_proxy::VolumeLabels`]).
+    pub volume_id: &'a str,
+    pub pod: Option<&'a str>,
 }
 
 /// The category of a mount failure; decides the gRPC status code.

@@ -29,6 +29,7 @@
 
 use crate::cache_disk::RootDisk;
 use crate::cache_shares::{CacheShares, Grant};
+use crate::metrics_proxy::VolumeLabels;
 use crate::mounter::{
     DaemonCredentials, DaemonId, Health, MountError, MountErrorKind, MountRequest, Mounter,
 };
@@ -255,6 +256,17 @@ impl RiffleMounter {
     }
 }
 
+/// The `--metrics-label` flags of the daemon `req` starts: its volume's labels
+/// ([`VolumeLabels`]), which the daemon writes on every sample of its metrics, so the
+/// mounter's endpoint ([`crate::metrics_proxy`]) passes them on as they are.
+pub fn metrics_label_flags(req: &MountRequest<'_>) -> Vec<OsString> {
+    VolumeLabels::new(req.volume_id, req.pod, req.target)
+        .pairs()
+        .into_iter()
+        .map(|(name, value)| format!("--metrics-label={name}={value}").into())
+        .collect()
+}
+
 /// The category of a failed `riffle mount`, from its exit status alone: riffle tells the kind
 /// of a failure by its status (`rifflefs::cli::failure`, which documents the table); a
 /// signal or a status no kind has is [`MountErrorKind::Internal`].
@@ -398,6 +410,7 @@ impl RiffleMounter {
         }
         let mut args = self.mount_args(&req, take_over);
         args.extend(self.peer_flags(&req));
+        args.extend(metrics_label_flags(&req));
         let source = req.settings.source_url();
         let _ = std::fs::remove_file(req.pid_file);
         let stderr_path = req.pid_file.with_extension("stderr");
@@ -627,6 +640,8 @@ mod tests {
             auth: &keys,
             pid_file: Path::new("/s/run/k.pid"),
             log_file: Path::new("/s/logs/k.log"),
+            volume_id: "vol-1",
+            pod: Some("ml/trainer-0"),
         };
         let args: Vec<String> = m
             .mount_args(&req, false)
@@ -668,6 +683,42 @@ mod tests {
     }
 
     #[test]
+    fn daemons_get_their_volumes_metrics_labels() {
+        let settings = VolumeSettings::parse(
+            &[("bucket".to_string(), "datasets".to_string())].into(),
+            &[],
+        )
+        .expect("valid");
+        let mut req = MountRequest {
+            target: Path::new("/t"),
+            settings: &settings,
+            auth: &DaemonCredentials::Anonymous,
+            pid_file: Path::new("/s/run/k.pid"),
+            log_file: Path::new("/s/logs/k.log"),
+            volume_id: "vol-1",
+            pod: Some("ml/trainer-0"),
+        };
+        let key = crate::state::StateStore::key(Path::new("/t"));
+        let flags = |req: &MountRequest<'_>| -> Vec<String> {
+            metrics_label_flags(req)
+                .into_iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect()
+        };
+        assert_eq!(
+            flags(&req),
+            [
+                "--metrics-label=volume=vol-1".to_string(),
+                "--metrics-label=pod=ml/trainer-0".to_string(),
+                format!("--metrics-label=key={key}"),
+            ]
+        );
+        // No pod (kubelet did not say it): no pod label.
+        req.pod = Some("");
+        assert_eq!(flags(&req).len(), 2);
+    }
+
+    #[test]
     fn daemons_get_their_rings_peer_flags() {
         let dir = tempfile::tempdir().unwrap();
         let secret = dir.path().join("secret");
@@ -688,6 +739,8 @@ mod tests {
             auth: &DaemonCredentials::Anonymous,
             pid_file: Path::new("/s/run/k.pid"),
             log_file: Path::new("/s/logs/k.log"),
+            volume_id: "vol-1",
+            pod: Some("ml/trainer-0"),
         };
         let a: &'static VolumeSettings = Box::leak(Box::new(a));
         let off: &'static VolumeSettings = Box::leak(Box::new(settings(&[

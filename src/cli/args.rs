@@ -220,6 +220,12 @@ pub struct MountArgs {
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics_addr: Option<std::net::SocketAddr>,
 
+    /// A label written on every metric sample (repeatable), at --metrics-addr and in the
+    /// control socket's `metrics`: KEY is a Prometheus label name, VALUE any text (the CSI
+    /// mounter labels each volume's daemon with its volume, pod and key)
+    #[arg(long, value_name = "KEY=VALUE", value_parser = parse_metrics_label)]
+    pub metrics_label: Vec<crate::metrics::MetricLabel>,
+
     /// Serve this node's cached blocks to its peers on HOST:PORT (authenticated with
     /// --peer-secret-file; listen on the cluster network only)
     #[arg(long, value_name = "HOST:PORT", value_parser = parse_peer_listen)]
@@ -386,6 +392,24 @@ impl MountArgs {
             _ => Ok(()),
         }
     }
+
+    /// The `--metrics-label`s name each label once (a label set has unique names).
+    pub fn check_metrics_labels(&self) -> Result<(), String> {
+        let mut names = std::collections::HashSet::new();
+        match self
+            .metrics_label
+            .iter()
+            .find(|l| !names.insert(l.name.as_str()))
+        {
+            Some(l) => Err(format!("--metrics-label {} is given twice", l.name)),
+            None => Ok(()),
+        }
+    }
+}
+
+fn parse_metrics_label(s: &str) -> Result<crate::metrics::MetricLabel, String> {
+    s.parse()
+        .map_err(|e: crate::metrics::labels::LabelError| e.to_string())
 }
 
 fn parse_peer_listen(s: &str) -> Result<std::net::SocketAddr, String> {
@@ -463,6 +487,31 @@ mod tests {
             parse_endpoint("http://127.0.0.1:7480/").unwrap(),
             "http://127.0.0.1:7480"
         );
+    }
+
+    #[test]
+    fn metrics_labels_are_checked() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["riffle", "mount", "s3://bkt", "/m"];
+            argv.extend_from_slice(extra);
+            match Cli::try_parse_from(argv).map(|c| c.command) {
+                Ok(Command::Mount(m)) => Ok(m),
+                Ok(_) => panic!("not a mount"),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        let m = parse(&["--metrics-label", "volume=v1", "--metrics-label=pod=ml/p"]).unwrap();
+        let pairs: Vec<_> = m
+            .metrics_label
+            .iter()
+            .map(|l| (l.name.as_str(), l.value.as_str()))
+            .collect();
+        assert_eq!(pairs, [("volume", "v1"), ("pod", "ml/p")]);
+        assert_eq!(m.check_metrics_labels(), Ok(()));
+        assert!(parse(&["--metrics-label", "a-b=1"]).is_err());
+        assert!(parse(&["--metrics-label", "op=read"]).is_err());
+        let twice = parse(&["--metrics-label", "k=1", "--metrics-label", "k=2"]).unwrap();
+        assert!(twice.check_metrics_labels().unwrap_err().contains("twice"));
     }
 
     #[test]

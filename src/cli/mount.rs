@@ -54,6 +54,8 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
     // Peer options that cannot be used are said at once, before any daemon starts.
     args.check_peer_options()
         .map_err(|e| fail(FailureKind::InvalidArgument, e))?;
+    args.check_metrics_labels()
+        .map_err(|e| fail(FailureKind::InvalidArgument, e))?;
     if let Some(path) = &args.peer_secret_file {
         peer::Secret::from_file(path)?;
     }
@@ -677,11 +679,15 @@ fn serve_until_unmounted(
             stats: stack.metrics.clone(),
             prefetch: prefetch.clone(),
             fuse_ops: stack.fuse_ops.clone(),
+            metrics_labels: args.metrics_label.clone().into(),
         });
         stack.stats_file.set_source(handler.clone());
         let metrics_server = args
             .metrics_addr
-            .map(|addr| serve_metrics(addr, handler.clone(), stack.fuse_ops.clone()))
+            .map(|addr| {
+                let labels = &handler.metrics_labels;
+                serve_metrics(addr, handler.clone(), stack.fuse_ops.clone(), labels)
+            })
             .transpose()?;
         (control::serve(mountpoint, handler)?, metrics_server)
     };

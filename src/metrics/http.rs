@@ -153,7 +153,7 @@ mod tests {
 
     fn start(limits: HttpLimits) -> (MetricsServer, Arc<FuseOps>) {
         let ops = FuseOps::new();
-        let exporter = Arc::new(Exporter::new(Arc::new(Fixed), ops.clone()));
+        let exporter = Arc::new(Exporter::new(Arc::new(Fixed), ops.clone(), &[]));
         let addr = SocketAddr::from(([127, 0, 0, 1], 0));
         let server = serve_with_limits(addr, exporter, limits).expect("serve");
         (server, ops)
@@ -298,7 +298,7 @@ mod tests {
 
     #[test]
     fn needs_a_runtime_and_reports_a_busy_port() {
-        let exporter = Arc::new(Exporter::new(Arc::new(Fixed), FuseOps::new()));
+        let exporter = Arc::new(Exporter::new(Arc::new(Fixed), FuseOps::new(), &[]));
         let addr = SocketAddr::from(([127, 0, 0, 1], 0));
         assert!(matches!(
             serve(addr, exporter.clone()),

@@ -4,12 +4,14 @@
 //! one JSON tree ([`crate::stats::Sample`]), served on the control socket (`riffle stats`).
 //! The same tree feeds the Prometheus endpoint (`--metrics-addr`): [`prometheus`] translates
 //! it into OpenMetrics families, one per declaration, on each scrape and adds the FUSE
-//! operation latency histograms recorded by [`crate::fs::latency`]; [`http`] serves the result.
+//! operation latency histograms recorded by [`crate::fs::latency`], every sample labelled
+//! with the mount's `--metrics-label`s ([`labels`]); [`http`] serves the result.
 //! [`serve_metrics`] puts the three together.
 
 #[cfg(test)]
 pub(crate) mod fixture;
 pub mod http;
+pub mod labels;
 pub mod prometheus;
 
 use std::net::SocketAddr;
@@ -24,6 +26,7 @@ use crate::namespace::{ListedUsage, Namespace};
 use crate::stats::{defs, Sample};
 use crate::store::retry::RetryingStore;
 pub use http::MetricsServer;
+pub use labels::MetricLabel;
 pub use prometheus::Exporter;
 
 /// Something that can describe its state as JSON.
@@ -44,14 +47,16 @@ pub enum MetricsError {
 }
 
 /// Serves `source`'s counters and `ops`' FUSE latency histograms as Prometheus metrics on
-/// `http://addr/metrics`, on the current tokio runtime (call inside `Runtime::enter`). The
-/// address is bound before this returns; dropping the returned server stops it.
+/// `http://addr/metrics`, every sample labelled with `labels`, on the current tokio runtime
+/// (call inside `Runtime::enter`). The address is bound before this returns; dropping the
+/// returned server stops it.
 pub fn serve_metrics(
     addr: SocketAddr,
     source: Arc<dyn StatsSource>,
     ops: Arc<FuseOps>,
+    labels: &[MetricLabel],
 ) -> Result<MetricsServer, MetricsError> {
-    let server = http::serve(addr, Arc::new(Exporter::new(source, ops)))?;
+    let server = http::serve(addr, Arc::new(Exporter::new(source, ops, labels)))?;
     tracing::info!(
         "serving Prometheus metrics on http://{}/metrics",
         server.local_addr()

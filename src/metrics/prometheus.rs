@@ -15,7 +15,13 @@
 //!
 //! A second collector encodes the FUSE latency histograms of [`FuseOps`]:
 //! `riffle_fuse_op_duration_seconds{op="read"}` and `riffle_fuse_ops_in_progress{op="read"}`.
+//!
+//! The mount's `--metrics-label`s ([`MetricLabel`]) are constant labels of the registry: the
+//! encoder writes them first in every sample's label set, before a family's own labels (`le`
+//! and `op` of a histogram bucket come after them), so a mount under the CSI mounter exposes
+//! its volume's labels itself.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -27,6 +33,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 use serde_json::Value;
 
+use super::labels::{MetricLabel, OP_LABEL, VERSION_LABEL};
 use super::StatsSource;
 use crate::fs::latency::{FuseOp, FuseOps, BUCKET_BOUNDS};
 use crate::stats::{defs, Kind, Stat};
@@ -72,8 +79,13 @@ impl std::fmt::Debug for Exporter {
 }
 
 impl Exporter {
-    pub fn new(source: Arc<dyn StatsSource>, ops: Arc<FuseOps>) -> Self {
-        let mut registry = Registry::default();
+    /// An exporter of `source`'s counters and `ops`' histograms, every sample labelled with
+    /// `labels` first (constant labels of the registry; the encoder escapes their values).
+    pub fn new(source: Arc<dyn StatsSource>, ops: Arc<FuseOps>, labels: &[MetricLabel]) -> Self {
+        let constant = labels
+            .iter()
+            .map(|l| (Cow::Owned(l.name.clone()), Cow::Owned(l.value.clone())));
+        let mut registry = Registry::with_labels(constant);
         registry.register_collector(Box::new(BuildInfo));
         registry.register_collector(Box::new(StatsCollector { source }));
         registry.register_collector(Box::new(FuseOpsCollector { ops }));
@@ -99,7 +111,7 @@ impl Collector for BuildInfo {
             None,
             MetricType::Info,
         )?;
-        m.encode_info(&[("version", env!("CARGO_PKG_VERSION"))])
+        m.encode_info(&[(VERSION_LABEL, env!("CARGO_PKG_VERSION"))])
     }
 }
 
@@ -282,7 +294,7 @@ impl Collector for FuseOpsCollector {
                     .copied()
                     .zip(s.buckets.iter().copied())
                     .collect();
-                let labels = [("op", *op)];
+                let labels = [(OP_LABEL, *op)];
                 family
                     .encode_family(&labels)?
                     .encode_histogram::<NoLabelSet>(s.sum_seconds, s.count, &buckets, None)?;
@@ -295,7 +307,7 @@ impl Collector for FuseOpsCollector {
             MetricType::Gauge,
         )?;
         for (op, s) in &snapshots {
-            let labels = [("op", *op)];
+            let labels = [(OP_LABEL, *op)];
             ConstGauge::new(s.in_progress).encode(family.encode_family(&labels)?)?;
         }
         Ok(())
@@ -320,7 +332,7 @@ mod tests {
     }
 
     fn render(stats: Value, ops: Arc<FuseOps>) -> String {
-        Exporter::new(Arc::new(Fixed(stats)), ops)
+        Exporter::new(Arc::new(Fixed(stats)), ops, &[])
             .encode()
             .expect("encode")
     }
@@ -401,6 +413,48 @@ mod tests {
         assert!(!text.contains("secret-bucket"), "{text}");
         assert!(!text.contains("/nvme"), "{text}");
         assert!(!text.contains("4242"), "{text}");
+    }
+
+    /// `--metrics-label`s go first in every sample's label set, before the family's own
+    /// labels, with their values escaped (backslash, double quote, newline).
+    #[test]
+    fn metrics_labels_go_first_in_every_sample_and_are_escaped() {
+        let ops = FuseOps::new();
+        ops.record(FuseOp::Read, Duration::from_millis(2));
+        let labels: Vec<MetricLabel> = ["volume=v1", "pod=ns/we\"ird\\\n", "key=k"]
+            .iter()
+            .map(|l| l.parse().expect("label"))
+            .collect();
+        let stats = json!({"store": {"get_requests": 7}});
+        let text = Exporter::new(Arc::new(Fixed(stats)), ops, &labels)
+            .encode()
+            .expect("encode");
+        let ours = "volume=\"v1\",pod=\"ns/we\\\"ird\\\\\\n\",key=\"k\"";
+        assert_eq!(
+            sample(&text, &format!("riffle_store_get_requests_total{{{ours}}}")),
+            Some("7"),
+            "{text}"
+        );
+        assert_eq!(
+            sample(
+                &text,
+                &format!(
+                    "riffle_fuse_op_duration_seconds_bucket{{{ours},le=\"+Inf\",op=\"read\"}}"
+                )
+            ),
+            Some("1"),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("riffle_build_info{{{ours},version=\"")),
+            "{text}"
+        );
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            assert!(
+                line.contains(&format!("{{{ours}")),
+                "{line} without the labels"
+            );
+        }
     }
 
     #[test]
@@ -487,7 +541,7 @@ mod tests {
             unclassified.is_empty(),
             "declare these stats fields in src/stats/defs.rs: {unclassified:?}"
         );
-        let text = Exporter::new(source, FuseOps::new())
+        let text = Exporter::new(source, FuseOps::new(), &[])
             .encode()
             .expect("encode");
         assert!(!text.contains(" unknown\n"), "{text}");

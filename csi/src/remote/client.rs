@@ -107,6 +107,8 @@ impl Mounter for RemoteMounter {
             auth: req.auth.clone(),
             pid_file: req.pid_file.to_path_buf(),
             log_file: req.log_file.to_path_buf(),
+            volume_id: req.volume_id.to_string(),
+            pod: req.pod.map(str::to_string),
         };
         match self.call(&request, self.mount_timeout).await? {
             Response::Mounted { daemon } => Ok(daemon),
@@ -156,6 +158,8 @@ impl Mounter for RemoteMounter {
             auth: req.auth.clone(),
             pid_file: req.pid_file.to_path_buf(),
             log_file: req.log_file.to_path_buf(),
+            volume_id: req.volume_id.to_string(),
+            pod: req.pod.map(str::to_string),
         };
         match self.call(&request, self.mount_timeout).await? {
             Response::Mounted { daemon } => Ok(daemon),

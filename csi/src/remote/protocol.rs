@@ -43,6 +43,11 @@ pub enum Request {
         auth: DaemonCredentials,
         pid_file: PathBuf,
         log_file: PathBuf,
+        /// The labels of the daemon's metrics (`MountRequest::volume_id`, `::pod`).
+        #[serde(default)]
+        volume_id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pod: Option<String>,
     },
     /// A new daemon for the live mount at `target`, whose FUSE connection
     /// the node's fd store kept when the daemon died (see
@@ -53,6 +58,11 @@ pub enum Request {
         auth: DaemonCredentials,
         pid_file: PathBuf,
         log_file: PathBuf,
+        /// The labels of the daemon's metrics (`MountRequest::volume_id`, `::pod`).
+        #[serde(default)]
+        volume_id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pod: Option<String>,
     },
     Unmount {
         target: PathBuf,
@@ -207,6 +217,8 @@ mod tests {
             auth: auth.clone(),
             pid_file: "/s/run/k.pid".into(),
             log_file: "/s/logs/k.log".into(),
+            volume_id: "vol-1".into(),
+            pod: None,
         };
         let debug = format!("{req:?}");
         assert_eq!(debug, "mount s3://datasets/ at /t");

@@ -194,6 +194,8 @@ pub async fn handle(request: Request, mounter: &dyn Mounter, locks: &KeyedLocks)
             auth,
             pid_file,
             log_file,
+            volume_id,
+            pod,
         } => {
             let _one_at_a_time = locks.lock(&target).await;
             let req = MountRequest {
@@ -202,6 +204,8 @@ pub async fn handle(request: Request, mounter: &dyn Mounter, locks: &KeyedLocks)
                 auth: &auth,
                 pid_file: &pid_file,
                 log_file: &log_file,
+                volume_id: &volume_id,
+                pod: pod.as_deref(),
             };
             match mounter.take_over(req).await {
                 Ok(daemon) => Response::Mounted { daemon },
@@ -214,6 +218,8 @@ pub async fn handle(request: Request, mounter: &dyn Mounter, locks: &KeyedLocks)
             auth,
             pid_file,
             log_file,
+            volume_id,
+            pod,
         } => {
             let _one_at_a_time = locks.lock(&target).await;
             let req = MountRequest {
@@ -222,6 +228,8 @@ pub async fn handle(request: Request, mounter: &dyn Mounter, locks: &KeyedLocks)
                 auth: &auth,
                 pid_file: &pid_file,
                 log_file: &log_file,
+                volume_id: &volume_id,
+                pod: pod.as_deref(),
             };
             match mounter.mount(req).await {
                 Ok(daemon) => Response::Mounted { daemon },
@@ -302,6 +310,8 @@ mod tests {
             auth: &auth,
             pid_file: &pid_file,
             log_file: &dir.path().join("k.log"),
+            volume_id: "vol-1",
+            pod: None,
         };
         let daemon = remote.mount(req).await.expect("mount").expect("a daemon");
         assert_eq!(
@@ -363,6 +373,8 @@ mod tests {
                         auth: &DaemonCredentials::Node,
                         pid_file: &dir.join("p"),
                         log_file: &dir.join("l"),
+                        volume_id: "vol-1",
+                        pod: None,
                     })
                     .await
             })

@@ -529,6 +529,8 @@ impl VolumeManager {
             auth,
             pid_file: &pid_file,
             log_file: &log_file,
+            volume_id: &record.volume_id,
+            pod: record.pod.as_deref(),
         };
         if take_over {
             self.mounter.take_over(req).await
