@@ -27,26 +27,21 @@ LAYERS = [
     ["control"],
     ["cli"],
 ]
-# The CSI crate, lowest first, by job.
+# The CSI crate, lowest first, by job (csi/src/lib.rs). Folders on one line are peers.
 CSI_LAYERS = [
-    # values and facts of the node: settings, keys, the mount table, locks, exited children
-    ["settings", "credentials", "mountinfo", "reaper", "locks", "cache_disk", "log_forward",
-     "old_clients"],
-    # what a volume may read with, the mounter interface, peers, cache shares, logging set-up
-    ["access", "mounter", "peers", "cache_shares", "startup"],
-    # the gRPC types, the state records, daemons as processes, the test mounter
-    ["proto", "state", "process", "fake"],
-    # identity service, secrets on tmpfs, the mounter's metrics, `riffle mount` itself
-    ["identity", "secrets", "metrics_proxy", "riffle"],
-    # volume bookkeeping (publish, stage, recover)
+    ["log_forward"],
+    # what a volume asks for
+    ["kube"],
+    # the mounter interface and `riffle mount`; what the plugin keeps on the node
+    ["mounter", "node_state"],
+    # volume bookkeeping
     ["volumes"],
-    ["supervisor", "volume_stats"],
-    # the gRPC node service, the plugin's server, the mounter's socket service
-    ["node"],
-    ["server"],
+    # the gRPC services
+    ["grpc"],
+    # the mounter's socket protocol
     ["remote"],
-    # the binaries
-    ["mounter_main"],
+    # the binaries' start-up
+    ["startup", "mounter_main"],
 ]
 
 SRC = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "src")

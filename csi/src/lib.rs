@@ -6,61 +6,29 @@
 //! path; `NodeUnpublishVolume` unmounts it. There is no controller service:
 //! volumes are provisioned statically (PV + PVC) or inline in a pod spec.
 //!
-//! Layout, one job per module:
-//! - [`proto`]: generated CSI v1 types and service stubs.
-//! - [`settings`]: volume attributes + mount options -> validated settings.
-//! - [`credentials`]: the `nodePublishSecretRef` secret -> credentials kept
-//!   out of logs, arguments and error messages; [`access`]: whose identity a
-//!   volume reads with (its secret, the pod's service account token and a
-//!   role, or, if the driver allows it, the node's); [`secrets`]: the tmpfs
-//!   where keys and tokens are kept for the daemons.
-//! - [`mounter`]: the `Mounter` trait; [`riffle`] runs the real `riffle`
-//!   binary, [`fake`] is an in-memory double for tests, [`remote`] asks the
-//!   `riffle-mounter` container to do it, so that the daemons outlive the
-//!   plugin's container (rollouts, crashes).
-//! - [`mountinfo`] and [`process`]: what is mounted where, and whether a
-//!   daemon process is still the one we started.
-//! - [`state`]: per-volume records persisted in the state dir (no secrets).
-//! - [`volumes`]: publish / unpublish / recover, one target at a time
-//!   ([`locks`]: one async mutex per target path).
-//! - [`supervisor`]: start-up reconciliation and the periodic health loop.
-//! - [`volume_stats`]: NodeGetVolumeStats, from the mount's `.riffle-stats`;
-//!   [`cache_disk`]: refuses a node cache on the root disk; [`cache_shares`]: the node
-//!   cache's one budget, shared out to the volumes; [`log_forward`]: the
-//!   daemons' logs to the mounter's standard output; [`metrics_proxy`]: every
-//!   daemon's Prometheus metrics on one mounter port, labelled by volume.
-//! - [`peers`]: the daemons' peer flags in Kubernetes (the ring of a
-//!   volume's data, its port on every node, collisions on one node).
-//! - [`identity`], [`node`]: the gRPC services; [`server`]: the unix socket;
-//!   [`old_clients`]: a WARN for clients the HTTP/2 server rejects;
-//!   [`startup`]: logging and stop signals of the two binaries.
+//! Layout, one folder per job (`tests/layers.py csi/src` checks that none imports a
+//! higher one):
+//! - [`kube`]: what a volume asks for (settings, credentials, whose identity it reads with).
+//! - [`node_state`]: what the plugin keeps on the node (volume records, secrets on tmpfs,
+//!   the node cache's budget, per-target locks, the mount table).
+//! - [`mounter`]: the `Mounter` trait; `riffle` runs the real `riffle` binary, `fake` is an
+//!   in-memory double for tests, processes, exited children, peer flags, and `metrics`:
+//!   every daemon's Prometheus metrics on one mounter port; [`remote`]: the
+//!   plugin-to-`riffle-mounter` protocol, so that the daemons outlive the plugin's
+//!   container (rollouts, crashes).
+//! - [`volumes`]: publish / unpublish / stage / recover, one target at a time, and the
+//!   supervisor (start-up reconciliation, the periodic health loop).
+//! - [`grpc`]: the CSI Identity and Node services and their socket.
+//! - [`log_forward`]: the daemons' logs to the mounter's standard output; [`startup`]:
+//!   logging and stop signals of the two binaries.
 
-pub mod access;
-pub mod cache_disk;
-pub mod cache_shares;
-pub mod credentials;
-pub mod fake;
-pub mod identity;
-pub mod locks;
+pub mod grpc;
+pub mod kube;
 pub mod log_forward;
-pub mod metrics_proxy;
 pub mod mounter;
-pub mod mountinfo;
-pub mod node;
-pub mod old_clients;
-pub mod peers;
-pub mod process;
-pub mod proto;
-pub mod reaper;
+pub mod node_state;
 pub mod remote;
-pub mod riffle;
-pub mod secrets;
-pub mod server;
-pub mod settings;
 pub mod startup;
-pub mod state;
-pub mod supervisor;
-pub mod volume_stats;
 pub mod volumes;
 
 /// The CSI driver name, as registered with kubelet and in the CSIDriver object.

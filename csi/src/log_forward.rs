@@ -2,7 +2,7 @@
 //! `riffle-mounter` pod shows them.
 //!
 //! Each daemon writes its log to `<logs dir>/<volume key>.log` (the key names the target:
-//! [`crate::state`]), rotated by riffle itself at a size bound. The forwarder looks at that
+//! [`crate::node_state::state`]), rotated by riffle itself at a size bound. The forwarder looks at that
 //! directory once a second ([`LogForwarder::tick`]) and writes every new complete line of each
 //! file to standard output as `[volume <key>] <line>`. It keeps, per file, only its inode,
 //! the offset reached and an unfinished last line, so its memory is bounded whatever the

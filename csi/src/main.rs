@@ -17,11 +17,11 @@
 
 use anyhow::Context;
 use clap::Parser;
-use riffle_csi::access::AccessPolicy;
+use riffle_csi::grpc::server::{self, PluginConfig};
+use riffle_csi::kube::access::AccessPolicy;
+use riffle_csi::mounter::riffle::DaemonOptions;
 use riffle_csi::mounter::Mounter;
 use riffle_csi::remote::client::RemoteMounter;
-use riffle_csi::riffle::DaemonOptions;
-use riffle_csi::server::{self, PluginConfig};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -60,7 +60,7 @@ struct Args {
     allow_node_credentials: bool,
     /// The audience of the pod service account token a roleArn volume uses;
     /// the CSIDriver's tokenRequests must name it.
-    #[arg(long, env = "RIFFLE_CSI_TOKEN_AUDIENCE", default_value = riffle_csi::access::DEFAULT_AUDIENCE)]
+    #[arg(long, env = "RIFFLE_CSI_TOKEN_AUDIENCE", default_value = riffle_csi::kube::access::DEFAULT_AUDIENCE)]
     token_audience: String,
     /// The riffle-mounter's socket: the daemons then run in the mounter's
     /// container, and --cache-dir, --riffle-bin and --mount-timeout are the
@@ -100,7 +100,7 @@ async fn mounter(args: &Args) -> anyhow::Result<Arc<dyn Mounter>> {
         return Ok(Arc::new(remote));
     }
     let local = daemons.mounter(&args.state_dir)?;
-    if let Err(e) = riffle_csi::reaper::start() {
+    if let Err(e) = riffle_csi::mounter::reaper::start() {
         tracing::warn!(error = %e, "cannot reap the daemons' processes (zombies stay until the container's init reaps them)");
     }
     tracing::info!(

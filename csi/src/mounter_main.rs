@@ -20,13 +20,13 @@
 //! With `--peer-service` (the headless Service of `deploy/kubernetes/peers.yaml`),
 //! `--peer-address` (the pod IP) and the Secret's file at `--peer-secret-file`, every
 //! daemon also joins the ring of the nodes that mount the same data, on that ring's port of
-//! `--peer-ports` ([`riffle_csi::peers`]).
+//! `--peer-ports` ([`riffle_csi::mounter::peers`]).
 
 use anyhow::Context;
 use clap::Parser;
-use riffle_csi::metrics_proxy;
+use riffle_csi::mounter::metrics;
+use riffle_csi::mounter::riffle::DaemonOptions;
 use riffle_csi::remote::service;
-use riffle_csi::riffle::DaemonOptions;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -56,7 +56,7 @@ struct Args {
     #[arg(long, env = "RIFFLE_MOUNTER_NO_LOG_FORWARDING")]
     no_log_forwarding: bool,
     /// Serve every volume daemon's Prometheus metrics on http://HOST:PORT/metrics, each
-    /// series labelled with its volume ([`riffle_csi::metrics_proxy`]).
+    /// series labelled with its volume ([`riffle_csi::mounter::metrics`]).
     #[arg(long, env = "RIFFLE_MOUNTER_METRICS_ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
     /// The plugin's state directory, whose volume records name the volumes (for the metrics).
@@ -81,7 +81,7 @@ async fn main() -> anyhow::Result<()> {
     let mounter = args.daemons.mounter(&shares_dir)?;
     // Keepers are orphans by design (`riffle mount` exits once the mount is live): this
     // process reaps them, and a daemon whose keeper died, and tells the plugin they ended.
-    if let Err(e) = riffle_csi::reaper::start() {
+    if let Err(e) = riffle_csi::mounter::reaper::start() {
         tracing::warn!(error = %e, "cannot reap the daemons' processes (zombies stay until the container's init reaps them)");
     }
     tracing::info!(
@@ -95,8 +95,8 @@ async fn main() -> anyhow::Result<()> {
     // Metrics are optional: a busy port is logged, and mounts are served all the same.
     let _metrics = match args.metrics_addr {
         Some(addr) => {
-            let proxy = Arc::new(metrics_proxy::MetricsProxy::new(&args.state_dir));
-            metrics_proxy::serve(addr, proxy)
+            let proxy = Arc::new(metrics::MetricsProxy::new(&args.state_dir));
+            metrics::serve(addr, proxy)
                 .await
                 .map_err(|e| tracing::error!(error = %e, "no metrics endpoint"))
                 .ok()

@@ -4,7 +4,7 @@
 use tracing_subscriber::layer::{Layer, SubscriberExt};
 
 /// RUST_LOG (default `info`) to stderr, without colours unless stderr is a
-/// terminal, plus the [`old_clients`](crate::old_clients) alarm.
+/// terminal, plus the [`old_clients`](crate::grpc::old_clients) alarm.
 pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -15,7 +15,7 @@ pub fn init_logging() {
                 .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
                 .with_filter(filter),
         )
-        .with(crate::old_clients::layer());
+        .with(crate::grpc::old_clients::layer());
     if tracing::subscriber::set_global_default(subscriber).is_err() {
         eprintln!("riffle-csi: a logger was already installed");
     }

@@ -434,7 +434,7 @@ impl Cluster {
         }
         for path in self.mounts.iter().chain(&self.targets) {
             assert!(
-                riffle_csi::mountinfo::mount_at(path)
+                riffle_csi::node_state::mountinfo::mount_at(path)
                     .expect("mountinfo")
                     .is_none(),
                 "{} still mounted",

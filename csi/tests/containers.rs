@@ -428,7 +428,7 @@ impl Node {
     fn store_copies(&self, v: &Volume) -> usize {
         let log = self.root.join("var/lib/riffle-csi/logs").join(format!(
             "{}.log",
-            riffle_csi::state::StateStore::key(&v.target)
+            riffle_csi::node_state::state::StateStore::key(&v.target)
         ));
         std::fs::read_to_string(log)
             .unwrap_or_default()

@@ -128,7 +128,7 @@ impl Plugin {
     /// The daemon pid recorded for `target` (None while a mount is being
     /// made).
     fn recorded_pid(&self, target: &Path) -> Option<i32> {
-        let key = riffle_csi::state::StateStore::key(target);
+        let key = riffle_csi::node_state::state::StateStore::key(target);
         let text =
             std::fs::read_to_string(self.state().join("volumes").join(format!("{key}.json")))
                 .expect("volume record");
@@ -198,7 +198,7 @@ async fn spawn_mounter(
     args.push(format!("--metrics-addr={metrics}"));
     args.push(format!("--state-dir={}", dir.join("state").display()));
     if !allow_root_disk_cache {
-        args.retain(|a| a != riffle_csi::cache_disk::ALLOW_FLAG);
+        args.retain(|a| a != riffle_csi::node_state::cache_disk::ALLOW_FLAG);
         args.push(format!("--kubelet-dir={}", dir.join("kubelet").display()));
     }
     let child = node_process(
@@ -263,7 +263,7 @@ async fn read_eventually(path: &Path, limit: Duration) -> String {
 }
 
 fn fstype_at(path: &Path) -> Option<String> {
-    riffle_csi::mountinfo::mount_at(path)
+    riffle_csi::node_state::mountinfo::mount_at(path)
         .ok()
         .flatten()
         .map(|m| m.fs_type)
@@ -362,7 +362,7 @@ async fn publish_read_kill_plugin_read_unpublish() {
     transcript("NodeUnpublishVolume -> OK");
     assert!(!target.exists(), "target removed");
     assert!(
-        riffle_csi::process::identify(daemon).is_none(),
+        riffle_csi::mounter::process::identify(daemon).is_none(),
         "daemon {daemon} stopped"
     );
     transcript(format!(
@@ -535,7 +535,7 @@ async fn no_secret_at_rest_after_publish_crash_and_unpublish() {
         ));
     };
     assert!(
-        riffle_csi::secrets::is_tmpfs(&secrets_dir).expect("statfs"),
+        riffle_csi::node_state::secrets::is_tmpfs(&secrets_dir).expect("statfs"),
         "the plugin mounted a tmpfs on {} (the test directory is on disk)",
         secrets_dir.display()
     );
@@ -620,7 +620,7 @@ async fn a_role_volume_the_store_refuses_leaks_no_token_and_leaves_nothing() {
     attrs.insert("roleArn".into(), "arn:aws:iam:::role/reader".into());
     attrs.insert("stsEndpointUrl".into(), env.endpoint.clone());
     attrs.insert(
-        riffle_csi::access::TOKENS_KEY.into(),
+        riffle_csi::kube::access::TOKENS_KEY.into(),
         format!(r#"{{"sts.amazonaws.com":{{"token":"{token}","expirationTimestamp":"2030-01-01T00:00:00Z"}}}}"#),
     );
     let err = p
@@ -896,7 +896,7 @@ async fn a_take_over_with_nothing_to_take_says_so_in_its_exit_status() {
     assert_eq!(unreachable.status.code(), Some(1), "{said}");
     assert!(said.contains("unreachable"), "{said}");
     assert_eq!(
-        riffle_csi::riffle::classify(nothing.status.code()),
+        riffle_csi::mounter::riffle::classify(nothing.status.code()),
         riffle_csi::mounter::MountErrorKind::NothingToTakeOver
     );
     transcript(format!(
@@ -961,7 +961,7 @@ async fn volume_stats_match_the_bucket() {
         let bytes = std::fs::read(target.join(key)).expect("read through the mount");
         assert_eq!(bytes.len() as u64, *size, "{key}");
     }
-    let request = riffle_csi::proto::NodeGetVolumeStatsRequest {
+    let request = riffle_csi::grpc::proto::NodeGetVolumeStatsRequest {
         volume_id: "vol-stats".into(),
         volume_path: target.to_string_lossy().into_owned(),
         staging_target_path: String::new(),
@@ -988,7 +988,7 @@ async fn volume_stats_match_the_bucket() {
         .iter()
         .map(|u| (u.unit, u.total, u.used, u.available))
         .collect();
-    use riffle_csi::proto::volume_usage::Unit;
+    use riffle_csi::grpc::proto::volume_usage::Unit;
     assert_eq!(
         usage,
         [
@@ -1112,7 +1112,7 @@ async fn mounter_metrics_carry_each_volumes_labels() {
     assert!(text.ends_with("# EOF\n"), "{text}");
     assert!(text.contains("\nriffle_mounter_volumes 2\n"), "{text}");
     for ((volume, pod), target) in pods.iter().zip(&targets) {
-        let key = riffle_csi::state::StateStore::key(target);
+        let key = riffle_csi::node_state::state::StateStore::key(target);
         let labels = format!("{{volume=\"{volume}\",pod=\"ml/{pod}\",key=\"{key}\"");
         for series in [
             "riffle_store_get_requests_total",
@@ -1242,7 +1242,7 @@ async fn unpublish_and_unstage(
         "the staging path is left empty for kubelet"
     );
     let deadline = Instant::now() + Duration::from_secs(20);
-    while riffle_csi::process::identify(keeper).is_some() {
+    while riffle_csi::mounter::process::identify(keeper).is_some() {
         assert!(
             Instant::now() < deadline,
             "{keeper} still runs after unstage"
@@ -1328,7 +1328,7 @@ async fn a_staged_volume_is_one_daemon_for_eight_pods() {
     let stats = p
         .csi
         .node
-        .node_get_volume_stats(riffle_csi::proto::NodeGetVolumeStatsRequest {
+        .node_get_volume_stats(riffle_csi::grpc::proto::NodeGetVolumeStatsRequest {
             volume_id: "vol-job".into(),
             volume_path: staged[3].to_string_lossy().into_owned(),
             staging_target_path: staging.to_string_lossy().into_owned(),
@@ -1351,7 +1351,7 @@ async fn a_staged_volume_is_one_daemon_for_eight_pods() {
     assert!(!staged[0].exists());
     read_all(&staged[1..]);
     assert!(
-        riffle_csi::process::identify(daemon).is_some(),
+        riffle_csi::mounter::process::identify(daemon).is_some(),
         "the shared daemon runs"
     );
     transcript("unpublished staged-0: the 7 other pods read on through the same daemon");

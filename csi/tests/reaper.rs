@@ -1,8 +1,8 @@
-//! The subreaper of riffle-mounter ([`riffle_csi::reaper`]): orphans are reaped and counted,
+//! The subreaper of riffle-mounter ([`riffle_csi::mounter::reaper`]): orphans are reaped and counted,
 //! children that tokio waits for are left to it. A test binary of its own, since becoming a
 //! subreaper changes the whole process.
 
-use riffle_csi::reaper;
+use riffle_csi::mounter::reaper;
 use std::time::Duration;
 
 #[tokio::test]

@@ -293,7 +293,7 @@ async fn restarts_leave_reads_alone(scenario: Scenario) {
         .expect("unpublish");
     assert!(!target.exists(), "target removed");
     assert!(
-        riffle_csi::mountinfo::mount_at(&target)
+        riffle_csi::node_state::mountinfo::mount_at(&target)
             .expect("mountinfo")
             .is_none(),
         "nothing mounted at the target"
@@ -422,7 +422,7 @@ async fn a_mounter_restart_is_reported_and_repaired() {
     node.plugin.take().expect("plugin").kill();
     node.mounter.take().expect("mounter").kill();
     nix::mount::umount2(&target, nix::mount::MntFlags::MNT_DETACH).expect("detach");
-    assert!(riffle_csi::mountinfo::mount_at(&target)
+    assert!(riffle_csi::node_state::mountinfo::mount_at(&target)
         .expect("mountinfo")
         .is_none());
     node.start_mounter().await;

@@ -16,22 +16,22 @@ use common::{
     assert_no_secret_under, capability, kubelet_staging, kubelet_target, map, publish_request,
     staged_publish_request, Csi,
 };
-use riffle_csi::access::AccessPolicy;
-use riffle_csi::fake::{FakeMounter, FAKE_MARKER};
-use riffle_csi::mounter::{MountError, MountErrorKind};
-use riffle_csi::proto::node_service_capability::rpc::Type as RpcType;
-use riffle_csi::proto::node_service_capability::Type as CapabilityType;
-use riffle_csi::proto::volume_capability::access_mode::Mode;
-use riffle_csi::proto::volume_capability::{AccessMode, AccessType, BlockVolume};
-use riffle_csi::proto::volume_usage::Unit;
-use riffle_csi::proto::{
+use riffle_csi::grpc::proto::node_service_capability::rpc::Type as RpcType;
+use riffle_csi::grpc::proto::node_service_capability::Type as CapabilityType;
+use riffle_csi::grpc::proto::volume_capability::access_mode::Mode;
+use riffle_csi::grpc::proto::volume_capability::{AccessMode, AccessType, BlockVolume};
+use riffle_csi::grpc::proto::volume_usage::Unit;
+use riffle_csi::grpc::proto::{
     GetPluginCapabilitiesRequest, GetPluginInfoRequest, NodeGetCapabilitiesRequest,
     NodeGetInfoRequest, NodeGetVolumeStatsRequest, NodeUnpublishVolumeRequest, ProbeRequest,
     VolumeCapability,
 };
+use riffle_csi::grpc::server::{self, PluginConfig, RunningPlugin};
+use riffle_csi::kube::access::AccessPolicy;
+use riffle_csi::mounter::fake::{FakeMounter, FAKE_MARKER};
+use riffle_csi::mounter::{MountError, MountErrorKind};
 use riffle_csi::remote::client::RemoteMounter;
 use riffle_csi::remote::service::{self, RunningService};
-use riffle_csi::server::{self, PluginConfig, RunningPlugin};
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -835,7 +835,7 @@ async fn secrets_stay_out_of_logs_messages_and_state() {
     let keys_file = f
         .secrets
         .path()
-        .join(riffle_csi::state::StateStore::key(&target))
+        .join(riffle_csi::node_state::state::StateStore::key(&target))
         .join("keys.json");
     assert!(
         mount.auth_env.contains(&(
@@ -950,7 +950,7 @@ fn pod_context(bucket_name: &str, role: Option<&str>, token: &str) -> HashMap<St
         ("csi.storage.k8s.io/pod.name", "trainer-0"),
         ("csi.storage.k8s.io/pod.namespace", "ml"),
         ("csi.storage.k8s.io/serviceAccount.name", "trainer"),
-        (riffle_csi::access::TOKENS_KEY, &tokens),
+        (riffle_csi::kube::access::TOKENS_KEY, &tokens),
     ]);
     if let Some(role) = role {
         attrs.insert("roleArn".into(), role.into());
@@ -999,7 +999,7 @@ async fn a_pod_token_reaches_the_daemon_and_a_republish_replaces_it_without_a_re
     assert_eq!(std::fs::read_to_string(&token_file).expect("token"), first);
     let meta = std::fs::metadata(&token_file).expect("stat");
     assert_eq!(meta.mode() & 0o777, 0o600);
-    assert!(riffle_csi::secrets::is_tmpfs(&token_file).expect("statfs"));
+    assert!(riffle_csi::node_state::secrets::is_tmpfs(&token_file).expect("statfs"));
     assert!(
         !mount.env_names.iter().any(|n| n == "AWS_ACCESS_KEY_ID"),
         "{:?}",

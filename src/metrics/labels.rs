@@ -2,7 +2,7 @@
 //!
 //! The CSI node's mounter starts each volume's daemon with the volume's labels (`volume`,
 //! `pod`, `key`), so the daemon's own exposition already says which volume it is and the
-//! mounter only has to put the daemons' texts together (`csi/src/metrics_proxy.rs`). The
+//! mounter only has to put the daemons' texts together (`csi/src/mounter/metrics.rs`). The
 //! labels are constant labels of the exporter's registry ([`super::Exporter`]): the encoder
 //! writes them first in every sample's label set and escapes their values (backslash, double
 //! quote, newline), so a value may hold any text. A name must be a Prometheus label name

@@ -22,8 +22,8 @@
 //!   spec, an argument or an environment variable the API server knows of;
 //! - [`client`]: [`client::RemoteMounter`], the plugin's `Mounter`;
 //! - [`service`]: the mounter's server, which checks the caller's uid and
-//!   hands each request to a local mounter ([`crate::riffle::RiffleMounter`]
-//!   in production, [`crate::fake::FakeMounter`] in tests).
+//!   hands each request to a local mounter ([`crate::mounter::riffle::RiffleMounter`]
+//!   in production, [`crate::mounter::fake::FakeMounter`] in tests).
 //!
 //! Daemon ids (pid + start time) are those of the mounter's PID namespace;
 //! the plugin only stores them and passes them back, so the two containers

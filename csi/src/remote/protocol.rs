@@ -18,8 +18,8 @@
 //! mounter would misread is sent only to a mounter whose Pong lists a
 //! feature naming it (`features`, empty in this first protocol).
 
+use crate::kube::settings::VolumeSettings;
 use crate::mounter::{DaemonCredentials, DaemonId, Health, MountErrorKind};
-use crate::settings::VolumeSettings;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
@@ -128,7 +128,7 @@ pub enum Response {
         /// Names this mounter process (its pid and start time): a change
         /// between two pings is a restart.
         instance: Option<String>,
-        /// Keepers and daemons that ended under this mounter so far ([`crate::reaper`]).
+        /// Keepers and daemons that ended under this mounter so far ([`crate::mounter::reaper`]).
         #[serde(default)]
         exited: u64,
     },

@@ -18,9 +18,9 @@
 //! by operation and target; credentials are never logged.
 
 use super::protocol::{read_line, write_line, Request, Response};
-use crate::locks::KeyedLocks;
+use crate::grpc::server::{self, ServerError};
 use crate::mounter::{MountError, MountErrorKind, MountRequest, Mounter};
-use crate::server::{self, ServerError};
+use crate::node_state::locks::KeyedLocks;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -186,7 +186,7 @@ pub async fn handle(request: Request, mounter: &dyn Mounter, locks: &KeyedLocks)
             pid: std::process::id(),
             features: Vec::new(),
             instance: Some(instance().to_string()),
-            exited: crate::reaper::exited(),
+            exited: crate::mounter::reaper::exited(),
         },
         Request::TakeOver {
             target,
@@ -272,10 +272,10 @@ pub async fn handle(request: Request, mounter: &dyn Mounter, locks: &KeyedLocks)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fake::FakeMounter;
+    use crate::kube::settings::VolumeSettings;
+    use crate::mounter::fake::FakeMounter;
     use crate::mounter::{DaemonCredentials, Health};
     use crate::remote::client::RemoteMounter;
-    use crate::settings::VolumeSettings;
     use std::collections::HashMap;
     use std::time::Duration;
 

@@ -37,19 +37,20 @@
 //! pod kubelet has already cleaned up: its mount, record and secrets are
 //! removed instead, so nothing leaks.
 
-use crate::access::{AccessError, VolumeAccess};
-use crate::locks::KeyedLocks;
+use crate::kube::access::{AccessError, VolumeAccess};
+use crate::kube::settings::VolumeSettings;
 use crate::mounter::{
     DaemonCredentials, Health, MountError, MountErrorKind, MountRequest, Mounter,
 };
-use crate::secrets::{SecretStore, SecretsError};
-use crate::settings::VolumeSettings;
-use crate::state::{StateError, StateStore, VolumeRecord};
+use crate::node_state::locks::KeyedLocks;
+use crate::node_state::secrets::{SecretStore, SecretsError};
+use crate::node_state::state::{StateError, StateStore, VolumeRecord};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 mod shared;
+pub mod supervisor;
 
 /// A failed volume operation.
 #[derive(Debug, thiserror::Error)]
@@ -332,7 +333,7 @@ impl VolumeManager {
             // detached and unused.
             Err(e) if e.kind == MountErrorKind::Unavailable => {
                 tracing::warn!(target = %target.display(), error = %e, "unpublishing without the mounter: detaching the target here");
-                crate::mountinfo::detach_all(target);
+                crate::node_state::mountinfo::detach_all(target);
             }
             Err(e) => return Err(e.into()),
         }
@@ -495,7 +496,7 @@ impl VolumeManager {
             Err(e) => {
                 // A daemon's failure may quote its keys: never pass them on.
                 let keys = self.secrets.load_keys(&target).ok().flatten();
-                let message = crate::credentials::scrub(keys.as_ref(), &e.message);
+                let message = crate::kube::credentials::scrub(keys.as_ref(), &e.message);
                 return Err(MountError::new(e.kind, message).into());
             }
         };

@@ -39,9 +39,9 @@
 //! Locks: a pod's target first, then its shared mount; never the other way round.
 
 use super::{ensure_dir, foreign, taken, CheckOutcome, VolumeError, VolumeManager};
-use crate::access::VolumeAccess;
+use crate::kube::access::VolumeAccess;
 use crate::mounter::{DaemonCredentials, Health, MountErrorKind};
-use crate::state::VolumeRecord;
+use crate::node_state::state::VolumeRecord;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
@@ -128,7 +128,7 @@ impl VolumeManager {
             for entry in entries.flatten() {
                 let name = entry.file_name();
                 if name.to_string_lossy().starts_with(SHARED_PREFIX)
-                    && crate::mountinfo::mount_at(&entry.path())
+                    && crate::node_state::mountinfo::mount_at(&entry.path())
                         .ok()
                         .flatten()
                         .is_none()
@@ -359,7 +359,7 @@ impl VolumeManager {
             Ok(()) => Ok(()),
             Err(e) if e.kind == MountErrorKind::Unavailable => {
                 tracing::warn!(target = %target.display(), error = %e, "unbinding without the mounter: detaching the target here");
-                crate::mountinfo::detach_all(target);
+                crate::node_state::mountinfo::detach_all(target);
                 Ok(())
             }
             Err(e) => Err(e.into()),

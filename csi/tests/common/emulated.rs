@@ -406,7 +406,7 @@ pub async fn wait_for_store_copies(node: &Node, targets: &[&Path]) {
     for target in targets {
         let log = node.path("state/logs").join(format!(
             "{}.log",
-            riffle_csi::state::StateStore::key(target)
+            riffle_csi::node_state::state::StateStore::key(target)
         ));
         let said = |line: &str| {
             std::fs::read_to_string(&log)

@@ -9,11 +9,11 @@ pub mod pod;
 pub mod rgw;
 
 use hyper_util::rt::TokioIo;
-use riffle_csi::proto::identity_client::IdentityClient;
-use riffle_csi::proto::node_client::NodeClient;
-use riffle_csi::proto::volume_capability::access_mode::Mode;
-use riffle_csi::proto::volume_capability::{AccessMode, AccessType, MountVolume};
-use riffle_csi::proto::{
+use riffle_csi::grpc::proto::identity_client::IdentityClient;
+use riffle_csi::grpc::proto::node_client::NodeClient;
+use riffle_csi::grpc::proto::volume_capability::access_mode::Mode;
+use riffle_csi::grpc::proto::volume_capability::{AccessMode, AccessType, MountVolume};
+use riffle_csi::grpc::proto::{
     NodePublishVolumeRequest, NodeStageVolumeRequest, NodeUnpublishVolumeRequest,
     NodeUnstageVolumeRequest, ProbeRequest, VolumeCapability,
 };

@@ -34,7 +34,7 @@ pub fn mounter_args(socket: &Path, cache_dir: &Path, riffle: &Path) -> Vec<Strin
         format!("--cache-dir={}", cache_dir.display()),
         format!("--riffle-bin={}", riffle.display()),
         "--mount-timeout=60".to_string(),
-        riffle_csi::cache_disk::ALLOW_FLAG.to_string(),
+        riffle_csi::node_state::cache_disk::ALLOW_FLAG.to_string(),
     ]
 }
 

@@ -4,8 +4,8 @@
 //! or inline), so GetPluginCapabilities lists no CONTROLLER_SERVICE. Probe
 //! answers `ready = false` until start-up reconciliation has finished.
 
-use crate::proto::identity_server::Identity;
-use crate::proto::{
+use crate::grpc::proto::identity_server::Identity;
+use crate::grpc::proto::{
     GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest,
     GetPluginInfoResponse, ProbeRequest, ProbeResponse,
 };

@@ -19,7 +19,7 @@ impl std::fmt::Debug for NodePublishVolumeRequest {
             .volume_context
             .iter()
             .map(|(k, v)| {
-                if k == crate::access::TOKENS_KEY {
+                if k == crate::kube::access::TOKENS_KEY {
                     (k, "<redacted>")
                 } else {
                     (k, v.as_str())
@@ -67,7 +67,7 @@ mod tests {
         req.secrets
             .insert("secretAccessKey".into(), "TOPSECRETVALUE".into());
         req.volume_context.insert(
-            crate::access::TOKENS_KEY.into(),
+            crate::kube::access::TOKENS_KEY.into(),
             r#"{"sts.amazonaws.com":{"token":"JWTSECRETTOKEN"}}"#.into(),
         );
         req.volume_context

@@ -47,7 +47,7 @@
 //! without it the volume's daemon runs without peers, so creating the Secret is what turns
 //! peers on. Its bytes are never logged nor put in an argument, an error or a metric.
 
-use crate::settings::VolumeSettings;
+use crate::kube::settings::VolumeSettings;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::ffi::OsString;

@@ -4,7 +4,7 @@
 //! Validation order follows what csi-sanity checks: missing volume id,
 //! target path or volume capability -> INVALID_ARGUMENT; then the
 //! capability (filesystem access only, read-only), the attributes and mount
-//! options, the secret, the identity ([`crate::access`]: a volume with
+//! options, the secret, the identity ([`crate::kube::access`]: a volume with
 //! neither a secret nor a role is refused with FAILED_PRECONDITION unless
 //! the driver allows node credentials). rifflefs is read-only: a publish is accepted when
 //! `readonly` is set or the access mode is a reader-only mode
@@ -18,22 +18,19 @@
 //! stops the shared daemons. Inline ephemeral volumes are not staged by kubelet and get a
 //! daemon of their own, as before.
 //!
-//! NodeGetVolumeStats is answered by [`crate::volume_stats`].
+//! NodeGetVolumeStats is answered by [`crate::grpc::volume_stats`].
 //!
 //! Status codes: AlreadyExists for a target taken with other settings,
 //! FailedPrecondition for a target the plugin will not touch,
 //! NotFound/PermissionDenied/Unavailable/DeadlineExceeded from the mount's
 //! reason, Internal otherwise. Messages never contain credentials.
 
-use crate::access::{AccessPolicy, VolumeAccess};
-use crate::credentials::Credentials;
-use crate::mounter::MountErrorKind;
-use crate::proto::node_server::Node;
-use crate::proto::node_service_capability::rpc::Type as RpcType;
-use crate::proto::node_service_capability::{Rpc, Type as CapabilityType};
-use crate::proto::volume_capability::access_mode::Mode;
-use crate::proto::volume_capability::AccessType;
-use crate::proto::{
+use crate::grpc::proto::node_server::Node;
+use crate::grpc::proto::node_service_capability::rpc::Type as RpcType;
+use crate::grpc::proto::node_service_capability::{Rpc, Type as CapabilityType};
+use crate::grpc::proto::volume_capability::access_mode::Mode;
+use crate::grpc::proto::volume_capability::AccessType;
+use crate::grpc::proto::{
     NodeGetCapabilitiesRequest, NodeGetCapabilitiesResponse, NodeGetInfoRequest,
     NodeGetInfoResponse, NodeGetVolumeStatsRequest, NodeGetVolumeStatsResponse,
     NodePublishVolumeRequest, NodePublishVolumeResponse, NodeServiceCapability,
@@ -41,7 +38,10 @@ use crate::proto::{
     NodeUnpublishVolumeResponse, NodeUnstageVolumeRequest, NodeUnstageVolumeResponse,
     VolumeCapability,
 };
-use crate::settings::VolumeSettings;
+use crate::kube::access::{AccessPolicy, VolumeAccess};
+use crate::kube::credentials::Credentials;
+use crate::kube::settings::VolumeSettings;
+use crate::mounter::MountErrorKind;
 use crate::volumes::{PublishSpec, VolumeError, VolumeManager};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -119,7 +119,7 @@ pub fn validate_stage(req: &NodeStageVolumeRequest) -> Result<PathBuf, Status> {
 /// The volume's settings from its attributes, mount options and fsGroup.
 fn volume_settings(
     volume_context: &std::collections::HashMap<String, String>,
-    mount: &crate::proto::volume_capability::MountVolume,
+    mount: &crate::grpc::proto::volume_capability::MountVolume,
 ) -> Result<VolumeSettings, Status> {
     let mut settings = VolumeSettings::parse(volume_context, &mount.mount_flags)
         .map_err(|e| invalid(e.to_string()))?;
@@ -132,7 +132,7 @@ fn volume_settings(
 /// The capability's mount access with a file system type rifflefs serves.
 fn mount_capability(
     capability: &VolumeCapability,
-) -> Result<&crate::proto::volume_capability::MountVolume, Status> {
+) -> Result<&crate::grpc::proto::volume_capability::MountVolume, Status> {
     let mount = match &capability.access_type {
         Some(AccessType::Mount(m)) => m,
         Some(AccessType::Block(_)) => {
@@ -365,7 +365,7 @@ impl Node for NodeService {
         request: Request<NodeGetVolumeStatsRequest>,
     ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
         let req = request.into_inner();
-        crate::volume_stats::volume_stats(&self.manager, &req)
+        crate::grpc::volume_stats::volume_stats(&self.manager, &req)
             .await
             .map(Response::new)
     }

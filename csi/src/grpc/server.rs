@@ -9,15 +9,15 @@
 //! leaves every mount daemon running: they are separate processes in their
 //! own sessions, and the next plugin adopts them.
 
-use crate::access::AccessPolicy;
-use crate::identity::IdentityService;
+use crate::grpc::identity::IdentityService;
+use crate::grpc::node::NodeService;
+use crate::grpc::proto::identity_server::IdentityServer;
+use crate::grpc::proto::node_server::NodeServer;
+use crate::kube::access::AccessPolicy;
 use crate::mounter::Mounter;
-use crate::node::NodeService;
-use crate::proto::identity_server::IdentityServer;
-use crate::proto::node_server::NodeServer;
-use crate::secrets::{SecretStore, SecretsError};
-use crate::state::{StateError, StateStore};
-use crate::supervisor;
+use crate::node_state::secrets::{SecretStore, SecretsError};
+use crate::node_state::state::{StateError, StateStore};
+use crate::volumes::supervisor;
 use crate::volumes::VolumeManager;
 use std::io;
 use std::os::unix::fs::FileTypeExt;

@@ -14,13 +14,13 @@
 //! KEY is a hash of the target path (targets are unique per publish).
 //!
 //! No secret is ever written here: the state directory is on the node's
-//! disk. Keys and tokens live on a tmpfs ([`crate::secrets`]). Every write
+//! disk. Keys and tokens live on a tmpfs ([`crate::node_state::secrets`]). Every write
 //! goes to a temporary file in the same directory, is fsynced and renamed
 //! over the old one, so a crash leaves either the old or the new record,
 //! never half of one.
 
+use crate::kube::settings::VolumeSettings;
 use crate::mounter::{DaemonCredentials, DaemonId};
-use crate::settings::VolumeSettings;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::fs;
@@ -65,7 +65,7 @@ pub struct VolumeRecord {
     /// The daemon serving the mount; None while the mount is being made.
     pub daemon: Option<DaemonId>,
     /// The pod it was published for, `namespace/name` (kubelet's pod info), when known: a
-    /// label of the volume's metrics ([`crate::metrics_proxy`]).
+    /// label of the volume's metrics ([`crate::mounter::metrics`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<String>,
     /// A pod's target served by a shared daemon: the shared mount it is a bind of

@@ -1,13 +1,20 @@
 //! The seam between volume bookkeeping and the thing that actually mounts.
 //!
 //! [`Mounter`] starts a mount daemon for a target, stops it, and reports the
-//! health of a target. The real implementation ([`crate::riffle`]) runs the
-//! `riffle` binary and inspects `/proc`; [`crate::fake`] keeps everything in
+//! health of a target. The real implementation ([`crate::mounter::riffle`]) runs the
+//! `riffle` binary and inspects `/proc`; [`crate::mounter::fake`] keeps everything in
 //! memory so that the CSI logic can be tested without FUSE or an object
 //! store.
 
-use crate::credentials::Credentials;
-use crate::settings::VolumeSettings;
+pub mod fake;
+pub mod metrics;
+pub mod peers;
+pub mod process;
+pub mod reaper;
+pub mod riffle;
+
+use crate::kube::credentials::Credentials;
+use crate::kube::settings::VolumeSettings;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -28,7 +35,7 @@ pub struct Pulse {
     /// daemons died with it, and their mounts need a successor at once.
     pub instance: Option<String>,
     /// The riffle processes (keepers, daemons) that have ended under it so far
-    /// ([`crate::reaper`]): a change means a volume may have lost its keeper or daemon.
+    /// ([`crate::mounter::reaper`]): a change means a volume may have lost its keeper or daemon.
     pub exited: u64,
 }
 
@@ -48,7 +55,7 @@ pub enum Health {
 
 /// How a daemon finds its identity: what the mounter puts in its
 /// environment. Holds paths and names, never a secret: the secret values are
-/// in files on the plugin's tmpfs ([`crate::secrets`]) that the plugin
+/// in files on the plugin's tmpfs ([`crate::node_state::secrets`]) that the plugin
 /// rewrites at every publish, and that the daemon re-reads, so new keys or a
 /// new token reach a running daemon without a remount.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -148,7 +155,7 @@ impl DaemonCredentials {
                 let keys = std::fs::read(path)
                     .ok()
                     .and_then(|b| Credentials::from_json(&b).ok());
-                crate::credentials::scrub(keys.as_ref(), text)
+                crate::kube::credentials::scrub(keys.as_ref(), text)
             }
             Self::WebIdentity { token_file, .. } => match std::fs::read_to_string(token_file) {
                 Ok(token) if !token.trim().is_empty() => text.replace(token.trim(), "<redacted>"),
@@ -177,7 +184,7 @@ pub struct MountRequest<'a> {
     /// Where the daemon writes its log.
     pub log_file: &'a Path,
     /// The CSI volume id and the pod (`namespace/name`, when kubelet said it): labels of the
-    /// daemon's metrics ([`crate::metrics_proxy::VolumeLabels`]).
+    /// daemon's metrics ([`crate::mounter::metrics::VolumeLabels`]).
     pub volume_id: &'a str,
     pub pod: Option<&'a str>,
 }
@@ -274,14 +281,14 @@ pub trait Mounter: Send + Sync + 'static {
     async fn pulse(&self) -> Result<Pulse, MountError> {
         self.available().await.map(|()| Pulse {
             instance: None,
-            exited: crate::reaper::exited(),
+            exited: crate::mounter::reaper::exited(),
         })
     }
 
     /// Makes the live mount at `source` (a shared daemon's, see
     /// [`crate::volumes`]) also appear at `target` (an existing directory), read-only:
     /// another pod's view of the same daemon. By default this process binds it
-    /// ([`crate::mountinfo::bind_read_only`]).
+    /// ([`crate::node_state::mountinfo::bind_read_only`]).
     async fn bind(&self, source: &Path, target: &Path) -> Result<(), MountError> {
         bind_here(source, target).await
     }
@@ -297,7 +304,7 @@ pub trait Mounter: Send + Sync + 'static {
 pub async fn bind_here(source: &Path, target: &Path) -> Result<(), MountError> {
     let (source, target) = (source.to_path_buf(), target.to_path_buf());
     tokio::task::spawn_blocking(move || {
-        crate::mountinfo::bind_read_only(&source, &target).map_err(|e| {
+        crate::node_state::mountinfo::bind_read_only(&source, &target).map_err(|e| {
             MountError::new(
                 MountErrorKind::Internal,
                 format!(
@@ -315,7 +322,7 @@ pub async fn bind_here(source: &Path, target: &Path) -> Result<(), MountError> {
 /// [`Mounter::unbind`] in this process.
 pub async fn unbind_here(target: &Path) -> Result<(), MountError> {
     let owned = target.to_path_buf();
-    tokio::task::spawn_blocking(move || crate::mountinfo::detach_all(&owned))
+    tokio::task::spawn_blocking(move || crate::node_state::mountinfo::detach_all(&owned))
         .await
         .map_err(|e| MountError::new(MountErrorKind::Internal, e.to_string()))?;
     nothing_mounted_at(target, "unbinding it")
@@ -324,7 +331,7 @@ pub async fn unbind_here(target: &Path) -> Result<(), MountError> {
 /// Ok when nothing is mounted at `target` any more (`after` says what should have removed
 /// it, for the error).
 pub fn nothing_mounted_at(target: &Path, after: &str) -> Result<(), MountError> {
-    match crate::mountinfo::mount_at(target) {
+    match crate::node_state::mountinfo::mount_at(target) {
         Ok(None) => Ok(()),
         Ok(Some(m)) => Err(MountError::new(
             MountErrorKind::Internal,

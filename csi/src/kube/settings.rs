@@ -21,7 +21,7 @@
 //! Credentials are not settings: they never pass through this module. The
 //! identity attributes `roleArn` and `stsEndpointUrl` are settings (they
 //! name a role and an endpoint, not a secret) but not `riffle mount` flags:
-//! they become the daemon's environment ([`crate::access`]).
+//! they become the daemon's environment ([`crate::kube::access`]).
 
 use rifflefs::cli::volume_options::{
     check_endpoint_url, check_mount_args, is_switch, VolumeOption, VOLUME_OPTIONS,
@@ -115,7 +115,7 @@ pub struct VolumeSettings {
     pub sts_endpoint_url: Option<String>,
     /// Whether the volume's daemon joins its nodes' peer ring (volume
     /// attribute `peers`; absent: yes, wherever riffle-mounter has peers
-    /// configured, [`crate::peers`]). Not a `riffle mount` flag: the mounter
+    /// configured, [`crate::mounter::peers`]). Not a `riffle mount` flag: the mounter
     /// turns it into `--peer-listen`, `--peers` and `--peer-secret-file`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peers: Option<bool>,

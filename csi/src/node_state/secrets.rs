@@ -23,10 +23,10 @@
 //! republish (the CSIDriver's `requiresRepublish`) hands a running daemon a
 //! fresh token or rotated keys without a remount.
 
-use crate::access::VolumeAccess;
-use crate::credentials::Credentials;
+use crate::kube::access::VolumeAccess;
+use crate::kube::credentials::Credentials;
 use crate::mounter::DaemonCredentials;
-use crate::state::StateStore;
+use crate::node_state::state::StateStore;
 use secrecy::ExposeSecret;
 use std::fs;
 use std::io::{self, Write};
@@ -270,8 +270,8 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), SecretsError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::access::{AccessPolicy, TOKENS_KEY};
-    use crate::settings::VolumeSettings;
+    use crate::kube::access::{AccessPolicy, TOKENS_KEY};
+    use crate::kube::settings::VolumeSettings;
     use std::collections::HashMap;
     use std::os::unix::fs::MetadataExt;
 
@@ -350,7 +350,7 @@ mod tests {
         let settings = VolumeSettings::parse(&attrs, &[]).expect("valid");
         let target = PathBuf::from("/pods/b/mount");
         state
-            .save(&crate::state::VolumeRecord {
+            .save(&crate::node_state::state::VolumeRecord {
                 volume_id: "v".into(),
                 target: target.clone(),
                 settings_hash: settings.digest("v"),

@@ -24,11 +24,11 @@
 //! server; riffle-csi has no API access, so the role is named by `roleArn`.
 //!
 //! Secret values (keys, tokens) are kept in [`SecretString`]s and leave this
-//! module only as files on the plugin's tmpfs ([`crate::secrets`]); every
+//! module only as files on the plugin's tmpfs ([`crate::node_state::secrets`]); every
 //! message that could echo one goes through [`VolumeAccess::scrub`].
 
-use crate::credentials::Credentials;
-use crate::settings::VolumeSettings;
+use crate::kube::credentials::Credentials;
+use crate::kube::settings::VolumeSettings;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 use std::collections::HashMap;

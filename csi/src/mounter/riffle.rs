@@ -27,15 +27,15 @@
 //! leaves a mount that only a detach removes), then the daemon is waited
 //! for, SIGTERMed, SIGKILLed.
 
-use crate::cache_disk::RootDisk;
-use crate::cache_shares::{CacheShares, Grant};
-use crate::metrics_proxy::VolumeLabels;
+use crate::mounter::metrics::VolumeLabels;
+use crate::mounter::peers::{NodePeers, PeerOptions};
+use crate::mounter::process;
 use crate::mounter::{
     DaemonCredentials, DaemonId, Health, MountError, MountErrorKind, MountRequest, Mounter,
 };
-use crate::mountinfo::{self, Probe, RIFFLE_FSTYPE};
-use crate::peers::{NodePeers, PeerOptions};
-use crate::process;
+use crate::node_state::cache_disk::RootDisk;
+use crate::node_state::cache_shares::{CacheShares, Grant};
+use crate::node_state::mountinfo::{self, Probe, RIFFLE_FSTYPE};
 use async_trait::async_trait;
 use rifflefs::cli::failure::FailureKind;
 use std::ffi::OsString;
@@ -59,16 +59,16 @@ pub struct RiffleMounter {
     /// Time limit for stat on a mount when checking its health.
     pub probe_timeout: Duration,
     /// The node cache's budget, shared by the volumes that use the cache
-    /// ([`crate::cache_shares`]); None: each volume gets what it asks for.
+    /// ([`crate::node_state::cache_shares`]); None: each volume gets what it asks for.
     pub cache_shares: Option<Arc<CacheShares>>,
     /// Refuse volumes that use the cache when `cache_dir` is on this root disk
-    /// ([`crate::cache_disk`]); None: no check.
+    /// ([`crate::node_state::cache_disk`]); None: no check.
     pub root_disk: Option<RootDisk>,
     /// The node's fd store (`riffle fd-store`, in the plugin's pod): every
     /// daemon's keeper gives it a copy of its FUSE connection, so that the
     /// mount outlives this container ([`Mounter::take_over`]).
     pub fd_store: Option<PathBuf>,
-    /// The node's peers ([`crate::peers`]): each daemon's `--peer-listen`, `--peers` and
+    /// The node's peers ([`crate::mounter::peers`]): each daemon's `--peer-listen`, `--peers` and
     /// `--peer-secret-file`, by the ring of its data.
     pub peers: Option<Arc<NodePeers>>,
 }
@@ -105,9 +105,9 @@ pub struct DaemonOptions {
     /// The node cache's budget, a size or a percentage of the cache disk: the volumes'
     /// cacheSize are shares of it and together never exceed it (first come, first served;
     /// see `cache_shares`).
-    #[arg(long, env = "RIFFLE_CACHE_SIZE", default_value = crate::cache_shares::DEFAULT_BUDGET)]
+    #[arg(long, env = "RIFFLE_CACHE_SIZE", default_value = crate::node_state::cache_shares::DEFAULT_BUDGET)]
     pub cache_size: String,
-    /// Peers: the nodes serve each other's cache ([`crate::peers`]).
+    /// Peers: the nodes serve each other's cache ([`crate::mounter::peers`]).
     #[command(flatten)]
     pub peers: PeerOptions,
 }
@@ -258,7 +258,7 @@ impl RiffleMounter {
 
 /// The `--metrics-label` flags of the daemon `req` starts: its volume's labels
 /// ([`VolumeLabels`]), which the daemon writes on every sample of its metrics, so the
-/// mounter's endpoint ([`crate::metrics_proxy`]) passes them on as they are.
+/// mounter's endpoint ([`crate::mounter::metrics`]) passes them on as they are.
 pub fn metrics_label_flags(req: &MountRequest<'_>) -> Vec<OsString> {
     VolumeLabels::new(req.volume_id, req.pod, req.target)
         .pairs()
@@ -350,7 +350,7 @@ impl Mounter for RiffleMounter {
 
 impl RiffleMounter {
     /// [`Self::run_mount`] with the volume's share of the node cache's budget
-    /// ([`crate::cache_shares`]) as its cache size.
+    /// ([`crate::node_state::cache_shares`]) as its cache size.
     async fn run_mount_in_budget(
         &self,
         req: MountRequest<'_>,
@@ -434,7 +434,7 @@ impl RiffleMounter {
             args = ?args,
             "running riffle mount"
         );
-        let (mut child, _owned) = crate::reaper::spawn(&mut cmd).map_err(|e| {
+        let (mut child, _owned) = crate::mounter::reaper::spawn(&mut cmd).map_err(|e| {
             MountError::new(
                 MountErrorKind::Internal,
                 format!(
@@ -522,7 +522,7 @@ impl RiffleMounter {
                     .stdout(Stdio::null())
                     .stderr(Stdio::piped());
                 let run = async {
-                    let (child, _owned) = crate::reaper::spawn(&mut cmd)?;
+                    let (child, _owned) = crate::mounter::reaper::spawn(&mut cmd)?;
                     child.wait_with_output().await
                 };
                 match tokio::time::timeout(Duration::from_secs(30), run).await {
@@ -593,7 +593,7 @@ impl RiffleMounter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::settings::VolumeSettings;
+    use crate::kube::settings::VolumeSettings;
     use std::collections::HashMap;
 
     #[test]
@@ -698,7 +698,7 @@ mod tests {
             volume_id: "vol-1",
             pod: Some("ml/trainer-0"),
         };
-        let key = crate::state::StateStore::key(Path::new("/t"));
+        let key = crate::node_state::state::StateStore::key(Path::new("/t"));
         let flags = |req: &MountRequest<'_>| -> Vec<String> {
             metrics_label_flags(req)
                 .into_iter()
@@ -756,7 +756,7 @@ mod tests {
         m.peers = Some(Arc::new(NodePeers::new(
             "riffle-peers.riffle-csi.svc.cluster.local".into(),
             "127.0.0.1".parse().unwrap(),
-            crate::peers::PortRange {
+            crate::mounter::peers::PortRange {
                 first: port,
                 last: port,
             },

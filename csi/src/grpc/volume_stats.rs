@@ -25,11 +25,11 @@ use std::time::Duration;
 
 use tonic::Status;
 
-use crate::mounter::Health;
-use crate::proto::volume_usage::Unit;
-use crate::proto::{
+use crate::grpc::proto::volume_usage::Unit;
+use crate::grpc::proto::{
     NodeGetVolumeStatsRequest, NodeGetVolumeStatsResponse, VolumeCondition, VolumeUsage,
 };
+use crate::mounter::Health;
 use crate::volumes::VolumeManager;
 
 /// The stats file at a rifflefs mount's root.

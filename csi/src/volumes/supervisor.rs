@@ -23,7 +23,7 @@
 //! or when it answers as another process than before (a restart between
 //! two pings); targets in backoff are retried then too, since the outage,
 //! not the target, made them fail. Likewise when a keeper or daemon ended
-//! under it (the mounter reaps and counts them, [`crate::reaper`]): a volume
+//! under it (the mounter reaps and counts them, [`crate::mounter::reaper`]): a volume
 //! whose keeper and daemon died in quick succession, with only the fd store
 //! holding its connection, is taken over within a ping, not a round.
 

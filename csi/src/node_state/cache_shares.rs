@@ -26,7 +26,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use crate::settings::VolumeSettings;
+use crate::kube::settings::VolumeSettings;
 use rifflefs::cli::size::{parse_size, SizeSpec};
 
 /// The default node budget: the cache disk less the default free-space floor (15%).
@@ -204,7 +204,10 @@ fn disk_size(dir: &Path) -> io::Result<u64> {
 }
 
 fn is_mounted(target: &Path) -> bool {
-    crate::mountinfo::mount_at(target).ok().flatten().is_some()
+    crate::node_state::mountinfo::mount_at(target)
+        .ok()
+        .flatten()
+        .is_some()
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! The daemons under the mounter share the node's network (the mounter runs with
 //! `hostNetwork`), so they open no port of their own. Each daemon labels its own samples: the
 //! mounter starts it with its volume's labels ([`VolumeLabels`], `riffle mount
-//! --metrics-label`, [`crate::riffle::metrics_label_flags`]): `volume` (the CSI volume id),
+//! --metrics-label`, [`crate::mounter::riffle::metrics_label_flags`]): `volume` (the CSI volume id),
 //! `pod` (`namespace/name`, when kubelet passed the pod's name: `podInfoOnMount`) and `key`
 //! (the target's key, as in the `[volume <key>]` log lines; it keeps two publishes of one
 //! volume apart). On each scrape ([`MetricsProxy::render`]) the mounter reads the plugin's
@@ -27,7 +27,7 @@
 //! when the volume's daemon answered this scrape) and `riffle_mounter_daemon_restarts_total`
 //! (daemon processes replaced under the volume's keeper as this mounter saw them between
 //! scrapes: a new pid; a restart and a second one between two scrapes count once), and
-//! `riffle_mounter_peer_port_conflicts_total` ([`crate::peers`]).
+//! `riffle_mounter_peer_port_conflicts_total` ([`crate::mounter::peers`]).
 //!
 //! Bounds: daemons are asked in parallel, each within [`DAEMON_TIMEOUT`], and an answer longer
 //! than [`MAX_ANSWER`] is dropped; the HTTP side ([`serve`], on `rifflefs::http_server`)
@@ -254,7 +254,7 @@ impl MetricsProxy {
             "riffle_mounter_peer_port_conflicts",
             "counter",
             "Daemons that could not serve their ring's peer port on this node (another volume's daemon or another program holds it); they mount and ask their peers all the same.",
-            &[(None, crate::peers::PORT_CONFLICTS.load(std::sync::atomic::Ordering::Relaxed))],
+            &[(None, crate::mounter::peers::PORT_CONFLICTS.load(std::sync::atomic::Ordering::Relaxed))],
         );
         let _ = writeln!(
             out,
@@ -315,9 +315,9 @@ async fn ask_metrics(socket: &Path) -> Result<DaemonMetrics, String> {
     serde_json::from_value(value).map_err(|_| "an answer without metrics".to_string())
 }
 
-/// The key of a target path, as [`crate::state::StateStore::key`] names it.
+/// The key of a target path, as [`crate::node_state::state::StateStore::key`] names it.
 fn key_of(target: &Path) -> String {
-    crate::state::StateStore::key(target)
+    crate::node_state::state::StateStore::key(target)
 }
 
 /// Where the daemon mounted at `mountpoint` listens for control commands: riffle's own
