@@ -10,7 +10,7 @@
 //!   copy's CPU, as its cold throughput adds the copy's time.
 //! - **daemon share**: the daemon's ticks ÷ the machine's, over the same
 //!   epoch; "—" for a system without a daemon (local disk, copy-first, the
-//!   S3 client).
+//!   S3 client), in whole percents from 10% and with one decimal below.
 //!
 //! A cell lists the table's epochs in order (cold / warm, and the re-read
 //! where the table has one); an epoch that did not run, read wrong bytes or
@@ -105,8 +105,19 @@ pub fn cells(row: &Row, epochs: &[Epoch]) -> [String; 2] {
     };
     [
         join(&|e| per_work(row, e).map(|v| format!("{v:.2}"))),
-        join(&|e| daemon_share(row, e).map(|s| format!("{:.0}%", s * 100.0))),
+        join(&|e| daemon_share(row, e).map(percent)),
     ]
+}
+
+/// A share as a percentage: whole percents from 10%, one decimal below, so
+/// a daemon that hardly ran shows as such (`0.3%`, not `0%`).
+fn percent(share: f64) -> String {
+    let p = share * 100.0;
+    if p >= 10.0 {
+        format!("{p:.0}%")
+    } else {
+        format!("{p:.1}%")
+    }
 }
 
 #[cfg(test)]
@@ -162,6 +173,7 @@ mod tests {
         assert_eq!(per_work(&r, Epoch::Cold), Some(1.5));
         assert_eq!(daemon_share(&r, Epoch::Cold), Some(0.4));
         assert_eq!(per_work(&r, Epoch::Warm), Some(0.25));
+        assert_eq!(percent(0.003), "0.3%");
         let epochs = [Epoch::Cold, Epoch::Warm];
         assert_eq!(
             cells(&r, &epochs),

@@ -585,7 +585,9 @@ How to read the tables:
   which share this machine. \"daemon share\" is the system's daemon's part of
   it (`/proc/PID/stat` utime + stime, all its threads, not its children;
   riffle's daemon, s3fs, rclone, Mountpoint; \"—\" without a daemon).
-  copy-first's cold figure includes the copy's CPU.
+  copy-first's cold figure includes the copy's CPU. Other jobs on this
+  shared machine count too (the load average under each workload says how
+  busy it was), so compare the rows of one run, not runs.
 - **Goals** under a table are the issues' goals, checked on that run.
 
 ";
