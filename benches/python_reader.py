@@ -37,7 +37,11 @@ errors only, 3 when it could not run.
 
 The clock starts once every worker is up and waiting (as read-fs starts
 after making its threads), and stops when the last worker has read its last
-file. Bytes are not sent back to the parent (a DataLoader would send decoded
+file. The parent samples the machine's CPU ticks (/proc/stat: user + nice +
+system + irq + softirq of every CPU) when the clock starts and once every
+worker has reported, and with --daemon-pid the daemon's (/proc/PID/stat
+utime + stime, all its threads), and reports them as read-fs does ("cpu":
+ticks_per_s, machine_ticks, daemon_ticks; the harness's src/cpu.rs). Bytes are not sent back to the parent (a DataLoader would send decoded
 samples; that cost is the same whatever the file system).
 
 With `--loader torch` (only if PyTorch is installed) the same dataset is read
@@ -57,6 +61,52 @@ import zlib
 
 MAX_PROBLEMS = 20
 FIRST_N = 256
+
+
+def machine_ticks():
+    """Busy ticks of the whole machine since boot, or None."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            for line in f:
+                parts = line.split()
+                if parts and parts[0] == "cpu":
+                    v = [int(x) for x in parts[1:8]]
+                    return v[0] + v[1] + v[2] + v[5] + v[6]
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def process_ticks(pid):
+    """utime + stime of process `pid` (all its threads), or None."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            rest = f.read().rsplit(")", 1)[1].split()
+        return int(rest[11]) + int(rest[12])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class CpuClock:
+    """The machine's (and a daemon's) CPU ticks between start() and stop()."""
+
+    def __init__(self, daemon_pid):
+        self.pid = daemon_pid
+        self.start_ticks = (None, None)
+        self.use = None
+
+    def start(self):
+        self.start_ticks = (machine_ticks(), process_ticks(self.pid))
+
+    def stop(self):
+        (m0, d0), m1, d1 = self.start_ticks, machine_ticks(), process_ticks(self.pid)
+        if m0 is None or m1 is None:
+            return
+        self.use = {"ticks_per_s": os.sysconf("SC_CLK_TCK"), "machine_ticks": max(m1 - m0, 0)}
+        if d0 is not None and d1 is not None:
+            self.use["daemon_ticks"] = max(d1 - d0, 0)
 
 
 class Usage(Exception):
@@ -171,8 +221,10 @@ def worker(index, workers, root, items, ready, go, conn):
         conn.close()
 
 
-def run_plain(root, items, workers, start_method):
-    """Reads `items` with `workers` processes; returns (tallies, t0, end)."""
+def run_plain(root, items, workers, start_method, cpu):
+    """Reads `items` with `workers` processes; returns (tallies, t0, end).
+    `cpu` (a CpuClock) is started with the clock and stopped once every
+    worker has reported."""
     ctx = multiprocessing.get_context(start_method)
     ready = ctx.Barrier(workers + 1)
     go = ctx.Event()
@@ -194,6 +246,7 @@ def run_plain(root, items, workers, start_method):
         for _, p, _ in procs:
             p.terminate()
         raise Usage(f"the worker processes did not start ({e!r})") from None
+    cpu.start()
     t0 = time.monotonic()
     go.set()
     tallies = []
@@ -210,6 +263,7 @@ def run_plain(root, items, workers, start_method):
             d["end"] = time.monotonic()
             tallies.append(d)
         recv.close()
+    cpu.stop()
     for _, p, _ in procs:
         p.join()
     return tallies, t0, max(t["end"] for t in tallies)
@@ -236,7 +290,7 @@ def identity(x):
     return x
 
 
-def run_torch(root, items, workers, start_method):
+def run_torch(root, items, workers, start_method, cpu):
     try:
         import torch.utils.data as tud
     except ImportError:
@@ -250,14 +304,16 @@ def run_torch(root, items, workers, start_method):
         multiprocessing_context=start_method if workers > 0 else None,
         collate_fn=identity,
     )
+    cpu.start()
     t0 = time.monotonic()
     tallies = list(loader)
     end = time.monotonic()
+    cpu.stop()
     return tallies, t0, end
 
 
-def outcome(tallies, t0, end, items, args):
-    """The read-fs-shaped JSON result."""
+def outcome(tallies, t0, end, items, args, cpu=None):
+    """The read-fs-shaped JSON result (`cpu`: a CpuClock's use, or None)."""
     elapsed = max(end - t0, 1e-9)
     total = {k: sum(t[k] for t in tallies) for k in ("files", "bytes", "reads", "errors", "mismatches")}
     problems = [p for t in tallies for p in t["problems"]][:MAX_PROBLEMS]
@@ -290,6 +346,8 @@ def outcome(tallies, t0, end, items, args):
             f"Python {sys.version.split()[0]}",
         }
     )
+    if cpu is not None:
+        out["cpu"] = cpu
     return out
 
 
@@ -320,6 +378,11 @@ def main(argv=None):
         default="plain",
         help="plain multiprocessing, or torch.utils.data.DataLoader (needs PyTorch) [plain]",
     )
+    ap.add_argument(
+        "--daemon-pid",
+        type=int,
+        help="the file system's daemon: its CPU over the epoch is reported beside the machine's",
+    )
     ap.add_argument("--json-out", help="also write the JSON result here")
     args = ap.parse_args(argv)
     try:
@@ -332,11 +395,12 @@ def main(argv=None):
         except OSError as e:
             raise Usage(str(e)) from None
         run = run_torch if args.loader == "torch" else run_plain
-        tallies, t0, end = run(args.root, items, min(args.workers, max(len(items), 1)), args.start_method)
+        cpu = CpuClock(args.daemon_pid)
+        tallies, t0, end = run(args.root, items, min(args.workers, max(len(items), 1)), args.start_method, cpu)
     except Usage as e:
         print(f"python_reader.py: error: {e}", file=sys.stderr)
         return 3
-    result = outcome(tallies, t0, end, items, args)
+    result = outcome(tallies, t0, end, items, args, cpu.use)
     text = json.dumps(result, separators=(",", ":"))
     print(text)
     if args.json_out:

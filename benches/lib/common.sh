@@ -39,6 +39,21 @@ summary() {
     errs=$(sed -n 's/.*"errors":\([0-9]*\).*/\1/p' "$f")
     printf '%.1f s, %.0f files/s, %.0f MB/s, %.0f reads/s, %s errors, %s wrong' \
         "$secs" "$fps" "$mbps" "$rps" "$errs" "$mism"
+    cpu_summary "$f"
+}
+
+# ", CPU X s (daemon Y s)" of a result file's machine (and daemon) CPU
+# ticks, or nothing when it recorded none.
+cpu_summary() {
+    local hz machine daemon
+    hz=$(sed -n 's/.*"ticks_per_s":\([0-9]*\).*/\1/p' "$1")
+    machine=$(sed -n 's/.*"machine_ticks":\([0-9]*\).*/\1/p' "$1")
+    daemon=$(sed -n 's/.*"daemon_ticks":\([0-9]*\).*/\1/p' "$1")
+    [ -n "$hz" ] && [ -n "$machine" ] || return 0
+    awk -v hz="$hz" -v m="$machine" -v d="$daemon" 'BEGIN {
+        printf ", CPU %.2f s", m / hz
+        if (d != "") printf " (daemon %.2f s)", d / hz
+    }'
 }
 
 # Waits until $1 is a mountpoint while process $2 lives; 0 when mounted.

@@ -35,10 +35,13 @@ gets_of() {
 # will open) is written first and handed to `riffle plan` right before the
 # reader starts. The reader is riffle-bench read-fs, or for SYSTEM-py rows
 # the Python reader, given the same plan as its order and $PY_SUMS (sizes
-# and CRC-32s) to verify it.
+# and CRC-32s) to verify it. Either records the machine's CPU over the
+# epoch, and with COUNT=1 that of the mount's daemon ($DAEMON_PID, the
+# process peak RSS is read from).
 read_pass() {
     local sys=$1 root=$2 table=$3 epoch=$4 out=$5 count=${6:-0} rc=0
-    local base=${out%.json} extra=() order=shuffle plan="" order_file="" t0 msg=""
+    local base=${out%.json} extra=() order=shuffle plan="" order_file="" t0 msg="" daemon=()
+    [ "$count" = 1 ] && [ -n "${DAEMON_PID:-}" ] && daemon=(--daemon-pid "$DAEMON_PID")
     case $table in
         w3|w3-mmap) extra+=(--duration "$W3_DURATION") ;;
         *) reads_in_listing_order "$sys" && order=listing; extra+=(--order "$order") ;;
@@ -67,12 +70,12 @@ read_pass() {
         # No plan file, no result: the row says the reader produced none.
         [ -n "$order_file" ] && timeout -k 10 "$EPOCH_TIMEOUT" python3 "$ROOT/benches/python_reader.py" \
             --root "$root" --plan "$order_file" --sums "$PY_SUMS" --workers "$PY_WORKERS" \
-            --seed "$SEED" --epoch "$epoch" --json-out "$out" \
+            --seed "$SEED" --epoch "$epoch" --json-out "$out" "${daemon[@]}" \
             >/dev/null 2>>"$LOG_DIR/python-reader.log" || rc=$?
     else
         timeout -k 10 "$EPOCH_TIMEOUT" "$BIN/riffle-bench" read-fs --root "$root" \
             --manifest "$MANIFEST" --pattern "$table" --seed "$SEED" --epoch "$epoch" \
-            --json-out "$out" "${extra[@]}" >/dev/null 2>>"$LOG_DIR/read-fs.log" || rc=$?
+            --json-out "$out" "${extra[@]}" "${daemon[@]}" >/dev/null 2>>"$LOG_DIR/read-fs.log" || rc=$?
     fi
     if [ "$count" = 1 ]; then
         if [ "$COL" = proxy ]; then
@@ -280,7 +283,8 @@ run_browse() {
     proxy_stats --reset >/dev/null
     timeout -k 10 "$EPOCH_TIMEOUT" "$BIN/riffle-bench" read-fs --root "$mnt" \
         --manifest "$MANIFEST" --pattern w1 --seed "$SEED" --epoch 1 --threads 1 \
-        --sample "$BROWSE_FILES" --json-out "$out" >/dev/null 2>>"$LOG_DIR/read-fs.log" || true
+        --sample "$BROWSE_FILES" --json-out "$out" ${DAEMON_PID:+--daemon-pid "$DAEMON_PID"} \
+        >/dev/null 2>>"$LOG_DIR/read-fs.log" || true
     for i in $(seq 1 120); do
         riffle_stats "$mnt" "$base.riffle-after.json"
         grep -Eq '"fetching": ?0[,}]' "$base.riffle-after.json" && break

@@ -11,9 +11,11 @@
 //!   client ([`s3`]: upload, read, copy), the file-system reader used for
 //!   every system ([`reader`]), which files an epoch reads in which order
 //!   ([`order`]), W4's walks of a mount and listings of the store
-//!   ([`listing`], [`s3::list`]), and the result tables ([`results`]).
+//!   ([`listing`], [`s3::list`]), the CPU a pass costs ([`cpu`]), and the
+//!   result tables ([`results`]).
 
 pub mod content;
+pub mod cpu;
 pub mod dataset;
 pub mod listing;
 pub mod manifest;

@@ -1,5 +1,6 @@
 //! What one measured pass (a reader epoch, a store read, a copy) reports:
-//! counts, rates and every error or wrong byte, as JSON on stdout.
+//! counts, rates, the CPU it cost and every error or wrong byte, as JSON on
+//! stdout.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -7,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
+
+use crate::cpu::{self, CpuUse, Sample};
 
 /// Problems kept verbatim in an [`Outcome`] at most.
 const MAX_PROBLEMS: usize = 20;
@@ -43,6 +46,11 @@ pub struct Outcome {
     /// The first few errors and mismatches, verbatim.
     #[serde(default)]
     pub problems: Vec<String>,
+    /// The machine's CPU during the pass, and the watched daemon's
+    /// ([`crate::cpu`]); absent where `/proc` could not be read, and in
+    /// results recorded before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<CpuUse>,
 }
 
 impl Outcome {
@@ -64,13 +72,25 @@ pub struct Tally {
     first_256: OnceLock<Duration>,
     first_n: u64,
     problems: Mutex<Vec<String>>,
+    /// The daemon whose CPU the pass reports, and the counters at the start.
+    daemon: Option<u32>,
+    cpu_start: Option<Sample>,
 }
 
 impl Tally {
     /// Starts the clock. `first_n` is the file count whose time is reported
     /// as `first_256_s` (256, or fewer for a smaller dataset; 0 = none).
     pub fn start(first_n: u64) -> Self {
+        Self::start_watching(first_n, None)
+    }
+
+    /// As [`Tally::start`], also reporting the CPU of process `daemon` (the
+    /// file system's daemon) over the pass.
+    pub fn start_watching(first_n: u64, daemon: Option<u32>) -> Self {
+        let cpu_start = Sample::take(daemon);
         Self {
+            daemon,
+            cpu_start,
             started: Instant::now(),
             files: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
@@ -128,6 +148,10 @@ impl Tally {
     /// The outcome so far, with rates over the time since [`Tally::start`].
     pub fn finish(&self, tool: &str, pattern: &str, source: &str) -> Outcome {
         let elapsed = self.started.elapsed().as_secs_f64().max(1e-9);
+        let cpu = self
+            .cpu_start
+            .zip(Sample::take(self.daemon))
+            .map(|(a, b)| CpuUse::between(&a, &b, cpu::ticks_per_s()));
         let files = self.files.load(Ordering::Relaxed);
         let bytes = self.bytes.load(Ordering::Relaxed);
         let reads = self.reads.load(Ordering::Relaxed);
@@ -146,6 +170,7 @@ impl Tally {
             errors: self.errors.load(Ordering::Relaxed),
             mismatches: self.mismatches.load(Ordering::Relaxed),
             problems: self.problems.lock().clone(),
+            cpu,
             ..Outcome::default()
         }
     }
@@ -172,5 +197,9 @@ mod tests {
         assert_eq!(o.problems.len(), MAX_PROBLEMS);
         assert!(o.first_256_s.is_some());
         assert!(!o.clean());
+        assert!(
+            o.cpu.is_some_and(|c| c.daemon_ticks.is_none()),
+            "machine CPU, no daemon"
+        );
     }
 }

@@ -500,3 +500,96 @@ fn python_reader_reads_read_fs_order_and_fails_on_a_flipped_byte() {
     let out = run_python(&["--root", text(&root), "--plan", text(&plain_plan)]).expect("python3");
     assert_eq!(out.status.code(), Some(3));
 }
+
+#[test]
+fn both_readers_report_the_machines_and_the_daemons_cpu() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let manifest = dir.path().join("w1.manifest");
+    let out = run(&[
+        "gen",
+        "--workload",
+        "w1",
+        "--scale",
+        "0.002",
+        "--seed",
+        "7",
+        "--bucket",
+        "bench",
+        "--manifest",
+        text(&manifest),
+        "--manifest-only",
+    ]);
+    assert!(out.status.success());
+    let m = Manifest::read(&manifest).expect("manifest");
+    let root = dir.path().join("data");
+    materialize(&m, &root);
+    // A stand-in daemon: any live process's CPU can be watched.
+    let mut daemon = Command::new("sleep").arg("30").spawn().expect("sleep");
+    let pid = daemon.id().to_string();
+    let cpu_of = |json: &[u8]| {
+        let o: riffle_bench::outcome::Outcome = serde_json::from_slice(json).expect("outcome");
+        o.cpu.expect("cpu recorded")
+    };
+
+    let read = run(&[
+        "read-fs",
+        "--root",
+        text(&root),
+        "--manifest",
+        text(&manifest),
+        "--pattern",
+        "w1",
+        "--daemon-pid",
+        &pid,
+    ]);
+    assert!(read.status.success());
+    let cpu = cpu_of(&read.stdout);
+    assert!(cpu.ticks_per_s > 0);
+    assert!(
+        cpu.daemon_ticks.is_some(),
+        "the daemon was read at both ends"
+    );
+
+    let plan = dir.path().join("plan.tsv");
+    let out = run(&[
+        "plan",
+        "--manifest",
+        text(&manifest),
+        "--crc32",
+        "--out",
+        text(&plan),
+    ]);
+    assert!(out.status.success());
+    if let Some(py) = run_python(&[
+        "--root",
+        text(&root),
+        "--plan",
+        text(&plan),
+        "--daemon-pid",
+        &pid,
+    ]) {
+        assert!(
+            py.status.success(),
+            "{}",
+            String::from_utf8_lossy(&py.stderr)
+        );
+        let cpu = cpu_of(&py.stdout);
+        assert!(cpu.ticks_per_s > 0);
+        assert!(cpu.daemon_ticks.is_some());
+    }
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+
+    // Without a daemon: the machine's CPU only.
+    let read = run(&[
+        "read-fs",
+        "--root",
+        text(&root),
+        "--manifest",
+        text(&manifest),
+        "--pattern",
+        "w1",
+    ]);
+    assert!(read.status.success());
+    assert_eq!(cpu_of(&read.stdout).daemon_ticks, None);
+}

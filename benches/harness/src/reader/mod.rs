@@ -74,6 +74,9 @@ pub struct ReadFsOptions {
     pub order: Order,
     /// Read size of whole-file passes.
     pub block_size: usize,
+    /// The file system's daemon, whose CPU the outcome reports beside the
+    /// machine's ([`crate::cpu`]).
+    pub daemon_pid: Option<u32>,
 }
 
 impl ReadFsOptions {
@@ -89,6 +92,7 @@ impl ReadFsOptions {
             sample: None,
             order: Order::Shuffle,
             block_size: 1 << 20,
+            daemon_pid: None,
         }
     }
 }

@@ -49,7 +49,7 @@ pub fn run(manifest: &Manifest, opts: &ReadFsOptions) -> anyhow::Result<Outcome>
     }
     let content = Content::new(manifest.header.seed, &entry.key);
     let salt = if map.is_some() { MMAP_SALT } else { 0 };
-    let tally = Tally::start(0);
+    let tally = Tally::start_watching(0, opts.daemon_pid);
     let path_text = path.display().to_string();
     let (tally_ref, map_ref, file_ref) = (&tally, map.as_deref(), &file);
     std::thread::scope(|s| {

@@ -21,7 +21,7 @@ pub fn run(manifest: &Manifest, opts: &ReadFsOptions) -> anyhow::Result<Outcome>
     }
     let threads = opts.threads.clamp(1, order.len().max(1));
     let next = AtomicUsize::new(0);
-    let tally = Tally::start(256.min(order.len() as u64));
+    let tally = Tally::start_watching(256.min(order.len() as u64), opts.daemon_pid);
     std::thread::scope(|s| {
         for _ in 0..threads {
             s.spawn(|| {

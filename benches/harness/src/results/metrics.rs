@@ -52,7 +52,8 @@ impl Unit {
     }
 }
 
-fn pass(row: &Row, epoch: Epoch) -> Option<&Outcome> {
+/// The row's outcome of an epoch.
+pub(super) fn pass(row: &Row, epoch: Epoch) -> Option<&Outcome> {
     match epoch {
         Epoch::Cold => row.cold.as_ref(),
         Epoch::Warm => row.warm.as_ref(),

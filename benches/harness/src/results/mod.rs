@@ -2,6 +2,7 @@
 //! ([`Row`]) and each workload run ([`Meta`]), the per-mode store under
 //! `benches/results/`, and the markdown report (`benches/README.md`).
 
+pub mod cpu;
 pub mod detail;
 pub mod goals;
 pub mod machine;

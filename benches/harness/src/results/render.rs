@@ -149,6 +149,7 @@ pub fn table(table: &str, rows: &[Row]) -> String {
     let first256 = table == "w1";
     let epochs = shown_epochs(&rows);
     let reread = epochs.contains(&Epoch::Reread);
+    let cpu = super::cpu::recorded(&rows);
     let mut out = String::new();
     let mut head = vec!["system", "cold (epoch 1)", "warm (epoch 2)"];
     if reread {
@@ -162,6 +163,10 @@ pub fn table(table: &str, rows: &[Row]) -> String {
         head.push("epoch 3 ÷ local");
     }
     head.extend(["cold ÷ best peer", "warm ÷ best peer", "daemon peak RSS"]);
+    let cpu_heads = super::cpu::heads(table, &epochs);
+    if cpu {
+        head.extend(cpu_heads.iter().map(String::as_str));
+    }
     if has_direct {
         head.extend(["no proxy: cold", "no proxy: warm"]);
     }
@@ -196,6 +201,9 @@ pub fn table(table: &str, rows: &[Row]) -> String {
             });
         }
         cells.push(rss(r));
+        if cpu {
+            cells.extend(super::cpu::cells(r, &epochs));
+        }
         if has_direct {
             let d = rows
                 .iter()
@@ -569,6 +577,17 @@ How to read the tables:
   workload notes the machine's load average during it: this machine is shared
   with other jobs, and runs minutes apart differ by up to 2× in absolute
   numbers (the virtual disk's speed varies as much), less so in ratios.
+- **CPU** (W1, W2, W3): \"CPU s per 1,000 files\" (W1) or \"per GB\" (W2,
+  W3) is the whole machine's busy CPU time over the epoch (`/proc/stat`,
+  user + nice + system + irq + softirq of every core, sampled by the reader
+  when its clock starts and stops) divided by what the epoch read; it holds
+  the reader, the daemon, the kernel's work for them and RGW and the proxy,
+  which share this machine. \"daemon share\" is the system's daemon's part of
+  it (`/proc/PID/stat` utime + stime, all its threads, not its children;
+  riffle's daemon, s3fs, rclone, Mountpoint; \"—\" without a daemon).
+  copy-first's cold figure includes the copy's CPU. Other jobs on this
+  shared machine count too (the load average under each workload says how
+  busy it was), so compare the rows of one run, not runs.
 - **Goals** under a table are the issues' goals, checked on that run.
 
 ";
@@ -723,6 +742,41 @@ mod tests {
         // read-fs rows are unchanged: riffle ÷ local disk, and its best peer.
         assert!(
             lines[3].contains("| 0.50× | 0.50× | 20.00× (s3fs) |"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn table_shows_cpu_columns_once_a_row_recorded_cpu() {
+        let cpu = |machine, daemon| {
+            Some(crate::cpu::CpuUse {
+                ticks_per_s: 100,
+                machine_ticks: machine,
+                daemon_ticks: daemon,
+            })
+        };
+        let mut local = row("local", Column::Proxy, 1.0);
+        let mut riffle = row("riffle", Column::Proxy, 2.0);
+        for o in [&mut local.cold, &mut local.warm].into_iter().flatten() {
+            o.cpu = cpu(20, None);
+        }
+        for (o, m) in [(&mut riffle.cold, 50), (&mut riffle.warm, 10)] {
+            if let Some(o) = o.as_mut() {
+                o.cpu = cpu(m, Some(m / 2));
+            }
+        }
+        let t = table("w1", &[local, riffle]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(
+            lines[0].ends_with(
+                "| daemon peak RSS | CPU s per 1,000 files (cold / warm) | daemon share (cold / warm) |"
+            ),
+            "{t}"
+        );
+        // 100 files: 0.2 s of CPU is 2 s per 1,000 files.
+        assert!(lines[2].ends_with("| 200 MiB | 2.00 / 2.00 | — |"), "{t}");
+        assert!(
+            lines[3].ends_with("| 200 MiB | 5.00 / 1.00 | 50% / 50% |"),
             "{t}"
         );
     }

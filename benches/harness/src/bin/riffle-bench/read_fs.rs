@@ -42,6 +42,10 @@ pub struct Args {
     /// prints the same order
     #[arg(long, value_enum, default_value = "shuffle")]
     order: Order,
+    /// The file system's daemon: its CPU over the pass (utime + stime, all
+    /// threads) is reported beside the machine's
+    #[arg(long)]
+    daemon_pid: Option<u32>,
     /// Also write the JSON result here
     #[arg(long)]
     json_out: Option<PathBuf>,
@@ -57,6 +61,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     opts.max_files = a.max_files;
     opts.sample = a.sample;
     opts.order = a.order;
+    opts.daemon_pid = a.daemon_pid;
     let outcome = read_fs(&manifest, &opts)?;
     super::emit(&outcome, a.json_out.as_deref())
 }
