@@ -364,6 +364,10 @@ impl Cluster {
         for pod in &mut self.pods {
             pod.wait_passes(1).await;
         }
+        // A take-over the supervisor started since the last kill settled (its keeper refused
+        // by the store's lease, or on its way out) may be in progress: the counts below are
+        // of the node once it has settled again (bounded, as after every kill).
+        self.settled("the last pass").await;
         let daemons: Vec<usize> = self.mounts.iter().map(|m| roles(m).daemons.len()).collect();
         let keepers: Vec<usize> = self.mounts.iter().map(|m| roles(m).keepers.len()).collect();
         let results: Vec<ReaderResult> = self.pods.drain(..).map(Pod::finish).collect();
