@@ -489,17 +489,20 @@ mod tests {
         );
     }
 
+    /// `riffle mount s3://bkt /m` with `extra`, parsed.
+    fn parse_mount(extra: &[&str]) -> Result<Box<MountArgs>, String> {
+        let mut argv = vec!["riffle", "mount", "s3://bkt", "/m"];
+        argv.extend_from_slice(extra);
+        match Cli::try_parse_from(argv).map(|c| c.command) {
+            Ok(Command::Mount(m)) => Ok(m),
+            Ok(_) => panic!("not a mount"),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
     #[test]
     fn metrics_labels_are_checked() {
-        let parse = |extra: &[&str]| {
-            let mut argv = vec!["riffle", "mount", "s3://bkt", "/m"];
-            argv.extend_from_slice(extra);
-            match Cli::try_parse_from(argv).map(|c| c.command) {
-                Ok(Command::Mount(m)) => Ok(m),
-                Ok(_) => panic!("not a mount"),
-                Err(e) => Err(e.to_string()),
-            }
-        };
+        let parse = parse_mount;
         let m = parse(&["--metrics-label", "volume=v1", "--metrics-label=pod=ml/p"]).unwrap();
         let pairs: Vec<_> = m
             .metrics_label
@@ -517,15 +520,7 @@ mod tests {
     #[test]
     fn peer_options_are_checked() {
         use crate::fetch::peer::Membership;
-        let parse = |extra: &[&str]| {
-            let mut argv = vec!["riffle", "mount", "s3://bkt", "/m"];
-            argv.extend_from_slice(extra);
-            match Cli::try_parse_from(argv).map(|c| c.command) {
-                Ok(Command::Mount(m)) => Ok(m),
-                Ok(_) => panic!("not a mount"),
-                Err(e) => Err(e.to_string()),
-            }
-        };
+        let parse = parse_mount;
         let m = parse(&[
             "--peer-listen",
             "127.0.0.1:7001",
