@@ -25,7 +25,7 @@
 //! Each test asserts 0 failed and 0 wrong reads, progress after every kill, one keeper and one
 //! daemon per volume at the end, the held files still reading, and unpublish + unstage leaving
 //! no mount, no riffle process and no zombie; it prints its row of the restart table in
-//! `deploy/kubernetes/README.md` (kills, reads, failed, wrong, longest read, daemons per volume).
+//! `docs/kubernetes/daemons.md` (kills, reads, failed, wrong, longest read, daemons per volume).
 //!
 //! Needs what `rollout.rs` needs (RGW, root, /dev/fuse, unshare, python3).
 
