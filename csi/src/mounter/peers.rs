@@ -407,7 +407,7 @@ pub fn check_secret(path: &Path) -> Result<(), String> {
             path.display()
         )),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(format!(
-            "no peer secret at {} (create the Secret: deploy/kubernetes/README.md, \"Many nodes: peers\")",
+            "no peer secret at {} (create the Secret: docs/kubernetes/peers.md)",
             path.display()
         )),
         Err(e) => Err(format!(
