@@ -2,7 +2,7 @@
 //! reader's exit codes on right and wrong bytes, and `record` + `report`
 //! turning results into README tables.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use riffle_bench::content::Content;
@@ -32,10 +32,10 @@ fn materialize(manifest: &Manifest, root: &Path) {
     }
 }
 
-#[test]
-fn read_fs_passes_on_right_bytes_and_fails_on_a_flipped_byte() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let manifest = dir.path().join("w1.manifest");
+/// W1's manifest at scale 0.002 (seed 7) written under `dir`, and its files made under
+/// `dir/data`: (manifest path, manifest, data root).
+fn w1_tree(dir: &Path) -> (PathBuf, Manifest, PathBuf) {
+    let manifest = dir.join("w1.manifest");
     let out = run(&[
         "gen",
         "--workload",
@@ -56,9 +56,16 @@ fn read_fs_passes_on_right_bytes_and_fails_on_a_flipped_byte() {
         String::from_utf8_lossy(&out.stderr)
     );
     let m = Manifest::read(&manifest).expect("manifest");
-    assert_eq!(m.entries.len(), 40);
-    let root = dir.path().join("data");
+    let root = dir.join("data");
     materialize(&m, &root);
+    (manifest, m, root)
+}
+
+#[test]
+fn read_fs_passes_on_right_bytes_and_fails_on_a_flipped_byte() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (manifest, m, root) = w1_tree(dir.path());
+    assert_eq!(m.entries.len(), 40);
 
     let json = dir.path().join("out.json");
     let args = [
@@ -276,25 +283,7 @@ fn run_python(args: &[&str]) -> Option<Output> {
 #[test]
 fn python_reader_reads_read_fs_order_and_fails_on_a_flipped_byte() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let manifest = dir.path().join("w1.manifest");
-    let out = run(&[
-        "gen",
-        "--workload",
-        "w1",
-        "--scale",
-        "0.002",
-        "--seed",
-        "7",
-        "--bucket",
-        "bench",
-        "--manifest",
-        text(&manifest),
-        "--manifest-only",
-    ]);
-    assert!(out.status.success());
-    let m = Manifest::read(&manifest).expect("manifest");
-    let root = dir.path().join("data");
-    materialize(&m, &root);
+    let (manifest, m, root) = w1_tree(dir.path());
 
     // The --crc32 plan is the plain plan (read-fs's order) with each file's
     // size and zlib CRC-32.
@@ -504,25 +493,7 @@ fn python_reader_reads_read_fs_order_and_fails_on_a_flipped_byte() {
 #[test]
 fn both_readers_report_the_machines_and_the_daemons_cpu() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let manifest = dir.path().join("w1.manifest");
-    let out = run(&[
-        "gen",
-        "--workload",
-        "w1",
-        "--scale",
-        "0.002",
-        "--seed",
-        "7",
-        "--bucket",
-        "bench",
-        "--manifest",
-        text(&manifest),
-        "--manifest-only",
-    ]);
-    assert!(out.status.success());
-    let m = Manifest::read(&manifest).expect("manifest");
-    let root = dir.path().join("data");
-    materialize(&m, &root);
+    let (manifest, m, root) = w1_tree(dir.path());
     // A stand-in daemon: any live process's CPU can be watched.
     let mut daemon = Command::new("sleep").arg("30").spawn().expect("sleep");
     let pid = daemon.id().to_string();
