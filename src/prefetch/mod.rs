@@ -160,10 +160,22 @@ impl PlanOracle for Oracle {
     /// The epoch tracker's boundaries ([`PrefetchStats::epochs`]): the one epoch detector of
     /// a mount, whose boundaries the eviction policy follows.
     fn epochs(&self) -> Option<u64> {
-        let p = self.get()?;
-        p.config
+        self.get().and_then(|p| p.epochs_seen())
+    }
+
+    fn changes(&self) -> (u64, Option<u64>) {
+        self.get().map_or((0, None), |p| {
+            (p.generation.load(Ordering::Relaxed), p.epochs_seen())
+        })
+    }
+}
+
+impl Prefetcher {
+    /// Epoch boundaries the epoch tracker has seen, or `None` when it does not run.
+    fn epochs_seen(&self) -> Option<u64> {
+        self.config
             .epoch_prefetch
-            .then(|| p.stats.epochs.load(Ordering::Relaxed))
+            .then(|| self.stats.epochs.load(Ordering::Relaxed))
     }
 }
 

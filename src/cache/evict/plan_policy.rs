@@ -96,6 +96,12 @@ pub trait PlanOracle: Send + Sync {
     fn epochs(&self) -> Option<u64> {
         None
     }
+
+    /// [`Self::generation`] and [`Self::epochs`] together, as the policy asks on every
+    /// access (an oracle that reaches both through one lookup answers them in one call).
+    fn changes(&self) -> (u64, Option<u64>) {
+        (self.generation(), self.epochs())
+    }
 }
 
 /// An oracle with no plan: every entry is "not needed", so a [`PlanPolicy`] behaves exactly as
@@ -313,8 +319,8 @@ impl PlanPolicy {
     /// After a plan change, re-asks the oracle about every entry (before anything else
     /// happens under the new plan). Returns whether it did.
     fn check_generation(&mut self, keys: &dyn SlotKeys) -> bool {
-        self.check_epochs();
-        let generation = self.oracle.generation();
+        let (generation, epochs) = self.oracle.changes();
+        self.check_epochs(epochs);
         if generation == self.generation {
             return false;
         }
@@ -333,8 +339,7 @@ impl PlanPolicy {
 
     /// Passes the epoch boundaries the oracle announced since the last call on to the inner
     /// policy (before a plan change they came with is applied).
-    fn check_epochs(&mut self) {
-        let epochs = self.oracle.epochs();
+    fn check_epochs(&mut self, epochs: Option<u64>) {
         if epochs == self.epochs {
             return;
         }
