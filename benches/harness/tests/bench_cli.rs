@@ -493,7 +493,7 @@ fn python_reader_reads_read_fs_order_and_fails_on_a_flipped_byte() {
 #[test]
 fn both_readers_report_the_machines_and_the_daemons_cpu() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (manifest, m, root) = w1_tree(dir.path());
+    let (manifest, _, root) = w1_tree(dir.path());
     // A stand-in daemon: any live process's CPU can be watched.
     let mut daemon = Command::new("sleep").arg("30").spawn().expect("sleep");
     let pid = daemon.id().to_string();
