@@ -275,6 +275,12 @@ pub struct MountArgs {
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub fuse_threads: u32,
 
+    /// How FUSE requests reach the daemon: auto (io_uring where the kernel offers it and no
+    /// keeper holds the connection, else /dev/fuse), io-uring (fail if it cannot be had) or
+    /// dev-fuse
+    #[arg(long, value_name = "TRANSPORT", value_enum, default_value_t = FuseTransport::Auto)]
+    pub fuse_transport: FuseTransport,
+
     /// Internal: the pipe on which a daemon reports readiness to `riffle mount`
     #[arg(long, hide = true, env = "RIFFLE_READY_FD")]
     pub ready_fd: Option<i32>,
@@ -338,6 +344,14 @@ fn parse_on_off(s: &str) -> Result<bool, String> {
     }
 }
 
+/// `--fuse-transport` (`fs::transport`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FuseTransport {
+    Auto,
+    IoUring,
+    DevFuse,
+}
+
 fn parse_eviction(s: &str) -> Result<EvictionKind, String> {
     s.parse::<EvictionKind>()
         .map_err(|_| format!("'{s}' is not an eviction policy (plan, epoch or lru)"))
@@ -378,6 +392,17 @@ fn parse_log_max_size(s: &str) -> Result<u64, String> {
 }
 
 impl MountArgs {
+    /// `--fuse-transport io-uring` asks for what a keeper's connection cannot have.
+    pub fn check_transport(&self) -> Result<(), String> {
+        if self.fuse_transport == FuseTransport::IoUring && self.restart {
+            return Err("--fuse-transport io-uring cannot be used with --restart: the kernel \
+                        cannot hand a dead daemon's io_uring requests to its successor \
+                        (FUSE_NOTIFY_RESEND requeues /dev/fuse requests only); use auto or dev-fuse"
+                .into());
+        }
+        Ok(())
+    }
+
     /// The peer options that only make sense together (clap's own message for a missing
     /// companion names no option once cut to one line, so these are checked here).
     pub fn check_peer_options(&self) -> Result<(), String> {

@@ -14,7 +14,7 @@ use anyhow::{anyhow, bail, Context};
 use fuser::{MountOption, SessionACL};
 
 use super::adoption::{self, Adoptable};
-use super::args::MountArgs;
+use super::args::{FuseTransport, MountArgs};
 use super::daemon::{self, Readiness};
 use super::fd_limit::{self, Budget};
 use super::keeper;
@@ -31,6 +31,7 @@ use crate::fetch::{DiskTier, FetchConfig, Fetcher};
 use crate::fs::handover::serving::ServingLock;
 use crate::fs::handover::{protocol, request_resend, Handover, InitParams, Resumed};
 use crate::fs::latency::FuseOps;
+use crate::fs::transport;
 use crate::fs::{FsConfig, FsStatus, RiffleFs};
 use crate::metrics::{serve_metrics, MountMetrics};
 use crate::namespace::background::FanoutConfig;
@@ -56,6 +57,12 @@ pub fn run(args: MountArgs) -> anyhow::Result<()> {
         .map_err(|e| fail(FailureKind::InvalidArgument, e))?;
     args.check_metrics_labels()
         .map_err(|e| fail(FailureKind::InvalidArgument, e))?;
+    args.check_transport()
+        .map_err(|e| fail(FailureKind::InvalidArgument, e))?;
+    if args.fuse_transport == FuseTransport::IoUring {
+        transport::kernel_offers_ring()
+            .map_err(|e| precondition(format!("--fuse-transport io-uring: {e}")))?;
+    }
     if let Some(path) = &args.peer_secret_file {
         peer::Secret::from_file(path)?;
     }
@@ -371,6 +378,13 @@ fn build(
         prefetch.set_plan(Some(plan));
     }
     let fs_status = Arc::new(FsStatus::default());
+    let io_uring = match ring_choice(args) {
+        Ok(()) => true,
+        Err(why) => {
+            fs_status.transport.dev_fuse(why);
+            false
+        }
+    };
     let metrics = Arc::new(MountMetrics {
         source: args.source.to_string(),
         started: std::time::Instant::now(),
@@ -395,6 +409,7 @@ fn build(
             kernel_read_ahead: KERNEL_READ_AHEAD,
             passthrough: !args.no_passthrough,
             lookup_readahead: args.lookup_readahead,
+            io_uring,
         },
         fs_status.clone(),
     );
@@ -489,6 +504,7 @@ fn start_peers(
 /// also holds (`fs::handover`): a per-thread clone would die with the daemon and take the
 /// requests it had read with it (`ECONNABORTED`).
 fn session_config(args: &MountArgs, with_keeper: bool) -> fuser::Config {
+    let rings = !with_keeper && ring_choice(args).is_ok();
     let mut config = fuser::Config::default();
     config.mount_options = vec![
         MountOption::FSName("riffle".into()),
@@ -512,7 +528,39 @@ fn session_config(args: &MountArgs, with_keeper: bool) -> fuser::Config {
     };
     config.n_threads = Some(args.fuse_threads as usize);
     config.clone_fd = !with_keeper;
+    config.uring = rings.then(fuser::UringOptions::default);
     config
+}
+
+/// Whether the daemon asks for FUSE over io_uring (`fs::transport`); why not, when not.
+fn ring_choice(args: &MountArgs) -> Result<(), String> {
+    match args.fuse_transport {
+        FuseTransport::DevFuse => Err("asked for (--fuse-transport dev-fuse)".into()),
+        _ if args.restart || args.keeper_fd.is_some() => Err(
+            "a keeper holds the connection (the kernel cannot hand a dead daemon's io_uring \
+             requests to its successor)"
+                .into(),
+        ),
+        _ => transport::kernel_offers_ring(),
+    }
+}
+
+/// Records the transport the session got; `--fuse-transport io-uring` fails without rings.
+fn check_rings(
+    args: &MountArgs,
+    session: &fuser::Session<RiffleFs>,
+    status: &FsStatus,
+) -> anyhow::Result<()> {
+    if session.negotiated_uring() {
+        status.transport.rings(session.uring_status());
+    } else if ring_choice(args).is_ok() {
+        let why = "the kernel did not accept FUSE over io_uring at INIT";
+        if args.fuse_transport == FuseTransport::IoUring {
+            return Err(precondition(format!("--fuse-transport io-uring: {why}")));
+        }
+        status.transport.dev_fuse(why);
+    }
+    Ok(())
 }
 
 /// Mounts (the kernel's INIT happens here) and, with a keeper, gives it the connection.
@@ -533,6 +581,7 @@ fn mount(
     let config = session_config(args, keeper.is_some());
     let session = fuser::Session::new(fs, mountpoint, &config)
         .map_err(|e| precondition(format!("cannot mount at {}: {e}", mountpoint.display())))?;
+    check_rings(args, &session, &stack.fs_status)?;
     let read_ahead = match crate::fs::bdi::set_read_ahead(mountpoint, KERNEL_READ_AHEAD) {
         Ok(path) => {
             tracing::debug!(path = %path.display(), "kernel read-ahead window set");

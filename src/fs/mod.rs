@@ -82,6 +82,7 @@ mod read;
 pub(crate) mod stats_file;
 #[cfg(test)]
 mod tests;
+pub(crate) mod transport;
 
 use std::ffi::OsStr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -123,6 +124,9 @@ const KEPT_BACKINGS_MAX: usize = 65_536;
 /// Completed objects waiting to have a backing id opened ahead, at most.
 const PREOPEN_QUEUE: usize = 4096;
 
+/// `max_write` asked at INIT (see `init`).
+const MAX_WRITE: u32 = 1 << 20;
+
 /// The extended attribute that shows a file's ETag.
 pub(crate) const ETAG_XATTR: &str = "user.riffle.etag";
 
@@ -141,6 +145,8 @@ pub(crate) struct FsConfig {
     /// With passthrough, a lookup of a cached file up to this size starts a readahead of its
     /// cache file ([`lookahead`]); 0: never.
     pub lookup_readahead: u64,
+    /// Ask the kernel for FUSE over io_uring at INIT ([`transport`]).
+    pub io_uring: bool,
 }
 
 /// Counters and modes of the FUSE layer, shared with `riffle stats`.
@@ -162,6 +168,8 @@ pub(crate) struct FsStatus {
     pub dirplus: dirplus::DirPlus,
     /// The kernel's read-ahead window for the mount's files, and why ([`bdi`]).
     pub kernel_read_ahead: Mutex<String>,
+    /// `/dev/fuse` or io_uring, and why ([`transport`]).
+    pub transport: transport::TransportStatus,
 }
 
 /// See the module documentation.
@@ -340,7 +348,17 @@ impl Filesystem for RiffleFs {
             Ok(())
         };
         self.configure(negotiated);
+        if self.meta.config.io_uring
+            && config
+                .add_capabilities(InitFlags::FUSE_OVER_IO_URING)
+                .is_err()
+        {
+            tracing::info!("the kernel does not offer FUSE over io_uring at INIT");
+        }
         let _ = config.set_max_readahead(self.meta.config.kernel_read_ahead);
+        // Nothing is ever written: 1 MiB (the largest read the kernel sends) instead of
+        // fuser's 16 MiB keeps each io_uring entry's payload buffer at 1 MiB.
+        let _ = config.set_max_write(MAX_WRITE);
         let _ = config.set_max_background(64);
         let _ = config.set_congestion_threshold(48);
         tracing::info!(abi = ?config.kernel_abi(), "FUSE session initialised");

@@ -98,6 +98,7 @@ fn mount_with(
         dir_mode: 0o555,
         read_ahead: ReadAheadConfig::default(),
         kernel_read_ahead: 1 << 20,
+        io_uring: false,
         passthrough: cache_dir.is_some(),
         lookup_readahead: 0,
     };

@@ -143,6 +143,8 @@ impl MountMetrics {
             "names"
         };
         sample.put(&defs::FUSE_DIR_READS_MODE, mode);
+        sample.put(&defs::FUSE_TRANSPORT, fs.transport.describe());
+        sample.put(&defs::FUSE_RING_REQUESTS, fs.transport.ring_requests());
         sample.put(
             &defs::FUSE_KERNEL_READ_AHEAD,
             fs.kernel_read_ahead.lock().clone(),

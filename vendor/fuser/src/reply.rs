@@ -38,6 +38,8 @@ use crate::passthrough::BackingId;
 #[derive(Debug)]
 pub(crate) enum ReplySender {
     Channel(ChannelSender),
+    /// rifflefs patch: a ring entry (and the descriptor, for backing files).
+    Ring(crate::uring::RingSlot, ChannelSender),
     #[cfg(test)]
     Assert(AssertSender),
     #[cfg(test)]
@@ -49,6 +51,7 @@ impl ReplySender {
     pub(crate) fn send(&self, data: &[IoSlice<'_>]) -> std::io::Result<()> {
         match self {
             ReplySender::Channel(sender) => sender.send(data),
+            ReplySender::Ring(slot, _) => slot.send(data),
             #[cfg(test)]
             ReplySender::Assert(sender) => sender.send(data),
             #[cfg(test)]
@@ -62,7 +65,9 @@ impl ReplySender {
     /// Open a backing file
     pub(crate) fn open_backing(&self, fd: BorrowedFd<'_>) -> std::io::Result<BackingId> {
         match self {
-            ReplySender::Channel(sender) => sender.open_backing(fd),
+            ReplySender::Channel(sender) | ReplySender::Ring(_, sender) => {
+                sender.open_backing(fd)
+            }
             #[cfg(test)]
             ReplySender::Assert(_) => unreachable!(),
             #[cfg(test)]
@@ -73,7 +78,9 @@ impl ReplySender {
     /// Wraps a raw backing file ID
     pub(crate) unsafe fn wrap_backing(&self, id: u32) -> BackingId {
         match self {
-            ReplySender::Channel(sender) => unsafe { sender.wrap_backing(id) },
+            ReplySender::Channel(sender) | ReplySender::Ring(_, sender) => unsafe {
+                sender.wrap_backing(id)
+            },
             #[cfg(test)]
             ReplySender::Assert(_) => unreachable!(),
             #[cfg(test)]

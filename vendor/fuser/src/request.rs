@@ -16,6 +16,7 @@ use crate::PollNotifier;
 use crate::RenameFlags;
 use crate::Request;
 use crate::channel::ChannelSender;
+use crate::uring::RingSlot;
 use crate::forget_one::ForgetOne;
 use crate::ll;
 use crate::ll::Errno;
@@ -34,6 +35,8 @@ use crate::session::SessionEventLoop;
 pub(crate) struct RequestWithSender<'a> {
     /// Channel sender for sending the reply
     ch: ChannelSender,
+    /// rifflefs patch: the ring entry the request came in, where its answer goes.
+    ring: Option<RingSlot>,
     /// Parsed request
     pub(crate) request: ll::AnyRequest<'a>,
 }
@@ -49,7 +52,29 @@ impl<'a> RequestWithSender<'a> {
             }
         };
 
-        Some(Self { ch, request })
+        Some(Self {
+            ch,
+            ring: None,
+            request,
+        })
+    }
+
+    /// rifflefs patch: a request that came over a ring entry, answered there.
+    pub(crate) fn with_ring(
+        ch: ChannelSender,
+        ring: RingSlot,
+        data: &'a [u8],
+    ) -> Option<RequestWithSender<'a>> {
+        let mut request = Self::new(ch, data)?;
+        request.ring = Some(ring);
+        Some(request)
+    }
+
+    fn reply_sender(&self) -> ReplySender {
+        match &self.ring {
+            Some(slot) => ReplySender::Ring(slot.clone(), self.ch.clone()),
+            None => self.reply_sender(),
+        }
     }
 
     /// Dispatch request to the given filesystem.
@@ -304,7 +329,7 @@ impl<'a> RequestWithSender<'a> {
                     x.offset(),
                     ReplyDirectory::new(
                         self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
+                        self.reply_sender(),
                         x.size() as usize,
                     ),
                 );
@@ -479,7 +504,7 @@ impl<'a> RequestWithSender<'a> {
                     x.offset(),
                     ReplyDirectoryPlus::new(
                         self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
+                        self.reply_sender(),
                         x.size() as usize,
                     ),
                 );
@@ -552,7 +577,7 @@ impl<'a> RequestWithSender<'a> {
     /// Create a reply object for this request that can be passed to the filesystem
     /// implementation and makes sure that a request is replied exactly once
     pub(crate) fn reply<T: Reply>(&self) -> T {
-        Reply::new(self.request.unique(), ReplySender::Channel(self.ch.clone()))
+        Reply::new(self.request.unique(), self.reply_sender())
     }
 
     /// Returns a Request reference for this request

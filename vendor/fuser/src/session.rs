@@ -48,6 +48,8 @@ use crate::reply::Reply;
 use crate::reply::ReplyRaw;
 use crate::reply::ReplySender;
 use crate::request::RequestWithSender;
+use crate::uring;
+use crate::uring::UringStatus;
 
 /// The max size of write requests from the kernel. The absolute minimum is 4k,
 /// FUSE recommends at least 128k, max 16M. The FUSE default is 16M on macOS
@@ -139,6 +141,11 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
+    /// rifflefs patch: what INIT accepted that sizes the rings, when it negotiated
+    /// `FUSE_OVER_IO_URING` (never for a connection taken over: see `uring`).
+    negotiated_uring: Option<uring::Negotiated>,
+    /// rifflefs patch: what the rings did.
+    uring_status: Arc<UringStatus>,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -186,6 +193,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config: options.clone(),
+            negotiated_uring: None,
+            uring_status: Arc::default(),
         };
 
         session.handshake()?;
@@ -214,6 +223,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config,
+            negotiated_uring: None,
+            uring_status: Arc::default(),
         };
 
         session.handshake()?;
@@ -245,6 +256,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: Some(kernel_abi),
             config,
+            negotiated_uring: None,
+            uring_status: Arc::default(),
         }
     }
 
@@ -279,6 +292,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner,
             proto_version: _,
             config,
+            negotiated_uring,
+            uring_status,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -313,6 +328,7 @@ impl<FS: Filesystem> Session<FS> {
                 channels.push(ch.clone());
             }
         }
+        let ch_for_rings = ch.clone();
         channels.push(ch);
 
         let mut threads = Vec::with_capacity(n_threads);
@@ -333,6 +349,13 @@ impl<FS: Filesystem> Session<FS> {
             );
         }
 
+        let rings = match (config.uring, negotiated_uring) {
+            (Some(options), Some(negotiated)) => {
+                start_rings(options, negotiated, &filesystem, &ch_for_rings, allowed, session_owner, &uring_status)
+            }
+            _ => Vec::new(),
+        };
+
         let mut reply: io::Result<()> = Ok(());
         for thread in threads {
             let res = match thread.join() {
@@ -345,6 +368,16 @@ impl<FS: Filesystem> Session<FS> {
                 if reply.is_ok() {
                     reply = Err(e);
                 }
+            }
+        }
+
+        drop(ch_for_rings);
+        for (queue, thread) in rings {
+            queue.stop();
+            match thread.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => warn!("FUSE over io_uring: a queue ended with {e}"),
+                Err(_) => return Err(io::Error::other("ring queue thread panicked")),
             }
         }
 
@@ -458,6 +491,12 @@ impl<FS: Filesystem> Session<FS> {
 
             // Remember the ABI version supported by kernel and mark the session initialized.
             self.proto_version = Some(v);
+            if (init.capabilities() & config.requested).contains(InitFlags::FUSE_OVER_IO_URING) {
+                self.negotiated_uring = Some(uring::Negotiated {
+                    max_write: config.max_write,
+                    max_pages: config.max_pages(),
+                });
+            }
 
             // Log capability status for debugging
             for bit in 0..64 {
@@ -520,6 +559,56 @@ impl<FS: Filesystem> Session<FS> {
     pub fn notifier(&self) -> Notifier {
         Notifier::new(self.ch.sender())
     }
+
+    /// rifflefs patch: whether INIT negotiated FUSE over io_uring.
+    pub fn negotiated_uring(&self) -> bool {
+        self.negotiated_uring.is_some()
+    }
+
+    /// rifflefs patch: what the rings do once the session runs (all zero without them).
+    pub fn uring_status(&self) -> Arc<UringStatus> {
+        self.uring_status.clone()
+    }
+}
+
+/// rifflefs patch: starts one thread per ring queue (see `uring`). A queue that cannot be
+/// set up is reported in `status` and the session goes on over `/dev/fuse`.
+fn start_rings<FS: Filesystem>(
+    options: crate::UringOptions,
+    negotiated: uring::Negotiated,
+    filesystem: &Arc<FilesystemHolder<FS>>,
+    ch: &Channel,
+    allowed: SessionACL,
+    session_owner: Uid,
+    status: &Arc<UringStatus>,
+) -> Vec<(Arc<uring::QueueShared>, JoinHandle<io::Result<()>>)> {
+    use std::os::fd::AsRawFd;
+    let queues = match uring::queues(options, negotiated, ch.as_fd().as_raw_fd(), status) {
+        Ok(queues) => queues,
+        Err(e) => {
+            warn!("FUSE over io_uring: no rings ({e}); serving /dev/fuse");
+            return Vec::new();
+        }
+    };
+    let mut started = Vec::with_capacity(queues.len());
+    for (qid, queue) in queues.into_iter().enumerate() {
+        let event_loop = SessionEventLoop {
+            thread_name: format!("fuser-ring-{qid}"),
+            filesystem: filesystem.clone(),
+            ch: ch.clone(),
+            allowed,
+            session_owner,
+        };
+        let (q, st) = (queue.clone(), status.clone());
+        match thread::Builder::new()
+            .name(event_loop.thread_name.clone())
+            .spawn(move || uring::serve(q, event_loop, st))
+        {
+            Ok(thread) => started.push((queue, thread)),
+            Err(e) => warn!("FUSE over io_uring: cannot start queue {qid}: {e}"),
+        }
+    }
+    started
 }
 
 #[derive(Debug)]

@@ -18,6 +18,9 @@ pub struct Config {
     /// This enables more efficient request processing
     /// when multiple threads are used. Requires Linux 4.5+.
     pub clone_fd: bool,
+    /// rifflefs patch: serve requests over io_uring rings where the connection negotiated
+    /// `FUSE_OVER_IO_URING` (the file system asks for it at `init`); `/dev/fuse` otherwise.
+    pub uring: Option<crate::UringOptions>,
 }
 
 /// Mount options accepted by the FUSE filesystem type

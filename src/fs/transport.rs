@@ -1,0 +1,109 @@
+//! How requests travel between the kernel and the daemon: `/dev/fuse` reads and writes, or
+//! FUSE over io_uring (Linux 6.14+), and what `riffle stats` says about it
+//! (`fuse.transport`, `fuse.ring_requests`).
+//!
+//! Over `/dev/fuse` each request costs the daemon a `read` and a `writev`; over the ring the
+//! answer to one request and the wait for the next are one submission, and the kernel queues
+//! each request on the ring of its caller's CPU (fuser's `uring` module has the layout and the
+//! memory it takes). The ring is chosen at start:
+//! - `auto` (the default) takes it when the kernel offers it (`enable_uring` is `Y`) and no
+//!   keeper holds the connection, `/dev/fuse` otherwise;
+//! - `io-uring` insists, and the mount fails with the reason when it cannot be had;
+//! - `dev-fuse` never asks for it.
+//!
+//! A connection a keeper holds (`--restart`, every CSI volume) stays on `/dev/fuse`: the
+//! kernel cannot give a successor the requests held in a dead daemon's ring entries
+//! (`FUSE_NOTIFY_RESEND` requeues the `/dev/fuse` processing lists only), so a crash would
+//! leave those reads waiting forever.
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+/// The kernel's switch for FUSE over io_uring (off by default even where it is built).
+pub const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// Whether this kernel lets a FUSE server use io_uring; the reason when not.
+pub fn kernel_offers_ring() -> Result<(), String> {
+    match std::fs::read_to_string(ENABLE_URING) {
+        Ok(v) if v.trim() == "Y" || v.trim() == "1" => Ok(()),
+        Ok(_) => Err(format!(
+            "the kernel's FUSE io_uring is off (as root: echo Y > {ENABLE_URING})"
+        )),
+        Err(_) => Err(format!(
+            "this kernel has no FUSE io_uring (Linux {} lacks {ENABLE_URING}; it needs 6.14+ \
+             built with CONFIG_FUSE_IO_URING)",
+            super::kernel_release()
+        )),
+    }
+}
+
+/// What the mount's transport is, for `riffle stats`.
+#[derive(Debug, Default)]
+pub struct TransportStatus {
+    /// Set once the session runs with rings negotiated.
+    ring: Mutex<Option<Arc<fuser::UringStatus>>>,
+    /// Why the mount reads `/dev/fuse` (when it has no rings), or why they are not ready.
+    why_dev_fuse: Mutex<String>,
+}
+
+impl TransportStatus {
+    /// The mount has rings (INIT negotiated them).
+    pub fn rings(&self, status: Arc<fuser::UringStatus>) {
+        *self.ring.lock() = Some(status);
+    }
+
+    /// The mount reads `/dev/fuse`, because `why`.
+    pub fn dev_fuse(&self, why: impl Into<String>) {
+        *self.why_dev_fuse.lock() = why.into();
+    }
+
+    /// `fuse.transport`: the transport in use and its shape, or why it is `/dev/fuse`.
+    pub fn describe(&self) -> String {
+        match &*self.ring.lock() {
+            Some(ring) if ring.ready() => format!(
+                "io_uring: {} queues of {} entries ({} KiB payloads)",
+                ring.queues(),
+                ring.entries(),
+                ring.payload_bytes() / 1024
+            ),
+            Some(ring) => format!(
+                "/dev/fuse: io_uring not ready ({} of {} queues registered{})",
+                ring.registered(),
+                ring.queues(),
+                ring.error().map(|e| format!("; {e}")).unwrap_or_default()
+            ),
+            None => format!("/dev/fuse: {}", self.why_dev_fuse.lock()),
+        }
+    }
+
+    /// `fuse.ring_requests`: requests that came over the rings.
+    pub fn ring_requests(&self) -> u64 {
+        self.ring.lock().as_ref().map_or(0, |r| r.requests())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_rings_the_reason_is_shown() {
+        let t = TransportStatus::default();
+        t.dev_fuse("asked for (--fuse-transport dev-fuse)");
+        assert_eq!(
+            t.describe(),
+            "/dev/fuse: asked for (--fuse-transport dev-fuse)"
+        );
+        assert_eq!(t.ring_requests(), 0);
+    }
+
+    #[test]
+    fn rings_that_did_not_register_say_so() {
+        let t = TransportStatus::default();
+        t.rings(Arc::new(fuser::UringStatus::default()));
+        assert!(t
+            .describe()
+            .starts_with("/dev/fuse: io_uring not ready (0 of 0"));
+    }
+}

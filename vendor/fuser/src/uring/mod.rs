@@ -1,0 +1,207 @@
+//! rifflefs patch: FUSE over io_uring (Linux 6.14+, `CONFIG_FUSE_IO_URING`, on once root
+//! writes `Y` to `/sys/module/fuse/parameters/enable_uring`).
+//!
+//! With `/dev/fuse` every request costs the server two system calls, a `read` that takes it
+//! and a `writev` that answers it, each a switch into the kernel and a copy. Over the ring the
+//! answer to one request and the wait for the next are one submission
+//! (`FUSE_IO_URING_CMD_COMMIT_AND_FETCH`), and the kernel queues each request on the ring of
+//! the CPU its caller runs on, served by a thread pinned there.
+//!
+//! Layout: one queue per possible CPU (the kernel's count, `num_possible_cpus()`; it switches
+//! the connection to the ring only once every queue has an armed entry), each with
+//! [`UringOptions::queue_depth`] entries of a 288-byte header and a payload buffer as large as
+//! the largest request or answer the connection allows (`max(8 KiB, max_write, max_pages ×
+//! page)`: 1 MiB for rifflefs, which sets `max_write` to 1 MiB and the kernel caps `max_pages`
+//! at 256). The memory is reserved, not committed: pages are touched only by the answers that
+//! use them, so a queue costs at most `queue_depth` MiB and, with passthrough (no data over
+//! FUSE), a few KiB per entry.
+//!
+//! `FORGET`, `BATCH_FORGET` and `INTERRUPT` still come over `/dev/fuse`, as do requests sent
+//! before the ring is ready, so the session keeps its `/dev/fuse` threads beside the queues;
+//! notifications and passthrough's backing-file ioctls also stay on the descriptor.
+//!
+//! What the ring cannot do: survive its server. When the thread that armed an entry exits,
+//! the kernel cancels the entry (`fuse_uring_cancel`); a request held in it when the server
+//! died stays on the queue's processing list, and `FUSE_NOTIFY_RESEND` requeues only the
+//! processing lists of `/dev/fuse` descriptors (`fuse_resend` walks `fc->devices`), so that
+//! request would wait until the connection ends. A server whose connection must outlive it
+//! (a keeper holds it) therefore does not negotiate the ring.
+
+mod abi;
+mod queue;
+
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use parking_lot::Mutex;
+
+pub(crate) use queue::{QueueShared, RingSlot, serve};
+
+/// How the session sets up its rings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UringOptions {
+    /// Entries per queue: how many requests of one CPU's callers the server can hold at once
+    /// (more wait in the kernel for an entry).
+    pub queue_depth: u16,
+}
+
+impl Default for UringOptions {
+    fn default() -> Self {
+        UringOptions { queue_depth: 16 }
+    }
+}
+
+/// What the rings did, for the file system to report. Shared with the session's threads.
+#[derive(Debug, Default)]
+pub struct UringStatus {
+    queues: AtomicUsize,
+    registered: AtomicUsize,
+    entries: AtomicUsize,
+    payload: AtomicUsize,
+    requests: AtomicU64,
+    error: Mutex<Option<String>>,
+}
+
+impl UringStatus {
+    /// Queues the session set up (0 when the connection did not negotiate the ring).
+    pub fn queues(&self) -> usize {
+        self.queues.load(Ordering::Relaxed)
+    }
+
+    /// Queues whose entries the kernel accepted.
+    pub fn registered(&self) -> usize {
+        self.registered.load(Ordering::Relaxed)
+    }
+
+    /// Entries per queue.
+    pub fn entries(&self) -> usize {
+        self.entries.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of each entry's payload buffer.
+    pub fn payload_bytes(&self) -> usize {
+        self.payload.load(Ordering::Relaxed)
+    }
+
+    /// Requests that came over the rings.
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    /// Whether every queue registered: the kernel then sends requests over the rings.
+    pub fn ready(&self) -> bool {
+        let queues = self.queues();
+        queues > 0 && self.registered() == queues
+    }
+
+    /// Why a queue could not be set up, if one could not.
+    pub fn error(&self) -> Option<String> {
+        self.error.lock().clone()
+    }
+
+    fn queue_registered(&self) {
+        self.registered.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn queue_failed(&self, qid: u16, error: &io::Error) {
+        log::warn!("FUSE over io_uring: queue {qid} not registered: {error}");
+        self.error
+            .lock()
+            .get_or_insert_with(|| format!("queue {qid}: {error}"));
+    }
+
+    fn count_request(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// What the kernel accepted at INIT that sizes the rings.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Negotiated {
+    pub(crate) max_write: u32,
+    pub(crate) max_pages: u16,
+}
+
+impl Negotiated {
+    /// The kernel's `max_payload_sz`: every entry's payload buffer must be at least this.
+    pub(crate) fn payload_len(self) -> usize {
+        // fs/fuse/inode.c: max_pages = min(max_pages_limit, max(1, asked)); max_write at
+        // least 4 KiB. fs/fuse/dev_uring.c: max(FUSE_MIN_READ_BUFFER, max_write, max_pages × page).
+        let limit = std::fs::read_to_string("/proc/sys/fs/fuse/max_pages_limit")
+            .ok()
+            .and_then(|s| s.trim().parse::<usize>().ok())
+            .unwrap_or(256);
+        let pages = usize::from(self.max_pages.max(1)).min(limit);
+        8192.max(self.max_write.max(4096) as usize)
+            .max(pages * page_size::get())
+    }
+}
+
+/// Prepares one queue per possible CPU; `status` learns the layout.
+pub(crate) fn queues(
+    options: UringOptions,
+    negotiated: Negotiated,
+    fuse: std::os::fd::RawFd,
+    status: &UringStatus,
+) -> io::Result<Vec<Arc<QueueShared>>> {
+    let count = possible_cpus()?;
+    let depth = usize::from(options.queue_depth.max(1));
+    let payload = negotiated.payload_len();
+    status.queues.store(count, Ordering::Relaxed);
+    status.entries.store(depth, Ordering::Relaxed);
+    status.payload.store(payload, Ordering::Relaxed);
+    (0..count)
+        .map(|qid| {
+            let qid = u16::try_from(qid).map_err(|_| io::Error::other("too many CPUs"))?;
+            QueueShared::new(qid, depth, payload, fuse).map(Arc::new)
+        })
+        .collect()
+}
+
+/// The kernel's `num_possible_cpus()`, from `/sys/devices/system/cpu/possible` ("0-15",
+/// "0,2-3"): the highest CPU number plus one, as the kernel indexes queues by CPU number.
+fn possible_cpus() -> io::Result<usize> {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/possible")?;
+    parse_cpu_list(&text)
+        .ok_or_else(|| io::Error::other(format!("cannot read the CPU list '{}'", text.trim())))
+}
+
+fn parse_cpu_list(text: &str) -> Option<usize> {
+    let mut highest = None;
+    for part in text.trim().split(',') {
+        let last = part.rsplit('-').next()?;
+        let n: usize = last.trim().parse().ok()?;
+        highest = Some(highest.map_or(n, |h: usize| h.max(n)));
+    }
+    highest.map(|h| h + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists_count_to_the_highest_cpu() {
+        assert_eq!(parse_cpu_list("0-1\n"), Some(2));
+        assert_eq!(parse_cpu_list("0"), Some(1));
+        assert_eq!(parse_cpu_list("0,2-3"), Some(4));
+        assert_eq!(parse_cpu_list("0-15,32-47"), Some(48));
+        assert_eq!(parse_cpu_list("x"), None);
+    }
+
+    #[test]
+    fn payloads_cover_the_largest_request() {
+        let page = page_size::get();
+        let n = Negotiated {
+            max_write: 1 << 20,
+            max_pages: 256,
+        };
+        assert!(n.payload_len() >= 1 << 20);
+        let small = Negotiated {
+            max_write: 4096,
+            max_pages: 1,
+        };
+        assert_eq!(small.payload_len(), 8192.max(page));
+    }
+}
