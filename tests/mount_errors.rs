@@ -170,6 +170,18 @@ fn bad_input_gets_a_clear_reason() {
             "endpoint-url",
         ),
         (with(&["--log-level", "loud"]), vec![], 2, "log-level"),
+        (
+            with(&["--fuse-transport", "pigeon"]),
+            vec![],
+            2,
+            "fuse-transport",
+        ),
+        (
+            with(&["--fuse-transport", "io-uring", "--restart"]),
+            vec![],
+            2,
+            "cannot be used with --restart",
+        ),
         (with(&["--block-size", "3M"]), vec![], 2, "power of two"),
         (
             with(&["--block-size", "16M", "--max-memory", "32M"]),

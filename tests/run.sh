@@ -19,6 +19,11 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 [ -e /dev/fuse ] || { echo "tests/run.sh: /dev/fuse is missing; FUSE tests cannot run" >&2; exit 1; }
 
+# FUSE over io_uring (Linux 6.14+) is built into the kernel but off until root turns it on;
+# the tests run with it on, so every mount without a keeper serves over the rings (`auto`).
+ring_switch=/sys/module/fuse/parameters/enable_uring
+if [ -w "$ring_switch" ]; then echo Y > "$ring_switch"; fi
+
 started_rgw=0
 if ! bash deploy/local/rgw.sh status >/dev/null 2>&1; then
     bash deploy/local/rgw.sh up
@@ -56,6 +61,8 @@ echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --features "$RGW_TESTS" -- -D warnings
 echo "==> cargo test"
 cargo test --workspace --features "$RGW_TESTS" "$@"
+echo "==> the vendored fuser's io_uring transport (its own unit tests)"
+(cd vendor/fuser && CARGO_TARGET_DIR="$PWD/../../target/fuser-tests" cargo test --lib uring)
 echo "==> RGW stopped and restarted under a mount (alone, last)"
 cargo test -p rifflefs --features rgw-tests --test rgw_restart -- --ignored
 echo "==> benchmark smoke test (quick datasets, every system side by side, every byte verified)"

@@ -82,7 +82,7 @@ mod read;
 pub(crate) mod stats_file;
 #[cfg(test)]
 mod tests;
-pub(crate) mod transport;
+pub mod transport;
 
 use std::ffi::OsStr;
 use std::sync::atomic::{AtomicU64, Ordering};

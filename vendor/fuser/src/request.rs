@@ -73,7 +73,7 @@ impl<'a> RequestWithSender<'a> {
     fn reply_sender(&self) -> ReplySender {
         match &self.ring {
             Some(slot) => ReplySender::Ring(slot.clone(), self.ch.clone()),
-            None => self.reply_sender(),
+            None => ReplySender::Channel(self.ch.clone()),
         }
     }
 
