@@ -38,7 +38,8 @@ use parking_lot::Mutex;
 
 pub(crate) use queue::{QueueShared, RingSlot, serve};
 
-/// How the session sets up its rings.
+/// How the session sets up its rings. The default depth, 8 (libfuse's too), bounds the
+/// memory a queue's answers may touch at 8 payload buffers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UringOptions {
     /// Entries per queue: how many requests of one CPU's callers the server can hold at once
@@ -48,7 +49,7 @@ pub struct UringOptions {
 
 impl Default for UringOptions {
     fn default() -> Self {
-        UringOptions { queue_depth: 16 }
+        UringOptions { queue_depth: 8 }
     }
 }
 
