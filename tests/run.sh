@@ -20,7 +20,7 @@ fi
 [ -e /dev/fuse ] || { echo "tests/run.sh: /dev/fuse is missing; FUSE tests cannot run" >&2; exit 1; }
 
 # FUSE over io_uring (Linux 6.14+) is built into the kernel but off until root turns it on;
-# the tests run with it on, so every mount without a keeper serves over the rings (`auto`).
+# tests/transport.rs mounts with --fuse-transport io-uring and needs it on.
 ring_switch=/sys/module/fuse/parameters/enable_uring
 if [ -w "$ring_switch" ]; then echo Y > "$ring_switch"; fi
 

@@ -1,7 +1,7 @@
 //! The FUSE transport (`fs::transport`): over io_uring every read returns the objects' exact
 //! bytes, served by the daemon or handed to the kernel (passthrough), cold and warm, and the
-//! requests really came over the rings; `dev-fuse` and connections a keeper holds stay on
-//! `/dev/fuse` and say why.
+//! requests really came over the rings; `dev-fuse`, the default and connections a keeper
+//! holds stay on `/dev/fuse` and say why.
 
 #![cfg(feature = "rgw-tests")]
 
@@ -131,7 +131,7 @@ fn reads_over_io_uring_return_exact_bytes_with_and_without_passthrough() {
 }
 
 #[test]
-fn dev_fuse_and_keeper_connections_stay_off_the_ring_and_say_why() {
+fn dev_fuse_the_default_and_keeper_connections_stay_off_the_ring_and_say_why() {
     let endpoint = need_rgw!();
     if !kernel_ring() {
         return;
@@ -147,6 +147,7 @@ fn dev_fuse_and_keeper_connections_stay_off_the_ring_and_say_why() {
             &["--restart"][..],
             "/dev/fuse: a keeper holds the connection",
         ),
+        (&[][..], "/dev/fuse: the default"),
     ] {
         let mount = Mount::new(&endpoint, &format!("s3://{bucket}"), extra);
         assert!(

@@ -541,7 +541,11 @@ fn ring_choice(args: &MountArgs) -> Result<(), String> {
              requests to its successor)"
                 .into(),
         ),
-        _ => transport::kernel_offers_ring(),
+        FuseTransport::Auto => Err(
+            "the default (--fuse-transport io-uring serves over the kernel's io_uring rings)"
+                .into(),
+        ),
+        FuseTransport::IoUring => transport::kernel_offers_ring(),
     }
 }
 

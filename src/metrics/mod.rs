@@ -146,6 +146,10 @@ impl MountMetrics {
         sample.put(&defs::FUSE_TRANSPORT, fs.transport.describe());
         sample.put(&defs::FUSE_RING_REQUESTS, fs.transport.ring_requests());
         sample.put(
+            &defs::FUSE_RING_ENTRIES_BUSY,
+            fs.transport.ring_entries_busy(),
+        );
+        sample.put(
             &defs::FUSE_KERNEL_READ_AHEAD,
             fs.kernel_read_ahead.lock().clone(),
         );

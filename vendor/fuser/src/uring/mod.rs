@@ -61,6 +61,8 @@ pub struct UringStatus {
     entries: AtomicUsize,
     payload: AtomicUsize,
     requests: AtomicU64,
+    busy: AtomicUsize,
+    lost: AtomicU64,
     error: Mutex<Option<String>>,
 }
 
@@ -90,6 +92,16 @@ impl UringStatus {
         self.requests.load(Ordering::Relaxed)
     }
 
+    /// Entries holding a request whose answer is not committed yet, over all queues.
+    pub fn busy(&self) -> usize {
+        self.busy.load(Ordering::Relaxed)
+    }
+
+    /// Entries whose command the kernel refused (each registered again).
+    pub fn lost_entries(&self) -> u64 {
+        self.lost.load(Ordering::Relaxed)
+    }
+
     /// Whether every queue registered: the kernel then sends requests over the rings.
     pub fn ready(&self) -> bool {
         let queues = self.queues();
@@ -114,6 +126,15 @@ impl UringStatus {
 
     fn count_request(&self) {
         self.requests.fetch_add(1, Ordering::Relaxed);
+        self.busy.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn count_lost_entry(&self) {
+        self.lost.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn count_commits(&self, n: usize) {
+        self.busy.fetch_sub(n, Ordering::Relaxed);
     }
 }
 

@@ -384,6 +384,7 @@ pub(crate) fn serve<FS: Filesystem>(
     let mut buf: Vec<u8> = Vec::with_capacity(IN_HEADER + abi::OP_IN_OUT_SZ + 4096);
     let mut arrived: Vec<(u64, i32)> = Vec::with_capacity(queue.depth + 1);
     let mut ready: Vec<(u16, u64)> = Vec::with_capacity(queue.depth);
+    let mut reregister: Vec<usize> = Vec::new();
     while live > 0 {
         match ring.submit_and_wait(1) {
             Ok(_) => {}
@@ -399,9 +400,24 @@ pub(crate) fn serve<FS: Filesystem>(
                 continue;
             }
             if result < 0 {
-                // The connection ended (ENOTCONN), or the kernel refused an answer.
-                live -= 1;
-                debug!("ring queue {} entry {user_data} ended: errno {}", queue.qid, -result);
+                if matches!(-result, libc::ENOTCONN | libc::ENODEV | libc::ECANCELED)
+                    || queue.stop.load(Ordering::Acquire)
+                {
+                    // The connection ended: this entry is done.
+                    live -= 1;
+                    debug!("ring queue {} entry {user_data} ended: errno {}", queue.qid, -result);
+                } else {
+                    // The kernel refused the entry's last command (its answer or its
+                    // registration) and no longer holds it: register it afresh, so that
+                    // the queue keeps its depth instead of running dry.
+                    warn!(
+                        "ring queue {} entry {user_data}: the kernel refused its command ({}); registering it again",
+                        queue.qid,
+                        io::Error::from_raw_os_error(-result)
+                    );
+                    status.count_lost_entry();
+                    reregister.push(user_data as usize);
+                }
                 continue;
             }
             let entry = user_data as u16;
@@ -412,6 +428,7 @@ pub(crate) fn serve<FS: Filesystem>(
                 entry,
                 unique,
             };
+            let slot_for_error = slot.clone();
             match RequestWithSender::with_ring(event_loop.ch.sender(), slot, &buf[..len]) {
                 Some(req) => {
                     if let Ok(Operation::Destroy(_)) = req.request.operation() {
@@ -420,18 +437,37 @@ pub(crate) fn serve<FS: Filesystem>(
                         req.dispatch(&event_loop);
                     }
                 }
-                None => warn!("ring queue {}: a request fuser cannot parse", queue.qid),
+                None => {
+                    // Answered all the same, or the entry and its caller would wait forever.
+                    warn!("ring queue {}: a request fuser cannot parse; answering EIO", queue.qid);
+                    let eio = abi_fuse::fuse_out_header {
+                        len: OUT_HEADER as u32,
+                        error: -libc::EIO,
+                        unique,
+                    };
+                    // SAFETY: a plain-data header viewed as its bytes.
+                    let bytes = unsafe {
+                        std::slice::from_raw_parts(ptr::addr_of!(eio).cast::<u8>(), OUT_HEADER)
+                    };
+                    slot_for_error.send(&[IoSlice::new(bytes)])?;
+                }
             }
         }
         if queue.stop.load(Ordering::Acquire) {
             break;
         }
         std::mem::swap(&mut ready, &mut *queue.ready.lock());
+        status.count_commits(ready.len());
         {
             let mut sq = ring.submission();
             for (entry, unique) in ready.drain(..) {
                 // SAFETY: commits carry no buffer address.
                 unsafe { sq.push(&queue.commit_sqe(entry, unique)) }
+                    .map_err(|_| io::Error::other("ring submission queue full"))?;
+            }
+            for entry in reregister.drain(..) {
+                // SAFETY: as at registration.
+                unsafe { sq.push(&queue.register_sqe(entry)) }
                     .map_err(|_| io::Error::other("ring submission queue full"))?;
             }
             if rearm_wake {
