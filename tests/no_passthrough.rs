@@ -39,11 +39,7 @@ fn dataset(endpoint: &str, tag: &str) -> (String, Vec<(String, Vec<u8>)>) {
         })
         .collect();
     objects.push(("shards/big.bin".into(), pattern(BIG, 77)));
-    runtime().block_on(async {
-        let s3 = client(endpoint);
-        create_bucket(&s3, &bucket).await;
-        put_many(&s3, &bucket, objects.clone(), 16).await;
-    });
+    bucket_with(endpoint, &bucket, &objects);
     (bucket, objects)
 }
 

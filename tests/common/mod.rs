@@ -95,6 +95,15 @@ pub async fn put(s3: &aws_sdk_s3::Client, bucket: &str, key: &str, body: Vec<u8>
 }
 
 /// Uploads many objects with `parallel` requests in flight.
+/// Creates `bucket` and uploads `objects` into it (16 at a time).
+pub fn bucket_with(endpoint: &str, bucket: &str, objects: &[(String, Vec<u8>)]) {
+    runtime().block_on(async {
+        let s3 = client(endpoint);
+        create_bucket(&s3, bucket).await;
+        put_many(&s3, bucket, objects.to_vec(), 16).await;
+    });
+}
+
 pub async fn put_many(
     s3: &aws_sdk_s3::Client,
     bucket: &str,
