@@ -214,6 +214,8 @@ struct Stack {
     metrics: Arc<MountMetrics>,
     fuse_ops: Arc<FuseOps>,
     fs_status: Arc<FsStatus>,
+    /// Whether the session asks for FUSE over io_uring (`ring_choice`, decided once).
+    io_uring: bool,
     fs: Option<RiffleFs>,
     fuse_device: crate::fs::FuseDevice,
     /// `.riffle-stats`, given the control handler as its source once that exists.
@@ -419,6 +421,7 @@ fn build(
         metrics,
         fuse_ops,
         fs_status,
+        io_uring,
         fuse_device: fs.fuse_device(),
         stats_file: fs.stats_file(),
         fs: Some(fs),
@@ -502,9 +505,8 @@ fn start_peers(
 
 /// fuser's session settings. With a keeper, every thread reads the one descriptor the keeper
 /// also holds (`fs::handover`): a per-thread clone would die with the daemon and take the
-/// requests it had read with it (`ECONNABORTED`).
-fn session_config(args: &MountArgs, with_keeper: bool) -> fuser::Config {
-    let rings = !with_keeper && ring_choice(args).is_ok();
+/// requests it had read with it (`ECONNABORTED`). `rings`: ask for FUSE over io_uring (`ring_choice`).
+fn session_config(args: &MountArgs, with_keeper: bool, rings: bool) -> fuser::Config {
     let mut config = fuser::Config::default();
     config.mount_options = vec![
         MountOption::FSName("riffle".into()),
@@ -549,15 +551,17 @@ fn ring_choice(args: &MountArgs) -> Result<(), String> {
     }
 }
 
-/// Records the transport the session got; `--fuse-transport io-uring` fails without rings.
+/// Records the transport the session got (it asked for rings where `asked`);
+/// `--fuse-transport io-uring` fails without them.
 fn check_rings(
     args: &MountArgs,
+    asked: bool,
     session: &fuser::Session<RiffleFs>,
     status: &FsStatus,
 ) -> anyhow::Result<()> {
     if session.negotiated_uring() {
         status.transport.rings(session.uring_status());
-    } else if ring_choice(args).is_ok() {
+    } else if asked {
         let why = "the kernel did not accept FUSE over io_uring at INIT";
         if args.fuse_transport == FuseTransport::IoUring {
             return Err(precondition(format!("--fuse-transport io-uring: {why}")));
@@ -582,10 +586,10 @@ fn mount(
     if let Some(handover) = handover {
         fs.keep_handles_in(handover.handles.clone());
     }
-    let config = session_config(args, keeper.is_some());
+    let config = session_config(args, keeper.is_some(), stack.io_uring);
     let session = fuser::Session::new(fs, mountpoint, &config)
         .map_err(|e| precondition(format!("cannot mount at {}: {e}", mountpoint.display())))?;
-    check_rings(args, &session, &stack.fs_status)?;
+    check_rings(args, stack.io_uring, &session, &stack.fs_status)?;
     let read_ahead = match crate::fs::bdi::set_read_ahead(mountpoint, KERNEL_READ_AHEAD) {
         Ok(path) => {
             tracing::debug!(path = %path.display(), "kernel read-ahead window set");
@@ -680,7 +684,8 @@ fn adopt(args: &MountArgs, stack: &mut Stack, takeover: Resumed) -> anyhow::Resu
     fs.adopt(&takeover.params, takeover.handles.clone())
         .context("cannot take over the predecessor's file handles")?;
     tracing::info!(inodes = nodes, "took the mount over from the keeper");
-    let config = session_config(args, true);
+    // A connection taken over never has rings (`ring_choice`: a keeper holds it).
+    let config = session_config(args, true, false);
     let session = fuser::Session::from_fd_initialized(
         fs,
         takeover.fuse,

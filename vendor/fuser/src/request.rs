@@ -16,7 +16,6 @@ use crate::PollNotifier;
 use crate::RenameFlags;
 use crate::Request;
 use crate::channel::ChannelSender;
-use crate::uring::RingSlot;
 use crate::forget_one::ForgetOne;
 use crate::ll;
 use crate::ll::Errno;
@@ -29,6 +28,7 @@ use crate::reply::ReplyRaw;
 use crate::reply::ReplySender;
 use crate::session::SessionACL;
 use crate::session::SessionEventLoop;
+use crate::uring::RingSlot;
 
 /// Request data structure
 #[derive(Debug)]

@@ -350,9 +350,15 @@ impl<FS: Filesystem> Session<FS> {
         }
 
         let rings = match (config.uring, negotiated_uring) {
-            (Some(options), Some(negotiated)) => {
-                start_rings(options, negotiated, &filesystem, &ch_for_rings, allowed, session_owner, &uring_status)
-            }
+            (Some(options), Some(negotiated)) => start_rings(
+                options,
+                negotiated,
+                &filesystem,
+                &ch_for_rings,
+                allowed,
+                session_owner,
+                &uring_status,
+            ),
             _ => Vec::new(),
         };
 

@@ -287,38 +287,50 @@ impl RingSlot {
         let entry = usize::from(self.entry);
         let header = region.header(entry);
         let payload = region.payload(entry);
-        let fits = total >= OUT_HEADER && total - OUT_HEADER <= region.payload_len;
+        if total < OUT_HEADER || total - OUT_HEADER > region.payload_len {
+            warn!("FUSE reply of {total} bytes does not fit the ring entry; answering EIO");
+            return self.send_eio();
+        }
         // SAFETY: the entry is owned by this request until its commit, which follows.
         unsafe {
             let in_out = ptr::addr_of_mut!((*header).in_out).cast::<u8>();
-            let payload_sz = if fits {
-                let mut at = 0usize;
-                for slice in data {
-                    let mut bytes: &[u8] = slice;
-                    if at < OUT_HEADER {
-                        let n = bytes.len().min(OUT_HEADER - at);
-                        ptr::copy_nonoverlapping(bytes.as_ptr(), in_out.add(at), n);
-                        at += n;
-                        bytes = &bytes[n..];
-                    }
-                    ptr::copy_nonoverlapping(bytes.as_ptr(), payload.add(at - OUT_HEADER), bytes.len());
-                    at += bytes.len();
+            let mut at = 0usize;
+            for slice in data {
+                let mut bytes: &[u8] = slice;
+                if at < OUT_HEADER {
+                    let n = bytes.len().min(OUT_HEADER - at);
+                    ptr::copy_nonoverlapping(bytes.as_ptr(), in_out.add(at), n);
+                    at += n;
+                    bytes = &bytes[n..];
                 }
-                total - OUT_HEADER
-            } else {
-                warn!("FUSE reply of {total} bytes does not fit the ring entry; answering EIO");
-                let eio = abi_fuse::fuse_out_header {
-                    len: OUT_HEADER as u32,
-                    error: -libc::EIO,
-                    unique: self.unique,
-                };
-                ptr::copy_nonoverlapping(
-                    ptr::addr_of!(eio).cast::<u8>(),
-                    in_out,
-                    OUT_HEADER,
-                );
-                0
-            };
+                ptr::copy_nonoverlapping(bytes.as_ptr(), payload.add(at - OUT_HEADER), bytes.len());
+                at += bytes.len();
+            }
+        }
+        self.commit(total - OUT_HEADER)
+    }
+
+    /// Answers `EIO` (a request that cannot be parsed, or an answer that does not fit).
+    pub(crate) fn send_eio(&self) -> io::Result<()> {
+        let eio = abi_fuse::fuse_out_header {
+            len: OUT_HEADER as u32,
+            error: -libc::EIO,
+            unique: self.unique,
+        };
+        let header = self.queue.region.header(usize::from(self.entry));
+        // SAFETY: the entry is owned by this request until its commit, which follows.
+        unsafe {
+            let in_out = ptr::addr_of_mut!((*header).in_out).cast::<u8>();
+            ptr::copy_nonoverlapping(ptr::addr_of!(eio).cast::<u8>(), in_out, OUT_HEADER);
+        }
+        self.commit(0)
+    }
+
+    /// Records the answer's payload size and hands the entry to its queue's thread.
+    fn commit(&self, payload_sz: usize) -> io::Result<()> {
+        let header = self.queue.region.header(usize::from(self.entry));
+        // SAFETY: as in `send`; a plain write of one field.
+        unsafe {
             let sz = ptr::addr_of_mut!((*header).ring_ent_in_out.payload_sz);
             ptr::write_unaligned(sz, payload_sz as u32);
         }
@@ -405,7 +417,10 @@ pub(crate) fn serve<FS: Filesystem>(
                 {
                     // The connection ended: this entry is done.
                     live -= 1;
-                    debug!("ring queue {} entry {user_data} ended: errno {}", queue.qid, -result);
+                    debug!(
+                        "ring queue {} entry {user_data} ended: errno {}",
+                        queue.qid, -result
+                    );
                 } else {
                     // The kernel refused the entry's last command (its answer or its
                     // registration) and no longer holds it: register it afresh, so that
@@ -439,17 +454,11 @@ pub(crate) fn serve<FS: Filesystem>(
                 }
                 None => {
                     // Answered all the same, or the entry and its caller would wait forever.
-                    warn!("ring queue {}: a request fuser cannot parse; answering EIO", queue.qid);
-                    let eio = abi_fuse::fuse_out_header {
-                        len: OUT_HEADER as u32,
-                        error: -libc::EIO,
-                        unique,
-                    };
-                    // SAFETY: a plain-data header viewed as its bytes.
-                    let bytes = unsafe {
-                        std::slice::from_raw_parts(ptr::addr_of!(eio).cast::<u8>(), OUT_HEADER)
-                    };
-                    slot_for_error.send(&[IoSlice::new(bytes)])?;
+                    warn!(
+                        "ring queue {}: a request fuser cannot parse; answering EIO",
+                        queue.qid
+                    );
+                    slot_for_error.send_eio()?;
                 }
             }
         }
@@ -491,7 +500,10 @@ fn pin_to_cpu(cpu: usize) {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu, &mut set);
         if libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) != 0 {
-            debug!("ring queue thread not pinned to CPU {cpu}: {}", io::Error::last_os_error());
+            debug!(
+                "ring queue thread not pinned to CPU {cpu}: {}",
+                io::Error::last_os_error()
+            );
         }
     }
 }
