@@ -162,6 +162,8 @@ pub(crate) struct FsStatus {
     pub dirplus: dirplus::DirPlus,
     /// The kernel's read-ahead window for the mount's files, and why ([`bdi`]).
     pub kernel_read_ahead: Mutex<String>,
+    /// `/dev/fuse` descriptors the session's threads read: the first and its clones.
+    pub fuse_devices: AtomicU64,
 }
 
 /// See the module documentation.

@@ -143,6 +143,7 @@ impl MountMetrics {
             "names"
         };
         sample.put(&defs::FUSE_DIR_READS_MODE, mode);
+        sample.put(&defs::FUSE_DEVICES, load(&fs.fuse_devices));
         sample.put(
             &defs::FUSE_KERNEL_READ_AHEAD,
             fs.kernel_read_ahead.lock().clone(),

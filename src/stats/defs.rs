@@ -62,6 +62,7 @@ stats! {
     FUSE_DIR_READS_NAMES_ONLY = counter("fuse.dir_reads_names_only", NUMBER, "First reads of a directory answered with names only, for readers that do not stat what they list.");
     FUSE_PASSTHROUGH = equals("fuse.passthrough", "enabled", "1 if FUSE passthrough is in use, else 0 (see riffle stats for the reason).").named("riffle_fuse_passthrough_enabled");
     FUSE_DIR_READS_MODE = text("fuse.dir_reads_mode", "How first reads of a directory are answered now: attributes or names.");
+    FUSE_DEVICES = gauge("fuse.devices", NUMBER, "/dev/fuse descriptors the daemon's FUSE threads read: the first and its clones, one per thread (--fuse-threads); fewer after taking over a connection whose bundle carried fewer.");
     FUSE_KERNEL_READ_AHEAD = text("fuse.kernel_read_ahead", "The kernel's read-ahead window for the mount's files, and why.");
 
     // The disk cache (`cache`); absent without `--cache-dir`.

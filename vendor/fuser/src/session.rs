@@ -139,6 +139,9 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
+    /// rifflefs patch: descriptors of the connection the caller gave (`serve_on`), read by
+    /// one thread each beside `ch`.
+    pub(crate) devices: Vec<OwnedFd>,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -186,6 +189,7 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config: options.clone(),
+            devices: Vec::new(),
         };
 
         session.handshake()?;
@@ -214,6 +218,7 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config,
+            devices: Vec::new(),
         };
 
         session.handshake()?;
@@ -245,7 +250,24 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: Some(kernel_abi),
             config,
+            devices: Vec::new(),
         }
+    }
+
+    /// rifflefs patch: a clone of the session's `/dev/fuse` descriptor (`FUSE_DEV_IOC_CLONE`,
+    /// Linux 4.5+): a descriptor of the same connection with a processing queue of its own.
+    /// The caller may keep copies of it elsewhere and gives it back with [`Session::serve_on`].
+    #[cfg(target_os = "linux")]
+    pub fn clone_device(&self) -> io::Result<OwnedFd> {
+        Ok(OwnedFd::from(self.ch.clone_device()?.0))
+    }
+
+    /// rifflefs patch: `run` reads these descriptors of the connection too (clones the caller
+    /// made or was given), one thread each beside the session's own. They count towards
+    /// `n_threads` (raised to one more than their number); threads beyond them are made as
+    /// without (a clone each with `clone_fd`, else sharing the session's descriptor).
+    pub fn serve_on(&mut self, devices: Vec<OwnedFd>) {
+        self.devices.extend(devices);
     }
 
     /// Run the session loop in a background thread. If the returned handle is dropped,
@@ -279,9 +301,10 @@ impl<FS: Filesystem> Session<FS> {
             session_owner,
             proto_version: _,
             config,
+            devices,
         } = self;
 
-        let n_threads = config.n_threads.unwrap_or(1);
+        let n_threads = config.n_threads.unwrap_or(1).max(devices.len() + 1);
 
         if !cfg!(target_os = "linux") && n_threads != 1 {
             // TODO: check whether it works on macOS/FreeBSD and enable if it works.
@@ -296,9 +319,12 @@ impl<FS: Filesystem> Session<FS> {
 
         let mut filesystem = Arc::new(filesystem);
 
-        let mut channels = Vec::with_capacity(n_threads);
+        let mut channels: Vec<Channel> = devices
+            .into_iter()
+            .map(|fd| Channel::new(Arc::new(DevFuse(File::from(fd)))))
+            .collect();
 
-        for _ in 0..n_threads_minus_one {
+        for _ in channels.len()..n_threads_minus_one {
             if config.clone_fd {
                 #[cfg(target_os = "linux")]
                 {
