@@ -3,8 +3,8 @@
 //!
 //! The keeper starts the daemon (this same program and arguments, with a keeper socket in
 //! `RIFFLE_KEEPER_FD`) and waits. Once the daemon's FUSE connection is initialised, the
-//! daemon gives the keeper a copy of its `/dev/fuse` descriptor with the state a successor
-//! needs (`fs::handover`: the INIT parameters, the node journal and the handle table). While
+//! daemon gives the keeper a copy of its `/dev/fuse` descriptors (the first and the clones its
+//! other FUSE threads read) with the state a successor needs (`fs::handover`: the INIT parameters, the node journal and the handle table). While
 //! the keeper holds that copy, the kernel keeps the connection even when the daemon dies:
 //! readers' requests wait instead of failing. When the daemon dies (a signal: SIGKILL, an
 //! OOM kill, a panic's abort; or a non-zero exit), the keeper starts a successor with
