@@ -671,3 +671,148 @@ fn a_killed_keeper_costs_no_read_and_the_daemon_gets_a_new_one() {
         "still mounted"
     );
 }
+
+/// The `/dev/fuse` descriptors process `pid` has open.
+fn fuse_fds(pid: i32) -> Vec<i32> {
+    let dir = format!("/proc/{pid}/fd");
+    std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{dir}: {e}"))
+        .flatten()
+        .filter(|e| std::fs::read_link(e.path()).is_ok_and(|t| t == Path::new("/dev/fuse")))
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// Whether descriptor `a` of process `pa` and `b` of `pb` are the same open file (`kcmp`:
+/// a copy made by dup or by passing it over a socket is; a clone of `/dev/fuse` is not).
+fn same_file(pa: i32, a: i32, pb: i32, b: i32) -> bool {
+    const KCMP_FILE: libc::c_long = 0;
+    // SAFETY: kcmp only compares kernel objects of two processes; nothing is written.
+    let r = unsafe { libc::syscall(libc::SYS_kcmp, pa, pb, KCMP_FILE, a, b) };
+    assert!(r >= 0, "kcmp: {}", std::io::Error::last_os_error());
+    r == 0
+}
+
+/// One descriptor of each distinct `/dev/fuse` file process `pid` has open: copies of one
+/// file (the daemon keeps several of its first descriptor) count once.
+fn distinct_fuse_files(pid: i32) -> Vec<i32> {
+    let mut distinct: Vec<i32> = Vec::new();
+    for fd in fuse_fds(pid) {
+        if !distinct.iter().any(|&d| same_file(pid, d, pid, fd)) {
+            distinct.push(fd);
+        }
+    }
+    distinct
+}
+
+/// Waits until process `pid` is gone (killed and reaped by its keeper).
+fn wait_until_gone(pid: i32) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(
+            Instant::now() < deadline,
+            "process {pid} still there 30 s after SIGKILL"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Each FUSE thread reads a `/dev/fuse` descriptor of its own (a clone), and the keeper holds
+/// every one of them: a SIGKILLed daemon's requests in flight on any clone are resent to the
+/// successor, which serves on exactly those descriptors (no clone of its own). Without
+/// passthrough, so that every read goes through the daemon's threads; three kills under
+/// readers, 0 failed and 0 wrong reads.
+#[test]
+fn each_fuse_thread_reads_a_clone_the_keeper_holds_and_a_kill_ends_none() {
+    let endpoint = need_rgw!();
+    let bucket = common::unique_bucket("clones");
+    let data = Arc::new(dataset(&endpoint, &bucket));
+    let cache = tempfile::tempdir().expect("cache dir");
+    let cache_dir = cache.path().to_str().expect("utf-8 path");
+    let mount = Mount::new(
+        &endpoint,
+        &format!("s3://{bucket}/"),
+        &[
+            "--restart",
+            "--fuse-threads",
+            "4",
+            "--no-passthrough",
+            "--cache-dir",
+            cache_dir,
+            "--cache-size",
+            "1G",
+        ],
+    );
+    let keeper = mount.pid();
+    let held = distinct_fuse_files(keeper);
+    assert_eq!(
+        held.len(),
+        4,
+        "the keeper holds the first descriptor and 3 clones"
+    );
+    // Every file a daemon reads is one the keeper holds, and it reads 4 of them.
+    let check_daemon = |pid: i32, when: &str| {
+        assert_eq!(
+            common::stats(&mount)["fuse"]["devices"].as_u64(),
+            Some(4),
+            "{when}: riffle stats"
+        );
+        let reads = distinct_fuse_files(pid);
+        assert_eq!(
+            reads.len(),
+            4,
+            "{when}: distinct /dev/fuse files of daemon {pid}"
+        );
+        for fd in reads {
+            assert!(
+                held.iter().any(|&h| same_file(pid, fd, keeper, h)),
+                "{when}: daemon {pid}'s /dev/fuse descriptor {fd} is not one the keeper holds"
+            );
+        }
+        assert_eq!(
+            distinct_fuse_files(keeper).len(),
+            4,
+            "{when}: the keeper holds no other"
+        );
+    };
+    let mut daemon = daemon_pid(&mount).expect("the daemon answers");
+    check_daemon(daemon, "first daemon");
+    let tally = Arc::new(Tally::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    // Six readers (two sets), so that requests are in flight on every thread at a kill (with
+    // the first daemon's clones unheld, 3 runs in 4 failed reads with ECONNABORTED).
+    let mut readers = start_readers(&mount.path, &data, &tally, &stop);
+    readers.extend(start_readers(&mount.path, &data, &tally, &stop));
+    wait_for_progress(&tally, 2, "before the first kill");
+    for round in 1..=3 {
+        sigkill(daemon);
+        wait_until_gone(daemon);
+        let successor = wait_for_new_daemon(&mount, daemon);
+        assert_eq!(
+            parent_of(successor),
+            keeper,
+            "round {round}: the keeper started the successor"
+        );
+        check_daemon(successor, &format!("round {round}"));
+        wait_for_progress(&tally, 2, &format!("after kill {round}"));
+        daemon = successor;
+    }
+    stop_readers(&stop, readers);
+    let (reads, failed, wrong) = tally.counts();
+    eprintln!(
+        "clones: 4 /dev/fuse descriptors, 3 SIGKILLs, {reads} reads, {failed} failed, {wrong} wrong, longest read {} ms",
+        tally.longest_us.load(Ordering::Relaxed) / 1000
+    );
+    assert_eq!(
+        (failed, wrong),
+        (0, 0),
+        "errors: {:?}",
+        tally.errors.lock().unwrap()
+    );
+    let log = mount.log_text();
+    assert_eq!(
+        log.matches("took the mount over from the keeper").count(),
+        3,
+        "log:\n{log}"
+    );
+}

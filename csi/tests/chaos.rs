@@ -146,8 +146,8 @@ fn riffle_zombies() -> Vec<i32> {
         .collect()
 }
 
-/// How many `/dev/fuse` descriptors process `pid` holds.
-fn fuse_fds(pid: i32) -> usize {
+/// The `/dev/fuse` descriptors process `pid` holds.
+fn fuse_fd_numbers(pid: i32) -> Vec<i32> {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .map(|fds| {
             fds.flatten()
@@ -156,9 +156,35 @@ fn fuse_fds(pid: i32) -> usize {
                     std::fs::read_link(fd.path())
                         .is_ok_and(|l| l.file_name() == Some(std::ffi::OsStr::new("fuse")))
                 })
-                .count()
+                .filter_map(|fd| fd.file_name().to_str()?.parse().ok())
+                .collect()
         })
-        .unwrap_or(0)
+        .unwrap_or_default()
+}
+
+/// How many `/dev/fuse` descriptors process `pid` holds.
+fn fuse_fds(pid: i32) -> usize {
+    fuse_fd_numbers(pid).len()
+}
+
+/// Whether descriptor `a` of process `pa` and `b` of `pb` are the same open file (`kcmp`):
+/// copies of one descriptor are, the clones of a connection's `/dev/fuse` are not.
+fn same_file(pa: i32, a: i32, pb: i32, b: i32) -> bool {
+    const KCMP_FILE: libc::c_long = 0;
+    // SAFETY: kcmp only compares kernel objects of two processes; nothing is written.
+    unsafe { libc::syscall(libc::SYS_kcmp, pa, pb, KCMP_FILE, a, b) == 0 }
+}
+
+/// Whether process `holder` holds every `/dev/fuse` file process `of` holds (each volume's
+/// bundle carries its connection's clones of `/dev/fuse`, one per FUSE thread, and a copy of
+/// the connection is whole only with all of them).
+fn holds_every_fuse_file_of(holder: i32, of: i32) -> bool {
+    let held = fuse_fd_numbers(holder);
+    let wanted = fuse_fd_numbers(of);
+    !wanted.is_empty()
+        && wanted
+            .iter()
+            .all(|&w| held.iter().any(|&h| same_file(holder, h, of, w)))
 }
 
 fn fd_links(pid: i32) -> Vec<String> {
@@ -265,12 +291,15 @@ impl Cluster {
     }
 
     /// Whether a copy of every volume's connection is held outside the mounter's container
-    /// (by the fd store), and inside it (by each volume's keeper).
+    /// (by the fd store: every `/dev/fuse` file of each volume's keeper), and inside it (by
+    /// each volume's keeper).
     fn store_holds_all(&self) -> bool {
-        self.node
-            .fd_store
-            .as_ref()
-            .is_some_and(|store| fuse_fds(store.init) >= self.mounts.len())
+        self.node.fd_store.as_ref().is_some_and(|store| {
+            self.mounts.iter().all(|m| {
+                let r = roles(m);
+                r.keepers.len() == 1 && holds_every_fuse_file_of(store.init, r.keepers[0])
+            })
+        })
     }
 
     fn keepers_hold_all(&self) -> bool {

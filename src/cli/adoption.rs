@@ -39,7 +39,7 @@ pub const YIELDED: i32 = 75;
 pub struct Adoptable {
     /// This daemon's end of its keeper's socket.
     pub keeper: OwnedFd,
-    /// Copies of the bundle, in protocol order (`fuse`, nodes, handles).
+    /// Copies of the bundle, in protocol order (`fuse`, nodes, handles, `fuse`'s clones).
     pub bundle: Vec<OwnedFd>,
     /// Whether an fd store also holds the connection (`--fd-store`).
     pub with_store: bool,

@@ -271,8 +271,8 @@ pub struct MountArgs {
     #[arg(long, value_name = "FILE")]
     pub pid_file: Option<PathBuf>,
 
-    /// Threads reading FUSE requests
-    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    /// Threads reading FUSE requests, each on a /dev/fuse descriptor of its own (at most 64)
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=crate::fs::handover::protocol::MAX_DEVICES as i64))]
     pub fuse_threads: u32,
 
     /// How FUSE requests reach the daemon: auto (/dev/fuse for now), io-uring (the kernel's

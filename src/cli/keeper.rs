@@ -3,8 +3,8 @@
 //!
 //! The keeper starts the daemon (this same program and arguments, with a keeper socket in
 //! `RIFFLE_KEEPER_FD`) and waits. Once the daemon's FUSE connection is initialised, the
-//! daemon gives the keeper a copy of its `/dev/fuse` descriptor with the state a successor
-//! needs (`fs::handover`: the INIT parameters, the node journal and the handle table). While
+//! daemon gives the keeper a copy of its `/dev/fuse` descriptors (the first and the clones its
+//! other FUSE threads read) with the state a successor needs (`fs::handover`: the INIT parameters, the node journal and the handle table). While
 //! the keeper holds that copy, the kernel keeps the connection even when the daemon dies:
 //! readers' requests wait instead of failing. When the daemon dies (a signal: SIGKILL, an
 //! OOM kill, a panic's abort; or a non-zero exit), the keeper starts a successor with
@@ -184,7 +184,7 @@ fn finish(args: &MountArgs, store: &Store) {
     match store {
         Store::None => {}
         Store::Riffle(link) => link.drop_key(),
-        Store::Systemd(link) => link.store.forget(),
+        Store::Systemd(link) => link.store.forget(link.held.load(Ordering::Relaxed)),
     }
     if let Some(pid_file) = &args.pid_file {
         let _ = std::fs::remove_file(pid_file);
@@ -196,6 +196,8 @@ struct SystemdLink {
     store: SystemdStore,
     /// Whether systemd passed the live mount's bundle to this keeper.
     took: bool,
+    /// Descriptors of the bundle systemd holds: passed at start, or given since.
+    held: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl SystemdLink {
@@ -208,13 +210,13 @@ impl SystemdLink {
     ) -> anyhow::Result<SystemdLink> {
         let store = SystemdStore::open()?;
         let passed = store.take();
-        let live = passed.len() == protocol::BUNDLE_FDS
+        let live = protocol::is_bundle(passed.len())
             && passed
                 .first()
                 .is_some_and(|fuse| !protocol::connection_gone(fuse.as_fd()));
         if !passed.is_empty() && !live {
             // A mount that ended while no keeper ran (or a bundle of another shape).
-            store.forget();
+            store.forget(passed.len());
         }
         if !live && take_over_only {
             return Err(fail(
@@ -223,14 +225,24 @@ impl SystemdLink {
             ));
         }
         if live {
+            let held = Arc::new(std::sync::atomic::AtomicUsize::new(passed.len()));
             let mut holder = holder.lock();
             holder.answer(0, Message::Hold(None), passed);
             holder.disconnected(0);
             note(log, "took the mount over from systemd's fd store");
-            return Ok(SystemdLink { store, took: true });
+            return Ok(SystemdLink {
+                store,
+                took: true,
+                held,
+            });
         }
-        let link = SystemdLink { store, took: false };
+        let link = SystemdLink {
+            store,
+            took: false,
+            held: Arc::default(),
+        };
         let (holder, log_file) = (holder.clone(), log.map(|p| p.to_path_buf()));
+        let held = link.held.clone();
         let give = SystemdStore::open()?;
         let spawned = std::thread::Builder::new()
             .name("riffle-keeper-systemd".into())
@@ -242,6 +254,7 @@ impl SystemdLink {
                     }
                 };
                 let fds: Vec<_> = bundle.iter().map(|fd| fd.as_fd()).collect();
+                held.store(fds.len(), Ordering::Relaxed);
                 match give.give(&fds) {
                     Ok(()) => note(
                         log_file.as_deref(),

@@ -181,12 +181,14 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
         )?,
     };
     if let (Some(keeper), Some(state), true) = (keeper, state_fds, session.kept) {
-        match session.session.as_fd().try_clone_to_owned() {
-            Ok(fuse) => {
+        match device_copies(&session) {
+            Ok((fuse, clones)) => {
                 let [nodes, handles] = state;
+                let mut bundle = vec![fuse, nodes, handles];
+                bundle.extend(clones);
                 adoption::watch(Adoptable {
                     keeper,
-                    bundle: vec![fuse, nodes, handles],
+                    bundle,
                     with_store: args.fd_store.is_some(),
                 });
             }
@@ -228,6 +230,9 @@ struct Stack {
 /// The session and how to end it.
 struct Mounted {
     session: fuser::Session<RiffleFs>,
+    /// Clones of the session's `/dev/fuse` descriptor, one per FUSE thread after the first
+    /// (made by this daemon, or its predecessor's taken over); with a keeper, it holds them too.
+    clones: Vec<OwnedFd>,
     /// A taken-over session has no mount handle of its own: it unmounts by path.
     taken_over: bool,
     /// Whether a keeper holds a copy of the connection.
@@ -237,6 +242,17 @@ struct Mounted {
 /// How long a successor waits for its predecessor to stop serving (it is stopping: its
 /// keeper gave the mount to this one's keeper).
 const PREDECESSOR_WAIT: Duration = Duration::from_secs(30);
+
+/// Copies of the session's `/dev/fuse` descriptor and of its clones.
+fn device_copies(mounted: &Mounted) -> std::io::Result<(OwnedFd, Vec<OwnedFd>)> {
+    let fuse = mounted.session.as_fd().try_clone_to_owned()?;
+    let clones = mounted
+        .clones
+        .iter()
+        .map(OwnedFd::try_clone)
+        .collect::<std::io::Result<Vec<_>>>()?;
+    Ok((fuse, clones))
+}
 
 /// Copies of the node journal's and handle table's descriptors.
 fn state_copies(
@@ -503,10 +519,12 @@ fn start_peers(
     Ok(server)
 }
 
-/// fuser's session settings. With a keeper, every thread reads the one descriptor the keeper
-/// also holds (`fs::handover`): a per-thread clone would die with the daemon and take the
-/// requests it had read with it (`ECONNABORTED`). `rings`: ask for FUSE over io_uring (`ring_choice`).
-fn session_config(args: &MountArgs, with_keeper: bool, rings: bool) -> fuser::Config {
+/// fuser's session settings. fuser makes no clone of `/dev/fuse` itself (`clone_fd` off):
+/// this daemon makes them ([`clone_devices`]) so that a keeper can hold them too, and gives
+/// them to the session (`serve_on`); a thread without a clone of its own (a bundle with fewer
+/// than `--fuse-threads` wants) shares the first descriptor.
+/// `rings`: ask for FUSE over io_uring (`ring_choice`).
+fn session_config(args: &MountArgs, rings: bool) -> fuser::Config {
     let mut config = fuser::Config::default();
     config.mount_options = vec![
         MountOption::FSName("riffle".into()),
@@ -529,7 +547,7 @@ fn session_config(args: &MountArgs, with_keeper: bool, rings: bool) -> fuser::Co
         SessionACL::Owner
     };
     config.n_threads = Some(args.fuse_threads as usize);
-    config.clone_fd = !with_keeper;
+    config.clone_fd = false;
     config.uring = rings.then(fuser::UringOptions::default);
     config
 }
@@ -571,6 +589,35 @@ fn check_rings(
     Ok(())
 }
 
+/// Clones of the session's `/dev/fuse` descriptor (`FUSE_DEV_IOC_CLONE`), one per FUSE thread
+/// after the first: each thread then reads a descriptor of its own, whose requests in flight
+/// the kernel keeps on that descriptor's own processing list. Made after INIT and before any
+/// thread reads, and given to the keeper with the connection (`fs::handover`): a clone
+/// carries requests only once the keeper holds it, so a daemon's death ends none of them
+/// (the kernel ends a clone's requests with `ECONNABORTED` only when its last holder closes
+/// it) and the successor's resend brings them all back. A clone that cannot be made leaves
+/// its thread sharing the first descriptor.
+fn clone_devices(session: &fuser::Session<RiffleFs>, threads: u32) -> Vec<OwnedFd> {
+    let wanted = (threads as usize)
+        .saturating_sub(1)
+        .min(protocol::MAX_CLONES);
+    let mut clones = Vec::with_capacity(wanted);
+    while clones.len() < wanted {
+        match session.clone_device() {
+            Ok(fd) => clones.push(fd),
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    clones = clones.len(),
+                    "cannot clone /dev/fuse; the other FUSE threads share the first descriptor"
+                );
+                break;
+            }
+        }
+    }
+    clones
+}
+
 /// Mounts (the kernel's INIT happens here) and, with a keeper, gives it the connection.
 fn mount(
     args: &MountArgs,
@@ -586,10 +633,11 @@ fn mount(
     if let Some(handover) = handover {
         fs.keep_handles_in(handover.handles.clone());
     }
-    let config = session_config(args, keeper.is_some(), stack.io_uring);
+    let config = session_config(args, stack.io_uring);
     let session = fuser::Session::new(fs, mountpoint, &config)
         .map_err(|e| precondition(format!("cannot mount at {}: {e}", mountpoint.display())))?;
     check_rings(args, stack.io_uring, &session, &stack.fs_status)?;
+    let clones = clone_devices(&session, args.fuse_threads);
     let read_ahead = match crate::fs::bdi::set_read_ahead(mountpoint, KERNEL_READ_AHEAD) {
         Ok(path) => {
             tracing::debug!(path = %path.display(), "kernel read-ahead window set");
@@ -602,23 +650,26 @@ fn mount(
     };
     *stack.fs_status.kernel_read_ahead.lock() = read_ahead;
     let kept = match (keeper, handover) {
-        (Some(keeper), Some(handover)) => give_to_keeper(keeper, handover, &session),
+        (Some(keeper), Some(handover)) => give_to_keeper(keeper, handover, &session, &clones),
         _ => false,
     };
     Ok(Mounted {
         session,
+        clones,
         taken_over: false,
         kept,
     })
 }
 
-/// Gives the keeper a copy of the connection and the handover state, when the kernel can
-/// resend requests in flight; otherwise a crash would leave them waiting forever, so the
-/// mount goes without (as without `--restart`). Whether the keeper holds it.
+/// Gives the keeper a copy of the connection (the first descriptor and its `clones`) and the
+/// handover state, when the kernel can resend requests in flight; otherwise a crash would
+/// leave them waiting forever, so the mount goes without (as without `--restart`). Whether
+/// the keeper holds it.
 fn give_to_keeper(
     keeper: &OwnedFd,
     handover: &Handover,
     session: &fuser::Session<RiffleFs>,
+    clones: &[OwnedFd],
 ) -> bool {
     let params = handover
         .handles
@@ -627,9 +678,10 @@ fn give_to_keeper(
         .and_then(|json| serde_json::from_slice::<InitParams>(&json).ok());
     match params {
         Some(params) if params.kernel_resends() => {
-            match protocol::hold(keeper.as_fd(), None, &handover.fds(session.as_fd())) {
+            match protocol::hold(keeper.as_fd(), None, &handover.fds(session.as_fd(), clones)) {
                 Ok(()) => {
                     tracing::info!(
+                        devices = 1 + clones.len(),
                         "the keeper holds the FUSE connection: a crash of this daemon costs no read"
                     );
                     true
@@ -683,9 +735,23 @@ fn adopt(args: &MountArgs, stack: &mut Stack, takeover: Resumed) -> anyhow::Resu
         .context("the file system was already mounted")?;
     fs.adopt(&takeover.params, takeover.handles.clone())
         .context("cannot take over the predecessor's file handles")?;
-    tracing::info!(inodes = nodes, "took the mount over from the keeper");
+    let devices = 1 + takeover.clones.len();
+    if devices < args.fuse_threads as usize {
+        // Never a clone of its own: nothing else would hold it, and the kernel would end the
+        // requests it had read when this daemon dies.
+        tracing::info!(
+            devices,
+            fuse_threads = args.fuse_threads,
+            "the connection taken over carries fewer /dev/fuse descriptors than --fuse-threads (its first daemon made fewer clones, or was an older build); the other threads share the first"
+        );
+    }
+    tracing::info!(
+        inodes = nodes,
+        devices,
+        "took the mount over from the keeper"
+    );
     // A connection taken over never has rings (`ring_choice`: a keeper holds it).
-    let config = session_config(args, true, false);
+    let config = session_config(args, false);
     let session = fuser::Session::from_fd_initialized(
         fs,
         takeover.fuse,
@@ -697,6 +763,7 @@ fn adopt(args: &MountArgs, stack: &mut Stack, takeover: Resumed) -> anyhow::Resu
         "set by the daemon that mounted (taken over)".to_string();
     Ok(Mounted {
         session,
+        clones: takeover.clones,
         taken_over: true,
         kept: true,
     })
@@ -715,9 +782,15 @@ fn serve_until_unmounted(
 ) -> anyhow::Result<()> {
     let Mounted {
         mut session,
+        clones,
         taken_over,
         kept: _,
     } = mounted;
+    stack.fs_status.fuse_devices.store(
+        1 + clones.len() as u64,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    session.serve_on(clones);
     match session.as_fd().try_clone_to_owned() {
         Ok(fd) => {
             let _ = stack.fuse_device.set(Arc::new(fd));

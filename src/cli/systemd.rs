@@ -24,12 +24,28 @@ use nix::sys::socket::{
     sendmsg, socket, AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType, UnixAddr,
 };
 
+use crate::fs::handover::protocol;
+
 /// The `--fd-store` value that means systemd's store.
 pub const FD_STORE: &str = "systemd";
 
-/// The names the bundle's descriptors have in systemd's store (`FDNAME=`), in protocol order:
-/// systemd passes stored descriptors back in an order of its own, so each has a name.
-const NAMES: [&str; 3] = ["riffle-fuse", "riffle-nodes", "riffle-handles"];
+/// The names the bundle's first descriptors have in systemd's store (`FDNAME=`), in protocol
+/// order: systemd passes stored descriptors back in an order of its own, so each has a name.
+/// The clones of `/dev/fuse` that follow are [`clone_name`]s.
+const NAMES: [&str; protocol::BASE_FDS] = ["riffle-fuse", "riffle-nodes", "riffle-handles"];
+
+/// The name of the bundle's `n`th clone of `/dev/fuse` (from 1) in systemd's store.
+fn clone_name(n: usize) -> String {
+    format!("riffle-fuse-clone-{n}")
+}
+
+/// The name of the bundle's descriptor at `index` (protocol order) in systemd's store.
+fn name_at(index: usize) -> String {
+    match NAMES.get(index) {
+        Some(name) => (*name).to_string(),
+        None => clone_name(index + 1 - protocol::BASE_FDS),
+    }
+}
 
 /// The first descriptor systemd passes (`SD_LISTEN_FDS_START`).
 const LISTEN_FDS_START: RawFd = 3;
@@ -102,9 +118,9 @@ impl SystemdStore {
         }
     }
 
-    /// The bundle systemd passed this process at start (`LISTEN_FDS`, named [`NAMES`]), in
-    /// protocol order; empty when it passed none (or not all of it). Descriptors of other
-    /// names are left alone.
+    /// The bundle systemd passed this process at start (`LISTEN_FDS`, named [`NAMES`] and
+    /// then [`clone_name`]s), in protocol order; empty when it passed none (or not all of its
+    /// first three). Descriptors of other names are left alone.
     pub fn take(&self) -> Vec<OwnedFd> {
         let var = |name| std::env::var(name).ok();
         let Some(numbers) = passed(
@@ -133,17 +149,31 @@ impl SystemdStore {
             .collect()
     }
 
-    /// Gives systemd the bundle to keep, each descriptor under its name.
+    /// Gives systemd the bundle to keep, each descriptor under its name. systemd keeps at most
+    /// `FileDescriptorStoreMax=` of them (systemd 254+ says how many in `$FDSTORE`): the
+    /// unit needs `--fuse-threads` + 2, or the clones beyond die with the keeper and daemon.
     pub fn give(&self, bundle: &[BorrowedFd<'_>]) -> Result<(), SystemdError> {
-        for (fd, name) in bundle.iter().zip(NAMES) {
+        let room = std::env::var("FDSTORE")
+            .ok()
+            .and_then(|n| n.parse::<usize>().ok());
+        if let Some(room) = room.filter(|room| *room < bundle.len()) {
+            tracing::warn!(
+                room,
+                bundle = bundle.len(),
+                "FileDescriptorStoreMax= is smaller than the bundle (--fuse-threads + 2): the requests in flight on the clones systemd cannot keep fail if keeper and daemon die together"
+            );
+        }
+        for (index, fd) in bundle.iter().enumerate() {
+            let name = name_at(index);
             notify(&self.addr, &format!("FDSTORE=1\nFDNAME={name}\n"), &[*fd])?;
         }
         Ok(())
     }
 
-    /// Tells systemd to forget the bundle (the mount ended).
-    pub fn forget(&self) {
-        for name in NAMES {
+    /// Tells systemd to forget the bundle of `count` descriptors (the mount ended); the three
+    /// first at least (systemd ignores names it does not hold).
+    pub fn forget(&self, count: usize) {
+        for name in (0..count.max(protocol::BASE_FDS)).map(name_at) {
             let state = format!("FDSTOREREMOVE=1\nFDNAME={name}\n");
             if let Err(e) = notify(&self.addr, &state, &[]) {
                 tracing::warn!(error = %e, "cannot tell systemd to forget the mount's connection");
@@ -153,8 +183,9 @@ impl SystemdStore {
 }
 
 /// The descriptor numbers of the bundle among those passed to this process, in protocol
-/// order, from the values of `LISTEN_PID`, `LISTEN_FDS` and `LISTEN_FDNAMES`; `None` unless
-/// all of it was passed, once.
+/// order, from the values of `LISTEN_PID`, `LISTEN_FDS` and `LISTEN_FDNAMES`: the first three
+/// ([`NAMES`]), then the clones numbered from 1 up to the first one missing. `None` unless the
+/// first three were passed, and unless every name taken was passed once.
 fn passed(pid: Option<&str>, count: Option<&str>, names: Option<&str>) -> Option<Vec<RawFd>> {
     let for_us = pid.and_then(|p| p.parse::<u32>().ok()) == Some(std::process::id());
     let count: usize = count.and_then(|n| n.parse().ok()).unwrap_or(0);
@@ -162,16 +193,26 @@ fn passed(pid: Option<&str>, count: Option<&str>, names: Option<&str>) -> Option
         return None;
     }
     let names: Vec<&str> = names.unwrap_or_default().split(':').take(count).collect();
-    NAMES
+    // Where `wanted` was passed: `Some(None)` if not at all, `None` if more than once.
+    let find = |wanted: &str| {
+        let mut at = names.iter().enumerate().filter(|(_, n)| **n == wanted);
+        match (at.next(), at.next()) {
+            (Some((i, _)), None) => Some(Some(LISTEN_FDS_START + i as RawFd)),
+            (None, _) => Some(None),
+            _ => None,
+        }
+    };
+    let mut bundle = NAMES
         .iter()
-        .map(|wanted| {
-            let mut at = names.iter().enumerate().filter(|(_, n)| *n == wanted);
-            match (at.next(), at.next()) {
-                (Some((i, _)), None) => Some(LISTEN_FDS_START + i as RawFd),
-                _ => None,
-            }
-        })
-        .collect()
+        .map(|wanted| find(wanted).flatten())
+        .collect::<Option<Vec<RawFd>>>()?;
+    for n in 1..=protocol::MAX_CLONES {
+        match find(&clone_name(n))? {
+            Some(fd) => bundle.push(fd),
+            None => break,
+        }
+    }
+    Some(bundle)
 }
 
 /// The environment variables of systemd's descriptor passing, which a keeper's daemons must
@@ -232,10 +273,83 @@ mod tests {
         for name in NAMES {
             assert_eq!(receive(), (format!("FDSTORE=1\nFDNAME={name}\n"), 1));
         }
-        store.forget();
+        store.forget(3);
         for name in NAMES {
             assert_eq!(receive(), (format!("FDSTOREREMOVE=1\nFDNAME={name}\n"), 0));
         }
+    }
+
+    #[test]
+    fn clones_are_stored_and_forgotten_under_numbered_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("notify");
+        let listener = socket(
+            AddressFamily::Unix,
+            SockType::Datagram,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .unwrap();
+        let addr = UnixAddr::new(&path).unwrap();
+        bind(listener.as_raw_fd(), &addr).unwrap();
+        let receive = || {
+            let mut buf = [0u8; 256];
+            let mut space = nix::cmsg_space!([RawFd; 1]);
+            let mut iov = [IoSliceMut::new(&mut buf)];
+            let msg = recvmsg::<()>(
+                listener.as_raw_fd(),
+                &mut iov,
+                Some(&mut space),
+                MsgFlags::empty(),
+            )
+            .unwrap();
+            let fds = msg.cmsgs().unwrap().count();
+            let bytes = msg.bytes;
+            (String::from_utf8_lossy(&buf[..bytes]).into_owned(), fds)
+        };
+        let store = SystemdStore { addr };
+        let files: Vec<OwnedFd> = (0..5)
+            .map(|_| OwnedFd::from(std::fs::File::open("/dev/null").unwrap()))
+            .collect();
+        let bundle: Vec<BorrowedFd> = files.iter().map(|f| f.as_fd()).collect();
+        store.give(&bundle).unwrap();
+        let names = [
+            "riffle-fuse",
+            "riffle-nodes",
+            "riffle-handles",
+            "riffle-fuse-clone-1",
+            "riffle-fuse-clone-2",
+        ];
+        for name in names {
+            assert_eq!(receive(), (format!("FDSTORE=1\nFDNAME={name}\n"), 1));
+        }
+        store.forget(bundle.len());
+        for name in names {
+            assert_eq!(receive(), (format!("FDSTOREREMOVE=1\nFDNAME={name}\n"), 0));
+        }
+    }
+
+    #[test]
+    fn clones_come_back_after_the_first_three_up_to_the_first_missing() {
+        let me = std::process::id().to_string();
+        let names =
+            "riffle-fuse-clone-2:other:riffle-handles:riffle-fuse:riffle-fuse-clone-1:riffle-nodes";
+        assert_eq!(
+            passed(Some(&me), Some("6"), Some(names)),
+            Some(vec![6, 8, 5, 7, 3])
+        );
+        // Clone 2 without clone 1: the bundle stops before the gap.
+        let gap = "riffle-fuse:riffle-nodes:riffle-handles:riffle-fuse-clone-2";
+        assert_eq!(passed(Some(&me), Some("4"), Some(gap)), Some(vec![3, 4, 5]));
+        // A clone passed twice: not this bundle.
+        let twice =
+            "riffle-fuse:riffle-nodes:riffle-handles:riffle-fuse-clone-1:riffle-fuse-clone-1";
+        assert_eq!(passed(Some(&me), Some("5"), Some(twice)), None);
+        // Clones without the first three: no bundle.
+        assert_eq!(
+            passed(Some(&me), Some("1"), Some("riffle-fuse-clone-1")),
+            None
+        );
     }
 
     #[test]

@@ -170,6 +170,8 @@ pub(crate) struct FsStatus {
     pub kernel_read_ahead: Mutex<String>,
     /// `/dev/fuse` or io_uring, and why ([`transport`]).
     pub transport: transport::TransportStatus,
+    /// `/dev/fuse` descriptors the session's threads read: the first and its clones.
+    pub fuse_devices: AtomicU64,
 }
 
 /// See the module documentation.

@@ -149,6 +149,7 @@ impl MountMetrics {
             &defs::FUSE_RING_ENTRIES_BUSY,
             fs.transport.ring_entries_busy(),
         );
+        sample.put(&defs::FUSE_DEVICES, load(&fs.fuse_devices));
         sample.put(
             &defs::FUSE_KERNEL_READ_AHEAD,
             fs.kernel_read_ahead.lock().clone(),

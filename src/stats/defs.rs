@@ -65,6 +65,7 @@ stats! {
     FUSE_TRANSPORT = text("fuse.transport", "How requests reach the daemon: io_uring (queues and entries) or /dev/fuse, and why.");
     FUSE_RING_REQUESTS = counter("fuse.ring_requests", NUMBER, "FUSE requests that came over io_uring rings (the rest over /dev/fuse).");
     FUSE_RING_ENTRIES_BUSY = gauge("fuse.ring_entries_busy", NUMBER, "io_uring ring entries holding a request whose answer is not committed yet (the rest wait for the next request).");
+    FUSE_DEVICES = gauge("fuse.devices", NUMBER, "/dev/fuse descriptors the daemon's FUSE threads read: the first and its clones, one per thread (--fuse-threads); fewer after taking over a connection whose bundle carried fewer.");
     FUSE_KERNEL_READ_AHEAD = text("fuse.kernel_read_ahead", "The kernel's read-ahead window for the mount's files, and why.");
 
     // The disk cache (`cache`); absent without `--cache-dir`.

@@ -29,14 +29,24 @@
 //! refuses beside that handle, EIO); an `OPEN` the predecessor recorded but never answered
 //! stays recorded, a handle the kernel never got, which only keeps the inode in the mode it
 //! had. The successor reads the journal and the table once it holds the serving lock: until
-//! then its predecessor may still be answering (and recording). For that, all the daemon's threads
-//! read the one descriptor the keeper holds (no per-thread clones, whose processing lists
-//! the kernel would end with `ECONNABORTED` when the daemon's copy closes). On a kernel
+//! then its predecessor may still be answering (and recording).
+//!
+//! Each FUSE thread reads a descriptor of its own: the first, or one of its clones
+//! (`FUSE_DEV_IOC_CLONE`, one per thread after the first, `--fuse-threads` in all). The
+//! kernel keeps a request a thread has read on the processing list of the descriptor it was
+//! read from, and ends that list with `ECONNABORTED` when the descriptor's file is released,
+//! i.e. when its last holder closes it; the resend requeues the processing lists of every
+//! descriptor of the connection still open (`fuse_resend`, `fc->devices`). So the daemon makes
+//! its clones right after INIT, before any thread reads, and they travel in the bundle with
+//! the first descriptor: every holder of the connection holds every clone, a daemon's death
+//! releases none of them, and its successor serves on exactly those descriptors (fewer than
+//! its `--fuse-threads` if the bundle carries fewer: the other threads share the first
+//! descriptor; it never makes a clone of its own, which nothing else would hold). On a kernel
 //! without resend, requests in flight at the crash wait until the connection ends: the
 //! successor refuses to resume and the mount ends as it does without a keeper.
 //!
-//! The bundle (descriptor, journal, table) moves between processes over a unix socket with
-//! `SCM_RIGHTS`, in a line protocol with a version ([`protocol`]).
+//! The bundle (descriptor, journal, table, clones) moves between processes over a unix socket
+//! with `SCM_RIGHTS`, in a line protocol with a version ([`protocol`]).
 //!
 //! ## One reader per connection, whatever dies
 //! Several processes hold the descriptor, but only one may read requests from it: the one
@@ -112,6 +122,9 @@ pub struct Handover {
 /// What a successor takes over.
 pub struct Resumed {
     pub fuse: OwnedFd,
+    /// The clones of `fuse` its predecessor's threads read, to be read again (none in a
+    /// bundle of an older build, or of a daemon with one thread).
+    pub clones: Vec<OwnedFd>,
     pub nodes: std::sync::Arc<NodeJournal>,
     pub handles: std::sync::Arc<HandleTable>,
     pub params: InitParams,
@@ -147,18 +160,33 @@ impl Handover {
         Ok(())
     }
 
-    /// The descriptors to give the keeper, in protocol order.
-    pub fn fds<'a>(&'a self, fuse: BorrowedFd<'a>) -> [BorrowedFd<'a>; 3] {
-        [fuse, self.nodes.region().fd(), self.handles.region().fd()]
+    /// The descriptors to give the keeper, in protocol order: `fuse`, the journal, the
+    /// table, then `fuse`'s clones.
+    pub fn fds<'a>(&'a self, fuse: BorrowedFd<'a>, clones: &'a [OwnedFd]) -> Vec<BorrowedFd<'a>> {
+        let base = [fuse, self.nodes.region().fd(), self.handles.region().fd()];
+        base.into_iter()
+            .chain(clones.iter().map(AsFd::as_fd))
+            .collect()
     }
 }
 
 impl Resumed {
-    /// The bundle received from a keeper: `[fuse, nodes, handles]`.
-    pub fn from_fds(fds: Vec<OwnedFd>) -> Result<Resumed, HandoverError> {
-        let [fuse, nodes, handles]: [OwnedFd; 3] = fds.try_into().map_err(|v: Vec<OwnedFd>| {
-            HandoverError::Params(format!("expected 3 descriptors, got {}", v.len()))
-        })?;
+    /// The bundle received from a keeper: `[fuse, nodes, handles, clones...]`.
+    pub fn from_fds(mut fds: Vec<OwnedFd>) -> Result<Resumed, HandoverError> {
+        let got = fds.len();
+        let shape = || {
+            HandoverError::Params(format!(
+                "expected {} to {} descriptors, got {got}",
+                protocol::BASE_FDS,
+                protocol::MAX_BUNDLE_FDS,
+            ))
+        };
+        if !protocol::is_bundle(got) {
+            return Err(shape());
+        }
+        let clones = fds.split_off(protocol::BASE_FDS);
+        let [fuse, nodes, handles]: [OwnedFd; protocol::BASE_FDS] =
+            fds.try_into().map_err(|_| shape())?;
         let nodes = std::sync::Arc::new(NodeJournal::open(nodes)?);
         let handles = std::sync::Arc::new(HandleTable::open(handles)?);
         let json = handles.params()?;
@@ -166,6 +194,7 @@ impl Resumed {
             serde_json::from_slice(&json).map_err(|e| HandoverError::Params(e.to_string()))?;
         Ok(Resumed {
             fuse,
+            clones,
             nodes,
             handles,
             params,
@@ -225,6 +254,49 @@ mod tests {
         assert!(!resumed.params.enabled(InitFlags::FUSE_HAS_RESEND));
         assert!(resumed.params.kernel_resends());
         assert_eq!(resumed.params.kernel_abi(), Version(7, 41));
+    }
+
+    #[test]
+    fn clones_follow_the_first_three_and_an_old_bundle_has_none() {
+        let handover = Handover::create().unwrap();
+        handover
+            .save_params(&InitParams {
+                abi: (7, 41),
+                offered: InitFlags::FUSE_HAS_RESEND.bits(),
+                requested: 0,
+                made_by: "riffle 0.1.0".into(),
+            })
+            .unwrap();
+        let file = || OwnedFd::from(tempfile::tempfile().unwrap());
+        let ino = |fd: &OwnedFd| nix::sys::stat::fstat(fd).unwrap().st_ino;
+        let (fuse, clones) = (file(), [file(), file()]);
+        let given = handover.fds(fuse.as_fd(), &clones);
+        assert_eq!(given.len(), 5);
+        let copies: Vec<OwnedFd> = given
+            .iter()
+            .map(|fd| fd.try_clone_to_owned().unwrap())
+            .collect();
+        let resumed = Resumed::from_fds(copies).unwrap();
+        assert_eq!(ino(&resumed.fuse), ino(&fuse));
+        assert_eq!(
+            resumed.clones.iter().map(ino).collect::<Vec<_>>(),
+            clones.iter().map(ino).collect::<Vec<_>>()
+        );
+        // A bundle of three (one thread, or a build from before the clones).
+        let old: Vec<OwnedFd> = handover
+            .fds(fuse.as_fd(), &[])
+            .iter()
+            .map(|fd| fd.try_clone_to_owned().unwrap())
+            .collect();
+        assert!(Resumed::from_fds(old).unwrap().clones.is_empty());
+        // More than a bundle may carry.
+        let mut many: Vec<OwnedFd> = handover
+            .fds(fuse.as_fd(), &[])
+            .iter()
+            .map(|fd| fd.try_clone_to_owned().unwrap())
+            .collect();
+        many.extend((0..protocol::MAX_CLONES + 1).map(|_| file()));
+        assert!(Resumed::from_fds(many).is_err());
     }
 
     #[test]

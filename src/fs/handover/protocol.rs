@@ -1,5 +1,6 @@
 //! The keeper protocol: how a daemon gives its bundle (the `/dev/fuse` descriptor, the node
-//! journal and the handle table) to a keeper, and how a successor takes it back.
+//! journal, the handle table, then the clones of `/dev/fuse` its other FUSE threads read) to a
+//! keeper, and how a successor takes it back.
 //!
 //! One message per `SOCK_SEQPACKET` packet: a line of text, `VERB VERSION [detail]`, with
 //! the descriptors attached (`SCM_RIGHTS`) where the verb carries a bundle.
@@ -13,6 +14,30 @@
 //!
 //! The version lets an old keeper and a new daemon (or the reverse) detect that they do not
 //! speak the same protocol and fail with a clear reason instead of misreading each other.
+//!
+//! ## The bundle
+//! `[fuse, nodes, handles, clone 1, …, clone K]`: [`BASE_FDS`] descriptors, then `K` ≤
+//! [`MAX_CLONES`] clones of `fuse` (`FUSE_DEV_IOC_CLONE`), one per FUSE thread after the first
+//! (`--fuse-threads` is at most [`MAX_DEVICES`], 64). A clone must be held wherever `fuse` is:
+//! the kernel ends the requests a clone had carried when its last holder closes it, and
+//! only the requests of clones still open are resent to a successor (`fs::handover`). So
+//! keepers, adopters and stores hold and give the bundle whole, whatever its length, and a
+//! receiver's control buffer has room for the largest ([`MAX_BUNDLE_FDS`], 66: 280 bytes). A bundle of any length from 3 to 66 is valid: 3 is one made by a daemon with one
+//! FUSE thread or by a build from before the clones, and its successor serves with the one
+//! descriptor (its other threads share it), never with a clone nobody else holds.
+//!
+//! **No version bump for the clones** (still version 1). The lines, the verbs and the first
+//! three descriptors mean what they meant; only the count after them grows, and
+//! `SCM_RIGHTS` carries the count, so a build of now reads a 3-descriptor bundle of a build
+//! from before as it always did. The other way round there is nothing to misread either: a
+//! build from before, given more than three, cannot receive the message at all (its control
+//! buffer holds 4 descriptors: the kernel truncates it, `MSG_CTRUNC`, and it answers `ERR 1
+//! keeper socket: ENOBUFS`), which the sender sees as a refusal: a first daemon then serves
+//! without a keeper and says so, a keeper retries its store every second (each try leaves the
+//! descriptors the kernel did install open in that store, until it restarts). A version 2 would
+//! only change that error's words, and would cost every later build the code to speak both
+//! versions; the builds that knew only three descriptors were never released (0.1.0 is the
+//! first release and carries the clones), so no such peer exists outside development.
 
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -24,8 +49,20 @@ use nix::sys::socket::{
 
 /// The protocol version this build speaks.
 pub const VERSION: u32 = 1;
-/// Descriptors in a bundle.
-pub const BUNDLE_FDS: usize = 3;
+/// The descriptors every bundle starts with: `/dev/fuse`, the node journal, the handle table.
+pub const BASE_FDS: usize = 3;
+/// Clones of the `/dev/fuse` descriptor a bundle may carry after [`BASE_FDS`]: one per FUSE
+/// thread after the first, so `--fuse-threads` is at most [`MAX_DEVICES`].
+pub const MAX_CLONES: usize = 63;
+/// `/dev/fuse` descriptors a bundle may carry: the first and its clones.
+pub const MAX_DEVICES: usize = 1 + MAX_CLONES;
+/// Descriptors in the largest bundle.
+pub const MAX_BUNDLE_FDS: usize = BASE_FDS + MAX_CLONES;
+
+/// Whether `n` descriptors make a bundle.
+pub fn is_bundle(n: usize) -> bool {
+    (BASE_FDS..=MAX_BUNDLE_FDS).contains(&n)
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProtocolError {
@@ -157,7 +194,7 @@ pub fn send(
 /// Receives one message and the descriptors attached to it.
 pub fn recv(socket: BorrowedFd<'_>) -> Result<(Message, Vec<OwnedFd>), ProtocolError> {
     let mut buf = [0u8; 512];
-    let mut space = nix::cmsg_space!([RawFd; BUNDLE_FDS]);
+    let mut space = nix::cmsg_space!([RawFd; MAX_BUNDLE_FDS]);
     let (bytes, fds) = {
         let mut iov = [IoSliceMut::new(&mut buf)];
         let msg = recvmsg::<()>(
@@ -206,7 +243,7 @@ pub fn hold(
 pub fn take(socket: BorrowedFd<'_>, key: Option<&str>) -> Result<Vec<OwnedFd>, ProtocolError> {
     send(socket, &Message::Take(key.map(str::to_string)), &[])?;
     match recv(socket)? {
-        (Message::Give, fds) if fds.len() == BUNDLE_FDS => Ok(fds),
+        (Message::Give, fds) if is_bundle(fds.len()) => Ok(fds),
         (Message::Give, fds) => Err(ProtocolError::Unexpected(format!(
             "GIVE with {} descriptors",
             fds.len()
@@ -294,7 +331,7 @@ impl Holder {
                 // mount, so a second is refused rather than put in its place.
                 (Message::Busy, Vec::new())
             }
-            Message::Hold(_) if fds.len() == BUNDLE_FDS => {
+            Message::Hold(_) if is_bundle(fds.len()) => {
                 // A daemon holds a lease on what it gave.
                 self.bundle = Some(fds);
                 self.lease = Some(client);
@@ -302,7 +339,7 @@ impl Holder {
             }
             Message::Hold(_) => (
                 Message::Err(format!(
-                    "HOLD needs {BUNDLE_FDS} descriptors, got {}",
+                    "HOLD needs {BASE_FDS} to {MAX_BUNDLE_FDS} descriptors (/dev/fuse, nodes, handles, then up to {MAX_CLONES} clones of /dev/fuse), got {}",
                     fds.len()
                 )),
                 Vec::new(),
@@ -459,9 +496,130 @@ mod tests {
     use std::os::fd::AsFd;
 
     fn bundle() -> Vec<OwnedFd> {
-        (0..BUNDLE_FDS)
+        (0..BASE_FDS)
             .map(|_| OwnedFd::from(std::fs::File::open("/dev/null").unwrap()))
             .collect()
+    }
+
+    /// A bundle of `n` distinct files (told apart by inode).
+    fn distinct(n: usize) -> Vec<OwnedFd> {
+        (0..n)
+            .map(|_| OwnedFd::from(tempfile::tempfile().unwrap()))
+            .collect()
+    }
+
+    fn inodes(fds: &[OwnedFd]) -> Vec<u64> {
+        fds.iter()
+            .map(|fd| nix::sys::stat::fstat(fd).unwrap().st_ino)
+            .collect()
+    }
+
+    /// `fds` held by a keeper over a socket pair, then taken back by a successor.
+    fn hold_and_take(fds: &[OwnedFd]) -> Vec<OwnedFd> {
+        let mut holder = Holder::default();
+        let (daemon, keeper) = pair().unwrap();
+        let borrowed: Vec<BorrowedFd> = fds.iter().map(|f| f.as_fd()).collect();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let (message, fds) = recv(keeper.as_fd()).unwrap();
+                let (reply, _) = holder.answer(1, message, fds);
+                send(keeper.as_fd(), &reply, &[]).unwrap();
+            });
+            hold(daemon.as_fd(), None, &borrowed).unwrap();
+        });
+        holder.disconnected(1);
+        let (successor, keeper) = pair().unwrap();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let (message, fds) = recv(keeper.as_fd()).unwrap();
+                let (reply, attach) = holder.answer(2, message, fds);
+                let attach: Vec<BorrowedFd> = attach.iter().map(|f| f.as_fd()).collect();
+                send(keeper.as_fd(), &reply, &attach).unwrap();
+            });
+            take(successor.as_fd(), None).unwrap()
+        })
+    }
+
+    #[test]
+    fn a_bundle_with_clones_travels_whole_and_in_order() {
+        for n in [BASE_FDS + 3, MAX_BUNDLE_FDS] {
+            let given = distinct(n);
+            let taken = hold_and_take(&given);
+            assert_eq!(taken.len(), n);
+            assert_eq!(inodes(&taken), inodes(&given), "the same files, in order");
+        }
+    }
+
+    #[test]
+    fn an_old_three_descriptor_bundle_is_held_and_given_as_it_came() {
+        let given = distinct(BASE_FDS);
+        let taken = hold_and_take(&given);
+        assert_eq!(inodes(&taken), inodes(&given));
+        // The store too, and a bundle with clones beside it.
+        let mut store = settled_store();
+        let key = |k: &str| Some(k.to_string());
+        assert_eq!(
+            store
+                .answer(1, Message::Hold(key("old")), distinct(BASE_FDS))
+                .0,
+            Message::Ok
+        );
+        assert_eq!(
+            store
+                .answer(2, Message::Hold(key("new")), distinct(BASE_FDS + 3))
+                .0,
+            Message::Ok
+        );
+        store.disconnected(1);
+        store.disconnected(2);
+        let sizes: Vec<usize> = ["old", "new"]
+            .iter()
+            .map(|k| store.answer(3, Message::Take(key(k)), Vec::new()).1.len())
+            .collect();
+        assert_eq!(sizes, [BASE_FDS, BASE_FDS + 3]);
+    }
+
+    #[test]
+    fn more_descriptors_than_a_bundle_has_are_refused() {
+        let mut holder = Holder::default();
+        let (reply, _) = holder.answer(1, Message::Hold(None), distinct(MAX_BUNDLE_FDS + 1));
+        assert!(matches!(reply, Message::Err(r) if r.contains("to 66")));
+        assert!(!holder.is_holding());
+        assert!(!is_bundle(BASE_FDS - 1) && is_bundle(BASE_FDS) && !is_bundle(MAX_BUNDLE_FDS + 1));
+        // Over a socket, a message with too many for the control buffer is an error, not a
+        // bundle cut short.
+        let (a, b) = pair().unwrap();
+        let many = distinct(MAX_BUNDLE_FDS + 8);
+        let borrowed: Vec<BorrowedFd> = many.iter().map(|f| f.as_fd()).collect();
+        send(a.as_fd(), &Message::Give, &borrowed).unwrap();
+        assert!(matches!(
+            recv(b.as_fd()),
+            Err(ProtocolError::Io(nix::Error::ENOBUFS))
+        ));
+    }
+
+    /// What the module documentation says of a build from before the clones: its control
+    /// buffer (room for 3 descriptors) cannot take a bundle with clones, so it fails to
+    /// receive it (and refuses) rather than misread it as a 3-descriptor bundle.
+    #[test]
+    fn a_receiver_with_room_for_three_cannot_misread_a_bundle_with_clones() {
+        use nix::sys::socket::{recvmsg, MsgFlags};
+        let (a, b) = pair().unwrap();
+        let given = distinct(BASE_FDS + 3);
+        let borrowed: Vec<BorrowedFd> = given.iter().map(|f| f.as_fd()).collect();
+        send(a.as_fd(), &Message::Hold(None), &borrowed).unwrap();
+        let mut buf = [0u8; 512];
+        let mut space = nix::cmsg_space!([RawFd; 3]);
+        let mut iov = [IoSliceMut::new(&mut buf)];
+        let msg = recvmsg::<()>(
+            b.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        )
+        .unwrap();
+        assert!(msg.flags.contains(MsgFlags::MSG_CTRUNC));
+        assert!(matches!(msg.cmsgs(), Err(nix::Error::ENOBUFS)));
     }
 
     #[test]
@@ -490,7 +648,7 @@ mod tests {
                 let attach: Vec<BorrowedFd> = attach.iter().map(|f| f.as_fd()).collect();
                 send(keeper2.as_fd(), &reply, &attach).unwrap();
             });
-            assert_eq!(take(successor.as_fd(), None).unwrap().len(), BUNDLE_FDS);
+            assert_eq!(take(successor.as_fd(), None).unwrap().len(), BASE_FDS);
         });
         assert!(holder.is_holding(), "the keeper keeps its own copies");
     }
@@ -506,7 +664,7 @@ mod tests {
         holder.disconnected(1);
         let (first, got) = holder.answer(2, Message::Take(None), Vec::new());
         let (second, nothing) = holder.answer(3, Message::Take(None), Vec::new());
-        assert_eq!((first, got.len()), (Message::Give, BUNDLE_FDS));
+        assert_eq!((first, got.len()), (Message::Give, BASE_FDS));
         assert_eq!((second, nothing.len()), (Message::Busy, 0));
         // The winner dies mid-handover: the lease ends and the other may take it.
         holder.disconnected(2);
@@ -573,7 +731,7 @@ mod tests {
         );
         store.disconnected(1);
         let (give, fds) = store.answer(3, Message::Take(key("a")), Vec::new());
-        assert_eq!((give, fds.len()), (Message::Give, BUNDLE_FDS));
+        assert_eq!((give, fds.len()), (Message::Give, BASE_FDS));
         assert_eq!(
             store.answer(4, Message::Take(key("a")), Vec::new()).0,
             Message::Busy

@@ -65,6 +65,12 @@ impl Channel {
     /// Requires Linux 4.5+. Returns an error on older kernels or non-Linux.
     #[cfg(target_os = "linux")]
     pub(crate) fn clone_fd(&self) -> io::Result<Channel> {
+        Ok(Channel::new(Arc::new(self.clone_device()?)))
+    }
+
+    /// rifflefs patch: the clone itself (`clone_fd` without the channel around it).
+    #[cfg(target_os = "linux")]
+    pub(crate) fn clone_device(&self) -> io::Result<DevFuse> {
         use std::os::fd::AsRawFd;
 
         let new_dev = DevFuse::open()?;
@@ -75,7 +81,7 @@ impl Channel {
             crate::ll::ioctl::fuse_dev_ioc_clone(new_dev.as_raw_fd(), &mut source_fd)?;
         }
 
-        Ok(Channel::new(Arc::new(new_dev)))
+        Ok(new_dev)
     }
 }
 

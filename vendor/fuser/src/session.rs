@@ -146,6 +146,9 @@ pub struct Session<FS: Filesystem> {
     negotiated_uring: Option<uring::Negotiated>,
     /// rifflefs patch: what the rings did.
     uring_status: Arc<UringStatus>,
+    /// rifflefs patch: descriptors of the connection the caller gave (`serve_on`), read by
+    /// one thread each beside `ch`.
+    pub(crate) devices: Vec<OwnedFd>,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -195,6 +198,7 @@ impl<FS: Filesystem> Session<FS> {
             config: options.clone(),
             negotiated_uring: None,
             uring_status: Arc::default(),
+            devices: Vec::new(),
         };
 
         session.handshake()?;
@@ -225,6 +229,7 @@ impl<FS: Filesystem> Session<FS> {
             config,
             negotiated_uring: None,
             uring_status: Arc::default(),
+            devices: Vec::new(),
         };
 
         session.handshake()?;
@@ -258,7 +263,24 @@ impl<FS: Filesystem> Session<FS> {
             config,
             negotiated_uring: None,
             uring_status: Arc::default(),
+            devices: Vec::new(),
         }
+    }
+
+    /// rifflefs patch: a clone of the session's `/dev/fuse` descriptor (`FUSE_DEV_IOC_CLONE`,
+    /// Linux 4.5+): a descriptor of the same connection with a processing queue of its own.
+    /// The caller may keep copies of it elsewhere and gives it back with [`Session::serve_on`].
+    #[cfg(target_os = "linux")]
+    pub fn clone_device(&self) -> io::Result<OwnedFd> {
+        Ok(OwnedFd::from(self.ch.clone_device()?.0))
+    }
+
+    /// rifflefs patch: `run` reads these descriptors of the connection too (clones the caller
+    /// made or was given), one thread each beside the session's own. They count towards
+    /// `n_threads` (raised to one more than their number); threads beyond them are made as
+    /// without (a clone each with `clone_fd`, else sharing the session's descriptor).
+    pub fn serve_on(&mut self, devices: Vec<OwnedFd>) {
+        self.devices.extend(devices);
     }
 
     /// Run the session loop in a background thread. If the returned handle is dropped,
@@ -294,9 +316,10 @@ impl<FS: Filesystem> Session<FS> {
             config,
             negotiated_uring,
             uring_status,
+            devices,
         } = self;
 
-        let n_threads = config.n_threads.unwrap_or(1);
+        let n_threads = config.n_threads.unwrap_or(1).max(devices.len() + 1);
 
         if !cfg!(target_os = "linux") && n_threads != 1 {
             // TODO: check whether it works on macOS/FreeBSD and enable if it works.
@@ -311,9 +334,12 @@ impl<FS: Filesystem> Session<FS> {
 
         let mut filesystem = Arc::new(filesystem);
 
-        let mut channels = Vec::with_capacity(n_threads);
+        let mut channels: Vec<Channel> = devices
+            .into_iter()
+            .map(|fd| Channel::new(Arc::new(DevFuse(File::from(fd)))))
+            .collect();
 
-        for _ in 0..n_threads_minus_one {
+        for _ in channels.len()..n_threads_minus_one {
             if config.clone_fd {
                 #[cfg(target_os = "linux")]
                 {
