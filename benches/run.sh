@@ -14,7 +14,11 @@
 # benches/python_reader.py: the *-py systems), epoch 1 (cold) and epoch 2
 # (warm; W2 adds epoch 3, a re-read; W5: three epochs per eviction policy),
 # the page cache dropped before each epoch, GETs counted at the proxy and
-# riffle's counters saved around each epoch. W4 (listing, benches/lib/w4.sh)
+# riffle's counters saved around each epoch. riffle, riffle-py and
+# riffle-nopt each run beside their /dev/fuse twin (riffle-devfuse,
+# riffle-devfuse-py, riffle-nopt-devfuse: --fuse-transport dev-fuse), the
+# kernel's FUSE io_uring switched on where root can, and every riffle row
+# records the transport `riffle stats` gave right after mounting. W4 (listing, benches/lib/w4.sh)
 # walks its 1.1 M names instead of reading: find, stat of every file, daemon
 # RSS, then the same after a remount, LISTs and HEADs counted at the proxy.
 # W6 (benches/w6.sh, benches/lib/w6.sh) mounts W1's data three times as three
@@ -50,7 +54,9 @@ Usage: benches/run.sh [--quick] [options] [W1 W2 W3 W4 W5 W6]
   --no-plots       skip the Python venv and the plots (CI)
   --systems LIST   systems to run, comma-separated [$DEFAULT_SYSTEMS]
                    (also: riffle-mem, riffle without a disk cache; SYSTEM-py
-                   is W1's SYSTEM read by the Python reader, benches/python_reader.py)
+                   is W1's SYSTEM read by the Python reader, benches/python_reader.py;
+                   a riffle VARIANT-devfuse, e.g. riffle-nopt-devfuse or
+                   riffle-devfuse-py, is VARIANT with --fuse-transport dev-fuse)
   --direct LIST    systems also run against RGW without the proxy, or "none"
                    [quick: none; full: s3-client,riffle]
   --no-build       use the binaries as they are
@@ -78,14 +84,17 @@ comparisons: the S3 client, riffle, riffle's sequential walk) [quick 2, full
 full 0.3], RIFFLE_BENCH_CACHE_MIN_FREE (riffle's --cache-min-free: the caches
 are scratch, bounded by the datasets; rclone and s3fs keep no floor) [1G],
 RIFFLE_BENCH_PY_WORKERS (the
-Python reader's worker processes) [8], MOUNTPOINT_* (see
+Python reader's worker processes) [8], RIFFLE_BENCH_FUSE_TRANSPORT (the
+--fuse-transport of the riffle rows but the -devfuse twins: auto or
+io-uring) [auto], MOUNTPOINT_* (see
 benches/lib/mountpoint.sh; MOUNTPOINT_CACHE defaults to 1 here).
 USAGE
 }
 
 # Run order (benches/README.md, "Run order"): riffle-plan right after copy-first, the pair of the
 # cold-epoch goal; the table's row order is fixed elsewhere (results/render.rs).
-DEFAULT_SYSTEMS="local,local-py,copy-first,riffle-plan,s3-client,riffle,riffle-py,riffle-plan-py,riffle-nopt,riffle-listing,riffle-seq,s3fs,rclone,mountpoint"
+# Each riffle row that the transport matters for is followed by its /dev/fuse twin (issue 50).
+DEFAULT_SYSTEMS="local,local-py,copy-first,riffle-plan,s3-client,riffle,riffle-devfuse,riffle-py,riffle-devfuse-py,riffle-plan-py,riffle-nopt,riffle-nopt-devfuse,riffle-listing,riffle-seq,s3fs,rclone,mountpoint"
 MODE=full
 SYSTEMS=$DEFAULT_SYSTEMS
 DIRECT=
@@ -167,6 +176,11 @@ W1_MAX_FILES=${W1_MAX_FILES-${RIFFLE_BENCH_W1_MAX_FILES:-}}
 W5_MAX_FILES=${W5_MAX_FILES-${RIFFLE_BENCH_W5_MAX_FILES:-}}
 RIFFLE_EXTRA_ARGS=()
 RIFFLE_CACHE_MIN_FREE=${RIFFLE_BENCH_CACHE_MIN_FREE:-1G}
+RIFFLE_TRANSPORT=${RIFFLE_BENCH_FUSE_TRANSPORT:-auto}
+case $RIFFLE_TRANSPORT in
+    auto|io-uring) ;;
+    *) echo "benches/run.sh: RIFFLE_BENCH_FUSE_TRANSPORT must be auto or io-uring (the -devfuse rows are dev-fuse)" >&2; exit 2 ;;
+esac
 export MOUNTPOINT_CACHE=${MOUNTPOINT_CACHE:-1}
 
 WORK=${RIFFLE_BENCH_WORK:-$ROOT/benches/.work}
@@ -224,6 +238,11 @@ prepare_mountpoint
 check_memory "${WORKLOADS[@]}"
 start_proxy
 drop_caches || warn "cannot write /proc/sys/vm/drop_caches: the page cache is NOT dropped between epochs"
+enable_fuse_ring
+case $FUSE_RING in
+    on) say "FUSE over io_uring: on ($FUSE_RING_SWITCH); riffle rows ask for --fuse-transport $RIFFLE_TRANSPORT, -devfuse rows for dev-fuse" ;;
+    *) warn "$(fuse_ring_note)" ;;
+esac
 
 for wl in "${WORKLOADS[@]}"; do
     run_workload "$wl"
