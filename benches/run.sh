@@ -68,7 +68,9 @@ Usage: benches/run.sh [--quick] [options] [W1 W2 W3 W4 W5 W6]
                    a smoke run (tests/run.sh) leaves the tracked tree as it was
 
 Environment: RIFFLE_BENCH_WORK (scratch dir) [benches/.work],
-RIFFLE_BENCH_SEED [1], RIFFLE_BENCH_W1_MAX_FILES (each W1 epoch reads the same
+RIFFLE_BENCH_SEED [1], RIFFLE_BENCH_SCALE (the datasets' scale in a full run,
+for a shorter measurement or a machine whose RGW cannot hold them; riffle's
+--max-memory is scaled with it) [1], RIFFLE_BENCH_W1_MAX_FILES (each W1 epoch reads the same
 seeded N files, whole directories; 0 = all) [quick: all, full: 6000],
 RIFFLE_BENCH_W5_MAX_FILES (the same for W5) [quick: all, full: 6000],
 RIFFLE_BENCH_EPOCH_TIMEOUT (seconds) [quick 180, full 1200],
@@ -143,13 +145,16 @@ if [ "$MODE" = quick ]; then
     # Nor W6 (~4 min in debug): `benches/run.sh --quick W6` runs it.
     [ ${#WORKLOADS[@]} -gt 0 ] || WORKLOADS=(w1 w2 w3 w5)
 else
-    SCALE=1
+    SCALE=${RIFFLE_BENCH_SCALE:-1}
     W1_MAX_FILES=${RIFFLE_BENCH_W1_MAX_FILES-6000}
     W5_MAX_FILES=${RIFFLE_BENCH_W5_MAX_FILES-6000}
     W3_DURATION=${RIFFLE_BENCH_W3_DURATION:-30s}
     EPOCH_TIMEOUT=${RIFFLE_BENCH_EPOCH_TIMEOUT:-1200}
     DIRECT=${DIRECT:-s3-client,riffle}
-    RIFFLE_BASE_MEMORY=1G
+    # 1 GiB of memory cache for the whole datasets, the same share of them at a smaller scale.
+    RIFFLE_BASE_MEMORY_MB=$(awk -v s="$SCALE" 'BEGIN {printf "%d", 1024 * s}')
+    RIFFLE_BASE_MEMORY=${RIFFLE_BASE_MEMORY_MB}M
+    [ "$RIFFLE_BASE_MEMORY_MB" = 1024 ] && RIFFLE_BASE_MEMORY=1G
     BUILD_MOUNTPOINT=${BUILD_MOUNTPOINT:-$BUILD}
     GOAL_ROUNDS=${RIFFLE_BENCH_GOAL_ROUNDS:-5}
     W4_DEFAULT_SCALE=1
@@ -161,6 +166,7 @@ else
     [ ${#WORKLOADS[@]} -gt 0 ] || WORKLOADS=(w1 w2 w5 w4 w6)
 fi
 W4_SCALE=${RIFFLE_BENCH_W4_SCALE:-$W4_DEFAULT_SCALE}
+[[ $SCALE =~ ^(0?\.[0-9]*[1-9][0-9]*|1(\.0*)?)$ ]] || { echo "benches/run.sh: RIFFLE_BENCH_SCALE must be in (0, 1]" >&2; exit 2; }
 # RGW's memory for W4 at scale 1 (GB), for check_memory: the OSD's RSS grew
 # by ~15 GB (13.7 KB per object) uploading its 1.1 M objects.
 W4_RGW_GB_PER_SCALE=15

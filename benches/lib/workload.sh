@@ -441,10 +441,10 @@ run_workload() {
     set_limit
     if [ ${#LIMIT[@]} -gt 0 ]; then
         # Keep riffle's memory-cache-to-data ratio of the whole dataset
-        # (1 GiB for all its files) when an epoch reads a subset.
+        # (1 GiB for all its files at scale 1) when an epoch reads a subset.
         local objects
         objects=$(sed -n '2s/.*"objects":\([0-9]*\).*/\1/p' "$MANIFEST")
-        RIFFLE_MEMORY="$(( 1024 * W1_MAX_FILES / ${objects:-20000} ))M"
+        RIFFLE_MEMORY="$(( ${RIFFLE_BASE_MEMORY_MB:-1024} * W1_MAX_FILES / ${objects:-20000} ))M"
     fi
     prepare_python_sums
     for col in proxy direct; do
