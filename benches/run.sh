@@ -14,7 +14,11 @@
 # benches/python_reader.py: the *-py systems), epoch 1 (cold) and epoch 2
 # (warm; W2 adds epoch 3, a re-read; W5: three epochs per eviction policy),
 # the page cache dropped before each epoch, GETs counted at the proxy and
-# riffle's counters saved around each epoch. W4 (listing, benches/lib/w4.sh)
+# riffle's counters saved around each epoch. riffle, riffle-py and
+# riffle-nopt each run beside their /dev/fuse twin (riffle-devfuse,
+# riffle-devfuse-py, riffle-nopt-devfuse: --fuse-transport dev-fuse), the
+# kernel's FUSE io_uring switched on where root can, and every riffle row
+# records the transport `riffle stats` gave right after mounting. W4 (listing, benches/lib/w4.sh)
 # walks its 1.1 M names instead of reading: find, stat of every file, daemon
 # RSS, then the same after a remount, LISTs and HEADs counted at the proxy.
 # W6 (benches/w6.sh, benches/lib/w6.sh) mounts W1's data three times as three
@@ -50,7 +54,9 @@ Usage: benches/run.sh [--quick] [options] [W1 W2 W3 W4 W5 W6]
   --no-plots       skip the Python venv and the plots (CI)
   --systems LIST   systems to run, comma-separated [$DEFAULT_SYSTEMS]
                    (also: riffle-mem, riffle without a disk cache; SYSTEM-py
-                   is W1's SYSTEM read by the Python reader, benches/python_reader.py)
+                   is W1's SYSTEM read by the Python reader, benches/python_reader.py;
+                   a riffle VARIANT-devfuse, e.g. riffle-nopt-devfuse or
+                   riffle-devfuse-py, is VARIANT with --fuse-transport dev-fuse)
   --direct LIST    systems also run against RGW without the proxy, or "none"
                    [quick: none; full: s3-client,riffle]
   --no-build       use the binaries as they are
@@ -62,7 +68,9 @@ Usage: benches/run.sh [--quick] [options] [W1 W2 W3 W4 W5 W6]
                    a smoke run (tests/run.sh) leaves the tracked tree as it was
 
 Environment: RIFFLE_BENCH_WORK (scratch dir) [benches/.work],
-RIFFLE_BENCH_SEED [1], RIFFLE_BENCH_W1_MAX_FILES (each W1 epoch reads the same
+RIFFLE_BENCH_SEED [1], RIFFLE_BENCH_SCALE (the datasets' scale in a full run,
+for a shorter measurement or a machine whose RGW cannot hold them; riffle's
+--max-memory is scaled with it) [1], RIFFLE_BENCH_W1_MAX_FILES (each W1 epoch reads the same
 seeded N files, whole directories; 0 = all) [quick: all, full: 6000],
 RIFFLE_BENCH_W5_MAX_FILES (the same for W5) [quick: all, full: 6000],
 RIFFLE_BENCH_EPOCH_TIMEOUT (seconds) [quick 180, full 1200],
@@ -78,14 +86,17 @@ comparisons: the S3 client, riffle, riffle's sequential walk) [quick 2, full
 full 0.3], RIFFLE_BENCH_CACHE_MIN_FREE (riffle's --cache-min-free: the caches
 are scratch, bounded by the datasets; rclone and s3fs keep no floor) [1G],
 RIFFLE_BENCH_PY_WORKERS (the
-Python reader's worker processes) [8], MOUNTPOINT_* (see
+Python reader's worker processes) [8], RIFFLE_BENCH_FUSE_TRANSPORT (the
+--fuse-transport of the riffle rows but the -devfuse twins: auto or
+io-uring) [auto], MOUNTPOINT_* (see
 benches/lib/mountpoint.sh; MOUNTPOINT_CACHE defaults to 1 here).
 USAGE
 }
 
 # Run order (benches/README.md, "Run order"): riffle-plan right after copy-first, the pair of the
 # cold-epoch goal; the table's row order is fixed elsewhere (results/render.rs).
-DEFAULT_SYSTEMS="local,local-py,copy-first,riffle-plan,s3-client,riffle,riffle-py,riffle-plan-py,riffle-nopt,riffle-listing,riffle-seq,s3fs,rclone,mountpoint"
+# Each riffle row that the transport matters for is followed by its /dev/fuse twin (issue 50).
+DEFAULT_SYSTEMS="local,local-py,copy-first,riffle-plan,s3-client,riffle,riffle-devfuse,riffle-py,riffle-devfuse-py,riffle-plan-py,riffle-nopt,riffle-nopt-devfuse,riffle-listing,riffle-seq,s3fs,rclone,mountpoint"
 MODE=full
 SYSTEMS=$DEFAULT_SYSTEMS
 DIRECT=
@@ -134,13 +145,16 @@ if [ "$MODE" = quick ]; then
     # Nor W6 (~4 min in debug): `benches/run.sh --quick W6` runs it.
     [ ${#WORKLOADS[@]} -gt 0 ] || WORKLOADS=(w1 w2 w3 w5)
 else
-    SCALE=1
+    SCALE=${RIFFLE_BENCH_SCALE:-1}
     W1_MAX_FILES=${RIFFLE_BENCH_W1_MAX_FILES-6000}
     W5_MAX_FILES=${RIFFLE_BENCH_W5_MAX_FILES-6000}
     W3_DURATION=${RIFFLE_BENCH_W3_DURATION:-30s}
     EPOCH_TIMEOUT=${RIFFLE_BENCH_EPOCH_TIMEOUT:-1200}
     DIRECT=${DIRECT:-s3-client,riffle}
-    RIFFLE_BASE_MEMORY=1G
+    # 1 GiB of memory cache for the whole datasets, the same share of them at a smaller scale.
+    RIFFLE_BASE_MEMORY_MB=$(awk -v s="$SCALE" 'BEGIN {printf "%d", 1024 * s}')
+    RIFFLE_BASE_MEMORY=${RIFFLE_BASE_MEMORY_MB}M
+    [ "$RIFFLE_BASE_MEMORY_MB" = 1024 ] && RIFFLE_BASE_MEMORY=1G
     BUILD_MOUNTPOINT=${BUILD_MOUNTPOINT:-$BUILD}
     GOAL_ROUNDS=${RIFFLE_BENCH_GOAL_ROUNDS:-5}
     W4_DEFAULT_SCALE=1
@@ -152,6 +166,7 @@ else
     [ ${#WORKLOADS[@]} -gt 0 ] || WORKLOADS=(w1 w2 w5 w4 w6)
 fi
 W4_SCALE=${RIFFLE_BENCH_W4_SCALE:-$W4_DEFAULT_SCALE}
+[[ $SCALE =~ ^(0?\.[0-9]*[1-9][0-9]*|1(\.0*)?)$ ]] || { echo "benches/run.sh: RIFFLE_BENCH_SCALE must be in (0, 1]" >&2; exit 2; }
 # RGW's memory for W4 at scale 1 (GB), for check_memory: the OSD's RSS grew
 # by ~15 GB (13.7 KB per object) uploading its 1.1 M objects.
 W4_RGW_GB_PER_SCALE=15
@@ -167,6 +182,11 @@ W1_MAX_FILES=${W1_MAX_FILES-${RIFFLE_BENCH_W1_MAX_FILES:-}}
 W5_MAX_FILES=${W5_MAX_FILES-${RIFFLE_BENCH_W5_MAX_FILES:-}}
 RIFFLE_EXTRA_ARGS=()
 RIFFLE_CACHE_MIN_FREE=${RIFFLE_BENCH_CACHE_MIN_FREE:-1G}
+RIFFLE_TRANSPORT=${RIFFLE_BENCH_FUSE_TRANSPORT:-auto}
+case $RIFFLE_TRANSPORT in
+    auto|io-uring) ;;
+    *) echo "benches/run.sh: RIFFLE_BENCH_FUSE_TRANSPORT must be auto or io-uring (the -devfuse rows are dev-fuse)" >&2; exit 2 ;;
+esac
 export MOUNTPOINT_CACHE=${MOUNTPOINT_CACHE:-1}
 
 WORK=${RIFFLE_BENCH_WORK:-$ROOT/benches/.work}
@@ -224,6 +244,11 @@ prepare_mountpoint
 check_memory "${WORKLOADS[@]}"
 start_proxy
 drop_caches || warn "cannot write /proc/sys/vm/drop_caches: the page cache is NOT dropped between epochs"
+enable_fuse_ring
+case $FUSE_RING in
+    on) say "FUSE over io_uring: on ($FUSE_RING_SWITCH); riffle rows ask for --fuse-transport $RIFFLE_TRANSPORT, -devfuse rows for dev-fuse" ;;
+    *) warn "$(fuse_ring_note)" ;;
+esac
 
 for wl in "${WORKLOADS[@]}"; do
     run_workload "$wl"

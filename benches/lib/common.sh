@@ -149,3 +149,29 @@ load_note() {
     [ -n "$LOAD_MIN" ] || return 0
     echo "1-minute load average after the epochs of this workload: $LOAD_MIN to $LOAD_MAX on $(nproc) cores (RGW, the proxy, the daemon and 8 reader threads count; above that, other jobs were sharing the machine)"
 }
+
+# FUSE over io_uring (issue 50): the kernel's switch, off until root turns it
+# on (tests/run.sh does the same). enable_fuse_ring writes Y where it can and
+# sets FUSE_RING to on, off (it stayed off: not writable) or absent (this
+# kernel has no FUSE io_uring); fuse_ring_note says it for the report.
+FUSE_RING_SWITCH=/sys/module/fuse/parameters/enable_uring
+FUSE_RING=
+enable_fuse_ring() {
+    if [ ! -e "$FUSE_RING_SWITCH" ]; then
+        FUSE_RING=absent
+        return 0
+    fi
+    [ -w "$FUSE_RING_SWITCH" ] && { echo Y > "$FUSE_RING_SWITCH"; } 2>/dev/null
+    case $(cat "$FUSE_RING_SWITCH" 2>/dev/null) in
+        Y|1) FUSE_RING=on ;;
+        *) FUSE_RING=off ;;
+    esac
+}
+fuse_ring_note() {
+    local asked="the riffle rows ask for --fuse-transport $RIFFLE_TRANSPORT, their dev-fuse twins for dev-fuse; each label ends with the transport \`riffle stats\` gave right after mounting"
+    case $FUSE_RING in
+        on) echo "FUSE transport: $asked; the kernel's FUSE io_uring was on ($FUSE_RING_SWITCH = Y)" ;;
+        off) echo "FUSE transport: $asked; the kernel's FUSE io_uring was OFF and could not be turned on ($FUSE_RING_SWITCH is not writable here), so every riffle row ran over /dev/fuse, those that asked for $RIFFLE_TRANSPORT too: this run does not measure io_uring" ;;
+        *) echo "FUSE transport: $asked; this kernel (Linux $(uname -r)) has no FUSE io_uring ($FUSE_RING_SWITCH is missing; it needs 6.14+), so every riffle row ran over /dev/fuse, those that asked for $RIFFLE_TRANSPORT too: this run does not measure io_uring" ;;
+    esac
+}

@@ -24,21 +24,39 @@
 #                   only the directories asked for, one at a time
 #   riffle-lru, riffle-epoch (W5) --cache-dir --cache-size --eviction POLICY;
 #                   W5's riffle-plan adds --eviction plan
-# All with --metadata-ttl indefinite and --max-memory $RIFFLE_MEMORY, and those
-# with a cache with --cache-min-free $RIFFLE_CACHE_MIN_FREE;
-# RIFFLE_EXTRA_ARGS (an array, set by W5) is appended.
+# All with --metadata-ttl indefinite, --max-memory $RIFFLE_MEMORY and
+# --fuse-transport (transport_of), and those with a cache with --cache-min-free
+# $RIFFLE_CACHE_MIN_FREE; RIFFLE_EXTRA_ARGS (an array, set by W5) is appended.
 #
 # SYSTEM-py (W1: local-py, riffle-py, riffle-plan-py) is SYSTEM read by the
 # Python reader (benches/python_reader.py: N processes, open/read/close per
 # file, what a DataLoader does) instead of riffle-bench read-fs: the same
 # mount (or local copy), plan and order; only the reader differs (read_pass).
+#
+# The /dev/fuse twins (issue 50): a riffle row's name is
+# VARIANT[-devfuse][-py], and VARIANT-devfuse (riffle-devfuse,
+# riffle-nopt-devfuse; riffle-devfuse-py is riffle-py's) is VARIANT mounted
+# with --fuse-transport dev-fuse, the classic /dev/fuse read/writev loop,
+# where VARIANT asks for $RIFFLE_TRANSPORT (RIFFLE_BENCH_FUSE_TRANSPORT:
+# auto, riffle's default, or io-uring). What each mount got is read from
+# `riffle stats` right after mounting (mount_transport), not assumed from the
+# flag. The harness reads the same names (results/transport.rs).
 
 is_riffle() { [[ $1 == riffle || $1 == riffle-* ]]; }
 
-# The system a SYSTEM-py row mounts and plans as ($1 for the others), and
-# whether a row is read by the Python reader.
-base_system() { echo "${1%-py}"; }
+# The variant a row mounts and plans as (riffle-nopt for riffle-nopt-devfuse,
+# local for local-py), whether a row is read by the Python reader, and the
+# --fuse-transport a riffle row asks for.
+base_system() { local s=${1%-py}; echo "${s%-devfuse}"; }
 reads_with_python() { [[ $1 == *-py ]]; }
+transport_of() {
+    if [[ ${1%-py} == *-devfuse ]]; then echo dev-fuse; else echo "$RIFFLE_TRANSPORT"; fi
+}
+# The row a /dev/fuse twin is the twin of (riffle-devfuse-py: riffle-py).
+twin_of() {
+    local s=${1%-py}
+    echo "${s%-devfuse}${1#"$s"}"
+}
 
 # Systems that are read with an epoch plan, or in listing order.
 uses_plan() { [ "$(base_system "$1")" = riffle-plan ]; }
@@ -71,7 +89,7 @@ mount_riffle() {
         *) mkdir -p "$cache"; args+=(--cache-dir "$cache") ;;
     esac
     [ "$(base_system "$sys")" = riffle-mem ] || args+=(--cache-min-free "$RIFFLE_CACHE_MIN_FREE")
-    args+=("${RIFFLE_EXTRA_ARGS[@]}")
+    args+=(--fuse-transport "$(transport_of "$sys")" "${RIFFLE_EXTRA_ARGS[@]}")
     rm -f "$pidf"
     if ! "$BIN/riffle" mount "s3://$bucket" "$mnt" --endpoint-url "$endpoint" \
         --force-path-style --metadata-ttl indefinite --max-memory "${RIFFLE_MEMORY:-1G}" \
@@ -124,6 +142,21 @@ CONF
     NOT_RUN="failed: rclone did not mount ($(tail -n1 "$LOG_DIR/rclone-$tag.log" 2>/dev/null))"
     kill "$DAEMON_PID" 2>/dev/null || true
     return 1
+}
+
+# mount_transport MNT FILE: a riffle mount's `riffle stats --json` into FILE
+# right after mounting, and its fuse.transport printed (the harness reads it
+# from FILE for the row: record_row --mount-stats). A ring still registering
+# its queues ("io_uring not ready") is asked again for up to 5 s.
+mount_transport() {
+    local mnt=$1 out=$2 t="" i
+    for i in $(seq 1 50); do
+        riffle_stats "$mnt" "$out"
+        t=$(sed -n 's/^ *"transport": *"\(.*\)",\{0,1\}$/\1/p' "$out" | head -n1)
+        [[ $t == "/dev/fuse: io_uring not ready"* ]] || break
+        sleep 0.1
+    done
+    echo "${t:-not reported (riffle stats did not answer; see $LOG_DIR/riffle-stats.log)}"
 }
 
 # Mountpoint (benches/lib/mountpoint.sh, when present) is mount_mountpoint

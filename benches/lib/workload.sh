@@ -208,8 +208,8 @@ run_copy() {
 run_goal_rounds() {
     local riffles=() sys
     case $WL in
-        w1) riffles=(riffle-plan riffle riffle-py riffle-nopt) ;;
-        w2) riffles=(riffle riffle-nopt) ;;
+        w1) riffles=(riffle-plan riffle riffle-devfuse riffle-py riffle-devfuse-py riffle-nopt riffle-nopt-devfuse) ;;
+        w2) riffles=(riffle riffle-devfuse riffle-nopt riffle-nopt-devfuse) ;;
         *) return 0 ;;
     esac
     [ "$GOAL_ROUNDS" -gt 1 ] || return 0
@@ -241,8 +241,14 @@ run_s3_client() {
         --cold "$out" --note "no cache, so one pass only"
 }
 
-# The note under a system's row.
+# The note under a system's row (a /dev/fuse twin's: what it differs in;
+# every riffle row's transport, as `riffle stats` gave it, is added by the
+# report).
 note_of() {
+    if is_riffle "$1" && [ "$(transport_of "$1")" = dev-fuse ]; then
+        echo "as the row above ($(twin_of "$1")), a fresh mount and cache, with --fuse-transport dev-fuse: every FUSE request over /dev/fuse (a read and a writev in the daemon per request), for comparison"
+        return 0
+    fi
     case $1 in
         riffle) echo "no plan, no flags beyond the cache (what unchanged training code gets): a fresh mount with a fresh --cache-dir on local disk; epoch prefetch on (the default); files complete in the cache are opened with FUSE passthrough; --max-memory $RIFFLE_MEMORY" ;;
         riffle-nopt) echo "as riffle, with --no-passthrough (what kernels before 6.9 and mounts without CAP_SYS_ADMIN get): every read the page cache cannot answer goes through the daemon, which checks a cached block's CRC once before it trusts it (blocks it wrote itself are trusted, as with passthrough)" ;;
@@ -298,10 +304,12 @@ run_browse() {
 }
 
 # Whether a system runs in this workload (the plan and listing-order
-# variants and the Python reader's rows are W1's, the sequential walk W4's).
+# variants and the Python reader's rows are W1's, the sequential walk W4's;
+# a /dev/fuse twin runs where its row does).
 runs_in() {
-    case $1 in
-        riffle-plan|riffle-listing|*-py) [ "$WL" = w1 ] ;;
+    reads_with_python "$1" && { [ "$WL" = w1 ]; return; }
+    case $(base_system "$1") in
+        riffle-plan|riffle-listing) [ "$WL" = w1 ] ;;
         riffle-seq) [ "$WL" = w4 ] ;;
         *) return 0 ;;
     esac
@@ -372,7 +380,14 @@ run_fuse() {
         unmount_system "$sys" "$mnt" "$tag"
         return 0
     fi
-    say "    mounted in $((SECONDS - t0)) s"
+    local stats_arg=()
+    if is_riffle "$sys"; then
+        local stats="$RES_DIR/$WL-$res.mount-stats.json"
+        say "    mounted in $((SECONDS - t0)) s (--fuse-transport $(transport_of "$sys")); FUSE transport: $(mount_transport "$mnt" "$stats")"
+        stats_arg=(--mount-stats "$stats")
+    else
+        say "    mounted in $((SECONDS - t0)) s"
+    fi
     MOUNT_LOST=
     for e in $(reader_epochs); do
         for t in $TABLES; do read_pass "$sys" "$mnt" "$t" "$e" "$RES_DIR/$t-$res-e$e.json" 1; done
@@ -388,7 +403,7 @@ run_fuse() {
         record_row --table "$t" --system "$sys" --column "$col" \
             --status "${MOUNT_LOST:-$(status_of "$RES_DIR/$t-$res-e1.json")}" \
             --cold "$RES_DIR/$t-$res-e1.json" --warm "$RES_DIR/$t-$res-e2.json" \
-            "${e3[@]}" ${rss:+--rss-kb "$rss"} ${note:+--note "$note"}
+            "${e3[@]}" ${rss:+--rss-kb "$rss"} ${note:+--note "$note"} "${stats_arg[@]}"
     done
 }
 
@@ -426,10 +441,10 @@ run_workload() {
     set_limit
     if [ ${#LIMIT[@]} -gt 0 ]; then
         # Keep riffle's memory-cache-to-data ratio of the whole dataset
-        # (1 GiB for all its files) when an epoch reads a subset.
+        # (1 GiB for all its files at scale 1) when an epoch reads a subset.
         local objects
         objects=$(sed -n '2s/.*"objects":\([0-9]*\).*/\1/p' "$MANIFEST")
-        RIFFLE_MEMORY="$(( 1024 * W1_MAX_FILES / ${objects:-20000} ))M"
+        RIFFLE_MEMORY="$(( ${RIFFLE_BASE_MEMORY_MB:-1024} * W1_MAX_FILES / ${objects:-20000} ))M"
     fi
     prepare_python_sums
     for col in proxy direct; do
@@ -463,6 +478,7 @@ run_workload() {
     fi
     [ "$PROFILE" = debug ] && notes+=(--note "$debug_note")
     [ -n "$(load_note)" ] && notes+=(--note "$(load_note)")
+    notes+=(--note "$(fuse_ring_note)")
     case $WL in w3) notes+=(--note "each W3 pass reads for $W3_DURATION; both epochs use the same random offsets, so the warm epoch re-reads what the cold one read first (and then goes further)") ;; esac
     "$BIN/riffle-bench" record meta --run "$RUN_FILE" --workload "$WL" --mode "$MODE" \
         --manifest "$MANIFEST" --commit "$commit" --date "$date" \

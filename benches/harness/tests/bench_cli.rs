@@ -259,6 +259,118 @@ fn record_and_report_write_tables_and_check_wrong_bytes() {
     assert!(results.join("quick.json").is_file());
 }
 
+#[test]
+fn rows_record_the_transport_riffle_stats_gave_after_mounting() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let manifest = dir.path().join("w2.manifest");
+    let out = run(&[
+        "gen",
+        "--workload",
+        "w2",
+        "--scale",
+        "0.004",
+        "--bucket",
+        "bench",
+        "--manifest",
+        text(&manifest),
+        "--manifest-only",
+    ]);
+    assert!(out.status.success());
+    let pass = dir.path().join("pass.json");
+    let o = serde_json::json!({"tool": "read-fs", "pattern": "w2", "source": "/x",
+        "threads": 4, "epoch": 1, "seed": 0, "files": 16, "bytes": 16_000_000u64,
+        "reads": 16, "elapsed_s": 0.5, "files_per_s": 0.0, "mb_per_s": 32.0,
+        "reads_per_s": 0.0, "errors": 0, "mismatches": 0, "problems": []});
+    std::fs::write(&pass, o.to_string()).expect("write");
+    let runf = dir.path().join("run.jsonl");
+    for (system, transport) in [
+        (
+            "riffle-nopt",
+            "io_uring: 2 queues of 8 entries (1024 KiB payloads)",
+        ),
+        (
+            "riffle-nopt-devfuse",
+            "/dev/fuse: asked for (--fuse-transport dev-fuse)",
+        ),
+    ] {
+        // As `riffle stats --json` prints it.
+        let stats = dir.path().join(format!("{system}.mount-stats.json"));
+        let json = serde_json::json!({"fuse": {"opens": 0, "transport": transport}});
+        std::fs::write(&stats, serde_json::to_string_pretty(&json).expect("json")).expect("write");
+        let out = run(&[
+            "record",
+            "row",
+            "--run",
+            text(&runf),
+            "--table",
+            "w2",
+            "--system",
+            system,
+            "--cold",
+            text(&pass),
+            "--warm",
+            text(&pass),
+            "--mount-stats",
+            text(&stats),
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let recorded = std::fs::read_to_string(&runf).expect("run file");
+    assert!(
+        recorded.contains(r#""transport":"io_uring: 2 queues of 8 entries (1024 KiB payloads)""#),
+        "{recorded}"
+    );
+    let out = run(&[
+        "record",
+        "meta",
+        "--run",
+        text(&runf),
+        "--workload",
+        "w2",
+        "--mode",
+        "quick",
+        "--manifest",
+        text(&manifest),
+        "--commit",
+        "abc",
+        "--date",
+        "2026-01-01T00:00:00Z",
+        "--elapsed-s",
+        "1",
+    ]);
+    assert!(out.status.success());
+    let out = run(&[
+        "report",
+        "--run",
+        text(&runf),
+        "--results-dir",
+        text(&dir.path().join("results")),
+        "--readme",
+        text(&dir.path().join("README.md")),
+        "--check",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("| riffle (disk cache, no passthrough) [io_uring] | 32.0 MB/s (0.5 s) |"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(
+            "| riffle (disk cache, no passthrough), dev-fuse [/dev/fuse] | 32.0 MB/s (0.5 s) |"
+        ),
+        "{stdout}"
+    );
+}
+
 /// `benches/python_reader.py`, the Python reader.
 fn python_reader() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../python_reader.py")

@@ -157,6 +157,7 @@ mod tests {
             passes: Vec::new(),
             round: None,
             listing: None,
+            transport: None,
         }
     }
 

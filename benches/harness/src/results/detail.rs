@@ -5,6 +5,9 @@
 //!   counters were reset just before it), so its GETs are the epoch's;
 //! - `X.riffle-before.json` / `X.riffle-after.json`: `riffle stats --json`
 //!   just before and after the epoch; the counters are their difference.
+//!
+//! and, once per riffle mount, `riffle stats --json` taken right after mounting, whose
+//! `fuse.transport` is the row's transport ([`mount_transport`]).
 
 use std::path::{Path, PathBuf};
 
@@ -74,7 +77,20 @@ pub fn riffle_delta(before: Option<&Value>, after: &Value) -> RiffleCounters {
         listings: d(&defs::NAMESPACE_LISTINGS),
         listings_background: d(&defs::NAMESPACE_LISTINGS_BACKGROUND),
         listings_from_disk: d(&defs::NAMESPACE_LISTINGS_FROM_DISK),
+        ring_requests: d(&defs::FUSE_RING_REQUESTS),
     }
+}
+
+/// The `fuse.transport` text of a `riffle stats --json` file (`None` when the file is
+/// missing or empty, the daemon did not answer, or an older daemon has no such stat).
+pub fn mount_transport(stats: &Path) -> anyhow::Result<Option<String>> {
+    Ok(read_json(stats)?.and_then(|v| {
+        defs::FUSE_TRANSPORT
+            .get(&v)
+            .and_then(Value::as_str)
+            .filter(|t| !t.is_empty())
+            .map(str::to_string)
+    }))
 }
 
 /// The detail of the epoch whose reader result is `result`, from its
@@ -130,7 +146,7 @@ mod tests {
         .expect("write");
         std::fs::write(
             sidecar(&result, "riffle-after"),
-            r#"{"store":{"get_requests":17},"fuse":{"opens":150,"passthrough":"enabled","passthrough_opens":40},"cache":{"objects":90,"index_memory_per_object":916},"namespace":{"listings":4,"listings_background":2,"listings_from_disk":12}}"#,
+            r#"{"store":{"get_requests":17},"fuse":{"opens":150,"passthrough":"enabled","passthrough_opens":40,"ring_requests":900},"cache":{"objects":90,"index_memory_per_object":916},"namespace":{"listings":4,"listings_background":2,"listings_from_disk":12}}"#,
         )
         .expect("write");
         let d = pass_detail(&result).expect("read").expect("some");
@@ -142,11 +158,32 @@ mod tests {
         assert_eq!(r.opens, 50);
         assert_eq!(r.passthrough_opens, 40);
         assert_eq!(r.passthrough, "enabled");
+        assert_eq!(r.ring_requests, 900, "none before: all of it in the epoch");
         assert_eq!(r.cache_objects, 90);
         assert_eq!(r.index_memory_per_object, 916);
         assert_eq!(
             (r.listings, r.listings_background, r.listings_from_disk),
             (0, 2, 11)
         );
+    }
+
+    #[test]
+    fn the_transport_comes_from_the_stats_after_mounting() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let stats = dir.path().join("w1-riffle-proxy.mount-stats.json");
+        assert_eq!(mount_transport(&stats).expect("missing"), None);
+        std::fs::write(&stats, "").expect("write");
+        assert_eq!(mount_transport(&stats).expect("empty"), None, "no answer");
+        std::fs::write(
+            &stats,
+            r#"{"fuse": {"opens": 0, "transport": "io_uring: 2 queues of 8 entries (1024 KiB payloads)"}}"#,
+        )
+        .expect("write");
+        assert_eq!(
+            mount_transport(&stats).expect("read").as_deref(),
+            Some("io_uring: 2 queues of 8 entries (1024 KiB payloads)")
+        );
+        std::fs::write(&stats, r#"{"fuse": {"opens": 0}}"#).expect("write");
+        assert_eq!(mount_transport(&stats).expect("older"), None);
     }
 }

@@ -14,7 +14,7 @@ use super::render::system_label;
 pub(super) use super::rules::{rule, Rule};
 use super::{Column, Row};
 
-fn find<'a>(rows: &'a [Row], table: &str, system: &str) -> Option<&'a Row> {
+pub(super) fn find<'a>(rows: &'a [Row], table: &str, system: &str) -> Option<&'a Row> {
     rows.iter()
         .find(|r| r.table == table && r.system == system && r.column == Column::Proxy)
 }
@@ -68,7 +68,7 @@ pub(super) struct Goal {
 }
 
 impl Goal {
-    fn render(&self) -> String {
+    pub(super) fn render(&self) -> String {
         let op = self.rule.cmp.symbol();
         let fmt = |v: f64| {
             if self.unit == "%" {
@@ -525,6 +525,8 @@ pub fn goals(table: &str, rows: &[Row], extra: &[Row]) -> Vec<String> {
         }
         _ => {}
     }
+    // Issue 50: CPU per warm file, and the daemon's share over io_uring against /dev/fuse.
+    out.extend(super::cpu_goals::goals(table, &rounds, rows));
     out.iter().map(Goal::render).collect()
 }
 
@@ -557,6 +559,7 @@ mod tests {
             passes: Vec::new(),
             round: None,
             listing: None,
+            transport: None,
         }
     }
 

@@ -263,6 +263,7 @@ mod tests {
             passes: Vec::new(),
             round: None,
             listing: None,
+            transport: None,
         }
     }
 

@@ -3,6 +3,7 @@
 //! `benches/results/`, and the markdown report (`benches/README.md`).
 
 pub mod cpu;
+mod cpu_goals;
 pub mod detail;
 pub mod goals;
 pub mod machine;
@@ -10,6 +11,7 @@ pub mod metrics;
 pub mod render;
 mod rules;
 pub mod store;
+pub mod transport;
 pub mod w4;
 pub mod w5;
 
@@ -73,6 +75,11 @@ pub struct Row {
     /// W4: the walks of the listing dataset (absent for other tables).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub listing: Option<Listing>,
+    /// A riffle row's FUSE transport as `riffle stats` gave it right after mounting
+    /// (`fuse.transport`: `io_uring: ...` or `/dev/fuse: WHY`; [`transport`]). Absent for
+    /// the other systems and in results recorded before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transport: Option<String>,
 }
 
 /// W4 (listing): one system's timed passes over the dataset's names, each
@@ -217,6 +224,10 @@ pub struct RiffleCounters {
     pub listings_background: u64,
     #[serde(default)]
     pub listings_from_disk: u64,
+    /// FUSE requests that came over io_uring rings (`fuse.ring_requests`; the rest came
+    /// over `/dev/fuse`).
+    #[serde(default)]
+    pub ring_requests: u64,
 }
 
 impl Row {

@@ -7,9 +7,11 @@ use super::metrics::{
     best_peer, cell, ratio, throughput, throughput_series, Epoch, PlotTable, Unit,
 };
 use super::store::{ModeResults, WorkloadResult};
+use super::transport::{self, twin_of};
 use super::{local_of, python_reader, tables_of, Column, Row};
 
-/// Display order of systems (the Python reader's rows last, together).
+/// Display order of systems (the Python reader's rows last, together); each riffle row's
+/// `/dev/fuse` twin ([`transport`]) comes right after it.
 const ORDER: [&str; 17] = [
     "local",
     "copy-first",
@@ -30,8 +32,11 @@ const ORDER: [&str; 17] = [
     "riffle-lru",
 ];
 
-/// The row label of a system.
+/// The row label of a system (a `/dev/fuse` twin's: its twin's, then `, dev-fuse`).
 pub fn system_label(system: &str) -> String {
+    if let Some(twin) = twin_of(system) {
+        return format!("{}, dev-fuse", system_label(&twin));
+    }
     match system {
         "local" => "local disk".into(),
         "copy-first" => "copy-first".into(),
@@ -54,6 +59,9 @@ pub fn system_label(system: &str) -> String {
 
 /// A short label for plots.
 pub fn short_label(system: &str) -> String {
+    if let Some(twin) = twin_of(system) {
+        return format!("{}\n/dev/fuse", short_label(&twin));
+    }
     match system {
         "local" => "local".into(),
         "s3-client" => "S3 client".into(),
@@ -84,10 +92,12 @@ fn table_title(table: &str) -> &'static str {
 }
 
 fn rank(system: &str) -> usize {
-    ORDER
-        .iter()
-        .position(|s| *s == system)
-        .unwrap_or(ORDER.len())
+    let (name, twin) = match twin_of(system) {
+        Some(name) => (name, 1),
+        None => (system.to_string(), 0),
+    };
+    let at = ORDER.iter().position(|s| *s == name).unwrap_or(ORDER.len());
+    2 * at + twin
 }
 
 fn sorted(rows: &[Row]) -> Vec<&Row> {
@@ -172,8 +182,8 @@ pub fn table(table: &str, rows: &[Row]) -> String {
     }
     let _ = writeln!(out, "| {} |", head.join(" | "));
     let _ = writeln!(out, "|{}", "---|".repeat(head.len()));
-    for r in proxy {
-        let mut cells = vec![system_label(&r.system)];
+    for r in &proxy {
+        let mut cells = vec![transport::row_label(r, &system_label)];
         cells.extend(epochs.iter().map(|&epoch| cell(r, epoch)));
         if first256 {
             cells.push(
@@ -221,11 +231,26 @@ pub fn table(table: &str, rows: &[Row]) -> String {
                 Column::Proxy => "",
                 Column::Direct => ", no proxy",
             };
-            r.note
+            let ran = r
+                .transport
                 .as_ref()
-                .map(|n| format!("- {}{col}: {n}", system_label(&r.system)))
+                .map(|t| format!("FUSE transport (`riffle stats` right after mounting): {t}"));
+            let text: Vec<&str> = [r.note.as_deref(), ran.as_deref()]
+                .into_iter()
+                .flatten()
+                .collect();
+            (!text.is_empty()).then(|| {
+                format!(
+                    "- {}{col}: {}",
+                    transport::row_label(r, &system_label),
+                    text.join("; ")
+                )
+            })
         })
         .collect();
+    if let Some(n) = transport::all_dev_fuse_note(&proxy) {
+        notes.push(format!("- FUSE transport: {n}"));
+    }
     if reread {
         notes.push(format!("- re-read (epoch 3): {EPOCH3_NOTE}"));
     }
@@ -263,8 +288,10 @@ pub fn cost_table(table: &str, rows: &[Row]) -> Option<String> {
     if rows.is_empty() {
         return None;
     }
+    // The requests that came over io_uring, once a row recorded its transport.
+    let rings = rows.iter().any(|r| r.transport.is_some());
     let mut out = String::new();
-    let head = [
+    let mut head = vec![
         "system",
         "GETs at the store, cold",
         "GETs at the store, warm",
@@ -274,6 +301,9 @@ pub fn cost_table(table: &str, rows: &[Row]) -> Option<String> {
         "warm: passthrough opens",
         "cache index memory per object",
     ];
+    if rings {
+        head.push("FUSE requests over io_uring (cold / warm)");
+    }
     let _ = writeln!(out, "| {} |", head.join(" | "));
     let _ = writeln!(out, "|{}", "---|".repeat(head.len()));
     for r in rows {
@@ -281,8 +311,8 @@ pub fn cost_table(table: &str, rows: &[Row]) -> Option<String> {
         let warm = r.warm_detail.as_ref();
         let rc = cold.and_then(|d| d.riffle.as_ref());
         let rw = warm.and_then(|d| d.riffle.as_ref());
-        let cells = [
-            system_label(&r.system),
+        let mut cells = vec![
+            transport::row_label(r, &system_label),
             count(cold.and_then(|d| d.store_gets)),
             count(warm.and_then(|d| d.store_gets)),
             rc.map_or("—".into(), |c| share(c.opens_already_cached, c.opens)),
@@ -304,6 +334,16 @@ pub fn cost_table(table: &str, rows: &[Row]) -> Option<String> {
                 )
             }),
         ];
+        if rings {
+            cells.push(match (rc, rw) {
+                (None, None) => "—".into(),
+                _ => format!(
+                    "{} / {}",
+                    rc.map_or("—".into(), |c| c.ring_requests.to_string()),
+                    rw.map_or("—".into(), |c| c.ring_requests.to_string())
+                ),
+            });
+        }
         let _ = writeln!(out, "| {} |", cells.join(" | "));
     }
     Some(out)
@@ -543,6 +583,13 @@ How to read the tables:
   exact order the reader will open (`riffle-bench plan` prints it from the
   reader's own order function); **listing order ‡** is read in sorted path
   order instead of a shuffle, with no plan (riffle's directory-order detection).
+  **, dev-fuse** rows (issue 50) are the row above them mounted with
+  `--fuse-transport dev-fuse`, every FUSE request over `/dev/fuse` (a read and a
+  writev per request), where the other riffle rows ask for riffle's default
+  (`auto`; `RIFFLE_BENCH_FUSE_TRANSPORT=io-uring` asks for the kernel's io_uring
+  rings, which `benches/run.sh` switches on where it can); each riffle row's
+  label ends with the transport `riffle stats` reported right after mounting,
+  `[io_uring]` or `[/dev/fuse]`, and its note with the whole text.
   **s3fs**: with its local file cache (`use_cache`). **rclone**: `rclone mount
   --vfs-cache-mode full`. **Mountpoint**: Mountpoint for S3 through its
   library, with its local disk cache.
@@ -561,7 +608,8 @@ How to read the tables:
   (`RIFFLE_BENCH_GOAL_ROUNDS`, 5 rounds in all in full runs): W1 copy-first
   (a new copy and local disk's epochs, read-fs's and the Python reader's),
   riffle + epoch plan, riffle and riffle read by the Python reader (each a
-  fresh mount and cache); W2 a new copy and local disk's three epochs,
+  fresh mount and cache; each riffle row followed by its dev-fuse row when
+  that runs); W2 a new copy and local disk's three epochs,
   then a fresh riffle mount's three epochs, so riffle's warm epoch is again
   the first read of cache files just written, as local disk's epoch 1 is of
   its copy. A round's ratio comes from that round's results
@@ -657,6 +705,7 @@ mod tests {
             passes: Vec::new(),
             round: None,
             listing: None,
+            transport: None,
         }
     }
 
@@ -779,6 +828,125 @@ mod tests {
             lines[3].ends_with("| 200 MiB | 5.00 / 1.00 | 50% / 50% |"),
             "{t}"
         );
+    }
+
+    #[test]
+    fn dev_fuse_twins_follow_their_rows_and_labels_say_what_ran() {
+        let rings = "io_uring: 2 queues of 8 entries (1024 KiB payloads)";
+        let dev_fuse = "/dev/fuse: asked for (--fuse-transport dev-fuse)";
+        let with = |system: &str, t: &str, note: Option<&str>| Row {
+            transport: Some(t.into()),
+            note: note.map(str::to_string),
+            ..row(system, Column::Proxy, 1.0)
+        };
+        let rows = vec![
+            with("riffle-devfuse-py", dev_fuse, None),
+            with(
+                "riffle-nopt-devfuse",
+                dev_fuse,
+                Some("as riffle-nopt, over /dev/fuse"),
+            ),
+            with("riffle", rings, Some("the defaults")),
+            row("local", Column::Proxy, 1.0),
+            with("riffle-devfuse", dev_fuse, None),
+            with("riffle-nopt", rings, None),
+            with("riffle-py", rings, None),
+        ];
+        let t = table("w1", &rows);
+        let labels: Vec<&str> = t
+            .lines()
+            .skip(2)
+            .take_while(|l| l.starts_with('|'))
+            .map(|l| l.split(" | ").next().unwrap_or_default())
+            .collect();
+        assert_eq!(
+            labels,
+            [
+                "| local disk",
+                "| riffle, no plan (disk cache, passthrough) [io_uring]",
+                "| riffle, no plan (disk cache, passthrough), dev-fuse [/dev/fuse]",
+                "| riffle (disk cache, no passthrough) [io_uring]",
+                "| riffle (disk cache, no passthrough), dev-fuse [/dev/fuse]",
+                "| Python reader: riffle, no plan [io_uring]",
+                "| Python reader: riffle, no plan, dev-fuse [/dev/fuse]",
+            ],
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "- riffle, no plan (disk cache, passthrough) [io_uring]: the defaults; FUSE \
+                 transport (`riffle stats` right after mounting): io_uring: 2 queues of 8 \
+                 entries (1024 KiB payloads)"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "- riffle (disk cache, no passthrough), dev-fuse [/dev/fuse]: as riffle-nopt, \
+                 over /dev/fuse; FUSE transport (`riffle stats` right after mounting): \
+                 /dev/fuse: asked for (--fuse-transport dev-fuse)"
+            ),
+            "{t}"
+        );
+        assert!(
+            !t.contains("this table does not measure FUSE over io_uring"),
+            "{t}"
+        );
+        assert_eq!(
+            short_label("riffle-nopt-devfuse"),
+            "riffle\nno passthrough\n/dev/fuse"
+        );
+
+        // Every riffle row on /dev/fuse (the kernel's switch off): the table says so.
+        let off: Vec<Row> = rows
+            .into_iter()
+            .map(|r| Row {
+                transport: r
+                    .transport
+                    .map(|_| "/dev/fuse: the kernel's FUSE io_uring is off".to_string()),
+                ..r
+            })
+            .collect();
+        let t = table("w1", &off);
+        assert!(
+            t.contains("| riffle, no plan (disk cache, passthrough) [/dev/fuse] |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("- FUSE transport: every riffle row of this table ran over /dev/fuse"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn cost_table_counts_ring_requests_once_rows_recorded_a_transport() {
+        let counters = |ring_requests| {
+            Some(super::super::PassDetail {
+                store_gets: Some(0),
+                riffle: Some(super::super::RiffleCounters {
+                    ring_requests,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+        };
+        let mut riffle = row("riffle", Column::Proxy, 1.0);
+        riffle.cold_detail = counters(5000);
+        riffle.warm_detail = counters(3000);
+        let old = cost_table("w1", std::slice::from_ref(&riffle)).expect("table");
+        assert!(!old.contains("io_uring"), "{old}");
+        riffle.transport = Some("io_uring: 2 queues of 8 entries (1024 KiB payloads)".into());
+        let t = cost_table("w1", &[riffle]).expect("table");
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(
+            lines[0].ends_with("| FUSE requests over io_uring (cold / warm) |"),
+            "{t}"
+        );
+        assert!(
+            lines[2].starts_with("| riffle, no plan (disk cache, passthrough) [io_uring] |"),
+            "{t}"
+        );
+        assert!(lines[2].ends_with("| 5000 / 3000 |"), "{t}");
     }
 
     fn w2_row(system: &str, warm_secs: f64, epoch3_secs: Option<f64>) -> Row {

@@ -92,7 +92,12 @@ mod tests {
     /// harness's goal code.
     #[test]
     fn every_goal_has_a_measure() {
-        let code = [include_str!("goals.rs"), include_str!("w4.rs")].concat();
+        let code = [
+            include_str!("goals.rs"),
+            include_str!("cpu_goals.rs"),
+            include_str!("w4.rs"),
+        ]
+        .concat();
         for id in rules().keys() {
             assert!(
                 code.contains(&format!("\"{id}\"")),

@@ -463,6 +463,7 @@ mod tests {
             passes: Vec::new(),
             round: None,
             listing: Some(listing),
+            transport: None,
         }
     }
 

@@ -234,6 +234,7 @@ mod tests {
             passes,
             round: None,
             listing: None,
+            transport: None,
         }
     }
 

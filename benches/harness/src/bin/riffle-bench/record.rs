@@ -9,7 +9,7 @@ use anyhow::Context;
 use riffle_bench::listing::ListPass;
 use riffle_bench::manifest::Manifest;
 use riffle_bench::outcome::Outcome;
-use riffle_bench::results::detail::pass_detail;
+use riffle_bench::results::detail::{mount_transport, pass_detail};
 use riffle_bench::results::machine::Machine;
 use riffle_bench::results::{Column, Listing, Meta, Pass, Record, Row, Step};
 
@@ -109,6 +109,10 @@ pub struct RowArgs {
     rss_after_kb: Option<u64>,
     #[arg(long)]
     note: Option<String>,
+    /// A riffle mount's `riffle stats --json` taken right after mounting: the row's FUSE
+    /// transport (`fuse.transport`); a missing or empty file records none
+    #[arg(long)]
+    mount_stats: Option<PathBuf>,
     /// An extra round (2, 3, ...) of a goal comparison (the goal lines use
     /// the median over rounds); 1, the default, is the table's own row
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
@@ -171,6 +175,12 @@ pub fn run(cmd: Command) -> anyhow::Result<()> {
                 passes,
                 round: (a.round > 1).then_some(a.round),
                 listing: (listing != Listing::default()).then_some(listing),
+                transport: a
+                    .mount_stats
+                    .as_deref()
+                    .map(mount_transport)
+                    .transpose()?
+                    .flatten(),
             };
             append(&a.run, &Record::Row(Box::new(row)))
         }
