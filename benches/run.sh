@@ -32,7 +32,7 @@
 #   benches/run.sh
 #
 # CI smoke test (after the debug build of the tests; ~5 min):
-#   benches/run.sh --quick --debug --no-plots
+#   benches/run.sh --quick --debug --no-build --no-plots
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD

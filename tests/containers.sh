@@ -66,7 +66,8 @@ runtime = "runc"
 EOF
 
 step "binaries (debug)"
-cargo build -q -p rifflefs --bin riffle -p riffle-csi --bin riffle-csi --bin riffle-mounter
+. tests/cargo_scope.sh
+build_debug_binaries
 version=$("$BIN/riffle" --version | awk '{print $2}')
 export RIFFLE_TEST_IMAGE=localhost/riffle-csi:ctr-test
 export RIFFLE_TEST_IMAGE_NEXT=localhost/riffle-csi:ctr-test-next
@@ -94,7 +95,7 @@ step "csi/tests/containers.rs"
 # Where the test runs podman (conmon leaves an `oom` marker in its working directory).
 export RIFFLE_TEST_PODMAN_DIR=$WORK
 [ -n "${RIFFLE_TEST_ENDPOINT:-}" ] || eval "$(bash deploy/local/rgw.sh env)"
-cargo test -p riffle-csi --features rgw-tests --test containers "$@" -- --ignored --test-threads=1 --nocapture
+cargo test "${RIFFLE_CARGO_SCOPE[@]}" --test containers "$@" -- --ignored --test-threads=1 --nocapture
 step "tests/systemd.rs (the workstation unit under a real systemd)"
-RIFFLE_CONTAINER_TESTS=1 cargo test -p rifflefs --features rgw-tests --test systemd "$@" -- --nocapture
+RIFFLE_CONTAINER_TESTS=1 cargo test "${RIFFLE_CARGO_SCOPE[@]}" --test systemd "$@" -- --nocapture
 step "done"

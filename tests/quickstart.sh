@@ -47,7 +47,8 @@ EOF
 
 BUCKET=riffle-quickstart-test
 echo "--- s3://$BUCKET as an earlier run may leave it: other bytes under the sample's keys, a marker, a stray object"
-cargo build -q -p rifflefs -p riffle-bench
+. tests/cargo_scope.sh
+build_debug_binaries
 eval "$(bash deploy/local/rgw.sh env)"
 for wl in "sample --scale 0.001 --seed 1" "w3 --scale 0.0002"; do
     # shellcheck disable=SC2086

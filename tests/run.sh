@@ -50,26 +50,27 @@ eval "$(bash deploy/local/rgw.sh env)"
 # that is not theirs. The floor itself has an integration test of its own.
 export RIFFLE_BENCH_CACHE_MIN_FREE=0 RIFFLE_QUICKSTART_CACHE_MIN_FREE=0
 
-# The tests that need the RGW (a plain `cargo test` leaves them out).
-RGW_TESTS=rifflefs/rgw-tests,riffle-csi/rgw-tests
+# The packages and features of every cargo command below (the tests that need the RGW, which a
+# plain `cargo test` leaves out), so that each crate is compiled once.
+. tests/cargo_scope.sh
 echo "==> cargo fmt --check"
 cargo fmt --all --check
 echo "==> layer check of src/ and csi/src/ (no module importing a higher one, no two files importing each other)"
 python3 tests/layers.py
 python3 tests/layers.py csi/src
 echo "==> cargo clippy"
-cargo clippy --workspace --all-targets --features "$RGW_TESTS" -- -D warnings
+cargo clippy "${RIFFLE_CARGO_SCOPE[@]}" --all-targets -- -D warnings
 echo "==> cargo test"
-cargo test --workspace --features "$RGW_TESTS" "$@"
+cargo test "${RIFFLE_CARGO_SCOPE[@]}" "$@"
 echo "==> the vendored fuser's io_uring transport (its own unit tests)"
 (cd vendor/fuser && CARGO_TARGET_DIR="$PWD/../../target/fuser-tests" cargo test --lib uring)
 echo "==> RGW stopped and restarted under a mount (alone, last)"
-cargo test -p rifflefs --features rgw-tests --test rgw_restart -- --ignored
+cargo test "${RIFFLE_CARGO_SCOPE[@]}" --test rgw_restart -- --ignored
 echo "==> benchmark smoke test (quick datasets, every system side by side, every byte verified)"
 # Debug binaries (already built for the tests); fails on any wrong byte. Its report goes to
 # target/bench-quick (README.md and results/), so the tracked tree stays as it was.
 rm -rf target/bench-quick
-benches/run.sh --quick --debug --no-plots --report-dir target/bench-quick
+benches/run.sh --quick --debug --no-build --no-plots --report-dir target/bench-quick
 echo "==> quickstart end to end (small sample, debug binaries) and the README's PyTorch example"
 # Checks the report (every byte verified, 0 GETs in the warm epoch, its lines present), never
 # timings; unmounts and stops the proxy it started, leaves the RGW to this script.
