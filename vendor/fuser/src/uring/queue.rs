@@ -375,14 +375,20 @@ pub(crate) fn serve<FS: Filesystem>(
             .map_err(|_| io::Error::other("ring submission queue full"))?;
     }
     ring.submit()?;
-    let mut live = queue.depth;
-    let mut failed: Option<i32> = None;
-    for cqe in ring.completion() {
-        if cqe.user_data() != WAKE && cqe.result() < 0 {
-            live -= 1;
-            failed.get_or_insert(-cqe.result());
-        }
-    }
+    // A REGISTER the kernel refuses is answered at submit time, so its CQE is here now. One it
+    // accepts completes only when a request arrives in its entry, and that may already have
+    // happened: the kernel turns to the rings once every queue has an entry, so another queue's
+    // thread may have finished first and callers on this queue's CPU be waiting. Those CQEs are
+    // requests like every later one (dropping them here once lost the request and its entry,
+    // and left its caller waiting for good).
+    let mut arrived: Vec<Completion> = Vec::with_capacity(queue.depth + 1);
+    let stopping = || queue.stop.load(Ordering::Acquire);
+    arrived.extend(
+        ring.completion()
+            .map(|c| classify(c.user_data(), c.result(), stopping())),
+    );
+    let (refused, failed) = take_registration_failures(&mut arrived);
+    let mut live = queue.depth - refused;
     if let Some(errno) = failed {
         let error = io::Error::from_raw_os_error(errno);
         status.queue_failed(queue.qid, &error);
@@ -394,48 +400,38 @@ pub(crate) fn serve<FS: Filesystem>(
     }
 
     let mut buf: Vec<u8> = Vec::with_capacity(IN_HEADER + abi::OP_IN_OUT_SZ + 4096);
-    let mut arrived: Vec<(u64, i32)> = Vec::with_capacity(queue.depth + 1);
     let mut ready: Vec<(u16, u64)> = Vec::with_capacity(queue.depth);
-    let mut reregister: Vec<usize> = Vec::new();
-    while live > 0 {
-        match ring.submit_and_wait(1) {
-            Ok(_) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
-            Err(e) => return Err(e),
-        }
-        arrived.clear();
-        arrived.extend(ring.completion().map(|c| (c.user_data(), c.result())));
+    let mut reregister: Vec<u16> = Vec::new();
+    loop {
         let mut rearm_wake = false;
-        for &(user_data, result) in &arrived {
-            if user_data == WAKE {
-                rearm_wake = true;
-                continue;
-            }
-            if result < 0 {
-                if matches!(-result, libc::ENOTCONN | libc::ENODEV | libc::ECANCELED)
-                    || queue.stop.load(Ordering::Acquire)
-                {
-                    // The connection ended: this entry is done.
+        for completion in arrived.drain(..) {
+            let entry = match completion {
+                Completion::Wake => {
+                    rearm_wake = true;
+                    continue;
+                }
+                Completion::Ended(entry, errno) => {
                     live -= 1;
                     debug!(
-                        "ring queue {} entry {user_data} ended: errno {}",
-                        queue.qid, -result
+                        "ring queue {} entry {entry} ended: errno {errno}",
+                        queue.qid
                     );
-                } else {
-                    // The kernel refused the entry's last command (its answer or its
-                    // registration) and no longer holds it: register it afresh, so that
-                    // the queue keeps its depth instead of running dry.
+                    continue;
+                }
+                Completion::Refused(entry, errno) => {
+                    // The kernel no longer holds the entry: register it afresh, so that the
+                    // queue keeps its depth instead of running dry.
                     warn!(
-                        "ring queue {} entry {user_data}: the kernel refused its command ({}); registering it again",
+                        "ring queue {} entry {entry}: the kernel refused its command ({}); registering it again",
                         queue.qid,
-                        io::Error::from_raw_os_error(-result)
+                        io::Error::from_raw_os_error(errno)
                     );
                     status.count_lost_entry();
-                    reregister.push(user_data as usize);
+                    reregister.push(entry);
+                    continue;
                 }
-                continue;
-            }
-            let entry = user_data as u16;
+                Completion::Request(entry) => entry,
+            };
             let (len, unique) = queue.take_request(usize::from(entry), &mut buf);
             status.count_request();
             let slot = RingSlot {
@@ -462,7 +458,7 @@ pub(crate) fn serve<FS: Filesystem>(
                 }
             }
         }
-        if queue.stop.load(Ordering::Acquire) {
+        if live == 0 || stopping() {
             break;
         }
         std::mem::swap(&mut ready, &mut *queue.ready.lock());
@@ -476,7 +472,7 @@ pub(crate) fn serve<FS: Filesystem>(
             }
             for entry in reregister.drain(..) {
                 // SAFETY: as at registration.
-                unsafe { sq.push(&queue.register_sqe(entry)) }
+                unsafe { sq.push(&queue.register_sqe(usize::from(entry))) }
                     .map_err(|_| io::Error::other("ring submission queue full"))?;
             }
             if rearm_wake {
@@ -485,8 +481,60 @@ pub(crate) fn serve<FS: Filesystem>(
                     .map_err(|_| io::Error::other("ring submission queue full"))?;
             }
         }
+        match ring.submit_and_wait(1) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+            Err(e) => return Err(e),
+        }
+        arrived.extend(
+            ring.completion()
+                .map(|c| classify(c.user_data(), c.result(), stopping())),
+        );
     }
     Ok(())
+}
+
+/// Removes from the completions that followed registration the entries the kernel refused;
+/// returns how many, and the first errno. Requests and the wake-up stay, to be served.
+fn take_registration_failures(arrived: &mut Vec<Completion>) -> (usize, Option<i32>) {
+    let mut refused = 0;
+    let mut first = None;
+    arrived.retain(|c| match *c {
+        Completion::Ended(_, errno) | Completion::Refused(_, errno) => {
+            refused += 1;
+            first.get_or_insert(errno);
+            false
+        }
+        Completion::Wake | Completion::Request(_) => true,
+    });
+    (refused, first)
+}
+
+/// What a completion on a queue's ring says, as its thread acts on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Completion {
+    /// The eventfd read: answers given on other threads wait on the ready list.
+    Wake,
+    /// A request arrived in the entry (its `REGISTER` or `COMMIT_AND_FETCH` completed).
+    Request(u16),
+    /// The connection ended (or the session is stopping): the entry is done. The errno.
+    Ended(u16, i32),
+    /// The kernel refused the entry's last command and no longer holds the entry. The errno.
+    Refused(u16, i32),
+}
+
+fn classify(user_data: u64, result: i32, stopping: bool) -> Completion {
+    if user_data == WAKE {
+        return Completion::Wake;
+    }
+    // Entries are numbered below the queue depth (a u16), as their SQEs' user data.
+    let entry = user_data as u16;
+    match -result {
+        errno if errno <= 0 => Completion::Request(entry),
+        libc::ENOTCONN | libc::ENODEV | libc::ECANCELED => Completion::Ended(entry, -result),
+        errno if stopping => Completion::Ended(entry, errno),
+        errno => Completion::Refused(entry, errno),
+    }
 }
 
 /// Runs the queue's thread on the CPU whose requests it serves (the kernel queues a request
@@ -505,5 +553,48 @@ fn pin_to_cpu(cpu: usize) {
                 io::Error::last_os_error()
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn completions_say_request_end_refusal_or_wake() {
+        assert_eq!(classify(3, 0, false), Completion::Request(3));
+        assert_eq!(classify(WAKE, 8, false), Completion::Wake);
+        assert_eq!(
+            classify(1, -libc::ENOTCONN, false),
+            Completion::Ended(1, libc::ENOTCONN)
+        );
+        assert_eq!(
+            classify(1, -libc::ECANCELED, false),
+            Completion::Ended(1, libc::ECANCELED)
+        );
+        assert_eq!(
+            classify(2, -libc::EINVAL, false),
+            Completion::Refused(2, libc::EINVAL)
+        );
+        assert_eq!(
+            classify(2, -libc::EINVAL, true),
+            Completion::Ended(2, libc::EINVAL)
+        );
+    }
+
+    #[test]
+    fn requests_that_arrive_during_registration_are_served() {
+        // Queue 1 finished registering first, and a caller on this queue's CPU already has
+        // its request in entry 0 when this thread reaps its REGISTERs' refusals.
+        let mut arrived = vec![
+            classify(0, 0, false),
+            classify(5, -libc::EINVAL, false),
+            classify(WAKE, 8, false),
+        ];
+        assert_eq!(
+            take_registration_failures(&mut arrived),
+            (1, Some(libc::EINVAL))
+        );
+        assert_eq!(arrived, vec![Completion::Request(0), Completion::Wake]);
     }
 }
