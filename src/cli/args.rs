@@ -275,8 +275,9 @@ pub struct MountArgs {
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=crate::fs::handover::protocol::MAX_DEVICES as i64))]
     pub fuse_threads: u32,
 
-    /// How FUSE requests reach the daemon: auto (/dev/fuse for now), io-uring (the kernel's
-    /// FUSE io_uring rings, Linux 6.14+; fail if they cannot be had) or dev-fuse
+    /// How FUSE requests reach the daemon: auto (io_uring where the kernel offers it and no
+    /// keeper holds the connection), io-uring (the kernel's FUSE io_uring rings, Linux 6.14+;
+    /// fail if they cannot be had) or dev-fuse
     #[arg(long, value_name = "TRANSPORT", value_enum, default_value_t = FuseTransport::Auto)]
     pub fuse_transport: FuseTransport,
 

@@ -561,11 +561,7 @@ fn ring_choice(args: &MountArgs) -> Result<(), String> {
              requests to its successor)"
                 .into(),
         ),
-        FuseTransport::Auto => Err(
-            "the default (--fuse-transport io-uring serves over the kernel's io_uring rings)"
-                .into(),
-        ),
-        FuseTransport::IoUring => transport::kernel_offers_ring(),
+        FuseTransport::Auto | FuseTransport::IoUring => transport::kernel_offers_ring(),
     }
 }
 

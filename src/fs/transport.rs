@@ -6,9 +6,8 @@
 //! answer to one request and the wait for the next are one submission, and the kernel queues
 //! each request on the ring of its caller's CPU (fuser's `uring` module has the layout and the
 //! memory it takes). The ring is chosen at start:
-//! - `auto` (the default) is `/dev/fuse` for now: under a loaded run of the integration tests
-//!   the ring transport twice left a caller's request unanswered with no ring entry busy in
-//!   the daemon (not reproduced since, nor explained), and a default must never hang;
+//! - `auto` (the default) takes the rings where the kernel offers them (the switch
+//!   `ENABLE_URING` is on) and no keeper holds the connection, else `/dev/fuse`;
 //! - `io-uring` asks for the rings (where no keeper holds the connection), and the mount fails
 //!   with the reason when they cannot be had;
 //! - `dev-fuse` never asks for it.
