@@ -57,7 +57,7 @@ for wl in "sample --scale 0.001 --seed 1" "w3 --scale 0.0002"; do
 done
 
 echo "--- deploy/local/quickstart.sh (RIFFLE_QUICKSTART_SCALE=0.1, debug binaries)"
-RIFFLE_QUICKSTART_DIR=$WORK RIFFLE_QUICKSTART_SCALE=0.1 RIFFLE_QUICKSTART_PROFILE=debug \
+RIFFLE_QUICKSTART_DIR=$WORK RIFFLE_QUICKSTART_SCALE=0.1 RIFFLE_BIN_DIR=$BIN \
     RIFFLE_QUICKSTART_BUCKET=$BUCKET deploy/local/quickstart.sh >"$OUT" 2>&1 \
     || { tail -n 40 "$OUT" >&2; fail "the quickstart exited non-zero"; }
 # The marker and tokens.bin were deleted, the 14 stale sample objects overwritten.

@@ -132,10 +132,13 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             insert_w6(&mut text, mode, &w6);
         }
     }
-    // The memory workload's table (benches/memory.sh), kept across reports.
-    if let Ok(memory) = std::fs::read_to_string(a.results_dir.join("memory.md")) {
-        let at = text.find("## Not in every run").unwrap_or(text.len());
-        text.insert_str(at, &format!("{}\n\n", memory.trim_end()));
+    // The sections of workloads that scripts of their own run, kept across reports: the
+    // memory bound (benches/memory.sh) and W7 (benches/small_files.sh), in that order.
+    for kept in ["memory.md", "small-files.md"] {
+        if let Ok(section) = std::fs::read_to_string(a.results_dir.join(kept)) {
+            let at = text.find("## Not in every run").unwrap_or(text.len());
+            text.insert_str(at, &format!("{}\n\n", section.trim_end()));
+        }
     }
     std::fs::write(&a.readme, text).with_context(|| format!("write {}", a.readme.display()))?;
     eprintln!("wrote {}", a.readme.display());
