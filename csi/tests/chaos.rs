@@ -20,7 +20,11 @@
 //! succession). What no design survives is left out: the fd store and the mounter both down
 //! at once holds no copy of a connection anywhere (a node reboot, `rollout.rs`'s
 //! `a_mounter_restart_is_reported_and_repaired`), so a container kill that would make both
-//! down waits until the other holder is back.
+//! down waits until the other holder is back; likewise a keeper's or daemon's kill waits
+//! while neither the store nor the volume's other process holds its connection (right after
+//! the store restarts, before its keepers have given it their copies: a keeper and daemon
+//! killed together then would leave the connection with no holder at all, seen as
+//! `ECONNABORTED` then `ENOTCONN` in the pods).
 //!
 //! Each test asserts 0 failed and 0 wrong reads, progress after every kill, one keeper and one
 //! daemon per volume at the end, the held files still reading, and unpublish + unstage leaving
@@ -302,6 +306,24 @@ impl Cluster {
         })
     }
 
+    /// Whether the connection of `volume` keeps a holder when its `kind` (a keeper or a
+    /// daemon) dies now: the fd store (every `/dev/fuse` file of the volume's keeper, or of
+    /// its daemon while it has none), or the volume's other process.
+    fn survives_kill_of(&self, kind: Kind, volume: usize) -> bool {
+        let r = roles(&self.mounts[volume]);
+        let in_store = self.node.fd_store.as_ref().is_some_and(|store| {
+            r.keepers
+                .first()
+                .or(r.daemons.first())
+                .is_some_and(|&of| holds_every_fuse_file_of(store.init, of))
+        });
+        let other = match kind {
+            Kind::Keeper => &r.daemons,
+            _ => &r.keepers,
+        };
+        in_store || other.iter().any(|&pid| fuse_fds(pid) > 0)
+    }
+
     fn keepers_hold_all(&self) -> bool {
         self.mounts.iter().all(|m| {
             let r = roles(m);
@@ -359,6 +381,10 @@ impl Cluster {
                 self.node.fd_store = Some(self.node.start_fd_store());
             }
             Kind::Keeper | Kind::Daemon => {
+                self.wait_until("another holder of the volume", |c| {
+                    c.survives_kill_of(kind, volume)
+                })
+                .await;
                 let deadline = Instant::now() + Duration::from_secs(60);
                 let pid = loop {
                     let r = roles(&mount);

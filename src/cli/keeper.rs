@@ -530,21 +530,30 @@ impl StoreLink {
         let (mut holding, mut fresh) = if held { (lease, None) } else { (None, lease) };
         let spawned = std::thread::Builder::new()
             .name("riffle-keeper-store".into())
-            .spawn(move || loop {
-                let link = match holding.take() {
-                    Some(link) => Some(link),
-                    None => match give(&socket, &key, &holder, fresh.take(), log.as_deref()) {
-                        Err(ProtocolError::Busy) => step_aside(log.as_deref()),
-                        given => given.ok(),
-                    },
-                };
-                if let Some(link) = link {
-                    *shared.lock() = link.try_clone().ok();
-                    // Holds the lease until the store goes away (answers to a drop on it too).
-                    while protocol::recv(link.as_fd()).is_ok() {}
-                    *shared.lock() = None;
+            .spawn(move || {
+                let mut pause = STORE_RETRY_FIRST;
+                loop {
+                    let link = match holding.take() {
+                        Some(link) => Some(link),
+                        None => match give(&socket, &key, &holder, fresh.take(), log.as_deref()) {
+                            Err(ProtocolError::Busy) => step_aside(log.as_deref()),
+                            given => given.ok(),
+                        },
+                    };
+                    let held = link.is_some();
+                    if let Some(link) = link {
+                        *shared.lock() = link.try_clone().ok();
+                        // Holds the lease until the store goes away (answers to a drop on it
+                        // too).
+                        while protocol::recv(link.as_fd()).is_ok() {}
+                        *shared.lock() = None;
+                        pause = STORE_RETRY_FIRST;
+                    }
+                    std::thread::sleep(pause);
+                    if !held {
+                        pause = (pause * 2).min(STORE_RETRY_LAST);
+                    }
                 }
-                std::thread::sleep(Duration::from_secs(1));
             });
         if let Err(e) = spawned {
             eprintln!("riffle keeper: cannot start the fd store thread: {e}");
@@ -623,6 +632,14 @@ fn step_aside(log: Option<&std::path::Path>) -> ! {
 /// lease ends when the store sees its socket close), or for a store that just started to hear
 /// from the live keepers (longer than [`protocol::STORE_SETTLES`]).
 const DEAD_LEASE_WAIT: Duration = Duration::from_secs(10);
+
+/// How soon a keeper gives a restarted fd store its copy, then how far apart its tries grow
+/// while the store stays away. Until the copy is given, the keeper and its daemon are the
+/// connection's only holders, so the first try comes soon (a store container restarts in
+/// tens of milliseconds); the tries then back off to one a second (each failed one is a line
+/// in the log).
+const STORE_RETRY_FIRST: Duration = Duration::from_millis(100);
+const STORE_RETRY_LAST: Duration = Duration::from_secs(1);
 const _: () = assert!(DEAD_LEASE_WAIT.as_secs() > protocol::STORE_SETTLES.as_secs());
 
 /// Takes mount `key` from the store; while another keeper's lease holds it, asks again for up
