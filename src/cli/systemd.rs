@@ -226,61 +226,10 @@ mod tests {
     use std::io::IoSliceMut;
     use std::os::fd::AsFd;
 
-    /// The bundle reaches a notification socket in systemd's format, with its descriptors.
+    /// The bundle reaches a notification socket in systemd's format, one descriptor per
+    /// message, the clones under numbered names, and is forgotten under the same names.
     #[test]
-    fn the_bundle_reaches_the_notification_socket() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("notify");
-        let listener = socket(
-            AddressFamily::Unix,
-            SockType::Datagram,
-            SockFlag::SOCK_CLOEXEC,
-            None,
-        )
-        .unwrap();
-        let addr = UnixAddr::new(&path).unwrap();
-        bind(listener.as_raw_fd(), &addr).unwrap();
-        let receive = || {
-            let mut buf = [0u8; 256];
-            let mut space = nix::cmsg_space!([RawFd; 3]);
-            let mut iov = [IoSliceMut::new(&mut buf)];
-            let msg = recvmsg::<()>(
-                listener.as_raw_fd(),
-                &mut iov,
-                Some(&mut space),
-                MsgFlags::empty(),
-            )
-            .unwrap();
-            let mut fds = 0;
-            for c in msg.cmsgs().unwrap() {
-                if let ControlMessageOwned::ScmRights(received) = c {
-                    fds += received.len();
-                    for fd in received {
-                        // SAFETY: received just now, owned by nothing else.
-                        drop(unsafe { OwnedFd::from_raw_fd(fd) });
-                    }
-                }
-            }
-            let bytes = msg.bytes;
-            (String::from_utf8_lossy(&buf[..bytes]).into_owned(), fds)
-        };
-        let store = SystemdStore { addr };
-        let files: Vec<OwnedFd> = (0..3)
-            .map(|_| OwnedFd::from(std::fs::File::open("/dev/null").unwrap()))
-            .collect();
-        let bundle: Vec<BorrowedFd> = files.iter().map(|f| f.as_fd()).collect();
-        store.give(&bundle).unwrap();
-        for name in NAMES {
-            assert_eq!(receive(), (format!("FDSTORE=1\nFDNAME={name}\n"), 1));
-        }
-        store.forget(3);
-        for name in NAMES {
-            assert_eq!(receive(), (format!("FDSTOREREMOVE=1\nFDNAME={name}\n"), 0));
-        }
-    }
-
-    #[test]
-    fn clones_are_stored_and_forgotten_under_numbered_names() {
+    fn the_bundle_and_its_clones_are_stored_and_forgotten_under_their_names() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("notify");
         let listener = socket(
@@ -303,7 +252,16 @@ mod tests {
                 MsgFlags::empty(),
             )
             .unwrap();
-            let fds = msg.cmsgs().unwrap().count();
+            let mut fds = 0;
+            for c in msg.cmsgs().unwrap() {
+                if let ControlMessageOwned::ScmRights(received) = c {
+                    fds += received.len();
+                    for fd in received {
+                        // SAFETY: received just now, owned by nothing else.
+                        drop(unsafe { OwnedFd::from_raw_fd(fd) });
+                    }
+                }
+            }
             let bytes = msg.bytes;
             (String::from_utf8_lossy(&buf[..bytes]).into_owned(), fds)
         };

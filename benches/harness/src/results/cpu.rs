@@ -142,22 +142,9 @@ mod tests {
 
     fn row(table: &str, system: &str, cold: Outcome, warm: Outcome) -> Row {
         Row {
-            table: table.into(),
-            system: system.into(),
-            column: Column::Proxy,
-            status: "ok".into(),
             cold: Some(cold),
             warm: Some(warm),
-            epoch3: None,
-            copy: None,
-            rss_kb: None,
-            note: None,
-            cold_detail: None,
-            warm_detail: None,
-            passes: Vec::new(),
-            round: None,
-            listing: None,
-            transport: None,
+            ..Row::new(table, system, Column::Proxy, "ok")
         }
     }
 

@@ -544,22 +544,9 @@ mod tests {
             ..Outcome::default()
         };
         Row {
-            table: "w1".into(),
-            system: system.into(),
-            column: Column::Proxy,
-            status: "ok".into(),
             cold: Some(o.clone()),
             warm: Some(o),
-            epoch3: None,
-            copy: None,
-            rss_kb: None,
-            note: None,
-            cold_detail: None,
-            warm_detail: None,
-            passes: Vec::new(),
-            round: None,
-            listing: None,
-            transport: None,
+            ..Row::new("w1", system, Column::Proxy, "ok")
         }
     }
 

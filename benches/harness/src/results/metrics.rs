@@ -248,22 +248,9 @@ mod tests {
 
     fn row(system: &str, cold: f64, warm: f64) -> Row {
         Row {
-            table: "w1".into(),
-            system: system.into(),
-            column: Column::Proxy,
-            status: "ok".into(),
             cold: Some(outcome(1000, 1_000_000, cold)),
             warm: Some(outcome(1000, 1_000_000, warm)),
-            epoch3: None,
-            copy: None,
-            rss_kb: None,
-            note: None,
-            cold_detail: None,
-            warm_detail: None,
-            passes: Vec::new(),
-            round: None,
-            listing: None,
-            transport: None,
+            ..Row::new("w1", system, Column::Proxy, "ok")
         }
     }
 

@@ -231,6 +231,29 @@ pub struct RiffleCounters {
 }
 
 impl Row {
+    /// A row of `system` in `table` with its status and nothing measured yet; callers set
+    /// what they have with struct update syntax (`Row { warm, ..Row::new(...) }`).
+    pub fn new(table: &str, system: &str, column: Column, status: &str) -> Row {
+        Row {
+            table: table.into(),
+            system: system.into(),
+            column,
+            status: status.into(),
+            cold: None,
+            warm: None,
+            epoch3: None,
+            copy: None,
+            rss_kb: None,
+            note: None,
+            cold_detail: None,
+            warm_detail: None,
+            passes: Vec::new(),
+            round: None,
+            listing: None,
+            transport: None,
+        }
+    }
+
     pub fn ok(&self) -> bool {
         self.status == "ok"
     }

@@ -690,22 +690,10 @@ mod tests {
             ..Outcome::default()
         };
         Row {
-            table: "w1".into(),
-            system: system.into(),
-            column,
-            status: "ok".into(),
             cold: Some(o.clone()),
             warm: Some(o),
-            epoch3: None,
-            copy: None,
             rss_kb: Some(204_800),
-            note: None,
-            cold_detail: None,
-            warm_detail: None,
-            passes: Vec::new(),
-            round: None,
-            listing: None,
-            transport: None,
+            ..Row::new("w1", system, column, "ok")
         }
     }
 

@@ -113,22 +113,8 @@ mod tests {
 
     fn row(system: &str, transport: Option<&str>) -> Row {
         Row {
-            table: "w1".into(),
-            system: system.into(),
-            column: Column::Proxy,
-            status: "ok".into(),
-            cold: None,
-            warm: None,
-            epoch3: None,
-            copy: None,
-            rss_kb: None,
-            note: None,
-            cold_detail: None,
-            warm_detail: None,
-            passes: Vec::new(),
-            round: None,
-            listing: None,
             transport: transport.map(str::to_string),
+            ..Row::new("w1", system, Column::Proxy, "ok")
         }
     }
 

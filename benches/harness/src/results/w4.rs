@@ -448,22 +448,9 @@ mod tests {
 
     fn row(system: &str, listing: Listing) -> Row {
         Row {
-            table: "w4".into(),
-            system: system.into(),
-            column: Column::Proxy,
-            status: "ok".into(),
-            cold: None,
-            warm: None,
-            epoch3: None,
-            copy: None,
             rss_kb: Some(300 * 1024),
-            note: None,
-            cold_detail: None,
-            warm_detail: None,
-            passes: Vec::new(),
-            round: None,
             listing: Some(listing),
-            transport: None,
+            ..Row::new("w4", system, Column::Proxy, "ok")
         }
     }
 

@@ -219,22 +219,9 @@ mod tests {
 
     fn row(system: &str, passes: Vec<Pass>) -> Row {
         Row {
-            table: "w5".into(),
-            system: system.into(),
-            column: Column::Proxy,
-            status: "ok".into(),
-            cold: None,
-            warm: None,
-            epoch3: None,
-            copy: None,
             rss_kb: Some(10_240),
-            note: None,
-            cold_detail: None,
-            warm_detail: None,
             passes,
-            round: None,
-            listing: None,
-            transport: None,
+            ..Row::new("w5", system, Column::Proxy, "ok")
         }
     }
 
