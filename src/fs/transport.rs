@@ -24,10 +24,26 @@ use parking_lot::Mutex;
 /// The kernel's switch for FUSE over io_uring (off by default even where it is built).
 pub const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
 
-/// Whether this kernel lets a FUSE server use io_uring; the reason when not.
+/// Whether this kernel lets this process serve FUSE over io_uring; the reason when not.
+///
+/// Asked before INIT, because INIT decides for good: once a connection negotiated
+/// `FUSE_OVER_IO_URING`, the kernel holds every request until all the rings are registered,
+/// so a server that then cannot make its rings leaves every caller waiting. Hence the switch,
+/// and a ring made the way the queues make theirs (128-byte SQEs): a container runtime's
+/// default seccomp profile or `kernel.io_uring_disabled` refuses `io_uring_setup`.
 pub fn kernel_offers_ring() -> Result<(), String> {
     match std::fs::read_to_string(ENABLE_URING) {
-        Ok(v) if v.trim() == "Y" || v.trim() == "1" => Ok(()),
+        Ok(v) if v.trim() == "Y" || v.trim() == "1" => {
+            io_uring::IoUring::<io_uring::squeue::Entry128, io_uring::cqueue::Entry>::builder()
+                .build(4)
+                .map(drop)
+                .map_err(|e| {
+                    format!(
+                        "this process may not use io_uring ({e}: a seccomp profile such as a \
+                         container runtime's default, or kernel.io_uring_disabled)"
+                    )
+                })
+        }
         Ok(_) => Err(format!(
             "the kernel's FUSE io_uring is off (as root: echo Y > {ENABLE_URING})"
         )),
@@ -115,5 +131,26 @@ mod tests {
         assert!(t
             .describe()
             .starts_with("/dev/fuse: io_uring not ready (0 of 0"));
+    }
+
+    /// A process that may not use io_uring (a container's default seccomp profile) is never
+    /// offered the rings: negotiated at INIT, they would leave every request waiting.
+    #[test]
+    fn a_process_refused_io_uring_is_not_offered_the_rings() {
+        if !std::fs::read_to_string(ENABLE_URING).is_ok_and(|v| v.trim() == "Y") {
+            eprintln!("skipping: the kernel's FUSE io_uring is off or absent ({ENABLE_URING})");
+            return;
+        }
+        assert_eq!(kernel_offers_ring(), Ok(()), "offered without a filter");
+        std::thread::spawn(|| {
+            crate::cache::ring::tests::refuse_io_uring_setup_on_this_thread();
+            let why = kernel_offers_ring().expect_err("offered under a filter refusing io_uring");
+            assert!(
+                why.starts_with("this process may not use io_uring"),
+                "{why}"
+            );
+        })
+        .join()
+        .expect("the test thread");
     }
 }

@@ -373,4 +373,4 @@ impl Drop for Ring {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

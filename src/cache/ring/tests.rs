@@ -214,7 +214,7 @@ fn where_io_uring_is_refused_the_ring_falls_back_to_plain_threads() {
 
 /// Installs a seccomp filter on the calling thread (not the process) that fails
 /// `io_uring_setup` with `ENOSYS` and allows everything else.
-fn refuse_io_uring_setup_on_this_thread() {
+pub(crate) fn refuse_io_uring_setup_on_this_thread() {
     let stmt = |code: u32, k: u32| libc::sock_filter {
         code: code as u16,
         jt: 0,

@@ -618,7 +618,8 @@ fn start_rings<FS: Filesystem>(
     let queues = match uring::queues(options, negotiated, ch.as_fd().as_raw_fd(), status) {
         Ok(queues) => queues,
         Err(e) => {
-            warn!("FUSE over io_uring: no rings ({e}); serving /dev/fuse");
+            // The kernel holds requests until every queue has entries (INIT negotiated them).
+            log::error!("FUSE over io_uring: no rings ({e}); the mount may not answer");
             return Vec::new();
         }
     };
@@ -637,7 +638,7 @@ fn start_rings<FS: Filesystem>(
             .spawn(move || uring::serve(q, event_loop, st))
         {
             Ok(thread) => started.push((queue, thread)),
-            Err(e) => warn!("FUSE over io_uring: cannot start queue {qid}: {e}"),
+            Err(e) => status.queue_failed(qid as u16, &e),
         }
     }
     started

@@ -117,8 +117,12 @@ impl UringStatus {
         self.registered.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn queue_failed(&self, qid: u16, error: &io::Error) {
-        log::warn!("FUSE over io_uring: queue {qid} not registered: {error}");
+    pub(crate) fn queue_failed(&self, qid: u16, error: &io::Error) {
+        // INIT negotiated the rings, and the kernel holds every request until each queue has
+        // an entry: a queue that has none leaves the mount unanswered.
+        log::error!(
+            "FUSE over io_uring: queue {qid} not registered: {error}; the kernel holds requests until every queue has entries, so the mount may not answer (mount over /dev/fuse instead)"
+        );
         self.error
             .lock()
             .get_or_insert_with(|| format!("queue {qid}: {error}"));

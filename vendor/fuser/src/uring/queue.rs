@@ -351,9 +351,16 @@ pub(crate) fn serve<FS: Filesystem>(
     QUEUE_OF_THIS_THREAD.with(|q| q.set(Arc::as_ptr(&queue)));
     pin_to_cpu(usize::from(queue.qid));
     let sq_entries = (queue.depth as u32 + 2).next_power_of_two();
-    let mut ring: IoUring<squeue::Entry128, cqueue::Entry> = IoUring::builder()
+    let mut ring: IoUring<squeue::Entry128, cqueue::Entry> = match IoUring::builder()
         .setup_cqsize(sq_entries * 2)
-        .build(sq_entries)?;
+        .build(sq_entries)
+    {
+        Ok(ring) => ring,
+        Err(e) => {
+            status.queue_failed(queue.qid, &e);
+            return Err(e);
+        }
+    };
     let mut wake_buf = [0u8; 8];
     let wake_sqe = |buf: &mut [u8; 8]| -> squeue::Entry128 {
         opcode::Read::new(types::Fd(queue.wake.as_raw_fd()), buf.as_mut_ptr(), 8)
