@@ -7,7 +7,8 @@
 //! each request on the ring of its caller's CPU (fuser's `uring` module has the layout and the
 //! memory it takes). The ring is chosen at start:
 //! - `auto` (the default) takes the rings where the kernel offers them (the switch
-//!   `ENABLE_URING` is on) and no keeper holds the connection, else `/dev/fuse`;
+//!   `ENABLE_URING` is on and this process may make an io_uring: [`kernel_offers_ring`]) and
+//!   no keeper holds the connection, else `/dev/fuse`;
 //! - `io-uring` asks for the rings (where no keeper holds the connection), and the mount fails
 //!   with the reason when they cannot be had;
 //! - `dev-fuse` never asks for it.

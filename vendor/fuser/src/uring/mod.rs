@@ -16,9 +16,11 @@
 //! use them, so a queue costs at most `queue_depth` MiB and, with passthrough (no data over
 //! FUSE), a few KiB per entry.
 //!
-//! `FORGET`, `BATCH_FORGET` and `INTERRUPT` still come over `/dev/fuse`, as do requests sent
-//! before the ring is ready, so the session keeps its `/dev/fuse` threads beside the queues;
-//! notifications and passthrough's backing-file ioctls also stay on the descriptor.
+//! `FORGET`, `BATCH_FORGET` and `INTERRUPT` still come over `/dev/fuse`, so the session keeps
+//! its `/dev/fuse` threads beside the queues; notifications and passthrough's backing-file
+//! ioctls also stay on the descriptor. Until every queue has registered an entry the kernel
+//! holds new requests (`fuse_get_req` waits) rather than send them over `/dev/fuse`: once
+//! INIT negotiated the rings, they must come up (riffle checks it can make a ring first).
 //!
 //! What the ring cannot do: survive its server. When the thread that armed an entry exits,
 //! the kernel cancels the entry (`fuse_uring_cancel`); a request held in it when the server

@@ -341,8 +341,9 @@ impl RingSlot {
 
 /// The queue's thread: registers the entries, then dispatches what arrives and commits the
 /// answers, until the session ends or every entry is gone. Registration errors are reported
-/// to `status` (the kernel answers them at submit time); requests then keep coming over
-/// `/dev/fuse`, since the kernel switches to the ring only once every queue has an entry.
+/// to `status` (the kernel answers them at submit time). They are not recovered from: the
+/// kernel holds new requests (in `fuse_get_req`) until every queue has an entry, rather than
+/// send them over `/dev/fuse`, so a queue that never registers leaves the mount unanswered.
 pub(crate) fn serve<FS: Filesystem>(
     queue: Arc<QueueShared>,
     event_loop: SessionEventLoop<FS>,
