@@ -540,7 +540,7 @@ impl StoreLink {
                             given => given.ok(),
                         },
                     };
-                    let held = link.is_some();
+                    let linked = link.is_some();
                     if let Some(link) = link {
                         *shared.lock() = link.try_clone().ok();
                         // Holds the lease until the store goes away (answers to a drop on it
@@ -550,7 +550,7 @@ impl StoreLink {
                         pause = STORE_RETRY_FIRST;
                     }
                     std::thread::sleep(pause);
-                    if !held {
+                    if !linked {
                         pause = (pause * 2).min(STORE_RETRY_LAST);
                     }
                 }
