@@ -466,15 +466,8 @@ impl VolumeManager {
                     return Ok(Recovery::TakenOver);
                 }
                 // A failure other than the store's word that nothing is kept (the new keeper
-                // killed while starting, the store not answering) is tried again at once,
-                // unless the mount is served again: a daemon's new keeper won the store's
-                // lease after this check found the last one dead, and a retry would only start
-                // another keeper to be refused (one keeper per mount).
+                // killed while starting, the store not answering) is tried again at once.
                 if e.kind != MountErrorKind::NothingToTakeOver && attempt < TAKE_OVER_ATTEMPTS {
-                    if self.mounter.health(&target, None).await? == Health::Live {
-                        tracing::info!(volume_id = %record.volume_id, target = %target.display(), reason = %e, "the take-over failed, but the mount is served again: not trying again");
-                        return Ok(Recovery::StillServed);
-                    }
                     tracing::warn!(volume_id = %record.volume_id, target = %target.display(), reason = %e, attempt, "the take-over failed; trying again");
                     tokio::time::sleep(TAKE_OVER_PAUSE * attempt).await;
                     continue;
