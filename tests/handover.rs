@@ -386,25 +386,46 @@ fn a_new_build_takes_the_mount_over_on_sighup() {
 /// `riffle mount --restart --fd-store` of the same mountpoint takes the live mount over. The
 /// store restarting (the plugin's container) loses nothing either: the keeper gives it the
 /// connection again.
+/// A running `riffle fd-store`, SIGKILLed when dropped (a failed test leaves none behind).
+struct FdStore(std::process::Child);
+
+impl FdStore {
+    fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for FdStore {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Starts `riffle fd-store` at `socket` and waits until it listens.
+fn start_fd_store(socket: &Path) -> FdStore {
+    let child = std::process::Command::new(common::RIFFLE)
+        .args(["fd-store", "--socket"])
+        .arg(socket)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start riffle fd-store");
+    let store = FdStore(child);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !socket.exists() {
+        assert!(Instant::now() < deadline, "fd store socket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    store
+}
+
 #[test]
 fn keeper_and_daemon_killed_together_cost_no_read_with_an_fd_store() {
     let endpoint = need_rgw!();
     let dir = tempfile::tempdir().expect("tempdir");
     let socket = dir.path().join("fdstore.sock");
-    let start_store = || {
-        let child = std::process::Command::new(common::RIFFLE)
-            .args(["fd-store", "--socket"])
-            .arg(&socket)
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("start riffle fd-store");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !socket.exists() {
-            assert!(Instant::now() < deadline, "fd store socket");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        child
-    };
+    let start_store = || start_fd_store(&socket);
     let mut store = start_store();
     let bucket = common::unique_bucket("fdstore");
     let data = Arc::new(dataset(&endpoint, &bucket));
@@ -440,8 +461,7 @@ fn keeper_and_daemon_killed_together_cost_no_read_with_an_fd_store() {
     for round in 1..=3 {
         if round == 2 {
             // The store restarts; the keeper gives it the connection again.
-            store.kill().expect("kill the store");
-            store.wait().expect("reap the store");
+            store.kill();
             let held = mount
                 .log_text()
                 .matches("the fd store holds a copy of the connection")
@@ -508,8 +528,7 @@ fn keeper_and_daemon_killed_together_cost_no_read_with_an_fd_store() {
         tally.errors.lock().unwrap()
     );
     drop(mount);
-    let _ = store.kill();
-    let _ = store.wait();
+    drop(store);
 }
 
 /// The live riffle processes serving `mount` by role: keepers (named
@@ -815,4 +834,181 @@ fn each_fuse_thread_reads_a_clone_the_keeper_holds_and_a_kill_ends_none() {
         3,
         "log:\n{log}"
     );
+}
+
+/// A TCP relay to the RGW that holds every connection unanswered until it is opened: while
+/// it is shut, a daemon that lists the bucket before it reports (every daemon does, its
+/// probe) cannot report anything.
+struct Gate {
+    endpoint: String,
+    open: Arc<AtomicBool>,
+    /// Connections accepted while shut.
+    held: Arc<AtomicU64>,
+}
+
+impl Gate {
+    fn new(upstream: &str) -> Gate {
+        let upstream = upstream
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .to_string();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the gate");
+        let endpoint = format!("http://{}", listener.local_addr().expect("gate address"));
+        let open = Arc::new(AtomicBool::new(false));
+        let held = Arc::new(AtomicU64::new(0));
+        let (is_open, count) = (open.clone(), held.clone());
+        std::thread::spawn(move || {
+            let mut stalled = Vec::new();
+            for client in listener.incoming().flatten() {
+                if !is_open.load(Ordering::SeqCst) {
+                    count.fetch_add(1, Ordering::SeqCst);
+                    stalled.push(client);
+                    continue;
+                }
+                stalled.clear();
+                let Ok(server) = std::net::TcpStream::connect(&upstream) else {
+                    continue;
+                };
+                for (mut from, mut to) in [
+                    (
+                        client.try_clone().expect("clone"),
+                        server.try_clone().expect("clone"),
+                    ),
+                    (server, client),
+                ] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Write);
+                    });
+                }
+            }
+        });
+        Gate {
+            endpoint,
+            open,
+            held,
+        }
+    }
+}
+
+/// A take-over from the fd store whose first daemon dies before it reports: the keeper has
+/// the connection already (from the store), starts a successor, and `riffle mount` exits 0
+/// once the successor serves, instead of waiting forever on a keeper that serves on (what a
+/// CSI chaos run hit: the mounter's take-over never answered, so no other volume was
+/// recovered). The first daemon is held in its start-up probe by a shut [`Gate`] until the
+/// test has killed it, so it dies before its `OK` in every run.
+#[test]
+fn a_take_over_whose_first_daemon_dies_unreported_reports_its_successor() {
+    let endpoint = need_rgw!();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("fdstore.sock");
+    let store = start_fd_store(&socket);
+    let bucket = common::unique_bucket("unreported");
+    let data = dataset(&endpoint, &bucket);
+    let cache = tempfile::tempdir().expect("cache dir");
+    let source = format!("s3://{bucket}/");
+    let socket_arg = socket.to_str().expect("utf-8").to_string();
+    let args = [
+        "--restart",
+        "--fd-store",
+        &socket_arg,
+        "--cache-dir",
+        cache.path().to_str().expect("utf-8"),
+        "--cache-size",
+        "1G",
+    ];
+    let mount = Mount::new(&endpoint, &source, &args);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !mount
+        .log_text()
+        .contains("the fd store holds a copy of the connection")
+    {
+        assert!(Instant::now() < deadline, "the store never held the mount");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    sigkill(mount.pid());
+    sigkill(daemon_pid(&mount).expect("a daemon answers"));
+    let gate = Gate::new(&endpoint);
+    let mut take_over = std::process::Command::new(common::RIFFLE)
+        .arg("mount")
+        .arg(&source)
+        .arg(&mount.path)
+        .args([
+            "--endpoint-url",
+            &gate.endpoint,
+            "--force-path-style",
+            "--cache-min-free",
+            "0",
+            "--take-over",
+        ])
+        .arg("--log-file")
+        .arg(&mount.log)
+        .arg("--pid-file")
+        .arg(&mount.pid_file)
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the take-over");
+    // The first daemon waits in its probe on the shut gate: kill it there.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let first = loop {
+        let now = roles(&mount.path);
+        if gate.held.load(Ordering::SeqCst) > 0 && now.keepers.len() == 1 {
+            if let [daemon] = now.daemons[..] {
+                break daemon;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the first daemon never reached the gate: {} connections, keepers {:?}, daemons {:?}\n{}",
+            gate.held.load(Ordering::SeqCst),
+            now.keepers,
+            now.daemons,
+            mount.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    sigkill(first);
+    gate.open.store(true, Ordering::SeqCst);
+    // A guard against the old hang only: the verdict comes once the successor serves.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let status = loop {
+        if let Some(status) = take_over.try_wait().expect("wait for riffle mount") {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = take_over.kill();
+            panic!(
+                "riffle mount --take-over never returned after its first daemon died:\n{}",
+                mount.log_text()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    if let Some(mut pipe) = take_over.stderr.take() {
+        let _ = pipe.read_to_string(&mut stderr);
+    }
+    assert!(
+        status.success(),
+        "the take-over failed ({status}): {stderr}\n{}",
+        mount.log_text()
+    );
+    let log = mount.log_text();
+    assert!(
+        log.contains("took the mount over from the fd store")
+            && log.contains("the daemon was killed by SIGKILL; starting a successor"),
+        "the take-over's first daemon was not replaced:\n{log}"
+    );
+    let successor = daemon_pid(&mount).expect("the successor answers");
+    assert_ne!(successor, first, "the successor serves");
+    let (name, bytes) = &data.files[0];
+    assert_eq!(
+        &std::fs::read(mount.join(name)).expect("read through the successor"),
+        bytes,
+        "the successor serves the object's bytes"
+    );
+    drop(mount);
+    drop(store);
 }

@@ -689,11 +689,15 @@ fn keep(
     mut generation: u64,
 ) -> anyhow::Result<()> {
     let mut failures = 0u32;
+    // The last `ERR` a daemon sent while `riffle mount` still waits for a verdict: passed on
+    // only when the keeper gives up, since a successor may still mount.
+    let mut refusal: Option<String> = None;
     loop {
         generation += 1;
         let resume = generation > 1 || store.took();
         let started = Instant::now();
-        let status = run_daemon(holder, generation, resume, readiness)?;
+        let (status, refused) = run_daemon(holder, generation, resume, readiness)?;
+        refusal = refused.or(refusal);
         DAEMON_PID.store(0, Ordering::Relaxed);
         if status.success() {
             return Ok(());
@@ -703,7 +707,9 @@ fn keep(
         if !held {
             // The first daemon failed before its connection existed: it said why (readiness
             // pipe, log); nothing to keep.
-            bail!("the riffle daemon {how} before mounting");
+            let why = format!("the riffle daemon {how} before mounting");
+            give_up(readiness, refusal, &why);
+            bail!("{why}");
         }
         if !connection_alive(holder) {
             note(
@@ -719,10 +725,12 @@ fn keep(
         if failures > MAX_FAILED_STARTS {
             holder.lock().clear();
             note(log, &format!("the daemon {how}; giving the mount up"));
-            bail!(
+            let why = format!(
                 "the riffle daemon {how}; {MAX_FAILED_STARTS} successors in a row failed, \
                  giving the mount up (readers now get ENOTCONN)"
             );
+            give_up(readiness, refusal, &why);
+            bail!("{why}");
         }
         let pause = Duration::from_millis(100 * (1u64 << (failures - 1).min(6)))
             .min(Duration::from_secs(5));
@@ -741,13 +749,29 @@ fn keep(
     }
 }
 
-/// Starts one daemon, answers its keeper socket, and waits for it to exit.
+/// Tells `riffle mount`, if it still waits, why the keeper gives up: the last daemon's own
+/// `ERR` (its kind sets the exit status), else `why`.
+fn give_up(readiness: &mut Readiness, refusal: Option<String>, why: &str) {
+    match refusal {
+        Some(line) => readiness.pass_on(&line),
+        None => readiness.failed(why),
+    }
+}
+
+/// Starts one daemon, answers its keeper socket, and waits for it to exit; with it, the
+/// `ERR` line it sent while `riffle mount` waited for a verdict.
+///
+/// While that verdict is pending, every daemon reports through the keeper
+/// ([`Readiness::relay`]): the first daemon of a take-over can die before it says `OK` (the
+/// connection is already the keeper's, from the store), and then its successor's `OK` is
+/// the verdict. Were the first daemon's the only one, `riffle mount` would hear nothing and
+/// wait on a keeper that serves on.
 fn run_daemon(
     holder: &Arc<Mutex<Holder>>,
     generation: u64,
     resume: bool,
     readiness: &mut Readiness,
-) -> anyhow::Result<ExitStatus> {
+) -> anyhow::Result<(ExitStatus, Option<String>)> {
     let (ours, theirs) = protocol::pair().context("cannot create the keeper socket")?;
     let mut cmd = Command::new(program()?);
     cmd.args(std::env::args_os().skip(1));
@@ -764,31 +788,38 @@ fn run_daemon(
         cmd.env("RIFFLE_RESUME", "true");
     }
     if generation > 1 {
-        // Only the first daemon reports to `riffle mount` (mounted, or taken over from a store).
-        cmd.env_remove("RIFFLE_READY_FD").stdin(Stdio::null());
+        cmd.stdin(Stdio::null());
     }
-    let inherit = theirs.as_raw_fd();
+    let mut relay = readiness.relay()?;
+    match relay.child_fd() {
+        Some(fd) => cmd.env("RIFFLE_READY_FD", fd.to_string()),
+        None => cmd.env_remove("RIFFLE_READY_FD"),
+    };
+    let inherit = [Some(theirs.as_raw_fd()), relay.child_fd()];
     // SAFETY: fcntl is async-signal-safe; nothing else runs between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
-            let flags = libc::fcntl(inherit, libc::F_GETFD);
-            if flags < 0 || libc::fcntl(inherit, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
-                return Err(std::io::Error::last_os_error());
+            for fd in inherit.into_iter().flatten() {
+                let flags = libc::fcntl(fd, libc::F_GETFD);
+                if flags < 0 || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
             }
             Ok(())
         });
     }
-    let mut child = match cmd.spawn() {
+    let spawned = cmd.spawn();
+    relay.started();
+    let mut child = match spawned {
         Ok(child) => child,
         Err(e) => {
-            readiness.failed(&format!("cannot start the riffle daemon: {e}"));
+            let (mut pending, _) = relay.finish();
+            pending.failed(&format!("cannot start the riffle daemon: {e}"));
             return Err(e).context("cannot start the riffle daemon");
         }
     };
     DAEMON_PID.store(child.id() as i32, Ordering::Relaxed);
     drop(theirs);
-    // The daemon reports readiness itself; the keeper's copy of the pipe must not keep it open.
-    drop(std::mem::replace(readiness, Readiness::from_fd(None)));
     let answering = {
         let holder = holder.clone();
         std::thread::Builder::new()
@@ -799,7 +830,9 @@ fn run_daemon(
     let status = child.wait().context("cannot wait for the riffle daemon")?;
     // The daemon's end is closed now, so the thread's next receive ends.
     let _ = answering.join();
-    Ok(status)
+    let (pending, refused) = relay.finish();
+    *readiness = pending;
+    Ok((status, refused))
 }
 
 /// Answers the daemon's messages until its socket closes.

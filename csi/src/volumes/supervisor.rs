@@ -6,11 +6,13 @@
 //! with the previous plugin) are detached and remounted, so pods recover
 //! without a restart.
 //!
-//! [`run`] then repeats the same check every interval. A target whose
-//! recovery fails is retried with exponential backoff (interval x 2^n, at
-//! most five minutes) so that a bucket that went away does not turn into a
-//! remount storm; targets with an operation in progress are skipped for that
-//! round. While the mounter itself cannot be asked (the `riffle-mounter`
+//! [`run`] then repeats the same check every interval, each target on a task
+//! of its own: a take-over can take up to the mounter's mount timeout, and
+//! the other volumes' recoveries (and the mounter pings below) go on
+//! meanwhile. A target whose recovery fails is retried with exponential
+//! backoff (interval x 2^n, at most five minutes) so that a bucket that went
+//! away does not turn into a remount storm; targets with a check or an
+//! operation in progress are skipped for that round. While the mounter itself cannot be asked (the `riffle-mounter`
 //! container restarting), rounds are skipped whole and count against no
 //! target.
 //!
@@ -27,8 +29,9 @@
 //! whose keeper and daemon died in quick succession, with only the fd store
 //! holding its connection, is taken over within a ping, not a round.
 
-use crate::volumes::{CheckOutcome, VolumeManager};
-use std::collections::HashMap;
+use crate::node_state::state::VolumeRecord;
+use crate::volumes::{CheckOutcome, VolumeError, VolumeManager};
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,13 +53,9 @@ pub async fn reconcile(manager: &Arc<VolumeManager>) -> (usize, usize) {
         }
     };
     tracing::info!(volumes = records.len(), "reconciling recorded volumes");
-    let mut tasks = tokio::task::JoinSet::new();
+    let mut tasks = Checks::new();
     for record in records {
-        let manager = Arc::clone(manager);
-        tasks.spawn(async move {
-            let outcome = manager.check(&record.target, true).await;
-            (record, outcome)
-        });
+        spawn_check(&mut tasks, manager, record, true);
     }
     let (mut recovered, mut failed) = (0, 0);
     while let Some(joined) = tasks.join_next().await {
@@ -89,6 +88,27 @@ pub async fn reconcile(manager: &Arc<VolumeManager>) -> (usize, usize) {
     (recovered, failed)
 }
 
+/// The checks of targets, each on a task of its own.
+type Checks = tokio::task::JoinSet<(VolumeRecord, Result<CheckOutcome, VolumeError>)>;
+
+/// Checks `record` on a task of `checks`: one volume's slow recovery (a take-over waits for
+/// its daemon's start, up to the mounter's mount timeout) must not hold up another's. Checks
+/// of one target exclude each other by its lock ([`VolumeManager::check`]; `wait`: wait for
+/// it, or skip a target in use), and a pod's bind of a staged volume waits for the staged
+/// mount's.
+fn spawn_check(
+    checks: &mut Checks,
+    manager: &Arc<VolumeManager>,
+    record: VolumeRecord,
+    wait: bool,
+) {
+    let manager = Arc::clone(manager);
+    checks.spawn(async move {
+        let outcome = manager.check(&record.target, wait).await;
+        (record, outcome)
+    });
+}
+
 /// Per-target retry schedule after failed recoveries.
 #[derive(Default)]
 struct Backoff {
@@ -114,7 +134,9 @@ impl Backoff {
     }
 }
 
-/// Checks all recorded targets every `interval`, forever.
+/// Checks all recorded targets every `interval`, forever. A round starts the checks of the
+/// targets due and goes on at once: the pings and the next rounds do not wait for a slow
+/// one, and a target whose check still runs is left out of them.
 pub async fn run(manager: Arc<VolumeManager>, interval: Duration) {
     let mut backoff = Backoff::default();
     let mut ticker = tokio::time::interval(interval.min(MOUNTER_POLL));
@@ -123,8 +145,19 @@ pub async fn run(manager: Arc<VolumeManager>, interval: Duration) {
     let mut mounter: Option<String> = None;
     let mut exited: Option<u64> = None;
     let mut last_round: Option<Instant> = None;
+    let mut checks = Checks::new();
+    let mut checking: HashSet<PathBuf> = HashSet::new();
     loop {
-        ticker.tick().await;
+        tokio::select! {
+            Some(joined) = checks.join_next(), if !checks.is_empty() => {
+                if let Ok((record, outcome)) = joined {
+                    checking.remove(&record.target);
+                    settle(&mut backoff, &record, outcome, interval);
+                }
+                continue;
+            }
+            _ = ticker.tick() => {}
+        }
         let pulse = match manager.mounter_pulse().await {
             Err(e) => {
                 if !paused {
@@ -168,23 +201,33 @@ pub async fn run(manager: Arc<VolumeManager>, interval: Duration) {
             .entries
             .retain(|t, _| records.iter().any(|r| &r.target == t));
         for record in records {
-            if !backoff.due(&record.target, now) {
-                continue;
+            if backoff.due(&record.target, now) && checking.insert(record.target.clone()) {
+                spawn_check(&mut checks, &manager, record, false);
             }
-            match manager.check(&record.target, false).await {
-                Ok(CheckOutcome::Recovered(why)) => {
-                    backoff.succeeded(&record.target);
-                    tracing::warn!(volume_id = %record.volume_id, target = %record.target.display(), reason = %why, "mount daemon was gone; remounted");
-                }
-                Ok(CheckOutcome::Foreign(fs)) => {
-                    tracing::warn!(volume_id = %record.volume_id, target = %record.target.display(), fs_type = %fs, "target is covered by another mount")
-                }
-                Ok(_) => backoff.succeeded(&record.target),
-                Err(e) => {
-                    let delay = backoff.failed(record.target.clone(), interval, now);
-                    tracing::error!(volume_id = %record.volume_id, target = %record.target.display(), error = %e, retry_in = ?delay, "remount failed");
-                }
-            }
+        }
+    }
+}
+
+/// Logs a finished check of `record` and updates its retry schedule.
+fn settle(
+    backoff: &mut Backoff,
+    record: &VolumeRecord,
+    outcome: Result<CheckOutcome, VolumeError>,
+    interval: Duration,
+) {
+    let target = record.target.display();
+    match outcome {
+        Ok(CheckOutcome::Recovered(why)) => {
+            backoff.succeeded(&record.target);
+            tracing::warn!(volume_id = %record.volume_id, %target, reason = %why, "mount daemon was gone; remounted");
+        }
+        Ok(CheckOutcome::Foreign(fs)) => {
+            tracing::warn!(volume_id = %record.volume_id, %target, fs_type = %fs, "target is covered by another mount")
+        }
+        Ok(_) => backoff.succeeded(&record.target),
+        Err(e) => {
+            let delay = backoff.failed(record.target.clone(), interval, Instant::now());
+            tracing::error!(volume_id = %record.volume_id, %target, error = %e, retry_in = ?delay, "remount failed");
         }
     }
 }
