@@ -211,6 +211,18 @@ fn sigkill(pid: i32) {
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0, "kill {pid}");
 }
 
+/// SIGKILLs `pids` as one: each is stopped first, so that none sees another die (a daemon
+/// whose keeper died starts a new one, a keeper whose daemon died a successor).
+fn kill_together(pids: &[i32]) {
+    for &pid in pids {
+        // SAFETY: a plain kill of a process this test started.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0, "stop {pid}");
+    }
+    for &pid in pids {
+        sigkill(pid);
+    }
+}
+
 /// The daemon's parent.
 fn parent_of(pid: i32) -> i32 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("daemon stat");
@@ -475,8 +487,7 @@ fn keeper_and_daemon_killed_together_cost_no_read_with_an_fd_store() {
             .count();
         let keeper = mount.pid();
         let daemon = daemon_pid(&mount).expect("a daemon answers");
-        sigkill(keeper);
-        sigkill(daemon);
+        kill_together(&[keeper, daemon]);
         // A new keeper for the same mountpoint (as a new mounter container would start one).
         let out = common::run_with_timeout(
             std::process::Command::new(common::RIFFLE)
@@ -926,8 +937,7 @@ fn a_take_over_whose_first_daemon_dies_unreported_reports_its_successor() {
         assert!(Instant::now() < deadline, "the store never held the mount");
         std::thread::sleep(Duration::from_millis(20));
     }
-    sigkill(mount.pid());
-    sigkill(daemon_pid(&mount).expect("a daemon answers"));
+    kill_together(&[mount.pid(), daemon_pid(&mount).expect("a daemon answers")]);
     let gate = Gate::new(&endpoint);
     let mut take_over = std::process::Command::new(common::RIFFLE)
         .arg("mount")
