@@ -184,8 +184,7 @@ fn serve(args: &MountArgs, readiness: &mut Readiness) -> anyhow::Result<()> {
         match device_copies(&session) {
             Ok((fuse, clones)) => {
                 let [nodes, handles] = state;
-                let mut bundle = vec![fuse, nodes, handles];
-                bundle.extend(clones);
+                let bundle = protocol::bundle(fuse, nodes, handles, clones);
                 adoption::watch(Adoptable {
                     keeper,
                     bundle,

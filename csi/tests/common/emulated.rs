@@ -257,7 +257,8 @@ impl Drop for Node {
         if let Some(m) = self.mounter.take() {
             m.kill();
         }
-        if std::thread::panicking() {
+        // On a failure, or when asked (`RIFFLE_KEEP_NODE_LOGS`: to study a run that passed).
+        if std::thread::panicking() || std::env::var_os("RIFFLE_KEEP_NODE_LOGS").is_some() {
             // The containers' logs, then the volumes' daemons'.
             let logs: Vec<PathBuf> = [self.dir.path().to_path_buf(), self.path("state/logs")]
                 .iter()

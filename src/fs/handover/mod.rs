@@ -163,16 +163,18 @@ impl Handover {
     /// The descriptors to give the keeper, in protocol order: `fuse`, the journal, the
     /// table, then `fuse`'s clones.
     pub fn fds<'a>(&'a self, fuse: BorrowedFd<'a>, clones: &'a [OwnedFd]) -> Vec<BorrowedFd<'a>> {
-        let base = [fuse, self.nodes.region().fd(), self.handles.region().fd()];
-        base.into_iter()
-            .chain(clones.iter().map(AsFd::as_fd))
-            .collect()
+        protocol::bundle(
+            fuse,
+            self.nodes.region().fd(),
+            self.handles.region().fd(),
+            clones.iter().map(AsFd::as_fd),
+        )
     }
 }
 
 impl Resumed {
     /// The bundle received from a keeper: `[fuse, nodes, handles, clones...]`.
-    pub fn from_fds(mut fds: Vec<OwnedFd>) -> Result<Resumed, HandoverError> {
+    pub fn from_fds(fds: Vec<OwnedFd>) -> Result<Resumed, HandoverError> {
         let got = fds.len();
         let shape = || {
             HandoverError::Params(format!(
@@ -181,12 +183,7 @@ impl Resumed {
                 protocol::MAX_BUNDLE_FDS,
             ))
         };
-        if !protocol::is_bundle(got) {
-            return Err(shape());
-        }
-        let clones = fds.split_off(protocol::BASE_FDS);
-        let [fuse, nodes, handles]: [OwnedFd; protocol::BASE_FDS] =
-            fds.try_into().map_err(|_| shape())?;
+        let ([fuse, nodes, handles], clones) = protocol::unbundle(fds).ok_or_else(shape)?;
         let nodes = std::sync::Arc::new(NodeJournal::open(nodes)?);
         let handles = std::sync::Arc::new(HandleTable::open(handles)?);
         let json = handles.params()?;

@@ -64,6 +64,23 @@ pub fn is_bundle(n: usize) -> bool {
     (BASE_FDS..=MAX_BUNDLE_FDS).contains(&n)
 }
 
+/// A bundle in protocol order: the connection's `/dev/fuse` descriptor, the node journal,
+/// the handle table, then the connection's clones (descriptors owned or borrowed alike).
+pub fn bundle<F>(fuse: F, nodes: F, handles: F, clones: impl IntoIterator<Item = F>) -> Vec<F> {
+    [fuse, nodes, handles].into_iter().chain(clones).collect()
+}
+
+/// The parts of a bundle, [`bundle`]'s inverse: `[fuse, nodes, handles]` and the clones;
+/// `None` for a count of descriptors no bundle has.
+pub fn unbundle<F>(mut fds: Vec<F>) -> Option<([F; BASE_FDS], Vec<F>)> {
+    if !is_bundle(fds.len()) {
+        return None;
+    }
+    let clones = fds.split_off(BASE_FDS);
+    let base: [F; BASE_FDS] = fds.try_into().ok()?;
+    Some((base, clones))
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ProtocolError {
     #[error("keeper socket: {0}")]
