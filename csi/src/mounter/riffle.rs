@@ -412,7 +412,15 @@ impl RiffleMounter {
         args.extend(self.peer_flags(&req));
         args.extend(metrics_label_flags(&req));
         let source = req.settings.source_url();
-        let _ = std::fs::remove_file(req.pid_file);
+        // A mount afresh names its keeper in a new pid file. A take-over must leave the file
+        // as it is: when the take-over is refused because a live keeper holds the mount (a
+        // daemon's new keeper won the store's lease), the file names that keeper, and the
+        // plugin reads it to see so (`VolumeManager::recover`); a take-over that succeeds
+        // writes it over. Removed, the live keeper went unnamed and the plugin tried again
+        // and again, a refused keeper every 10 s.
+        if !take_over {
+            let _ = std::fs::remove_file(req.pid_file);
+        }
         let stderr_path = req.pid_file.with_extension("stderr");
         let stderr_file = std::fs::OpenOptions::new()
             .write(true)
@@ -454,7 +462,11 @@ impl RiffleMounter {
             Err(_) => {
                 let _ = child.start_kill();
                 let _ = child.wait().await;
-                self.cleanup_after_timeout(req.target, req.pid_file).await;
+                // A take-over's mount is the pods' live one, whichever keeper holds it now:
+                // never unmounted here (the supervisor's next round checks it again).
+                if !take_over {
+                    self.cleanup_after_timeout(req.target, req.pid_file).await;
+                }
                 let _ = std::fs::remove_file(&stderr_path);
                 return Err(MountError::new(
                     MountErrorKind::Timeout,
@@ -680,6 +692,51 @@ mod tests {
         assert_eq!(with_store(false)[5], store_flag);
         assert!(!with_store(false).contains(&"--take-over".to_string()));
         assert_eq!(with_store(true)[5..7], [store_flag, "--take-over".into()]);
+    }
+
+    /// A refused take-over (another keeper serves the mount) leaves the pid file that names
+    /// that keeper; a mount afresh starts from no pid file.
+    #[tokio::test]
+    async fn a_refused_take_over_leaves_the_live_keepers_pid_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let binary = dir.path().join("riffle");
+        std::fs::write(
+            &binary,
+            "#!/bin/sh\necho 'riffle: another keeper serves /t (the fd store lent it its connection)' >&2\nexit 1\n",
+        )
+        .expect("write the stand-in riffle");
+        std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let mut m = RiffleMounter::new(binary, None);
+        m.fd_store = Some(dir.path().join("fd-store.sock"));
+        let settings = VolumeSettings::parse(
+            &[("bucket".to_string(), "datasets".to_string())].into(),
+            &[],
+        )
+        .expect("valid");
+        let (pid_file, log_file) = (dir.path().join("k.pid"), dir.path().join("k.log"));
+        let req = || MountRequest {
+            target: Path::new("/t"),
+            settings: &settings,
+            auth: &DaemonCredentials::Node,
+            pid_file: &pid_file,
+            log_file: &log_file,
+            volume_id: "vol-1",
+            pod: None,
+        };
+        std::fs::write(&pid_file, "4242\n").expect("the live keeper's pid file");
+        let refused = m.take_over(req()).await.expect_err("the stand-in refuses");
+        assert!(
+            refused.message.contains("another keeper serves"),
+            "{refused}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(&pid_file).ok().as_deref(),
+            Some("4242\n"),
+            "the take-over left the live keeper's pid file"
+        );
+        m.mount(req()).await.expect_err("the stand-in fails");
+        assert!(!pid_file.exists(), "a mount afresh starts from no pid file");
     }
 
     #[test]
