@@ -432,39 +432,88 @@ fn start_fd_store(socket: &Path) -> FdStore {
     store
 }
 
+/// A `--restart` mount whose keepers give a `riffle fd-store` of its own their copy, as on
+/// a CSI node (the mount is dropped before the store).
+struct StoreMount {
+    mount: Mount,
+    store: FdStore,
+    socket: PathBuf,
+    source: String,
+    /// The mount's options: keeper, store, cache.
+    args: Vec<String>,
+    _dirs: [tempfile::TempDir; 2],
+}
+
+impl StoreMount {
+    fn new(endpoint: &str, bucket: &str) -> StoreMount {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("fdstore.sock");
+        let store = start_fd_store(&socket);
+        let cache = tempfile::tempdir().expect("cache dir");
+        let source = format!("s3://{bucket}/");
+        let args: Vec<String> = [
+            "--restart",
+            "--fd-store",
+            socket.to_str().expect("utf-8"),
+            "--cache-dir",
+            cache.path().to_str().expect("utf-8"),
+            "--cache-size",
+            "1G",
+        ]
+        .map(String::from)
+        .into();
+        let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mount = Mount::new(endpoint, &source, &arg_refs);
+        StoreMount {
+            mount,
+            store,
+            socket,
+            source,
+            args,
+            _dirs: [dir, cache],
+        }
+    }
+
+    /// `riffle mount` of the same volume at the same mountpoint, log and pid file, against
+    /// `endpoint`: what a new mounter container runs once the old one's keeper and daemon died.
+    fn remount(&self, endpoint: &str) -> std::process::Command {
+        let mut cmd = std::process::Command::new(common::RIFFLE);
+        cmd.arg("mount")
+            .arg(&self.source)
+            .arg(&self.mount.path)
+            .args([
+                "--endpoint-url",
+                endpoint,
+                "--force-path-style",
+                "--cache-min-free",
+                "0",
+            ])
+            .arg("--log-file")
+            .arg(&self.mount.log)
+            .arg("--pid-file")
+            .arg(&self.mount.pid_file)
+            .args(&self.args);
+        cmd
+    }
+}
+
 #[test]
 fn keeper_and_daemon_killed_together_cost_no_read_with_an_fd_store() {
     let endpoint = need_rgw!();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let socket = dir.path().join("fdstore.sock");
-    let start_store = || start_fd_store(&socket);
-    let mut store = start_store();
     let bucket = common::unique_bucket("fdstore");
     let data = Arc::new(dataset(&endpoint, &bucket));
-    let cache = tempfile::tempdir().expect("cache dir");
-    let source = format!("s3://{bucket}/");
-    let socket_arg = socket.to_str().expect("utf-8").to_string();
-    let args = [
-        "--restart",
-        "--fd-store",
-        &socket_arg,
-        "--cache-dir",
-        cache.path().to_str().expect("utf-8"),
-        "--cache-size",
-        "1G",
-    ];
-    let mount = Mount::new(&endpoint, &source, &args);
+    let mut node = StoreMount::new(&endpoint, &bucket);
     let tally = Arc::new(Tally::default());
     let stop = Arc::new(AtomicBool::new(false));
-    let readers = start_readers(&mount.path, &data, &tally, &stop);
+    let readers = start_readers(&node.mount.path, &data, &tally, &stop);
     wait_for_progress(&tally, 2, "before the first kill");
     let wait_for_log = |needle: &str, count: usize| {
         let deadline = Instant::now() + Duration::from_secs(30);
-        while mount.log_text().matches(needle).count() < count {
+        while node.mount.log_text().matches(needle).count() < count {
             assert!(
                 Instant::now() < deadline,
                 "log never said '{needle}':\n{}",
-                mount.log_text()
+                node.mount.log_text()
             );
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -473,46 +522,30 @@ fn keeper_and_daemon_killed_together_cost_no_read_with_an_fd_store() {
     for round in 1..=3 {
         if round == 2 {
             // The store restarts; the keeper gives it the connection again.
-            store.kill();
-            let held = mount
+            node.store.kill();
+            let held = node
+                .mount
                 .log_text()
                 .matches("the fd store holds a copy of the connection")
                 .count();
-            store = start_store();
+            node.store = start_fd_store(&node.socket);
             wait_for_log("the fd store holds a copy of the connection", held + 1);
         }
-        let held_before = mount
+        let held_before = node
+            .mount
             .log_text()
             .matches("the fd store holds a copy of the connection")
             .count();
-        let keeper = mount.pid();
-        let daemon = daemon_pid(&mount).expect("a daemon answers");
+        let keeper = node.mount.pid();
+        let daemon = daemon_pid(&node.mount).expect("a daemon answers");
         kill_together(&[keeper, daemon]);
         // A new keeper for the same mountpoint (as a new mounter container would start one).
-        let out = common::run_with_timeout(
-            std::process::Command::new(common::RIFFLE)
-                .arg("mount")
-                .arg(&source)
-                .arg(&mount.path)
-                .args([
-                    "--endpoint-url",
-                    &endpoint,
-                    "--force-path-style",
-                    "--cache-min-free",
-                    "0",
-                ])
-                .arg("--log-file")
-                .arg(&mount.log)
-                .arg("--pid-file")
-                .arg(&mount.pid_file)
-                .args(args),
-            Duration::from_secs(90),
-        );
+        let out = common::run_with_timeout(&mut node.remount(&endpoint), Duration::from_secs(90));
         assert!(
             out.status.success(),
             "round {round}: remount through the store failed: {}\n{}",
             String::from_utf8_lossy(&out.stderr),
-            mount.log_text()
+            node.mount.log_text()
         );
         wait_for_log("took the mount over from the fd store", round);
         // The new keeper gave the store its copy (before the next kill).
@@ -538,8 +571,7 @@ fn keeper_and_daemon_killed_together_cost_no_read_with_an_fd_store() {
         "errors: {:?}",
         tally.errors.lock().unwrap()
     );
-    drop(mount);
-    drop(store);
+    drop(node);
 }
 
 /// The live riffle processes serving `mount` by role: keepers (named
@@ -911,24 +943,10 @@ impl Gate {
 #[test]
 fn a_take_over_whose_first_daemon_dies_unreported_reports_its_successor() {
     let endpoint = need_rgw!();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let socket = dir.path().join("fdstore.sock");
-    let store = start_fd_store(&socket);
     let bucket = common::unique_bucket("unreported");
     let data = dataset(&endpoint, &bucket);
-    let cache = tempfile::tempdir().expect("cache dir");
-    let source = format!("s3://{bucket}/");
-    let socket_arg = socket.to_str().expect("utf-8").to_string();
-    let args = [
-        "--restart",
-        "--fd-store",
-        &socket_arg,
-        "--cache-dir",
-        cache.path().to_str().expect("utf-8"),
-        "--cache-size",
-        "1G",
-    ];
-    let mount = Mount::new(&endpoint, &source, &args);
+    let node = StoreMount::new(&endpoint, &bucket);
+    let mount = &node.mount;
     let deadline = Instant::now() + Duration::from_secs(30);
     while !mount
         .log_text()
@@ -937,25 +955,11 @@ fn a_take_over_whose_first_daemon_dies_unreported_reports_its_successor() {
         assert!(Instant::now() < deadline, "the store never held the mount");
         std::thread::sleep(Duration::from_millis(20));
     }
-    kill_together(&[mount.pid(), daemon_pid(&mount).expect("a daemon answers")]);
+    kill_together(&[mount.pid(), daemon_pid(mount).expect("a daemon answers")]);
     let gate = Gate::new(&endpoint);
-    let mut take_over = std::process::Command::new(common::RIFFLE)
-        .arg("mount")
-        .arg(&source)
-        .arg(&mount.path)
-        .args([
-            "--endpoint-url",
-            &gate.endpoint,
-            "--force-path-style",
-            "--cache-min-free",
-            "0",
-            "--take-over",
-        ])
-        .arg("--log-file")
-        .arg(&mount.log)
-        .arg("--pid-file")
-        .arg(&mount.pid_file)
-        .args(args)
+    let mut take_over = node
+        .remount(&gate.endpoint)
+        .arg("--take-over")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -1011,7 +1015,7 @@ fn a_take_over_whose_first_daemon_dies_unreported_reports_its_successor() {
             && log.contains("the daemon was killed by SIGKILL; starting a successor"),
         "the take-over's first daemon was not replaced:\n{log}"
     );
-    let successor = daemon_pid(&mount).expect("the successor answers");
+    let successor = daemon_pid(mount).expect("the successor answers");
     assert_ne!(successor, first, "the successor serves");
     let (name, bytes) = &data.files[0];
     assert_eq!(
@@ -1019,6 +1023,5 @@ fn a_take_over_whose_first_daemon_dies_unreported_reports_its_successor() {
         bytes,
         "the successor serves the object's bytes"
     );
-    drop(mount);
-    drop(store);
+    drop(node);
 }
