@@ -16,7 +16,7 @@
 //! when it gives up (the last daemon's `ERR`, so the exit status tells the same kind).
 
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::{BufRead, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -261,28 +261,15 @@ impl Relay {
 /// Reads the child's verdict line; passes `OK` on, keeps anything else back.
 fn relay_verdict(read_end: OwnedFd, mut pending: Readiness) -> (Readiness, Option<String>) {
     let mut line = Vec::new();
-    let mut file = File::from(read_end);
-    let mut chunk = [0u8; 512];
-    loop {
-        match file.read(&mut chunk) {
-            Ok(0) => break,
-            Ok(n) => {
-                line.extend_from_slice(&chunk[..n]);
-                if line.contains(&b'\n') {
-                    break;
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => break,
-        }
-    }
-    let text = String::from_utf8_lossy(&line);
-    let text = text.split('\n').next().unwrap_or_default().to_string();
+    // A read error counts as silence, as the pipe's end does.
+    let _ = std::io::BufReader::new(File::from(read_end)).read_until(b'\n', &mut line);
+    let line = String::from_utf8_lossy(&line);
+    let text = line.trim_end_matches('\n');
     if text == "OK" {
         pending.ready();
         return (pending, None);
     }
-    (pending, Some(text).filter(|t| !t.is_empty()))
+    (pending, Some(text.to_string()).filter(|t| !t.is_empty()))
 }
 
 #[cfg(test)]
