@@ -853,13 +853,21 @@ fn serve_until_unmounted(
         taken_over,
         "mounted"
     );
-    readiness.ready();
-    super::systemd::ready();
-    if let Some(opener) = log_opener {
-        // Opened once the session's threads answer (the open may look at the mount).
-        opener.open();
-    }
-    let result = session.run();
+    let rings = session.negotiated_uring().then(|| session.uring_status());
+    let result = session.run_reporting(|started| {
+        if let Err(why) = started {
+            rings_failed(&why, readiness);
+        }
+        readiness.ready();
+        super::systemd::ready();
+        if let Some(opener) = log_opener {
+            // Opened once the session's threads answer (the open may look at the mount).
+            opener.open();
+        }
+        if let Some(status) = rings {
+            watch_rings(status);
+        }
+    });
     tracing::info!("unmounted {}; exiting", mountpoint.display());
     prefetch.shutdown();
     if let Some(disk) = stack.flush_on_exit {
@@ -874,6 +882,38 @@ fn serve_until_unmounted(
     }
     runtime.shutdown_timeout(Duration::from_secs(1));
     result.context("the FUSE session ended with an error")
+}
+
+/// The rings INIT negotiated did not all come up: the kernel holds every request until they
+/// have, so the mount would never answer. The session has unmounted (where nothing held the
+/// mount); the daemon says why and exits at once, which ends the connection (no keeper holds
+/// it over io_uring) and with it any request the kernel still held.
+fn rings_failed(why: &str, readiness: &mut Readiness) -> ! {
+    let e = precondition(format!(
+        "FUSE over io_uring: {why} (mount with --fuse-transport dev-fuse)"
+    ));
+    tracing::error!("{}", one_line(&e));
+    readiness.failed_with(&e);
+    std::process::exit(FailureKind::FailedPrecondition.exit_code());
+}
+
+/// Watches the rings of a running mount: a queue whose thread stops serving while the session
+/// runs leaves the callers on its CPU waiting for an entry until the connection ends, so the
+/// daemon ends it, as a crash would (no keeper holds a mount over io_uring): those callers
+/// and every later one get `ENOTCONN` instead of waiting for good.
+fn watch_rings(status: Arc<fuser::UringStatus>) {
+    let spawned = std::thread::Builder::new()
+        .name("riffle-rings".into())
+        .spawn(move || {
+            let why = status.wait_failed();
+            tracing::error!(
+                "FUSE over io_uring: {why}; ending the connection (its callers get ENOTCONN)"
+            );
+            std::process::exit(FailureKind::Failed.exit_code());
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot watch the FUSE rings");
+    }
 }
 
 async fn wait_for_stop_signal() {

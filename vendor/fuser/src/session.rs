@@ -306,10 +306,20 @@ impl<FS: Filesystem> Session<FS> {
     /// # Errors
     /// Returns any final error when the session comes to an end.
     pub fn run(self) -> io::Result<()> {
+        self.run_reporting(|_| {})
+    }
+
+    /// rifflefs patch: `run`, telling `started` once the session answers requests: at once
+    /// over `/dev/fuse`; over io_uring once every ring queue has registered, or with why one
+    /// could not (the kernel holds every request until all have, so the mount would not
+    /// answer). A session whose rings did not come up unmounts and ends with that error.
+    /// # Errors
+    /// Returns any final error when the session comes to an end.
+    pub fn run_reporting(self, started: impl FnOnce(Result<(), String>)) -> io::Result<()> {
         let Session {
             filesystem,
             ch,
-            mount: _do_not_umount_yet,
+            mount,
             allowed,
             session_owner,
             proto_version: _,
@@ -387,8 +397,21 @@ impl<FS: Filesystem> Session<FS> {
             ),
             _ => Vec::new(),
         };
-
+        let rings_up = if config.uring.is_some() && negotiated_uring.is_some() {
+            uring_status.wait_settled()
+        } else {
+            Ok(())
+        };
         let mut reply: io::Result<()> = Ok(());
+        if let Err(why) = &rings_up {
+            reply = Err(io::Error::other(format!("FUSE over io_uring: {why}")));
+            // The /dev/fuse threads end when the unmount ends the connection.
+            if let Err(e) = mount.umount() {
+                warn!("cannot unmount after the rings failed: {e}");
+            }
+        }
+        started(rings_up);
+
         for thread in threads {
             let res = match thread.join() {
                 Ok(res) => res,
@@ -604,7 +627,8 @@ impl<FS: Filesystem> Session<FS> {
 }
 
 /// rifflefs patch: starts one thread per ring queue (see `uring`). A queue that cannot be
-/// set up is reported in `status` and the session goes on over `/dev/fuse`.
+/// set up, or whose thread ends with an error while the session runs, is reported in
+/// `status` (`Session::run_reporting` then ends a session whose rings did not come up).
 fn start_rings<FS: Filesystem>(
     options: crate::UringOptions,
     negotiated: uring::Negotiated,
@@ -619,7 +643,7 @@ fn start_rings<FS: Filesystem>(
         Ok(queues) => queues,
         Err(e) => {
             // The kernel holds requests until every queue has entries (INIT negotiated them).
-            log::error!("FUSE over io_uring: no rings ({e}); the mount may not answer");
+            status.rings_failed(&e);
             return Vec::new();
         }
     };
@@ -635,8 +659,17 @@ fn start_rings<FS: Filesystem>(
         let (q, st) = (queue.clone(), status.clone());
         match thread::Builder::new()
             .name(event_loop.thread_name.clone())
-            .spawn(move || uring::serve(q, event_loop, st))
-        {
+            .spawn(move || {
+                let served = uring::serve(q.clone(), event_loop, st.clone());
+                if let Err(e) = &served {
+                    // Before registration, or while the session still runs: the kernel holds
+                    // this queue's requests (see `UringStatus::wait_settled`).
+                    if !q.stopping() {
+                        st.queue_failed(qid as u16, e);
+                    }
+                }
+                served
+            }) {
             Ok(thread) => started.push((queue, thread)),
             Err(e) => status.queue_failed(qid as u16, &e),
         }

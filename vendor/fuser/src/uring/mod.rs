@@ -36,7 +36,7 @@ use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 pub(crate) use queue::{QueueShared, RingSlot, serve};
 
@@ -66,6 +66,8 @@ pub struct UringStatus {
     busy: AtomicUsize,
     lost: AtomicU64,
     error: Mutex<Option<String>>,
+    /// Signalled, under `error`'s lock, when a queue registers or fails.
+    settled: Condvar,
 }
 
 impl UringStatus {
@@ -110,24 +112,67 @@ impl UringStatus {
         queues > 0 && self.registered() == queues
     }
 
-    /// Why a queue could not be set up, if one could not.
+    /// Why a queue could not be set up or stopped serving, if one did.
     pub fn error(&self) -> Option<String> {
         self.error.lock().clone()
     }
 
-    fn queue_registered(&self) {
-        self.registered.fetch_add(1, Ordering::Relaxed);
+    /// Waits until every queue has registered (the kernel then sends requests over the rings)
+    /// or one could not be set up (why). Until then the kernel holds every new request, so a
+    /// server whose rings do not all come up must not report its mount ready: its callers
+    /// would wait for good. Registration is answered at once (a refusal at submit time), so
+    /// this returns as soon as each queue's thread has submitted its entries.
+    pub fn wait_settled(&self) -> Result<(), String> {
+        let mut error = self.error.lock();
+        loop {
+            if let Some(why) = error.as_ref() {
+                return Err(why.clone());
+            }
+            if self.ready() {
+                return Ok(());
+            }
+            self.settled.wait(&mut error);
+        }
     }
 
+    /// Waits until a queue fails (why): one whose thread stopped serving while the session
+    /// runs leaves the callers on its CPU waiting for an entry until the connection ends.
+    pub fn wait_failed(&self) -> String {
+        let mut error = self.error.lock();
+        loop {
+            if let Some(why) = error.as_ref() {
+                return why.clone();
+            }
+            self.settled.wait(&mut error);
+        }
+    }
+
+    fn queue_registered(&self) {
+        self.registered.fetch_add(1, Ordering::Relaxed);
+        let _error = self.error.lock();
+        self.settled.notify_all();
+    }
+
+    /// Queue `qid` could not be set up, or stopped serving before the session did.
     pub(crate) fn queue_failed(&self, qid: u16, error: &io::Error) {
+        self.failed(format!("queue {qid}: {error}"));
+    }
+
+    /// The rings could not be set up at all (after INIT negotiated them).
+    pub(crate) fn rings_failed(&self, error: &io::Error) {
+        self.failed(format!("no rings: {error}"));
+    }
+
+    fn failed(&self, why: String) {
         // INIT negotiated the rings, and the kernel holds every request until each queue has
-        // an entry: a queue that has none leaves the mount unanswered.
+        // an entry (and a queue's requests until it has a free one): without them the mount
+        // does not answer.
         log::error!(
-            "FUSE over io_uring: queue {qid} not registered: {error}; the kernel holds requests until every queue has entries, so the mount may not answer (mount over /dev/fuse instead)"
+            "FUSE over io_uring: {why}; the kernel holds the requests the rings do not take"
         );
-        self.error
-            .lock()
-            .get_or_insert_with(|| format!("queue {qid}: {error}"));
+        let mut error = self.error.lock();
+        error.get_or_insert(why);
+        self.settled.notify_all();
     }
 
     fn count_request(&self) {
@@ -216,6 +261,50 @@ mod tests {
         assert_eq!(parse_cpu_list("0,2-3"), Some(4));
         assert_eq!(parse_cpu_list("0-15,32-47"), Some(48));
         assert_eq!(parse_cpu_list("x"), None);
+    }
+
+    #[test]
+    fn settles_once_every_queue_registers() {
+        let status = Arc::new(UringStatus::default());
+        status.queues.store(2, Ordering::Relaxed);
+        let waiter = {
+            let status = status.clone();
+            std::thread::spawn(move || status.wait_settled())
+        };
+        status.queue_registered();
+        status.queue_registered();
+        assert_eq!(waiter.join().expect("waiter"), Ok(()));
+        assert!(status.error().is_none());
+    }
+
+    #[test]
+    fn one_failed_queue_settles_with_its_reason_and_wakes_the_watcher() {
+        let status = Arc::new(UringStatus::default());
+        status.queues.store(2, Ordering::Relaxed);
+        let (settled, failed) = {
+            let (a, b) = (status.clone(), status.clone());
+            (
+                std::thread::spawn(move || a.wait_settled()),
+                std::thread::spawn(move || b.wait_failed()),
+            )
+        };
+        status.queue_registered();
+        status.queue_failed(1, &io::Error::from_raw_os_error(libc::ENOMEM));
+        let why = settled.join().expect("waiter").expect_err("a queue failed");
+        assert!(why.starts_with("queue 1: "), "{why}");
+        assert_eq!(failed.join().expect("watcher"), why);
+        // The first reason stays.
+        status.rings_failed(&io::Error::other("later"));
+        assert_eq!(status.error().as_deref(), Some(why.as_str()));
+    }
+
+    #[test]
+    fn rings_that_cannot_be_set_up_settle_too() {
+        let status = UringStatus::default();
+        status.queues.store(4, Ordering::Relaxed);
+        status.rings_failed(&io::Error::other("cannot read the CPU list"));
+        let why = status.wait_settled().expect_err("no rings");
+        assert_eq!(why, "no rings: cannot read the CPU list");
     }
 
     #[test]

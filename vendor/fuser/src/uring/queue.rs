@@ -172,6 +172,11 @@ impl QueueShared {
         self.wake_thread();
     }
 
+    /// Whether the session asked the queue to stop.
+    pub(crate) fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
     fn wake_thread(&self) {
         let one = 1u64.to_ne_bytes();
         // SAFETY: an 8-byte write to our eventfd; it can only fail if the counter would
@@ -340,10 +345,12 @@ impl RingSlot {
 }
 
 /// The queue's thread: registers the entries, then dispatches what arrives and commits the
-/// answers, until the session ends or every entry is gone. Registration errors are reported
-/// to `status` (the kernel answers them at submit time). They are not recovered from: the
-/// kernel holds new requests (in `fuse_get_req`) until every queue has an entry, rather than
-/// send them over `/dev/fuse`, so a queue that never registers leaves the mount unanswered.
+/// answers, until the session ends or every entry is gone. A queue whose entries the kernel
+/// took is reported registered to `status` (the kernel answers a refusal at submit time); an
+/// error ends the thread, and the session reports it (`start_rings`). Errors are not
+/// recovered from: the kernel holds new requests (in `fuse_get_req`) until every queue has
+/// an entry, rather than send them over `/dev/fuse`, so a queue that never registers leaves
+/// the mount unanswered, and the server must not say it is ready (`Session::run_reporting`).
 pub(crate) fn serve<FS: Filesystem>(
     queue: Arc<QueueShared>,
     event_loop: SessionEventLoop<FS>,
@@ -352,16 +359,9 @@ pub(crate) fn serve<FS: Filesystem>(
     QUEUE_OF_THIS_THREAD.with(|q| q.set(Arc::as_ptr(&queue)));
     pin_to_cpu(usize::from(queue.qid));
     let sq_entries = (queue.depth as u32 + 2).next_power_of_two();
-    let mut ring: IoUring<squeue::Entry128, cqueue::Entry> = match IoUring::builder()
+    let mut ring: IoUring<squeue::Entry128, cqueue::Entry> = IoUring::builder()
         .setup_cqsize(sq_entries * 2)
-        .build(sq_entries)
-    {
-        Ok(ring) => ring,
-        Err(e) => {
-            status.queue_failed(queue.qid, &e);
-            return Err(e);
-        }
-    };
+        .build(sq_entries)?;
     let mut wake_buf = [0u8; 8];
     let wake_sqe = |buf: &mut [u8; 8]| -> squeue::Entry128 {
         opcode::Read::new(types::Fd(queue.wake.as_raw_fd()), buf.as_mut_ptr(), 8)
@@ -397,14 +397,19 @@ pub(crate) fn serve<FS: Filesystem>(
     );
     let (refused, failed) = take_registration_failures(&mut arrived);
     let mut live = queue.depth - refused;
-    if let Some(errno) = failed {
-        let error = io::Error::from_raw_os_error(errno);
-        status.queue_failed(queue.qid, &error);
-        if live == 0 {
-            return Err(error);
+    match failed {
+        Some(errno) if live == 0 => return Err(io::Error::from_raw_os_error(errno)),
+        Some(errno) => {
+            // The queue serves with the entries the kernel took.
+            warn!(
+                "ring queue {}: the kernel refused {refused} of {} entries ({}); serving with {live}",
+                queue.qid,
+                queue.depth,
+                io::Error::from_raw_os_error(errno)
+            );
+            status.queue_registered();
         }
-    } else {
-        status.queue_registered();
+        None => status.queue_registered(),
     }
 
     let mut buf: Vec<u8> = Vec::with_capacity(IN_HEADER + abi::OP_IN_OUT_SZ + 4096);
