@@ -15,7 +15,10 @@
 #                   as kworkers, and whatever else runs: quote the others, not this one)
 #
 # and the kernel functions that took most of the reader's and the daemon's kernel time are
-# listed per variant. CPU is given in µs per file (samples ÷ the sampling rate ÷ files).
+# listed per variant. CPU is given in µs per file (samples ÷ the sampling rate ÷ files). The
+# io_uring variant then reads one more warm epoch with only the daemon recorded, with call
+# stacks: the FUSE requests per file and how the daemon's time splits between waiting for a
+# request, each request's answer and riffle's own code.
 #
 #   benches/cpu_profile.sh [--files N] [--workers N] [--rate HZ] [--no-build]
 #
@@ -38,7 +41,7 @@ while [ $# -gt 0 ]; do
         --workers) WORKERS=$2; shift ;;
         --rate) RATE=$2; shift ;;
         --no-build) BUILD=0 ;;
-        -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
         *) echo "benches/cpu_profile.sh: unknown argument $1" >&2; exit 2 ;;
     esac
     shift
@@ -136,6 +139,38 @@ row() { # label perf.data daemon-thread-ids
     } >>"$NOTES"
 }
 
+# The daemon alone over one more warm epoch, with its call stacks (DWARF: the release build
+# keeps no frame pointers): the FUSE requests per file that came over its rings, and the share
+# of its samples spent under each step of a request (inclusive, so a step's callees count in
+# it too).
+DAEMON=$WORK/daemon.md
+: >"$DAEMON"
+ring_requests() { "$BIN/riffle" stats --json "$MNT" | python3 -c 'import json,sys; print(json.load(sys.stdin)["fuse"]["ring_requests"])'; }
+daemon_profile() { # label
+    local pid before after
+    pid=$(cat "$WORK/riffle.pid")
+    before=$(ring_requests)
+    drop_caches
+    perf record -q --call-graph dwarf,16384 -F 999 -e cpu-clock -p "$pid" -o "$WORK/daemon.data" -- \
+        python3 "$ROOT/benches/python_reader.py" --root "$MNT" --plan "$WORK/plan.tsv" \
+        --workers "$WORKERS" --seed 1 --epoch 2 --json-out "$WORK/epoch.json" >/dev/null 2>>"$WORK/perf.log"
+    after=$(ring_requests)
+    share() { # symbol pattern (awk regex)
+        perf report -i "$WORK/daemon.data" --children -g none --sort sym --stdio -q 2>/dev/null |
+            awk -v p="$1" '$0 ~ p { v = $1; sub(/%/, "", v); if (v + 0 > best) best = v + 0 } END { printf "%.0f%%", best }'
+    }
+    own=$(perf report -i "$WORK/daemon.data" --no-children -g none --sort dso --stdio -q 2>/dev/null |
+        awk '$2 == "riffle" { v = $1; sub(/%/, "", v); printf "%.0f%%", v }')
+    {
+        echo "**$1**, the daemon alone over one more warm epoch (\`perf record --call-graph dwarf -p\`):"
+        echo "$((after - before)) FUSE requests over its rings for $files files ($(awk -v r=$((after - before)) -v f="$files" 'BEGIN { printf "%.2f", r / f }') per file). Share of the daemon's samples:"
+        echo
+        echo "| waiting for a request (\`io_cqring_wait\`) | of it, the switch in (\`finish_task_switch\`) | lookup | of it, the cache file's read-ahead | open | release | ioctl | commits (\`fuse_uring_cmd\`) | riffle's own code (all requests) |"
+        echo "|---|---|---|---|---|---|---|---|---|"
+        echo "| $(share ' io_cqring_wait$') | $(share ' finish_task_switch') | $(share 'Filesystem>::lookup$') | $(share 'Lookahead::run$') | $(share 'Filesystem>::open$') | $(share 'Filesystem>::release$') | $(share 'Filesystem>::ioctl$') | $(share ' fuse_uring_cmd$') | ${own:-0%} |"
+    } >>"$DAEMON"
+}
+
 echo "cpu_profile: $files files; local disk" >&2
 mount_riffle() { # extra args...
     rm -rf "$WORK/cache"; mkdir -p "$WORK/cache"
@@ -166,6 +201,7 @@ for variant in "io_uring|--fuse-transport io-uring" "/dev/fuse|--fuse-transport 
     read_epoch "$MNT" "$WORK/riffle.data"
     tids=$(ls "/proc/$(cat "$WORK/riffle.pid")/task" | paste -sd ,)
     row "$label" "$WORK/riffle.data" "$tids"
+    [ "$label" = "riffle, io_uring" ] && daemon_profile "$label"
     "$BIN/riffle" unmount "$MNT" >/dev/null
 done
 
@@ -180,5 +216,9 @@ OUT=$ROOT/benches/results/cpu-profile.md
     echo "Kernel functions with the most samples (share of that process group's kernel samples):"
     echo
     cat "$NOTES"
+    if [ -s "$DAEMON" ]; then
+        echo
+        cat "$DAEMON"
+    fi
 } >"$OUT"
 cat "$OUT"
