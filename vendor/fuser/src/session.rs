@@ -660,7 +660,10 @@ fn start_rings<FS: Filesystem>(
         match thread::Builder::new()
             .name(event_loop.thread_name.clone())
             .spawn(move || {
-                let served = uring::serve(q.clone(), event_loop, st.clone());
+                let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    uring::serve(q.clone(), event_loop, st.clone())
+                }))
+                .unwrap_or_else(|_| Err(io::Error::other("the queue's thread panicked")));
                 if let Err(e) = &served {
                     // Before registration, or while the session still runs: the kernel holds
                     // this queue's requests (see `UringStatus::wait_settled`).
