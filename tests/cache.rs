@@ -270,9 +270,10 @@ fn two_mounts_share_one_cache_directory() {
         s.spawn(|| read_all(&b, &objects));
     });
     let n = objects.len() as u64;
-    wait_for_stats(&a, "a's writes done", |s| {
-        s["cache"]["writes"].as_u64().unwrap_or(0) > 0
-    });
+    // Which mount writes which object is a race (the other finds it on disk, or skips a block
+    // already written), so neither's own counters say when the directory holds everything:
+    // `riffle unmount` waits for each daemon to exit, and a daemon flushes its cache writes
+    // before it exits.
     drop(a);
     drop(b);
     // A third mount finds it all on disk.
