@@ -80,12 +80,15 @@ scale=$(awk -v f="$FILES" 'BEGIN { s = f / 20000; if (s > 1) s = 1; printf "%.4f
 files=$(wc -l < "$WORK/plan.tsv")
 
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
-read_epoch() { # ROOT [perf output]
+read_epoch() { # ROOT [perf output [perf record options, instead of the whole machine's]]
     local args=(python3 "$ROOT/benches/python_reader.py" --root "$1" --plan "$WORK/plan.tsv"
         --workers "$WORKERS" --seed 1 --epoch 2 --json-out "$WORK/epoch.json")
+    local out=${2:-}
+    shift $(($# < 2 ? $# : 2))
+    [ $# -gt 0 ] || set -- -a -g -F "$RATE"
     drop_caches
-    if [ -n "${2:-}" ]; then
-        perf record -q -a -g -F "$RATE" -e cpu-clock -o "$2" -- "${args[@]}" >/dev/null 2>>"$WORK/perf.log"
+    if [ -n "$out" ]; then
+        perf record -q "$@" -e cpu-clock -o "$out" -- "${args[@]}" >/dev/null 2>>"$WORK/perf.log"
     else
         "${args[@]}" >/dev/null
     fi
@@ -150,10 +153,7 @@ daemon_profile() { # label
     local pid before after
     pid=$(cat "$WORK/riffle.pid")
     before=$(ring_requests)
-    drop_caches
-    perf record -q --call-graph dwarf,16384 -F 999 -e cpu-clock -p "$pid" -o "$WORK/daemon.data" -- \
-        python3 "$ROOT/benches/python_reader.py" --root "$MNT" --plan "$WORK/plan.tsv" \
-        --workers "$WORKERS" --seed 1 --epoch 2 --json-out "$WORK/epoch.json" >/dev/null 2>>"$WORK/perf.log"
+    read_epoch "$MNT" "$WORK/daemon.data" --call-graph dwarf,16384 -F 999 -p "$pid"
     after=$(ring_requests)
     share() { # symbol pattern (awk regex)
         perf report -i "$WORK/daemon.data" --children -g none --sort sym --stdio -q 2>/dev/null |

@@ -894,7 +894,7 @@ fn rings_failed(why: &str, readiness: &mut Readiness) -> ! {
     ));
     tracing::error!("{}", one_line(&e));
     readiness.failed_with(&e);
-    std::process::exit(FailureKind::FailedPrecondition.exit_code());
+    std::process::exit(super::exit_status(&e));
 }
 
 /// Watches the rings of a running mount: a queue whose thread stops serving while the session

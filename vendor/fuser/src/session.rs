@@ -385,22 +385,20 @@ impl<FS: Filesystem> Session<FS> {
             );
         }
 
-        let rings = match (config.uring, negotiated_uring) {
-            (Some(options), Some(negotiated)) => start_rings(
-                options,
-                negotiated,
-                &filesystem,
-                &ch_for_rings,
-                allowed,
-                session_owner,
-                &uring_status,
-            ),
-            _ => Vec::new(),
-        };
-        let rings_up = if config.uring.is_some() && negotiated_uring.is_some() {
-            uring_status.wait_settled()
-        } else {
-            Ok(())
+        let (rings, rings_up) = match (config.uring, negotiated_uring) {
+            (Some(options), Some(negotiated)) => {
+                let rings = start_rings(
+                    options,
+                    negotiated,
+                    &filesystem,
+                    &ch_for_rings,
+                    allowed,
+                    session_owner,
+                    &uring_status,
+                );
+                (rings, uring_status.wait_settled())
+            }
+            _ => (Vec::new(), Ok(())),
         };
         let mut reply: io::Result<()> = Ok(());
         if let Err(why) = &rings_up {
