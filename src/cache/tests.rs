@@ -350,8 +350,10 @@ async fn corrupted_block_is_detected_dropped_and_refetched() {
     let dir = tempfile::tempdir().expect("tempdir");
     let root = dir.path();
     let c = obj("c", 2 * BS + 100);
+    // Written by one process, read by the next: the writer trusts what it wrote (its blocks
+    // are known good to it, see `disk::read::Expected`), a reader checks each block once.
+    write_all_blocks(&open(root, 64 << 20), &c).await;
     let cache = open(root, 64 << 20);
-    write_all_blocks(&cache, &c).await;
     let data = OpenOptions::new()
         .write(true)
         .open(data_path(root, &c))
@@ -1240,14 +1242,26 @@ async fn interleaved_writers_each_learn_every_block() {
 async fn a_short_block_is_read_on_the_callers_thread_only_when_intact() {
     let dir = tempfile::tempdir().expect("tempdir");
     let root = dir.path();
-    let cache = open(root, 64 << 20);
     let small = obj("small", 3000);
+    let flipped = obj("flipped", 3000);
     let big = obj("big", BS + 700);
-    write_all_blocks(&cache, &small).await;
-    write_all_blocks(&cache, &big).await;
+    {
+        // Written by another process: nothing is known good to the reader yet.
+        let writer = open(root, 64 << 20);
+        for id in [&small, &flipped, &big] {
+            write_all_blocks(&writer, id).await;
+        }
+    }
+    let cache = open(root, 64 << 20);
     assert_eq!(
         cache.read_short_block_here(&small, 0),
         Some(content(&small, 0))
+    );
+    // Two blocks: read on the caller's thread once the entry is open here.
+    assert_eq!(cache.read_short_block_here(&big, 1), None, "not open");
+    assert_eq!(
+        cache.read_block(&big, 0).await.expect("read"),
+        Some(content(&big, 0))
     );
     assert_eq!(cache.read_short_block_here(&big, 1), Some(content(&big, 1)));
     assert_eq!(cache.read_short_block_here(&big, 0), None, "O_DIRECT block");
@@ -1256,13 +1270,17 @@ async fn a_short_block_is_read_on_the_callers_thread_only_when_intact() {
     assert!(hits >= 2, "hits counted: {hits}");
     let data = OpenOptions::new()
         .write(true)
-        .open(data_path(root, &small))
+        .open(data_path(root, &flipped))
         .expect("data file");
     data.write_all_at(b"\xde\xad", 100).expect("flip");
     drop(data);
-    assert_eq!(cache.read_short_block_here(&small, 0), None, "CRC mismatch");
+    assert_eq!(
+        cache.read_short_block_here(&flipped, 0),
+        None,
+        "CRC mismatch"
+    );
     // The ring path reports and drops it.
-    assert_eq!(cache.read_block(&small, 0).await.expect("read"), None);
+    assert_eq!(cache.read_block(&flipped, 0).await.expect("read"), None);
     assert_eq!(cache.stats().crc_failures, 1);
 }
 
