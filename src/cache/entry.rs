@@ -7,10 +7,11 @@
 //! allocation. A third bit, `VERIFIED`, marks a block this process knows to be good: it wrote
 //! the block itself from bytes it had just fetched, or it read the block back from the data
 //! file and its CRC matched. Such a block is read, whole or in part, without its CRC: the
-//! trust FUSE passthrough gives a whole file whose blocks are all known good, block by block. A
-//! block that went bad while no process that checked it had it open (a crash, a power loss,
-//! another process) is checked before it is trusted. The mark lives only as long as the open
-//! entry, and a record from another process that changes the block's CRC clears it.
+//! trust FUSE passthrough gives a whole file whose blocks are all known good, block by
+//! block. A block that went bad while no process that checked it had it open (a crash, a
+//! power loss, another process) is checked before it is trusted. The mark lives only as long
+//! as the open entry, and a record from another process that changes the block's CRC clears
+//! it.
 //!
 //! **Idle form.** An open entry that nobody uses (no pin, no write, no I/O in flight) and that
 //! has at most one block is kept by the table of known entries as [`Files::Idle`]: its three

@@ -32,8 +32,9 @@ pub(super) fn verified_prefix_of(open: &OpenEntry, blocks: std::ops::Range<u64>)
 /// page cache with a second copy of what the daemon's memory cache and the kernel's cache of
 /// the mount already hold. W2-shaped warm epochs without passthrough (1 GiB of shards, a
 /// 256 MiB memory cache, the page cache dropped) went from 789 to 896 MB/s over io_uring and
-/// from 949 to 985 MB/s over `/dev/fuse` (medians of nine alternated epochs). `None` when the rounded range would reach the object's last, partial page: that
-/// read goes through the page cache.
+/// from 949 to 985 MB/s over `/dev/fuse` (medians of nine alternated epochs). `None` when the
+/// rounded range would reach the object's last, partial page: that read goes through the page
+/// cache.
 pub(super) fn direct_span(range: &std::ops::Range<u64>, size: u64) -> Option<std::ops::Range<u64>> {
     let align = ALIGN as u64;
     let start = range.start - range.start % align;
@@ -252,8 +253,8 @@ impl DiskCache {
 
     /// Reads bytes `range` of `id` (within the object) straight from its data file (with
     /// `O_DIRECT` where the range's pages lie within the object, see [`direct_span`], else
-    /// through the page cache), when every block the range touches is present and known good to this
-    /// process (the entry's `VERIFIED` marks, see the `entry` module): just the bytes asked
+    /// through the page cache), when every block the range touches is present and known good
+    /// to this process (the entry's `VERIFIED` marks, see the `entry` module): just the bytes asked
     /// for, with no CRC to check, as a local file system would read them and as FUSE
     /// passthrough reads a file whose blocks are all known good. The read goes to the I/O
     /// thread (a buffered read that waits for the disk must not hold up a FUSE thread) and
