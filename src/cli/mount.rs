@@ -22,7 +22,8 @@ use super::size::SizeSpec;
 use super::unmount::{mount_state, MountState};
 use super::{fail, logging, one_line, FailureKind};
 use crate::cache::{
-    make_policy, CacheConfig, DiskCache, EvictionKind, SizeLimit, DEFAULT_MAX_OPEN_OBJECTS,
+    limit_kept_block_buffers, make_policy, CacheConfig, DiskCache, EvictionKind, SizeLimit,
+    DEFAULT_MAX_OPEN_OBJECTS,
 };
 use crate::control;
 use crate::control::MountControl;
@@ -331,6 +332,8 @@ fn build(
             "the open-file limit keeps fewer cache entries open (idle ones are reopened on use)"
         );
     }
+    // Freed block buffers are kept for reuse within the same budget (`cache::ring`'s buffers).
+    limit_kept_block_buffers(args.max_memory);
     let fetch_config = FetchConfig {
         max_inflight: budget.max_inflight,
         inflight_memory: args.max_memory / 2,

@@ -1,4 +1,4 @@
-use super::buf::{POOL, POOL_MAX_BYTES};
+use super::buf::{keeps, POOL, POOL_MIN_BYTES};
 use super::*;
 use std::fs::OpenOptions;
 
@@ -15,17 +15,31 @@ fn block_buffers_are_mapped_and_reused_within_the_pool_bound() {
     assert!(is_aligned(a.as_ref()) && a.as_ref().iter().all(|&b| b == 5));
     let small = AlignedBuf::copy_from(&[1u8; 5000]);
     assert!(!small.mapped && small.len() == 5000 && !is_aligned(small.as_ref()));
-    // Many buffers dropped at once: the pool keeps at most its bound, the rest is unmapped.
-    let many: Vec<AlignedBuf> = (0..(POOL_MAX_BYTES / size + 8))
+    // Many buffers dropped at once: the pool keeps at most its bound (no budget is set in
+    // these tests), the rest is unmapped.
+    let many: Vec<AlignedBuf> = (0..(POOL_MIN_BYTES / size + 8))
         .map(|_| AlignedBuf::with_capacity(size))
         .collect();
     drop(many);
     drop(a);
-    let pooled: usize = POOL.lock().iter().map(|&(_, s)| s).sum();
-    assert!(pooled <= POOL_MAX_BYTES, "{pooled} bytes pooled");
+    let pooled: usize = POOL.lock().bufs.iter().map(|&(_, s)| s).sum();
+    assert_eq!(pooled, POOL.lock().bytes);
+    assert!(pooled <= POOL_MIN_BYTES, "{pooled} bytes pooled");
     // A reused buffer starts empty, whatever its pages held.
     let b = AlignedBuf::with_capacity(size);
     assert!(b.mapped && b.is_empty() && b.as_ref().is_empty());
+}
+
+#[test]
+fn freed_buffers_are_kept_within_the_budget_beside_the_live_ones() {
+    const MIB: usize = 1 << 20;
+    // Without a budget, or with one the live buffers fill: the fixed floor.
+    assert!(keeps(POOL_MIN_BYTES - MIB, 0, MIB, 0));
+    assert!(!keeps(POOL_MIN_BYTES, 0, MIB, 0));
+    assert!(keeps(POOL_MIN_BYTES - MIB, 300 * MIB, MIB, 256 * MIB));
+    // A 256 MiB budget with 100 MiB live: up to 156 MiB kept, not a byte more.
+    assert!(keeps(155 * MIB, 100 * MIB, MIB, 256 * MIB));
+    assert!(!keeps(156 * MIB, 100 * MIB, MIB, 256 * MIB));
 }
 
 fn file(dir: &std::path::Path) -> Arc<File> {
