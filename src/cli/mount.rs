@@ -22,7 +22,7 @@ use super::size::SizeSpec;
 use super::unmount::{mount_state, MountState};
 use super::{fail, logging, one_line, FailureKind};
 use crate::cache::{
-    limit_kept_block_buffers, make_policy, CacheConfig, DiskCache, EvictionKind, SizeLimit,
+    make_policy, reserve_for_kept_block_buffers, CacheConfig, DiskCache, EvictionKind, SizeLimit,
     DEFAULT_MAX_OPEN_OBJECTS,
 };
 use crate::control;
@@ -332,11 +332,13 @@ fn build(
             "the open-file limit keeps fewer cache entries open (idle ones are reopened on use)"
         );
     }
-    // Freed block buffers are kept for reuse within the same budget (`cache::ring`'s buffers).
-    limit_kept_block_buffers(args.max_memory);
+    // --max-memory: 3/8 for GETs in flight, 1/8 for freed block buffers kept for reuse
+    // (`cache::ring`'s `AlignedBuf`), 1/2 for the memory block cache.
+    let kept_buffers = args.max_memory / 8;
+    reserve_for_kept_block_buffers(kept_buffers);
     let fetch_config = FetchConfig {
         max_inflight: budget.max_inflight,
-        inflight_memory: args.max_memory / 2,
+        inflight_memory: args.max_memory / 2 - kept_buffers,
         block_cache_bytes: args.max_memory / 2,
         block_size: args.block_size,
         ..FetchConfig::default()

@@ -13,25 +13,28 @@ use super::ALIGN;
 /// **Where block buffers live.** Buffers of at least [`MAPPED_MIN`] (every block the daemon
 /// fetches or reads from the cache: 1 MiB by default) are mapped pages of their own, not heap
 /// memory, and go back to the system when freed, except for those kept for the next
-/// allocation (the pool: [`keeps`]). From the heap, glibc kept what freed blocks left behind:
+/// allocation (the pool: [`keeps`], so a steady stream of blocks costs no page faults). From the heap, glibc kept what freed blocks left behind:
 /// blocks come and go by the thousand on several threads, the heap's free space ends up in
 /// holes between live allocations, and a daemon with `--max-memory 64M` reading six W2 shards
 /// reached 165–200 MiB of RSS for 64 MiB of live blocks (75–105 MiB with block buffers mapped;
 /// `benches/memory.sh`). Mapped memory is RSS only while a block lives or is kept, so the
 /// daemon's RSS follows `--max-memory`.
 ///
-/// **Why the pool follows the budget.** A new mapping costs its pages' faults when the block is
-/// first written, and those are taken inside the `O_DIRECT` read that fills it (the kernel
-/// pins the pages one by one, faulting each in and zeroing it) and given back by `munmap`.
-/// With a pool of a fixed 16 MiB, warm epochs without passthrough (W2-shaped: 1 GiB of
-/// shards, `--max-memory 256M`, every block read from the NVMe cache) spent a quarter of the
-/// daemon's CPU there (`perf`: 19% in `do_anonymous_page` under the reads, 6% in `munmap`):
-/// the memory cache lets blocks go many at a time, more than the pool held, and the reads
-/// that followed mapped new ones. Keeping freed buffers while the live ones and the kept ones
-/// fit in `--max-memory` ([`limit_kept`]) cut the daemon's CPU per warm epoch from 65–91 to
-/// 46–56 ticks (a 64 MiB or 256 MiB pool, medians 50 and 48). What is kept never takes the
-/// daemon's block memory past its budget: only the budget's unused part, and at least the
-/// fixed [`POOL_MIN_BYTES`].
+/// **Why the pool has a share of the budget.** A new mapping costs its pages' faults when the
+/// block is first written, and those are taken inside the `O_DIRECT` read that fills it (the
+/// kernel pins the pages one by one, faulting each in and zeroing it) and given back by
+/// `munmap`. With a pool of a fixed 16 MiB, warm epochs without passthrough (W2-shaped: 1 GiB
+/// of shards, `--max-memory 256M`, every block read from the NVMe cache) spent a quarter of
+/// the daemon's CPU there (`perf`: 19% in `do_anonymous_page` under the reads, 6% in
+/// `munmap`): a stream's read-ahead reads many blocks at once, more than the pool held, and
+/// the memory cache lets as many go. A 64 MiB pool cut the daemon's CPU per warm epoch from
+/// 65–91 to 49–56 ticks, 256 MiB to 46–51. So the pool keeps [`POOL_MIN_BYTES`] (part of the
+/// fixed memory beside `--max-memory`) plus the share of `--max-memory` the daemon reserves
+/// for it ([`reserve_for_kept`]: an eighth, taken from the budget of GETs in flight). Letting
+/// it keep whatever the live buffers left of the whole budget was tried and measured worse:
+/// the kept pages then stayed resident while the rest of the daemon's memory peaked (a
+/// listing walk beside the readers), and `benches/memory.sh` went past its bound (348 MiB
+/// against 326 at `--max-memory 256M`).
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     cap: usize,
@@ -56,24 +59,22 @@ pub(super) static POOL: parking_lot::Mutex<Pool> = parking_lot::Mutex::new(Pool 
     bufs: Vec::new(),
     bytes: 0,
 });
-/// Bytes of mapped buffers in use (not in the pool).
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-/// What the live and the kept buffers may take together ([`limit_kept`]); 0 until set.
-static LIMIT: AtomicUsize = AtomicUsize::new(0);
+/// Bytes of `--max-memory` reserved for kept buffers beyond [`POOL_MIN_BYTES`]; 0 until set.
+static RESERVED: AtomicUsize = AtomicUsize::new(0);
 
-/// Lets the pool keep freed buffers while the live and the kept ones together fit in `bytes`
-/// (the daemon's `--max-memory`; see [`AlignedBuf`]).
-pub fn limit_kept(bytes: u64) {
-    LIMIT.store(
+/// Lets the pool keep `bytes` of freed buffers beyond [`POOL_MIN_BYTES`] (the share of the
+/// daemon's `--max-memory` reserved for them; see [`AlignedBuf`]).
+pub fn reserve_for_kept(bytes: u64) {
+    RESERVED.store(
         usize::try_from(bytes).unwrap_or(usize::MAX),
         Ordering::Relaxed,
     );
 }
 
-/// Whether a freed buffer of `size` bytes is kept: while the kept ones stay within
-/// [`POOL_MIN_BYTES`], or within what `limit` leaves beside the `live` ones.
-pub(super) fn keeps(kept: usize, live: usize, size: usize, limit: usize) -> bool {
-    kept + size <= POOL_MIN_BYTES.max(limit.saturating_sub(live))
+/// Whether a freed buffer of `size` bytes is kept beside the `kept` ones: while they stay
+/// within [`POOL_MIN_BYTES`] and the `reserved` share.
+pub(super) fn keeps(kept: usize, size: usize, reserved: usize) -> bool {
+    kept + size <= POOL_MIN_BYTES.saturating_add(reserved)
 }
 
 /// Pages of `size` bytes: a pooled buffer of that size, else a new mapping.
@@ -83,7 +84,6 @@ fn map(size: usize) -> Option<NonNull<u8>> {
         if let Some(i) = pool.bufs.iter().rposition(|&(_, s)| s == size) {
             let (addr, _) = pool.bufs.swap_remove(i);
             pool.bytes -= size;
-            LIVE.fetch_add(size, Ordering::Relaxed);
             return NonNull::new(addr as *mut u8);
         }
     }
@@ -101,16 +101,14 @@ fn map(size: usize) -> Option<NonNull<u8>> {
     if raw == libc::MAP_FAILED {
         return None;
     }
-    LIVE.fetch_add(size, Ordering::Relaxed);
     NonNull::new(raw.cast())
 }
 
 /// Gives back a buffer from [`map`]: to the pool while it [`keeps`] it, else to the system.
 fn unmap(ptr: NonNull<u8>, size: usize) {
-    let live = LIVE.fetch_sub(size, Ordering::Relaxed) - size;
     {
         let mut pool = POOL.lock();
-        if keeps(pool.bytes, live, size, LIMIT.load(Ordering::Relaxed)) {
+        if keeps(pool.bytes, size, RESERVED.load(Ordering::Relaxed)) {
             pool.bufs.push((ptr.as_ptr() as usize, size));
             pool.bytes += size;
             return;

@@ -31,15 +31,14 @@ fn block_buffers_are_mapped_and_reused_within_the_pool_bound() {
 }
 
 #[test]
-fn freed_buffers_are_kept_within_the_budget_beside_the_live_ones() {
+fn freed_buffers_are_kept_within_the_floor_and_the_reserved_share() {
     const MIB: usize = 1 << 20;
-    // Without a budget, or with one the live buffers fill: the fixed floor.
-    assert!(keeps(POOL_MIN_BYTES - MIB, 0, MIB, 0));
-    assert!(!keeps(POOL_MIN_BYTES, 0, MIB, 0));
-    assert!(keeps(POOL_MIN_BYTES - MIB, 300 * MIB, MIB, 256 * MIB));
-    // A 256 MiB budget with 100 MiB live: up to 156 MiB kept, not a byte more.
-    assert!(keeps(155 * MIB, 100 * MIB, MIB, 256 * MIB));
-    assert!(!keeps(156 * MIB, 100 * MIB, MIB, 256 * MIB));
+    // Nothing reserved: the fixed floor.
+    assert!(keeps(POOL_MIN_BYTES - MIB, MIB, 0));
+    assert!(!keeps(POOL_MIN_BYTES, MIB, 0));
+    // 32 MiB reserved (an eighth of 256M): up to 48 MiB kept, not a byte more.
+    assert!(keeps(POOL_MIN_BYTES + 31 * MIB, MIB, 32 * MIB));
+    assert!(!keeps(POOL_MIN_BYTES + 32 * MIB, MIB, 32 * MIB));
 }
 
 fn file(dir: &std::path::Path) -> Arc<File> {
