@@ -13,12 +13,12 @@ use super::ALIGN;
 /// **Where block buffers live.** Buffers of at least [`MAPPED_MIN`] (every block the daemon
 /// fetches or reads from the cache: 1 MiB by default) are mapped pages of their own, not heap
 /// memory, and go back to the system when freed, except for those kept for the next
-/// allocation (the pool: [`keeps`], so a steady stream of blocks costs no page faults). From the heap, glibc kept what freed blocks left behind:
-/// blocks come and go by the thousand on several threads, the heap's free space ends up in
-/// holes between live allocations, and a daemon with `--max-memory 64M` reading six W2 shards
-/// reached 165–200 MiB of RSS for 64 MiB of live blocks (75–105 MiB with block buffers mapped;
-/// `benches/memory.sh`). Mapped memory is RSS only while a block lives or is kept, so the
-/// daemon's RSS follows `--max-memory`.
+/// allocation (the pool: [`keeps`], so a steady stream of blocks costs no page faults). From
+/// the heap, glibc kept what freed blocks left behind: blocks come and go by the thousand on
+/// several threads, the heap's free space ends up in holes between live allocations, and a
+/// daemon with `--max-memory 64M` reading six W2 shards reached 165–200 MiB of RSS for 64 MiB
+/// of live blocks (75–105 MiB with block buffers mapped; `benches/memory.sh`). Mapped memory
+/// is RSS only while a block lives or is kept, so the daemon's RSS follows `--max-memory`.
 ///
 /// **Why the pool has a share of the budget.** A new mapping costs its pages' faults when the
 /// block is first written, and those are taken inside the `O_DIRECT` read that fills it (the
@@ -27,14 +27,16 @@ use super::ALIGN;
 /// of shards, `--max-memory 256M`, every block read from the NVMe cache) spent a quarter of
 /// the daemon's CPU there (`perf`: 19% in `do_anonymous_page` under the reads, 6% in
 /// `munmap`): a stream's read-ahead reads many blocks at once, more than the pool held, and
-/// the memory cache lets as many go. A 64 MiB pool cut the daemon's CPU per warm epoch from
-/// 65–91 to 49–56 ticks, 256 MiB to 46–51. So the pool keeps [`POOL_MIN_BYTES`] (part of the
-/// fixed memory beside `--max-memory`) plus the share of `--max-memory` the daemon reserves
-/// for it ([`reserve_for_kept`]: an eighth, taken from the budget of GETs in flight). Letting
-/// it keep whatever the live buffers left of the whole budget was tried and measured worse:
-/// the kept pages then stayed resident while the rest of the daemon's memory peaked (a
-/// listing walk beside the readers), and `benches/memory.sh` went past its bound (348 MiB
-/// against 326 at `--max-memory 256M`).
+/// lets as many go once the reader has passed them (`reader`'s module documentation). A 64 MiB
+/// pool cut the daemon's CPU per warm epoch from 65–91 to 49–56 ticks, 256 MiB to 46–51. So
+/// the pool keeps [`POOL_MIN_BYTES`] (part of the fixed memory beside `--max-memory`) plus
+/// the share of `--max-memory` the daemon reserves for it ([`reserve_for_kept`]: an eighth,
+/// taken from the budget of GETs in flight; 48 MiB kept in all at 256M cut the daemon's CPU
+/// per warm epoch there from 67.5 to 46 ticks, and at W2's full scale, 4 GiB of shards at the
+/// default 1G, from 275.5 to 212, medians). Letting it keep whatever the live buffers left of
+/// the whole budget was tried and measured worse: the kept pages then stayed resident while
+/// the rest of the daemon's memory peaked (a listing walk beside the readers), and
+/// `benches/memory.sh` went past its bound (348 MiB against 326 at `--max-memory 256M`).
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     cap: usize,
@@ -48,8 +50,7 @@ pub const MAPPED_MIN: usize = 256 * 1024;
 /// Bytes of freed mapped buffers kept for reuse whatever the budget (see [`keeps`]).
 pub const POOL_MIN_BYTES: usize = 16 << 20;
 
-/// Freed mapped buffers kept for reuse, and their bytes.
-#[derive(Default)]
+/// Freed mapped buffers kept for reuse (address, size), and their bytes.
 pub(super) struct Pool {
     pub(super) bufs: Vec<(usize, usize)>,
     pub(super) bytes: usize,
