@@ -196,7 +196,7 @@ pub use evict::{make_policy, EvictionKind, NoPlan, PlanOracle};
 pub(crate) use identity::EntryKey;
 pub use identity::ObjectIdentity;
 pub(crate) use proofs::{Principal, ProofLog, Verdict};
-pub(crate) use ring::reserve_for_kept as reserve_for_kept_block_buffers;
+pub(crate) use ring::reserve_for_kept_buffers;
 
 /// The cache's byte budget.
 #[derive(Debug, Clone, Copy, PartialEq)]

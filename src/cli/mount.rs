@@ -22,7 +22,7 @@ use super::size::SizeSpec;
 use super::unmount::{mount_state, MountState};
 use super::{fail, logging, one_line, FailureKind};
 use crate::cache::{
-    make_policy, reserve_for_kept_block_buffers, CacheConfig, DiskCache, EvictionKind, SizeLimit,
+    make_policy, reserve_for_kept_buffers, CacheConfig, DiskCache, EvictionKind, SizeLimit,
     DEFAULT_MAX_OPEN_OBJECTS,
 };
 use crate::control;
@@ -335,7 +335,7 @@ fn build(
     // --max-memory: 3/8 for GETs in flight, 1/8 for freed block buffers kept for reuse
     // (`cache::ring`'s `AlignedBuf`), 1/2 for the memory block cache.
     let kept_buffers = args.max_memory / 8;
-    reserve_for_kept_block_buffers(kept_buffers);
+    reserve_for_kept_buffers(kept_buffers);
     let fetch_config = FetchConfig {
         max_inflight: budget.max_inflight,
         inflight_memory: args.max_memory / 2 - kept_buffers,

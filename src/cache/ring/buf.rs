@@ -30,7 +30,7 @@ use super::ALIGN;
 /// lets as many go once the reader has passed them (`reader`'s module documentation). A 64 MiB
 /// pool cut the daemon's CPU per warm epoch from 65–91 to 49–56 ticks, 256 MiB to 46–51. So
 /// the pool keeps [`POOL_MIN_BYTES`] (part of the fixed memory beside `--max-memory`) plus
-/// the share of `--max-memory` the daemon reserves for it ([`reserve_for_kept`]: an eighth,
+/// the share of `--max-memory` the daemon reserves for it ([`reserve_for_kept_buffers`]: an eighth,
 /// taken from the budget of GETs in flight; 48 MiB kept in all at 256M cut the daemon's CPU
 /// per warm epoch there from 67.5 to 46 ticks, and at W2's full scale, 4 GiB of shards at the
 /// default 1G, from 275.5 to 212, medians). Letting it keep whatever the live buffers left of
@@ -65,7 +65,7 @@ static RESERVED: AtomicUsize = AtomicUsize::new(0);
 
 /// Lets the pool keep `bytes` of freed buffers beyond [`POOL_MIN_BYTES`] (the share of the
 /// daemon's `--max-memory` reserved for them; see [`AlignedBuf`]).
-pub fn reserve_for_kept(bytes: u64) {
+pub fn reserve_for_kept_buffers(bytes: u64) {
     RESERVED.store(
         usize::try_from(bytes).unwrap_or(usize::MAX),
         Ordering::Relaxed,

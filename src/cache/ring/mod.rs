@@ -52,7 +52,7 @@ use bytes::Bytes;
 use io_uring::IoUring;
 use tokio::sync::oneshot;
 
-pub use buf::{is_aligned, reserve_for_kept, AlignedBuf, IoBuf, MAPPED_MIN};
+pub use buf::{is_aligned, reserve_for_kept_buffers, AlignedBuf, IoBuf, MAPPED_MIN};
 use thread::RingThread;
 
 /// Alignment of every buffer (and of `O_DIRECT` offsets and lengths).

@@ -22,8 +22,12 @@ fn block_buffers_are_mapped_and_reused_within_the_pool_bound() {
         .collect();
     drop(many);
     drop(a);
-    let pooled: usize = POOL.lock().bufs.iter().map(|&(_, s)| s).sum();
-    assert_eq!(pooled, POOL.lock().bytes);
+    // One lock for both: other tests' buffers come and go on other threads meanwhile.
+    let (pooled, counted) = {
+        let pool = POOL.lock();
+        (pool.bufs.iter().map(|&(_, s)| s).sum::<usize>(), pool.bytes)
+    };
+    assert_eq!(pooled, counted);
     assert!(pooled <= POOL_MIN_BYTES, "{pooled} bytes pooled");
     // A reused buffer starts empty, whatever its pages held.
     let b = AlignedBuf::with_capacity(size);
