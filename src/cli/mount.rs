@@ -28,7 +28,7 @@ use crate::cache::{
 use crate::control;
 use crate::control::MountControl;
 use crate::fetch::peer::{self, server::PeerServer};
-use crate::fetch::{DiskTier, FetchConfig, Fetcher};
+use crate::fetch::{idle_connections, idle_connections_memory, DiskTier, FetchConfig, Fetcher};
 use crate::fs::handover::serving::ServingLock;
 use crate::fs::handover::{protocol, request_resend, Handover, InitParams, Resumed};
 use crate::fs::latency::FuseOps;
@@ -273,7 +273,14 @@ fn build(
     runtime: &tokio::runtime::Runtime,
     node_log: Option<Arc<dyn NodeLog>>,
 ) -> anyhow::Result<Stack> {
+    // --max-memory: 3/8 for GETs in flight and the buffers of the idle connections kept beyond
+    // the fixed ones, 1/8 for freed block buffers kept for reuse (`cache::ring`'s `AlignedBuf`),
+    // 1/2 for the memory block cache.
+    let kept_buffers = args.max_memory / 8;
+    let get_memory = args.max_memory / 2 - kept_buffers;
+    let idle_connections = idle_connections(get_memory);
     let s3 = S3Config {
+        idle_connections,
         bucket: args.source.bucket.clone(),
         endpoint_url: args.endpoint_url.clone(),
         region: args.region.clone(),
@@ -332,13 +339,10 @@ fn build(
             "the open-file limit keeps fewer cache entries open (idle ones are reopened on use)"
         );
     }
-    // --max-memory: 3/8 for GETs in flight, 1/8 for freed block buffers kept for reuse
-    // (`cache::ring`'s `AlignedBuf`), 1/2 for the memory block cache.
-    let kept_buffers = args.max_memory / 8;
     reserve_for_kept_buffers(kept_buffers);
     let fetch_config = FetchConfig {
         max_inflight: budget.max_inflight,
-        inflight_memory: args.max_memory / 2 - kept_buffers,
+        inflight_memory: get_memory - idle_connections_memory(idle_connections),
         block_cache_bytes: args.max_memory / 2,
         block_size: args.block_size,
         ..FetchConfig::default()

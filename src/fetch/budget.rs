@@ -13,14 +13,46 @@ pub(super) const MEMORY_UNIT: u64 = 4096;
 
 /// The most a GET's connection buffers are charged besides its data (twice the data below
 /// that). The HTTP client (hyper) reads each response into a per-connection buffer that
-/// doubles while reads fill it (up to about 400 KiB: 128–256 KiB for a 110 KB body) and keeps
-/// it while the connection waits in the pool for its next request: 64 readers of W1's small
-/// files at `--max-memory 64M` ran ~256 GETs at once and their connections held 54 MiB of
-/// buffers beside 32 MiB of data (heaptrack). A connection serves one GET at a time and is
-/// reused, so charging each GET for it bounds the buffers of the connections the budget lets
-/// run at once; on small files a small budget runs fewer GETs at once (64M: ~100 instead of
-/// 256 for 110 KB files; 256M and more: still `--max-inflight`).
-pub const CONNECTION_BUFFER: u64 = 256 << 10;
+/// doubles while reads fill it, up to hyper's default limit of 8 KiB + 400 KiB (the value
+/// here; the SDK's client does not change it; 128–256 KiB for a 110 KB body, the limit for
+/// 1 MiB blocks), and keeps it while the connection waits in the pool for its next request:
+/// 64 readers of W1's small files at `--max-memory 64M` ran ~256 GETs at once and their
+/// connections held 54 MiB of buffers beside 32 MiB of data (heaptrack). A connection serves
+/// one GET at a time and is reused, so charging each GET for it bounds the buffers of the
+/// connections the budget lets run at once, and the client keeps at most
+/// [`idle_connections`] idle ones (see there). On
+/// small files a small budget runs fewer GETs at once (64M: ~75 instead of 256 for 110 KB
+/// files; 256M and more: still `--max-inflight`). Charging 256 KiB, less than the limit, let
+/// the mixed load of `benches/memory.sh` at 64M, whose 1 MiB GETs fill their buffers, pass
+/// its bound.
+pub const CONNECTION_BUFFER: u64 = 8192 + 4096 * 100;
+
+/// Idle connections whose buffers are part of the fixed memory beside `--max-memory` (6.5 MiB).
+pub const FIXED_IDLE_CONNECTIONS: usize = 16;
+
+/// How many idle connections the S3 client keeps for a GET budget of `get_memory` bytes: as
+/// many as an eighth of it holds in buffers, at least [`FIXED_IDLE_CONNECTIONS`]. An idle
+/// connection keeps its read buffer ([`CONNECTION_BUFFER`]) and no GET is charged for it; the
+/// SDK's default client keeps every connection, so a burst of 256 GETs (the default
+/// `--max-inflight`) left up to 100 MiB of buffers outside any budget, and at `--max-memory 64M`
+/// (56 connections under `benches/memory.sh`'s mixed load) its peak RSS went from 132–138 to
+/// 125–133 MiB with 16 kept (three alternated runs each). A connection beyond the limit is
+/// closed when its GET ends and a later burst opens new ones, which cost cold epochs 8–12%
+/// with 16 at 1G (seven alternated rounds, local RGW), so large budgets keep more. Those
+/// beyond the fixed ones take their buffers out of the GET budget
+/// ([`idle_connections_memory`]).
+pub fn idle_connections(get_memory: u64) -> usize {
+    let share = get_memory / 8 / CONNECTION_BUFFER;
+    usize::try_from(share)
+        .unwrap_or(usize::MAX)
+        .max(FIXED_IDLE_CONNECTIONS)
+}
+
+/// The buffers of `idle` kept connections beyond the [`FIXED_IDLE_CONNECTIONS`]: what they take
+/// of the GET budget.
+pub fn idle_connections_memory(idle: usize) -> u64 {
+    idle.saturating_sub(FIXED_IDLE_CONNECTIONS) as u64 * CONNECTION_BUFFER
+}
 
 impl Fetcher {
     /// GETs in flight right now.

@@ -66,6 +66,7 @@ use crate::store::{ObjectStore, StoreError};
 pub(crate) use blocks::BlockCache;
 pub(crate) use budget::Priority;
 use budget::MEMORY_UNIT;
+pub(crate) use budget::{idle_connections, idle_connections_memory};
 use claim::{Mode, Slot};
 pub(crate) use disk::DiskTier;
 pub(crate) use object::BlockKey;

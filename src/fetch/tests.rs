@@ -155,6 +155,26 @@ async fn concurrent_gets_stay_within_max_inflight() {
     assert_eq!(store.count(Op::Get), 20);
 }
 
+#[test]
+fn idle_connections_hold_an_eighth_of_the_get_budget_beyond_the_fixed_ones() {
+    use super::budget::{CONNECTION_BUFFER, FIXED_IDLE_CONNECTIONS};
+    const MIB: u64 = 1 << 20;
+    // --max-memory 64M: 24 MiB for GETs, an eighth of it holds fewer buffers than the fixed
+    // connections, which take nothing from the GET budget.
+    assert_eq!(idle_connections(24 * MIB), FIXED_IDLE_CONNECTIONS);
+    assert_eq!(idle_connections_memory(idle_connections(24 * MIB)), 0);
+    // The default 1G: 384 MiB for GETs, 120 idle connections, whose buffers beyond the fixed
+    // ones come out of the GET budget and stay within its eighth.
+    let idle = idle_connections(384 * MIB);
+    assert_eq!(idle, 120);
+    let taken = idle_connections_memory(idle);
+    assert_eq!(
+        taken,
+        (120 - FIXED_IDLE_CONNECTIONS) as u64 * CONNECTION_BUFFER
+    );
+    assert!(taken <= 384 * MIB / 8);
+}
+
 #[tokio::test]
 async fn prefetch_never_exceeds_the_memory_budget() {
     let config = FetchConfig {

@@ -6,7 +6,8 @@
 //! computed when an operation requires them (Ceph 16 rejects streaming checksums). The SDK's own
 //! retries are turned off: [`super::retry::RetryingStore`] retries, so one policy applies to
 //! every store and is tested. Timeouts are set so a stalled connection surfaces as a transient
-//! error rather than a hang.
+//! error rather than a hang. The HTTP client is the SDK's default one with a bounded pool of idle
+//! connections (`S3Config::idle_connections`).
 //!
 //! Secrets never leave the SDK: errors carry the service's error code and message only.
 
@@ -29,7 +30,7 @@ use super::{
 };
 
 /// How to reach one bucket.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct S3Config {
     pub bucket: String,
     pub endpoint_url: Option<String>,
@@ -39,6 +40,27 @@ pub struct S3Config {
     pub no_sign_request: bool,
     pub connect_timeout: Option<Duration>,
     pub read_timeout: Option<Duration>,
+    /// Idle connections kept for the next requests (`fetch::idle_connections`).
+    pub idle_connections: usize,
+}
+
+/// The SDK's default HTTPS client (hyper 1 with rustls over aws-lc, the proxy from the
+/// environment), keeping at most `idle` idle connections instead of all.
+fn http_client(idle: usize) -> aws_smithy_runtime_api::client::http::SharedHttpClient {
+    use aws_smithy_http_client::{proxy::ProxyConfig, tls, Builder, ConnectorBuilder};
+    Builder::new().build_with_connector_fn(move |settings, components| {
+        let mut connector = ConnectorBuilder::default()
+            .pool_max_idle_per_host(idle)
+            .tls_provider(tls::Provider::Rustls(
+                tls::rustls_provider::CryptoMode::AwsLc,
+            ));
+        connector.set_connector_settings(settings.cloned());
+        if let Some(components) = components {
+            connector.set_sleep_impl(components.sleep_impl());
+        }
+        connector.set_proxy_config(Some(ProxyConfig::from_env()));
+        connector.build()
+    })
 }
 
 /// See the module documentation.
@@ -86,6 +108,7 @@ impl S3Store {
         if let Some(endpoint) = &config.endpoint_url {
             builder = builder.endpoint_url(endpoint);
         }
+        builder = builder.http_client(http_client(config.idle_connections));
         S3Store {
             client: aws_sdk_s3::Client::from_conf(builder.build()),
             bucket: config.bucket.clone(),

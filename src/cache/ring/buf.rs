@@ -29,14 +29,18 @@ use super::ALIGN;
 /// `munmap`): a stream's read-ahead reads many blocks at once, more than the pool held, and
 /// lets as many go once the reader has passed them (`reader`'s module documentation). A 64 MiB
 /// pool cut the daemon's CPU per warm epoch from 65–91 to 49–56 ticks, 256 MiB to 46–51. So
-/// the pool keeps [`POOL_MIN_BYTES`] (part of the fixed memory beside `--max-memory`) plus
-/// the share of `--max-memory` the daemon reserves for it ([`reserve_for_kept_buffers`]: an eighth,
-/// taken from the budget of GETs in flight; 48 MiB kept in all at 256M cut the daemon's CPU
-/// per warm epoch there from 67.5 to 46 ticks, and at W2's full scale, 4 GiB of shards at the
-/// default 1G, from 275.5 to 212, medians). Letting it keep whatever the live buffers left of
-/// the whole budget was tried and measured worse: the kept pages then stayed resident while
-/// the rest of the daemon's memory peaked (a listing walk beside the readers), and
-/// `benches/memory.sh` went past its bound (348 MiB against 326 at `--max-memory 256M`).
+/// the pool keeps the share of `--max-memory` the daemon reserves for it (an eighth, taken
+/// from the budget of GETs in flight: [`reserve_for_kept_buffers`]) and as much again, at most
+/// [`POOL_EXTRA_BYTES`] more (part of the fixed memory beside `--max-memory`). 48 MiB kept in
+/// all at 256M cut the daemon's CPU per warm epoch there from 67.5 to 46 ticks, and at W2's
+/// full scale (4 GiB of shards at the default 1G) from 275.5 to 212 (medians). Letting it keep
+/// whatever the live buffers left of the whole budget was tried and measured worse: the kept
+/// pages then stayed resident while the rest of the daemon's memory peaked (a listing walk
+/// beside the readers), and `benches/memory.sh` went past its bound (348 MiB against 326 at
+/// `--max-memory 256M`). The extra is at most the share itself because a fixed 16 MiB beside a
+/// small budget put `benches/memory.sh`'s mixed load at 64M near or past its bound (peaks of
+/// 128–132 MiB against 134 with it, 121–126 with 8 MiB); keeping only the share at 256M (32
+/// MiB instead of 48) cost the daemon 52.5 instead of 46.5 ticks per warm epoch.
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     cap: usize,
@@ -47,8 +51,8 @@ pub struct AlignedBuf {
 
 /// Buffers of at least this many bytes are mapped pages (see [`AlignedBuf`]).
 pub const MAPPED_MIN: usize = 256 * 1024;
-/// Bytes of freed mapped buffers kept for reuse whatever the budget (see [`keeps`]).
-pub const POOL_MIN_BYTES: usize = 16 << 20;
+/// The most bytes of freed mapped buffers kept beyond the reserved share (see [`keeps`]).
+pub const POOL_EXTRA_BYTES: usize = 16 << 20;
 
 /// Freed mapped buffers kept for reuse (address, size), and their bytes.
 pub(super) struct Pool {
@@ -60,11 +64,12 @@ pub(super) static POOL: parking_lot::Mutex<Pool> = parking_lot::Mutex::new(Pool 
     bufs: Vec::new(),
     bytes: 0,
 });
-/// Bytes of `--max-memory` reserved for kept buffers beyond [`POOL_MIN_BYTES`]; 0 until set.
+/// Bytes of `--max-memory` reserved for kept buffers; 0 until set.
 static RESERVED: AtomicUsize = AtomicUsize::new(0);
 
-/// Lets the pool keep `bytes` of freed buffers beyond [`POOL_MIN_BYTES`] (the share of the
-/// daemon's `--max-memory` reserved for them; see [`AlignedBuf`]).
+/// Lets the pool keep `bytes` of freed buffers and as many again, up to [`POOL_EXTRA_BYTES`]
+/// more (`bytes` is the share of the daemon's `--max-memory` reserved for them; see
+/// [`AlignedBuf`]).
 pub fn reserve_for_kept_buffers(bytes: u64) {
     RESERVED.store(
         usize::try_from(bytes).unwrap_or(usize::MAX),
@@ -73,9 +78,14 @@ pub fn reserve_for_kept_buffers(bytes: u64) {
 }
 
 /// Whether a freed buffer of `size` bytes is kept beside the `kept` ones: while they stay
-/// within [`POOL_MIN_BYTES`] and the `reserved` share.
+/// within the `reserved` share and as much again, at most [`POOL_EXTRA_BYTES`] more; within
+/// [`POOL_EXTRA_BYTES`] while nothing is reserved (a process without a budget: tests, tools).
 pub(super) fn keeps(kept: usize, size: usize, reserved: usize) -> bool {
-    kept + size <= POOL_MIN_BYTES.saturating_add(reserved)
+    let limit = match reserved {
+        0 => POOL_EXTRA_BYTES,
+        share => share.saturating_add(share.min(POOL_EXTRA_BYTES)),
+    };
+    kept + size <= limit
 }
 
 /// Pages of `size` bytes: a pooled buffer of that size, else a new mapping.

@@ -1,4 +1,4 @@
-use super::buf::{keeps, POOL, POOL_MIN_BYTES};
+use super::buf::{keeps, POOL, POOL_EXTRA_BYTES};
 use super::*;
 use std::fs::OpenOptions;
 
@@ -17,7 +17,7 @@ fn block_buffers_are_mapped_and_reused_within_the_pool_bound() {
     assert!(!small.mapped && small.len() == 5000 && !is_aligned(small.as_ref()));
     // Many buffers dropped at once: the pool keeps at most its bound (no budget is set in
     // these tests), the rest is unmapped.
-    let many: Vec<AlignedBuf> = (0..(POOL_MIN_BYTES / size + 8))
+    let many: Vec<AlignedBuf> = (0..(POOL_EXTRA_BYTES / size + 8))
         .map(|_| AlignedBuf::with_capacity(size))
         .collect();
     drop(many);
@@ -28,21 +28,24 @@ fn block_buffers_are_mapped_and_reused_within_the_pool_bound() {
         (pool.bufs.iter().map(|&(_, s)| s).sum::<usize>(), pool.bytes)
     };
     assert_eq!(pooled, counted);
-    assert!(pooled <= POOL_MIN_BYTES, "{pooled} bytes pooled");
+    assert!(pooled <= POOL_EXTRA_BYTES, "{pooled} bytes pooled");
     // A reused buffer starts empty, whatever its pages held.
     let b = AlignedBuf::with_capacity(size);
     assert!(b.mapped && b.is_empty() && b.as_ref().is_empty());
 }
 
 #[test]
-fn freed_buffers_are_kept_within_the_floor_and_the_reserved_share() {
+fn freed_buffers_are_kept_within_the_reserved_share_and_the_extra() {
     const MIB: usize = 1 << 20;
-    // Nothing reserved: the fixed floor.
-    assert!(keeps(POOL_MIN_BYTES - MIB, MIB, 0));
-    assert!(!keeps(POOL_MIN_BYTES, MIB, 0));
+    // Nothing reserved: the extra alone.
+    assert!(keeps(POOL_EXTRA_BYTES - MIB, MIB, 0));
+    assert!(!keeps(POOL_EXTRA_BYTES, MIB, 0));
     // 32 MiB reserved (an eighth of 256M): up to 48 MiB kept, not a byte more.
-    assert!(keeps(POOL_MIN_BYTES + 31 * MIB, MIB, 32 * MIB));
-    assert!(!keeps(POOL_MIN_BYTES + 32 * MIB, MIB, 32 * MIB));
+    assert!(keeps(POOL_EXTRA_BYTES + 31 * MIB, MIB, 32 * MIB));
+    assert!(!keeps(POOL_EXTRA_BYTES + 32 * MIB, MIB, 32 * MIB));
+    // 8 MiB reserved (an eighth of 64M): the share and as much again, 16 MiB.
+    assert!(keeps(15 * MIB, MIB, 8 * MIB));
+    assert!(!keeps(16 * MIB, MIB, 8 * MIB));
 }
 
 fn file(dir: &std::path::Path) -> Arc<File> {
