@@ -19,12 +19,11 @@ pub(super) const MEMORY_UNIT: u64 = 4096;
 /// 64 readers of W1's small files at `--max-memory 64M` ran ~256 GETs at once and their
 /// connections held 54 MiB of buffers beside 32 MiB of data (heaptrack). A connection serves
 /// one GET at a time and is reused, so charging each GET for it bounds the buffers of the
-/// connections the budget lets run at once, and the client keeps at most
-/// [`idle_connections`] idle ones (see there). On
-/// small files a small budget runs fewer GETs at once (64M: ~75 instead of 256 for 110 KB
-/// files; 256M and more: still `--max-inflight`). Charging 256 KiB, less than the limit, let
-/// the mixed load of `benches/memory.sh` at 64M, whose 1 MiB GETs fill their buffers, pass
-/// its bound.
+/// connections the budget lets run at once, and the client keeps at most [`idle_connections`]
+/// idle ones. On small files a small budget runs fewer GETs at once (64M: ~75 instead of 256
+/// for 110 KB files; 256M and more: still `--max-inflight`). Charging 256 KiB, less than the
+/// limit, let the mixed load of `benches/memory.sh` at 64M, whose 1 MiB GETs fill their
+/// buffers, pass its bound.
 pub const CONNECTION_BUFFER: u64 = 8192 + 4096 * 100;
 
 /// Idle connections whose buffers are part of the fixed memory beside `--max-memory` (6.5 MiB).
@@ -34,8 +33,8 @@ pub const FIXED_IDLE_CONNECTIONS: usize = 16;
 /// many as an eighth of it holds in buffers, at least [`FIXED_IDLE_CONNECTIONS`]. An idle
 /// connection keeps its read buffer ([`CONNECTION_BUFFER`]) and no GET is charged for it; the
 /// SDK's default client keeps every connection, so a burst of 256 GETs (the default
-/// `--max-inflight`) left up to 100 MiB of buffers outside any budget, and at `--max-memory 64M`
-/// (56 connections under `benches/memory.sh`'s mixed load) its peak RSS went from 132–138 to
+/// `--max-inflight`) left up to 100 MiB of buffers outside any budget; at `--max-memory 64M`
+/// (56 connections under `benches/memory.sh`'s mixed load) the peak RSS went from 132–138 to
 /// 125–133 MiB with 16 kept (three alternated runs each). A connection beyond the limit is
 /// closed when its GET ends and a later burst opens new ones, which cost cold epochs 8–12%
 /// with 16 at 1G (seven alternated rounds, local RGW), so large budgets keep more. Those

@@ -45,7 +45,10 @@ pub struct S3Config {
 }
 
 /// The SDK's default HTTPS client (hyper 1 with rustls over aws-lc, the proxy from the
-/// environment), keeping at most `idle` idle connections instead of all.
+/// environment), keeping at most `idle` idle connections instead of all. Built as
+/// aws-smithy-runtime's `default_https_client` builds it, through the same (hidden)
+/// `build_with_connector_fn`: the public `build_https` would drop the proxy from the
+/// environment.
 fn http_client(idle: usize) -> aws_smithy_runtime_api::client::http::SharedHttpClient {
     use aws_smithy_http_client::{proxy::ProxyConfig, tls, Builder, ConnectorBuilder};
     Builder::new().build_with_connector_fn(move |settings, components| {
