@@ -193,6 +193,12 @@ pub struct MountArgs {
     #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = parse_lookup_readahead)]
     pub lookup_readahead: u64,
 
+    /// With passthrough, cached files kept registered with the kernel after their last close,
+    /// so their next open is answered from memory (least recently opened dropped first); each
+    /// pins about 4 KiB of kernel memory (the cache file's inode and dentry). 0 keeps none
+    #[arg(long, value_name = "N", default_value = "65536", value_parser = clap::value_parser!(u32).range(0..=16_777_216))]
+    pub max_idle_backings: u32,
+
     /// Unit of fetching and caching (a power of two, 64K to 16M); a cache directory keeps the
     /// block size it was created with
     #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = parse_block_size)]
@@ -650,15 +656,25 @@ mod tests {
             Cli::try_parse_from(["riffle", "mount", "s3://bkt", "/m", "--max-inflight", "0"])
                 .is_err()
         );
-        let epoch_prefetch = |extra: &[&str]| {
+        let mount_with = |extra: &[&str]| {
             let mut argv = vec!["riffle", "mount", "s3://bkt", "/m"];
             argv.extend_from_slice(extra);
             match Cli::try_parse_from(argv).map(|c| c.command) {
-                Ok(Command::Mount(m)) => Ok(m.epoch_prefetch),
+                Ok(Command::Mount(m)) => Ok(m),
                 Ok(_) => panic!("not a mount"),
                 Err(e) => Err(e.kind()),
             }
         };
+        let idle_backings = |extra: &[&str]| mount_with(extra).map(|m| m.max_idle_backings);
+        assert_eq!(idle_backings(&[]), Ok(65_536));
+        assert_eq!(idle_backings(&["--max-idle-backings", "0"]), Ok(0));
+        assert_eq!(
+            idle_backings(&["--max-idle-backings", "1300000"]),
+            Ok(1_300_000)
+        );
+        assert!(idle_backings(&["--max-idle-backings", "16777217"]).is_err());
+        assert!(idle_backings(&["--max-idle-backings", "-1"]).is_err());
+        let epoch_prefetch = |extra: &[&str]| mount_with(extra).map(|m| m.epoch_prefetch);
         assert_eq!(epoch_prefetch(&[]), Ok(true));
         assert_eq!(epoch_prefetch(&["--epoch-prefetch", "off"]), Ok(false));
         assert_eq!(epoch_prefetch(&["--epoch-prefetch=on"]), Ok(true));

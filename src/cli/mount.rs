@@ -435,6 +435,7 @@ fn build(
             kernel_read_ahead: KERNEL_READ_AHEAD,
             passthrough: !args.no_passthrough,
             lookup_readahead: args.lookup_readahead,
+            max_idle_backings: args.max_idle_backings as usize,
             io_uring,
         },
         fs_status.clone(),

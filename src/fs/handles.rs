@@ -20,7 +20,6 @@ use super::answer::OpenAnswer;
 use super::backings::{IdleBackings, KernelBacking};
 use super::handover::{HandleRecord, HandleTable};
 use super::inode_opens::{InodeOpens, Mode};
-use super::KEPT_BACKINGS_MAX;
 use crate::cache::EntryKey;
 use crate::fetch::ObjectVersion;
 use crate::namespace::{DirEntry, OpenTarget, VersionsInUse};
@@ -39,12 +38,13 @@ pub(super) struct Handles {
 }
 
 impl Handles {
-    pub(super) fn new(kept_gauge: Arc<AtomicU64>) -> Self {
+    /// Handles keeping up to `max_kept` idle backing files (counted in `kept_gauge`).
+    pub(super) fn new(max_kept: usize, kept_gauge: Arc<AtomicU64>) -> Self {
         Handles {
             files: Mutex::default(),
             dirs: Mutex::default(),
             opens: InodeOpens::default(),
-            kept: IdleBackings::new(KEPT_BACKINGS_MAX, kept_gauge),
+            kept: IdleBackings::new(max_kept, kept_gauge),
             table: std::sync::OnceLock::new(),
         }
     }
@@ -182,7 +182,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_release_of_a_handle_it_does_not_know_leaves_the_counts_alone() {
-        let handles = Handles::new(Arc::default());
+        let handles = Handles::new(16, Arc::default());
         served_open(&handles, 7, 1);
         served_open(&handles, 7, 2);
         // fh 3 was released by the predecessor, whose answer never reached the kernel: the

@@ -118,9 +118,6 @@ pub(crate) use preopen::FuseDevice;
 use read::Reads;
 use stats_file::StatsFile;
 
-/// Passthrough backing files kept after close, at most this many ([`backings`]).
-const KEPT_BACKINGS_MAX: usize = 65_536;
-
 /// Completed objects waiting to have a backing id opened ahead, at most.
 const PREOPEN_QUEUE: usize = 4096;
 
@@ -145,6 +142,8 @@ pub(crate) struct FsConfig {
     /// With passthrough, a lookup of a cached file up to this size starts a readahead of its
     /// cache file ([`lookahead`]); 0: never.
     pub lookup_readahead: u64,
+    /// Passthrough backing files kept after their last close, at most ([`backings`]).
+    pub max_idle_backings: usize,
     /// Ask the kernel for FUSE over io_uring at INIT ([`transport`]).
     pub io_uring: bool,
 }
@@ -208,7 +207,10 @@ impl RiffleFs {
         config: FsConfig,
         status: Arc<FsStatus>,
     ) -> Self {
-        let handles = Arc::new(Handles::new(status.idle_backings.clone()));
+        let handles = Arc::new(Handles::new(
+            config.max_idle_backings,
+            status.idle_backings.clone(),
+        ));
         if let Some(disk) = fetcher.disk() {
             // An evicted file must not live on in the kernel through a idle backing file.
             let handles = Arc::downgrade(&handles);

@@ -101,6 +101,7 @@ fn mount_with(
         io_uring: false,
         passthrough: cache_dir.is_some(),
         lookup_readahead: 0,
+        max_idle_backings: 16,
     };
     RiffleFs::new(
         ns,
