@@ -42,6 +42,38 @@ fn complete_objects(s: &serde_json::Value) -> u64 {
     s["cache"]["complete_objects"].as_u64().unwrap_or(0)
 }
 
+/// `--max-idle-backings` bounds the backing files kept after close; the opens past it still
+/// get passthrough, registering the cache file again.
+#[test]
+fn idle_backings_stay_within_max_idle_backings() {
+    let endpoint = need_rgw!();
+    let (bucket, objects) = dataset(&endpoint, "idle-backings");
+    let cache_dir = tempfile::tempdir().unwrap();
+    let opts = [
+        "--cache-dir",
+        cache_dir.path().to_str().unwrap(),
+        "--cache-min-free",
+        "0",
+        "--metadata-ttl",
+        "indefinite",
+        "--max-idle-backings",
+        "5",
+    ];
+    let mount = Mount::new(&endpoint, &format!("s3://{bucket}"), &opts);
+    read_all(&mount, &objects);
+    let n = objects.len() as u64;
+    wait_for_stats(&mount, "every object cached", |s| complete_objects(s) == n);
+    let idle = |s: &serde_json::Value| s["fuse"]["idle_backings"].as_u64().unwrap_or(0);
+    let passthrough = |s: &serde_json::Value| s["fuse"]["passthrough_opens"].as_u64().unwrap_or(0);
+    wait_for_stats(&mount, "five backing files kept", |s| idle(s) == 5);
+    let before = stats(&mount);
+    drop_page_cache();
+    read_all(&mount, &objects);
+    let s = stats(&mount);
+    assert_eq!(idle(&s), 5, "{s}");
+    assert_eq!(passthrough(&s) - passthrough(&before), n, "{s}");
+}
+
 #[test]
 fn cached_data_costs_no_gets_across_epochs_and_a_sigkill() {
     let endpoint = need_rgw!();

@@ -195,7 +195,7 @@ pub struct MountArgs {
 
     /// With passthrough, cached files kept registered with the kernel after their last close,
     /// so their next open is answered from memory (least recently opened dropped first); each
-    /// pins about 4 KiB of kernel memory (the cache file's inode and dentry). 0 keeps none
+    /// pins 3-4 KiB of kernel memory (the cache file's open file, inode and dentry). 0 keeps none
     #[arg(long, value_name = "N", default_value = "65536", value_parser = clap::value_parser!(u32).range(0..=16_777_216))]
     pub max_idle_backings: u32,
 

@@ -68,6 +68,7 @@ pub const VOLUME_OPTIONS: &[VolumeOption] = &[
     volume("metadata-ttl", Spelling::Keyword),
     volume("max-inflight", Spelling::Keyword),
     volume("max-memory", Spelling::AsWritten),
+    volume("max-idle-backings", Spelling::Keyword),
     volume("cache-size", Spelling::AsWritten),
     volume("cache-min-free", Spelling::AsWritten),
     VolumeOption {
