@@ -42,6 +42,11 @@ fn complete_objects(s: &serde_json::Value) -> u64 {
     s["cache"]["complete_objects"].as_u64().unwrap_or(0)
 }
 
+/// The `fuse` counter `name` of a `riffle stats` document (0 when absent).
+fn fuse_count(s: &serde_json::Value, name: &str) -> u64 {
+    s["fuse"][name].as_u64().unwrap_or(0)
+}
+
 /// `--max-idle-backings` bounds the backing files kept after close; the opens past it still
 /// get passthrough, registering the cache file again.
 #[test]
@@ -63,14 +68,15 @@ fn idle_backings_stay_within_max_idle_backings() {
     read_all(&mount, &objects);
     let n = objects.len() as u64;
     wait_for_stats(&mount, "every object cached", |s| complete_objects(s) == n);
-    let idle = |s: &serde_json::Value| s["fuse"]["idle_backings"].as_u64().unwrap_or(0);
-    let passthrough = |s: &serde_json::Value| s["fuse"]["passthrough_opens"].as_u64().unwrap_or(0);
-    wait_for_stats(&mount, "five backing files kept", |s| idle(s) == 5);
+    wait_for_stats(&mount, "five backing files kept", |s| {
+        fuse_count(s, "idle_backings") == 5
+    });
     let before = stats(&mount);
     drop_page_cache();
     read_all(&mount, &objects);
     let s = stats(&mount);
-    assert_eq!(idle(&s), 5, "{s}");
+    assert_eq!(fuse_count(&s, "idle_backings"), 5, "{s}");
+    let passthrough = |s: &serde_json::Value| fuse_count(s, "passthrough_opens");
     assert_eq!(passthrough(&s) - passthrough(&before), n, "{s}");
 }
 
@@ -103,9 +109,9 @@ fn cached_data_costs_no_gets_across_epochs_and_a_sigkill() {
 
     // Each object got a passthrough backing file, kept for reopening (opened ahead as it
     // completed, or kept from a passthrough open) ...
-    let fast_before = |s: &serde_json::Value| s["fuse"]["fast_opens"].as_u64().unwrap_or(0);
+    let fast_before = |s: &serde_json::Value| fuse_count(s, "fast_opens");
     wait_for_stats(&mount, "a backing file kept for every object", |s| {
-        s["fuse"]["idle_backings"].as_u64().unwrap_or(0) == n
+        fuse_count(s, "idle_backings") == n
     });
     let s_before = stats(&mount);
     let before = fast_before(&s_before);
@@ -122,7 +128,7 @@ fn cached_data_costs_no_gets_across_epochs_and_a_sigkill() {
     // Each lookup in epoch 2 (the dentries went with the page cache) of a small cached file
     // started a readahead of its cache file (counted before the lookup's reply); the 24 MiB
     // shard, above `--lookup-readahead`'s default 1 MiB, did not.
-    let readaheads = |s: &serde_json::Value| s["fuse"]["lookup_readaheads"].as_u64().unwrap_or(0);
+    let readaheads = |s: &serde_json::Value| fuse_count(s, "lookup_readaheads");
     assert_eq!(readaheads(&s) - readaheads(&s_before), n - 1, "{s}");
     drop_page_cache();
     std::fs::metadata(mount.join(&objects[n as usize - 1].0)).unwrap();
