@@ -102,6 +102,8 @@
 //! idle form (`Files::Closed`, no growth) and is read by name without the journal
 //! (`entry::OneBlock`): on W1 without passthrough, reopening every closed entry halved the
 //! warm epoch's rate; reading by name keeps it equal to a dataset whose entries all stay open.
+//! With passthrough the same name opens the backing file (`DiskCache::open_complete`) when
+//! none is kept: 1.4–1.8× the warm rate of W7's 100,000 files against loading the journal.
 //!
 //! # Sharing one directory between processes
 //! - `DIR/lock`: every [`DiskCache`] holds a shared `flock` on it; `clear` needs the exclusive

@@ -1351,6 +1351,64 @@ async fn a_closed_entry_of_one_block_is_read_by_name_and_checked() {
     assert_eq!(cache.journal_replays(), 0);
 }
 
+/// A closed entry of one block is opened for passthrough by its data file's name: the entry
+/// stays closed (its journal is not opened) and the file holds the object's bytes; a data file
+/// cut short or gone is refused (the journal's path, tried next, refuses it too), never an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_entry_of_one_block_opens_for_passthrough_by_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path();
+    let mut cfg = config(root, 64 << 20);
+    cfg.max_open_objects = 2;
+    let cache = DiskCache::open(cfg).expect("open");
+    cache.wait_for_scan();
+    let ids: Vec<_> = (0..5)
+        .map(|i| obj(&format!("small-{i}"), 3000 + i))
+        .collect();
+    for id in &ids {
+        write_all_blocks(&cache, id).await;
+    }
+    let (first, second, third) = (&ids[0], &ids[1], &ids[2]);
+    assert!(
+        cache.closed_data_path(first).is_some(),
+        "closed, one block known"
+    );
+    let open_entries = cache.index_memory().open_entries;
+    let file = cache
+        .open_complete(first)
+        .await
+        .expect("open")
+        .expect("complete");
+    // At its offset, as the kernel reads a backing file (the hole check moved the cursor).
+    let mut bytes = vec![0; first.size as usize + 1];
+    let n = file.file.read_at(&mut bytes, 0).expect("read");
+    assert!(bytes[..n] == whole(first), "the object's bytes");
+    assert!(
+        cache.closed_data_path(first).is_some(),
+        "opened by name: the entry was not reopened"
+    );
+    assert_eq!(cache.index_memory().open_entries, open_entries);
+
+    let short = OpenOptions::new()
+        .write(true)
+        .open(data_path(root, second))
+        .expect("data file");
+    short.set_len(100).expect("truncate");
+    drop(short);
+    assert!(cache
+        .open_complete(second)
+        .await
+        .expect("no error")
+        .is_none());
+
+    fs::remove_file(data_path(root, third)).expect("remove");
+    assert!(cache
+        .open_complete(third)
+        .await
+        .expect("no error")
+        .is_none());
+}
+
 /// Bytes `range` of `id` read in part (`read_verified_on_ring`): `None` when refused.
 async fn verified_read(
     cache: &Arc<DiskCache>,

@@ -358,8 +358,25 @@ impl DiskCache {
     /// (`ReplyOpen::opened_passthrough`); `None` unless every block is present. The file is
     /// checked to be the object's size with no holes, so the kernel (which checks no CRC)
     /// can only read bytes this cache wrote. Pin the object for as long as the file is used.
+    ///
+    /// A closed entry of one present block is opened by name, as [`entry::OneBlock`] reads
+    /// are: its table record has the nonce, so the journal is not opened and read back (a
+    /// second trip to the blocking pool and a cold read of the journal). That is the open of
+    /// every small file past the cap on open entries; on 20,000 small files with no kept
+    /// backing files it was most of the daemon's CPU per open. Only the journal's news from
+    /// other processes is not seen, which a kept backing file does not see either: the caller
+    /// asks only for entries known good to this process, and another process can only evict
+    /// the entry (the file is then gone or unlinked: the by-name open fails over to the
+    /// journal, or finds `nlink` 0) or drop a block and write the object's own bytes again.
     pub async fn open_complete(&self, id: &ObjectIdentity) -> Result<Option<DataFile>, CacheError> {
         let key = id.entry_key();
+        let closed = closed_one_block(&self.state.lock().table, key);
+        if let Some(one) = closed {
+            let path = key.data_path(&self.root, one.nonce);
+            if let Some(file) = self.open_whole(path, id.size, one.nonce).await? {
+                return Ok(Some(file));
+            }
+        }
         let Some(entry) = self.load(id, key, false).await? else {
             return Ok(None);
         };
@@ -373,7 +390,17 @@ impl DiskCache {
         if !complete {
             return Ok(None);
         }
-        let size = id.size;
+        self.open_whole(path, id.size, nonce).await
+    }
+
+    /// Opens the data file at `path` on a blocking thread if it is whole: `size` bytes, no
+    /// holes, still linked; `None` when it is not (or is gone).
+    async fn open_whole(
+        &self,
+        path: PathBuf,
+        size: u64,
+        nonce: u64,
+    ) -> Result<Option<DataFile>, CacheError> {
         self.blocking(move || -> io::Result<Option<DataFile>> {
             let f = match File::open(&path) {
                 Ok(f) => f,
@@ -381,7 +408,10 @@ impl DiskCache {
                 Err(e) => return Err(e),
             };
             let m = f.metadata()?;
-            if m.len() != size || m.nlink() == 0 || (size > 0 && sys::first_hole(&f)? != size) {
+            if m.nlink() == 0 {
+                return Ok(None); // evicted meanwhile
+            }
+            if m.len() != size || (size > 0 && sys::first_hole(&f)? != size) {
                 tracing::warn!(path = %path.display(), "a complete cache entry's data file has holes or a wrong size; not using it");
                 return Ok(None);
             }
