@@ -80,6 +80,79 @@ fn idle_backings_stay_within_max_idle_backings() {
     assert_eq!(passthrough(&s) - passthrough(&before), n, "{s}");
 }
 
+/// `--max-idle-backings auto`, the default, keeps as many backing files as a sixteenth of
+/// the daemon's memory cgroup limit holds at 4 KiB each: a daemon started in a cgroup (v1's
+/// memory controller, as on this machine kind) limited to 1 GiB keeps at most 16,384, says so
+/// in its log, and still keeps every file of a small dataset.
+#[test]
+fn auto_idle_backings_follow_the_memory_cgroup_limit() {
+    let endpoint = need_rgw!();
+    let own = std::fs::read_to_string("/proc/self/cgroup").expect("/proc/self/cgroup");
+    let path = own
+        .lines()
+        .find_map(|l| l.split_once(":memory:").map(|(_, p)| p.to_string()))
+        .expect("this test needs cgroup v1's memory controller (/proc/self/cgroup names none)");
+    let cgroup_dir = tempfile::tempdir().unwrap();
+    let name = cgroup_dir.path().file_name().unwrap().to_str().unwrap();
+    let cgroup = std::path::Path::new("/sys/fs/cgroup/memory")
+        .join(path.trim_start_matches('/'))
+        .join(format!("riffle-test-{name}"));
+    std::fs::create_dir(&cgroup).expect("a memory cgroup");
+    std::fs::write(
+        cgroup.join("memory.limit_in_bytes"),
+        (1u64 << 30).to_string(),
+    )
+    .expect("set its limit");
+    // `riffle mount` run from inside the cgroup: the daemon it starts stays in it.
+    let wrapper = cgroup_dir.path().join("riffle-in-cgroup");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\necho $$ > {}/cgroup.procs || exit 1\nexec {RIFFLE} \"$@\"\n",
+            cgroup.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+
+    let (bucket, objects) = dataset(&endpoint, "auto-backings");
+    let cache_dir = tempfile::tempdir().unwrap();
+    let opts = [
+        "--cache-dir",
+        cache_dir.path().to_str().unwrap(),
+        "--metadata-ttl",
+        "indefinite",
+        "--max-memory",
+        "64M",
+    ];
+    let mount = Mount::new_with_program(&endpoint, &wrapper, &format!("s3://{bucket}"), &opts);
+    let in_cgroup = std::fs::read_to_string(format!("/proc/{}/cgroup", mount.pid())).unwrap();
+    assert!(
+        in_cgroup.contains(&format!(":memory:{path}/riffle-test-{name}")),
+        "{in_cgroup}"
+    );
+    let s = stats(&mount);
+    assert_eq!(fuse_count(&s, "max_idle_backings"), 16_384, "{s}");
+    let log = mount.log_text();
+    assert!(
+        log.contains("--max-idle-backings auto")
+            && log.contains("1024 MiB, the limit of memory cgroup"),
+        "{log}"
+    );
+    read_all(&mount, &objects);
+    let n = objects.len() as u64;
+    wait_for_stats(&mount, "a backing file kept for every object", |s| {
+        fuse_count(s, "idle_backings") == n
+    });
+    drop(mount);
+    // The daemon has exited once the mount is gone; an empty cgroup left behind is harmless.
+    let _ = std::fs::remove_dir(&cgroup);
+}
+
 #[test]
 fn cached_data_costs_no_gets_across_epochs_and_a_sigkill() {
     let endpoint = need_rgw!();

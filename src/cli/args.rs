@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use super::size::{parse_bytes, parse_free_space, parse_size, SizeSpec};
 use super::source::Source;
 use crate::cache::EvictionKind;
+use crate::fs::MAX_IDLE_BACKINGS;
 use crate::namespace::MetadataTtl;
 
 #[derive(Debug, Parser)]
@@ -195,9 +196,11 @@ pub struct MountArgs {
 
     /// With passthrough, cached files kept registered with the kernel after their last close,
     /// so their next open is answered from memory (least recently opened dropped first); each
-    /// pins 3-4 KiB of kernel memory (the cache file's open file, inode and dentry). 0 keeps none
-    #[arg(long, value_name = "N", default_value = "65536", value_parser = clap::value_parser!(u32).range(0..=16_777_216))]
-    pub max_idle_backings: u32,
+    /// pins 3-4 KiB of kernel memory (the cache file's open file, inode and dentry). auto: as
+    /// many as a sixteenth of the memory limit holds (the memory cgroup's, else the machine's);
+    /// 0 keeps none
+    #[arg(long, value_name = "N|auto", default_value = "auto", value_parser = parse_idle_backings)]
+    pub max_idle_backings: IdleBackings,
 
     /// Unit of fetching and caching (a power of two, 64K to 16M); a cache directory keeps the
     /// block size it was created with
@@ -377,6 +380,25 @@ fn parse_memory(s: &str) -> Result<u64, String> {
         return Err(format!("'{s}' is too small: at least 32M is needed"));
     }
     Ok(bytes)
+}
+
+/// `--max-idle-backings`: a number, or `auto` (from the memory limit, when mounting).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdleBackings {
+    Auto,
+    AtMost(u32),
+}
+
+fn parse_idle_backings(s: &str) -> Result<IdleBackings, String> {
+    if s == "auto" {
+        return Ok(IdleBackings::Auto);
+    }
+    match s.parse::<u32>() {
+        Ok(n) if n <= MAX_IDLE_BACKINGS => Ok(IdleBackings::AtMost(n)),
+        _ => Err(format!(
+            "'{s}' is not auto or a number from 0 to {MAX_IDLE_BACKINGS}"
+        )),
+    }
 }
 
 fn parse_lookup_readahead(s: &str) -> Result<u64, String> {
@@ -666,12 +688,20 @@ mod tests {
             }
         };
         let idle_backings = |extra: &[&str]| mount_with(extra).map(|m| m.max_idle_backings);
-        assert_eq!(idle_backings(&[]), Ok(65_536));
-        assert_eq!(idle_backings(&["--max-idle-backings", "0"]), Ok(0));
+        assert_eq!(idle_backings(&[]), Ok(IdleBackings::Auto));
         assert_eq!(
-            idle_backings(&["--max-idle-backings", "1300000"]),
-            Ok(1_300_000)
+            idle_backings(&["--max-idle-backings", "auto"]),
+            Ok(IdleBackings::Auto)
         );
+        assert_eq!(
+            idle_backings(&["--max-idle-backings", "0"]),
+            Ok(IdleBackings::AtMost(0))
+        );
+        assert_eq!(
+            idle_backings(&["--max-idle-backings", "16777216"]),
+            Ok(IdleBackings::AtMost(16_777_216))
+        );
+        assert!(idle_backings(&["--max-idle-backings", "Auto"]).is_err());
         assert!(idle_backings(&["--max-idle-backings", "16777217"]).is_err());
         assert!(idle_backings(&["--max-idle-backings", "-1"]).is_err());
         let epoch_prefetch = |extra: &[&str]| mount_with(extra).map(|m| m.epoch_prefetch);

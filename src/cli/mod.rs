@@ -15,6 +15,7 @@ mod fstab;
 mod keeper;
 mod log_limit;
 mod logging;
+mod memory_limit;
 mod mount;
 pub mod size;
 pub(crate) mod source;

@@ -14,10 +14,11 @@ use anyhow::{anyhow, bail, Context};
 use fuser::{MountOption, SessionACL};
 
 use super::adoption::{self, Adoptable};
-use super::args::{FuseTransport, MountArgs};
+use super::args::{FuseTransport, IdleBackings, MountArgs};
 use super::daemon::{self, Readiness};
 use super::fd_limit::{self, Budget};
 use super::keeper;
+use super::memory_limit;
 use super::size::SizeSpec;
 use super::unmount::{mount_state, MountState};
 use super::{fail, logging, one_line, FailureKind};
@@ -48,6 +49,9 @@ use crate::store::{ListRequest, ObjectStore, StoreError};
 /// The kernel's read-ahead for the mount's files: asked for at `INIT` and set as the mount's
 /// backing-device window (`fs::bdi`), so reads served by the daemon come in 1 MiB requests.
 const KERNEL_READ_AHEAD: u32 = 1 << 20;
+
+/// The memory `--max-idle-backings auto` assumes when `/proc/meminfo` cannot be read.
+const AUTO_FALLBACK_MEMORY: u64 = 4 << 30;
 
 /// How long the start-up LIST may take in all (retries included).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
@@ -435,7 +439,7 @@ fn build(
             kernel_read_ahead: KERNEL_READ_AHEAD,
             passthrough: !args.no_passthrough,
             lookup_readahead: args.lookup_readahead,
-            max_idle_backings: args.max_idle_backings as usize,
+            max_idle_backings: max_idle_backings(args.max_idle_backings),
             io_uring,
         },
         fs_status.clone(),
@@ -453,6 +457,27 @@ fn build(
         flush_on_exit,
         _peer_server: peer_server,
     })
+}
+
+/// The bound on kept passthrough backing files: the option's number, or with `auto` as many
+/// as the memory this process may use allows ([`crate::fs::idle_backings_within`]); logged,
+/// and shown by `riffle stats` (`fuse.max_idle_backings`).
+fn max_idle_backings(option: IdleBackings) -> usize {
+    match option {
+        IdleBackings::AtMost(n) => n as usize,
+        IdleBackings::Auto => match memory_limit::of_this_process() {
+            Some(limit) => {
+                let kept = crate::fs::idle_backings_within(limit.bytes);
+                tracing::info!(kept, memory = %limit, "--max-idle-backings auto");
+                kept
+            }
+            None => {
+                let kept = crate::fs::idle_backings_within(AUTO_FALLBACK_MEMORY);
+                tracing::warn!(kept, "--max-idle-backings auto: the memory limit could not be read (/proc/meminfo); keeping as many as 4 GiB allows");
+                kept
+            }
+        },
+    }
 }
 
 /// Keeps `peers` told how many bytes the mount has listed (its share of them is the room

@@ -104,6 +104,7 @@ use crate::prefetch::Prefetcher;
 use crate::reader::ReadAheadConfig;
 use answer::{Entry, OpenAnswer};
 use attr::{walk_listing, xattr_reply};
+pub(crate) use backings::{idle_backings_within, MAX_IDLE_BACKINGS};
 use bytes::Bytes;
 use errno::ns_errno;
 use fixed::fixed_answers;
@@ -159,6 +160,8 @@ pub(crate) struct FsStatus {
     pub opened_ahead: AtomicU64,
     /// Backing files kept for reopening, now.
     pub idle_backings: Arc<AtomicU64>,
+    /// Backing files kept for reopening, at most (`FsConfig::max_idle_backings`).
+    pub max_idle_backings: AtomicU64,
     /// Why passthrough is not in use, or "enabled".
     pub passthrough_mode: Mutex<String>,
     /// Readaheads of small cached files started by lookups ([`lookahead`]).
@@ -207,6 +210,9 @@ impl RiffleFs {
         config: FsConfig,
         status: Arc<FsStatus>,
     ) -> Self {
+        status
+            .max_idle_backings
+            .store(config.max_idle_backings as u64, Ordering::Relaxed);
         let handles = Arc::new(Handles::new(
             config.max_idle_backings,
             status.idle_backings.clone(),

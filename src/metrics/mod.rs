@@ -123,6 +123,7 @@ impl MountMetrics {
         sample.put(&defs::FUSE_FAST_OPENS, load(&fs.fast_opens));
         sample.put(&defs::FUSE_BACKINGS_OPENED_AHEAD, load(&fs.opened_ahead));
         sample.put(&defs::FUSE_IDLE_BACKINGS, load(&fs.idle_backings));
+        sample.put(&defs::FUSE_MAX_IDLE_BACKINGS, load(&fs.max_idle_backings));
         sample.put(&defs::FUSE_LOOKUP_READAHEADS, load(&fs.lookahead.requested));
         sample.put(
             &defs::FUSE_LOOKUP_READAHEADS_FAILED,

@@ -55,6 +55,7 @@ stats! {
     FUSE_PASSTHROUGH_OPENS = counter("fuse.passthrough_opens", NUMBER, "Files opened in FUSE passthrough mode (served by the kernel from the cache).");
     FUSE_FAST_OPENS = counter("fuse.fast_opens", NUMBER, "Passthrough opens answered from memory with a idle backing file.");
     FUSE_IDLE_BACKINGS = gauge("fuse.idle_backings", NUMBER, "Idle backing files held for reopening cached files from memory.");
+    FUSE_MAX_IDLE_BACKINGS = gauge("fuse.max_idle_backings", NUMBER, "Idle backing files held at most (--max-idle-backings; auto: a sixteenth of the memory limit at 4 KiB each).");
     FUSE_BACKINGS_OPENED_AHEAD = counter("fuse.backings_opened_ahead", NUMBER, "Backing files registered with the kernel as objects completed in the cache, before any open.");
     FUSE_LOOKUP_READAHEADS = counter("fuse.lookup_readaheads", NUMBER, "Readaheads of small cached files' cache files started because a lookup named them.");
     FUSE_LOOKUP_READAHEADS_FAILED = counter("fuse.lookup_readaheads_failed", NUMBER, "Lookup readaheads that failed (the cache file was gone).");
