@@ -465,18 +465,21 @@ fn build(
 fn max_idle_backings(option: IdleBackings) -> usize {
     match option {
         IdleBackings::AtMost(n) => n as usize,
-        IdleBackings::Auto => match memory_limit::of_this_process() {
-            Some(limit) => {
-                let kept = crate::fs::idle_backings_within(limit.bytes);
-                tracing::info!(kept, memory = %limit, "--max-idle-backings auto");
-                kept
+        IdleBackings::Auto => {
+            match memory_limit::of_this_process() {
+                Some(limit) => {
+                    let kept = crate::fs::idle_backings_within(limit.bytes);
+                    tracing::info!(kept, memory = %limit, "--max-idle-backings auto");
+                    kept
+                }
+                None => {
+                    let kept = crate::fs::idle_backings_within(AUTO_FALLBACK_MEMORY);
+                    let assumed_mib = AUTO_FALLBACK_MEMORY >> 20;
+                    tracing::warn!(kept, assumed_mib, "--max-idle-backings auto: the memory limit could not be read (/proc/meminfo)");
+                    kept
+                }
             }
-            None => {
-                let kept = crate::fs::idle_backings_within(AUTO_FALLBACK_MEMORY);
-                tracing::warn!(kept, "--max-idle-backings auto: the memory limit could not be read (/proc/meminfo); keeping as many as 4 GiB allows");
-                kept
-            }
-        },
+        }
     }
 }
 
