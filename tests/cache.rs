@@ -282,6 +282,72 @@ fn cached_data_costs_no_gets_across_epochs_and_a_sigkill() {
     assert_eq!(gets(&proxy), 0);
 }
 
+/// Flips one byte in the middle of every data file of the cache in `dir`; how many.
+fn flip_every_data_file(dir: &std::path::Path) -> usize {
+    let mut flipped = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "data") {
+                let mut raw = std::fs::read(&path).unwrap();
+                let mid = raw.len() / 2;
+                raw[mid] ^= 0x5a;
+                std::fs::write(&path, raw).unwrap();
+                flipped += 1;
+            }
+        }
+    }
+    flipped
+}
+
+/// With passthrough, after a restart: a small file's cache file is checked when it is opened
+/// and a corrupted one is never handed to the kernel (which checks no CRC); every read gets
+/// the object's bytes, fetched again, and once the cache has healed the files open for
+/// passthrough again.
+#[test]
+fn corrupted_cache_files_are_never_handed_to_passthrough() {
+    let endpoint = need_rgw!();
+    let (bucket, objects) = dataset(&endpoint, "crc-pt");
+    let proxy =
+        BlockingProxy::start(ProxyConfig::new(endpoint.clone()).with_latency(Latency::NONE))
+            .expect("proxy");
+    let cache_dir = tempfile::tempdir().unwrap();
+    let cache = cache_dir.path().to_str().unwrap().to_string();
+    let opts = [
+        "--cache-dir",
+        cache.as_str(),
+        "--metadata-ttl",
+        "indefinite",
+    ];
+    let n = objects.len() as u64;
+    {
+        let mount = Mount::new(&proxy.url(), &format!("s3://{bucket}"), &opts);
+        read_all(&mount, &objects);
+        wait_for_stats(&mount, "every object cached", |s| complete_objects(s) == n);
+    }
+    assert_eq!(flip_every_data_file(cache_dir.path()), objects.len());
+    drop_page_cache();
+    proxy.reset_stats();
+    let mount = Mount::new(&proxy.url(), &format!("s3://{bucket}"), &opts);
+    wait_for_stats(&mount, "the start-up scan found every entry", |s| {
+        complete_objects(s) == n
+    });
+    read_all(&mount, &objects);
+    let s = stats(&mount);
+    assert_eq!(s["fuse"]["passthrough"], "enabled", "{s}");
+    assert_eq!(fuse_count(&s, "passthrough_opens"), 0, "{s}");
+    assert!(s["cache"]["crc_failures"].as_u64().unwrap() >= n, "{s}");
+    assert!(gets(&proxy) >= n, "bad blocks are fetched again");
+    wait_for_stats(&mount, "cache healed", |s| complete_objects(s) == n);
+    drop_page_cache();
+    read_all(&mount, &objects);
+    let s = stats(&mount);
+    assert_eq!(fuse_count(&s, "passthrough_opens"), n, "{s}");
+}
+
 #[test]
 fn corrupted_cache_bytes_are_never_served() {
     let endpoint = need_rgw!();
@@ -301,24 +367,7 @@ fn corrupted_cache_bytes_are_never_served() {
         read_all(&mount, &objects);
         wait_for_stats(&mount, "every object cached", |s| complete_objects(s) == n);
     }
-    // Flip one byte in the middle of every cached data file.
-    let mut flipped = 0;
-    let mut stack = vec![cache_dir.path().to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if path.extension().is_some_and(|e| e == "data") {
-                let mut raw = std::fs::read(&path).unwrap();
-                let mid = raw.len() / 2;
-                raw[mid] ^= 0x5a;
-                std::fs::write(&path, raw).unwrap();
-                flipped += 1;
-            }
-        }
-    }
-    assert_eq!(flipped, objects.len());
+    assert_eq!(flip_every_data_file(cache_dir.path()), objects.len());
     drop_page_cache();
     proxy.reset_stats();
     let mount = Mount::new(

@@ -1409,6 +1409,68 @@ async fn a_closed_entry_of_one_block_opens_for_passthrough_by_name() {
         .is_none());
 }
 
+/// After a restart a small file's entry is complete but not known good; opened for passthrough
+/// it is checked on the spot, by its data file's name against the CRC its record keeps, and is
+/// known good from then on; a changed byte is refused (never handed to the kernel), and an
+/// object of more than one block is left to the background check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_file_cached_before_a_restart_is_checked_when_opened_for_passthrough() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path();
+    let mut cfg = config(root, 64 << 20);
+    cfg.max_open_objects = 2;
+    let cache = DiskCache::open(cfg.clone()).expect("open");
+    cache.wait_for_scan();
+    let small: Vec<_> = (0..4)
+        .map(|i| obj(&format!("small-{i}"), 3000 + i))
+        .collect();
+    let big = obj("big", 2 * BS + 100);
+    for id in small.iter().chain([&big]) {
+        write_all_blocks(&cache, id).await;
+    }
+    drop(cache);
+    let cache = DiskCache::open(cfg).expect("reopen");
+    cache.wait_for_scan();
+    let (first, second) = (&small[0], &small[1]);
+    assert!(!cache.is_known_good(first), "not checked since the restart");
+    let file = cache
+        .open_checked_one_block(first)
+        .await
+        .expect("no error")
+        .expect("checked");
+    let mut bytes = vec![0; first.size as usize + 1];
+    let n = file.file.read_at(&mut bytes, 0).expect("read");
+    assert!(bytes[..n] == whole(first), "the object's bytes");
+    assert!(cache.is_known_good(first));
+    assert!(
+        cache.closed_data_path(first).is_some(),
+        "by name: still closed"
+    );
+
+    let data = OpenOptions::new()
+        .write(true)
+        .open(data_path(root, second))
+        .expect("data file");
+    data.write_all_at(b"\xde\xad", 10).expect("flip");
+    drop(data);
+    assert!(cache
+        .open_checked_one_block(second)
+        .await
+        .expect("no error")
+        .is_none());
+    assert!(
+        !cache.is_known_good(second),
+        "a changed byte is never trusted"
+    );
+
+    assert!(cache
+        .open_checked_one_block(&big)
+        .await
+        .expect("no error")
+        .is_none());
+    assert!(!cache.is_known_good(&big));
+}
+
 /// Bytes `range` of `id` read in part (`read_verified_on_ring`): `None` when refused.
 async fn verified_read(
     cache: &Arc<DiskCache>,

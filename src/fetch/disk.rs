@@ -165,9 +165,10 @@ impl DiskTier {
         rx
     }
 
-    /// The cache file of `obj` for passthrough, if it is complete and known good; otherwise
-    /// `None`, after starting a background check of a complete file not yet verified.
-    /// Never one this mount has no read proof for.
+    /// The cache file of `obj` for passthrough, if it is complete and known good, or if it is
+    /// a small file (one block) that checks good now; otherwise `None`, after starting a
+    /// background check of a complete file not yet verified. Never one this mount has no read
+    /// proof for.
     pub async fn passthrough_file(self: &Arc<Self>, obj: &ObjectVersion) -> Option<DataFile> {
         let id = self.identity(obj);
         let key = id.entry_key();
@@ -179,6 +180,11 @@ impl DiskTier {
                 return Some(file);
             }
             return self.cache.open_complete(&id).await.ok().flatten();
+        }
+        // A small file cached before a restart: checked now, so this open gets passthrough
+        // too. Marked known good without announcing it: this open registers the file itself.
+        if let Ok(Some(file)) = self.cache.open_checked_one_block(&id).await {
+            return Some(file);
         }
         let complete = match self.cache.status(&id).await {
             Ok(Some(status)) => status.complete,

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use super::read::{read_checked, Expected};
 use super::table::{closed_one_block, known_entry, COMPLETE, KNOWN_GOOD, PIN_HELD};
 use super::{io_err, DataFile, DiskCache, ObjectStatus};
 use crate::cache::entry::{self, Evicted, Files, LoadError, OpenEntry};
@@ -373,7 +374,7 @@ impl DiskCache {
         let closed = closed_one_block(&self.state.lock().table, key);
         if let Some(one) = closed {
             let path = key.data_path(&self.root, one.nonce);
-            if let Some(file) = self.open_whole(path, id.size, one.nonce).await? {
+            if let Some(file) = self.open_whole(path, id.size, one.nonce, None).await? {
                 return Ok(Some(file));
             }
         }
@@ -390,16 +391,49 @@ impl DiskCache {
         if !complete {
             return Ok(None);
         }
-        self.open_whole(path, id.size, nonce).await
+        self.open_whole(path, id.size, nonce, None).await
+    }
+
+    /// [`Self::open_complete`] for an object of one block that is complete in the cache but
+    /// not known good to this process (cached before a restart, not read since): its closed
+    /// entry's data file opened by name, checked whole, and its bytes read and checked
+    /// against the CRC its record keeps; then marked known good. The read brings the file's
+    /// pages into the page cache, where the kernel's passthrough reads then find them. So
+    /// the first epoch after a restart opens small files for passthrough at once, where a
+    /// background check had left that open's reads to the daemon (and read the file twice).
+    /// `None` when the entry is not such an entry (the caller falls back to its background
+    /// check) or a check fails (the daemon's reads then check the block and drop it).
+    pub async fn open_checked_one_block(
+        &self,
+        id: &ObjectIdentity,
+    ) -> Result<Option<DataFile>, CacheError> {
+        if id.size > self.block_size {
+            return Ok(None);
+        }
+        let key = id.entry_key();
+        let Some(one) = closed_one_block(&self.state.lock().table, key) else {
+            return Ok(None);
+        };
+        let path = key.data_path(&self.root, one.nonce);
+        let file = self
+            .open_whole(path, id.size, one.nonce, Some(one.crc))
+            .await?;
+        if file.is_some() {
+            self.mark_known_good(id);
+            self.finish_read(key, true);
+        }
+        Ok(file)
     }
 
     /// Opens the data file at `path` on a blocking thread if it is whole: `size` bytes, no
-    /// holes, still linked; `None` when it is not (or is gone).
+    /// holes, still linked, and with `crc`, its bytes (one block) matching it; `None` when it
+    /// is not (or is gone).
     async fn open_whole(
         &self,
         path: PathBuf,
         size: u64,
         nonce: u64,
+        crc: Option<u32>,
     ) -> Result<Option<DataFile>, CacheError> {
         self.blocking(move || -> io::Result<Option<DataFile>> {
             let f = match File::open(&path) {
@@ -414,6 +448,16 @@ impl DiskCache {
             if m.len() != size || (size > 0 && sys::first_hole(&f)? != size) {
                 tracing::warn!(path = %path.display(), "a complete cache entry's data file has holes or a wrong size; not using it");
                 return Ok(None);
+            }
+            if let Some(crc) = crc {
+                let want = Expected {
+                    len: size,
+                    crc,
+                    known_good: false,
+                };
+                if read_checked(&f, 0, want).is_none() {
+                    return Ok(None);
+                }
             }
             Ok(Some(DataFile { file: f, nonce }))
         })
