@@ -282,6 +282,45 @@ fn cached_data_costs_no_gets_across_epochs_and_a_sigkill() {
     assert_eq!(gets(&proxy), 0);
 }
 
+/// A dataset cached by a mount that has gone, then one byte flipped in every cache file, the
+/// page cache dropped and the proxy's counts reset: the store behind `proxy`, and the cache.
+struct Corrupted {
+    proxy: BlockingProxy,
+    bucket: String,
+    objects: Vec<(String, Vec<u8>)>,
+    cache: String,
+    _cache_dir: tempfile::TempDir,
+}
+
+impl Corrupted {
+    fn new(endpoint: &str, tag: &str) -> Corrupted {
+        let (bucket, objects) = dataset(endpoint, tag);
+        let proxy = BlockingProxy::start(
+            ProxyConfig::new(endpoint.to_string()).with_latency(Latency::NONE),
+        )
+        .expect("proxy");
+        let cache_dir = tempfile::tempdir().unwrap();
+        let cache = cache_dir.path().to_str().unwrap().to_string();
+        let n = objects.len() as u64;
+        {
+            let opts = ["--cache-dir", cache.as_str()];
+            let mount = Mount::new(&proxy.url(), &format!("s3://{bucket}"), &opts);
+            read_all(&mount, &objects);
+            wait_for_stats(&mount, "every object cached", |s| complete_objects(s) == n);
+        }
+        assert_eq!(flip_every_data_file(cache_dir.path()), objects.len());
+        drop_page_cache();
+        proxy.reset_stats();
+        Corrupted {
+            proxy,
+            bucket,
+            objects,
+            cache,
+            _cache_dir: cache_dir,
+        }
+    }
+}
+
 /// Flips one byte in the middle of every data file of the cache in `dir`; how many.
 fn flip_every_data_file(dir: &std::path::Path) -> usize {
     let mut flipped = 0;
@@ -310,27 +349,15 @@ fn flip_every_data_file(dir: &std::path::Path) -> usize {
 #[test]
 fn corrupted_cache_files_are_never_handed_to_passthrough() {
     let endpoint = need_rgw!();
-    let (bucket, objects) = dataset(&endpoint, "crc-pt");
-    let proxy =
-        BlockingProxy::start(ProxyConfig::new(endpoint.clone()).with_latency(Latency::NONE))
-            .expect("proxy");
-    let cache_dir = tempfile::tempdir().unwrap();
-    let cache = cache_dir.path().to_str().unwrap().to_string();
-    let opts = [
-        "--cache-dir",
-        cache.as_str(),
-        "--metadata-ttl",
-        "indefinite",
-    ];
+    let Corrupted {
+        proxy,
+        bucket,
+        objects,
+        cache,
+        _cache_dir,
+    } = Corrupted::new(&endpoint, "crc-pt");
+    let opts = ["--cache-dir", &cache, "--metadata-ttl", "indefinite"];
     let n = objects.len() as u64;
-    {
-        let mount = Mount::new(&proxy.url(), &format!("s3://{bucket}"), &opts);
-        read_all(&mount, &objects);
-        wait_for_stats(&mount, "every object cached", |s| complete_objects(s) == n);
-    }
-    assert_eq!(flip_every_data_file(cache_dir.path()), objects.len());
-    drop_page_cache();
-    proxy.reset_stats();
     let mount = Mount::new(&proxy.url(), &format!("s3://{bucket}"), &opts);
     wait_for_stats(&mount, "the start-up scan found every entry", |s| {
         complete_objects(s) == n
@@ -351,25 +378,14 @@ fn corrupted_cache_files_are_never_handed_to_passthrough() {
 #[test]
 fn corrupted_cache_bytes_are_never_served() {
     let endpoint = need_rgw!();
-    let (bucket, objects) = dataset(&endpoint, "crc");
-    let proxy =
-        BlockingProxy::start(ProxyConfig::new(endpoint.clone()).with_latency(Latency::NONE))
-            .expect("proxy");
-    let cache_dir = tempfile::tempdir().unwrap();
-    let cache = cache_dir.path().to_str().unwrap().to_string();
+    let Corrupted {
+        proxy,
+        bucket,
+        objects,
+        cache,
+        _cache_dir,
+    } = Corrupted::new(&endpoint, "crc");
     let n = objects.len() as u64;
-    {
-        let mount = Mount::new(
-            &proxy.url(),
-            &format!("s3://{bucket}"),
-            &["--cache-dir", &cache],
-        );
-        read_all(&mount, &objects);
-        wait_for_stats(&mount, "every object cached", |s| complete_objects(s) == n);
-    }
-    assert_eq!(flip_every_data_file(cache_dir.path()), objects.len());
-    drop_page_cache();
-    proxy.reset_stats();
     let mount = Mount::new(
         &proxy.url(),
         &format!("s3://{bucket}"),

@@ -1284,6 +1284,34 @@ async fn a_short_block_is_read_on_the_callers_thread_only_when_intact() {
     assert_eq!(cache.stats().crc_failures, 1);
 }
 
+/// Every byte of a data file, read at its offsets as the kernel reads a backing file (a check
+/// for holes may have moved its cursor).
+fn bytes_of(data: &DataFile) -> Vec<u8> {
+    let len = data.file.metadata().expect("stat").len() as usize;
+    let mut bytes = vec![0; len];
+    data.file.read_exact_at(&mut bytes, 0).expect("read");
+    bytes
+}
+
+/// A cache in `root` that keeps at most 2 entries open, with `n` small objects (one block
+/// each) written into it, so all but the last two are closed: its config, the cache and them.
+async fn small_closed_entries(
+    root: &Path,
+    n: u64,
+) -> (CacheConfig, Arc<DiskCache>, Vec<ObjectIdentity>) {
+    let mut cfg = config(root, 64 << 20);
+    cfg.max_open_objects = 2;
+    let cache = DiskCache::open(cfg.clone()).expect("open");
+    cache.wait_for_scan();
+    let ids: Vec<_> = (0..n)
+        .map(|i| obj(&format!("small-{i}"), 3000 + i))
+        .collect();
+    for id in &ids {
+        write_all_blocks(&cache, id).await;
+    }
+    (cfg, cache, ids)
+}
+
 /// An entry of one block whose files were closed (more cached objects than open entries) is
 /// read back on the caller's thread by its data file's name, checked against the CRC kept in
 /// its record, without reopening the entry; a changed data file, and one that is gone, send
@@ -1292,16 +1320,7 @@ async fn a_short_block_is_read_on_the_callers_thread_only_when_intact() {
 async fn a_closed_entry_of_one_block_is_read_by_name_and_checked() {
     let dir = tempfile::tempdir().expect("tempdir");
     let root = dir.path();
-    let mut cfg = config(root, 64 << 20);
-    cfg.max_open_objects = 2;
-    let cache = DiskCache::open(cfg.clone()).expect("open");
-    cache.wait_for_scan();
-    let ids: Vec<_> = (0..6)
-        .map(|i| obj(&format!("small-{i}"), 3000 + i))
-        .collect();
-    for id in &ids {
-        write_all_blocks(&cache, id).await;
-    }
+    let (cfg, cache, ids) = small_closed_entries(root, 6).await;
     assert!(cache.index_memory().open_entries <= 2);
     let (first, second) = (&ids[0], &ids[1]);
     let path = cache
@@ -1358,16 +1377,7 @@ async fn a_closed_entry_of_one_block_is_read_by_name_and_checked() {
 async fn a_closed_entry_of_one_block_opens_for_passthrough_by_name() {
     let dir = tempfile::tempdir().expect("tempdir");
     let root = dir.path();
-    let mut cfg = config(root, 64 << 20);
-    cfg.max_open_objects = 2;
-    let cache = DiskCache::open(cfg).expect("open");
-    cache.wait_for_scan();
-    let ids: Vec<_> = (0..5)
-        .map(|i| obj(&format!("small-{i}"), 3000 + i))
-        .collect();
-    for id in &ids {
-        write_all_blocks(&cache, id).await;
-    }
+    let (_, cache, ids) = small_closed_entries(root, 5).await;
     let (first, second, third) = (&ids[0], &ids[1], &ids[2]);
     assert!(
         cache.closed_data_path(first).is_some(),
@@ -1379,10 +1389,7 @@ async fn a_closed_entry_of_one_block_opens_for_passthrough_by_name() {
         .await
         .expect("open")
         .expect("complete");
-    // At its offset, as the kernel reads a backing file (the hole check moved the cursor).
-    let mut bytes = vec![0; first.size as usize + 1];
-    let n = file.file.read_at(&mut bytes, 0).expect("read");
-    assert!(bytes[..n] == whole(first), "the object's bytes");
+    assert!(bytes_of(&file) == whole(first), "the object's bytes");
     assert!(
         cache.closed_data_path(first).is_some(),
         "opened by name: the entry was not reopened"
@@ -1417,17 +1424,9 @@ async fn a_closed_entry_of_one_block_opens_for_passthrough_by_name() {
 async fn a_small_file_cached_before_a_restart_is_checked_when_opened_for_passthrough() {
     let dir = tempfile::tempdir().expect("tempdir");
     let root = dir.path();
-    let mut cfg = config(root, 64 << 20);
-    cfg.max_open_objects = 2;
-    let cache = DiskCache::open(cfg.clone()).expect("open");
-    cache.wait_for_scan();
-    let small: Vec<_> = (0..4)
-        .map(|i| obj(&format!("small-{i}"), 3000 + i))
-        .collect();
+    let (cfg, cache, small) = small_closed_entries(root, 4).await;
     let big = obj("big", 2 * BS + 100);
-    for id in small.iter().chain([&big]) {
-        write_all_blocks(&cache, id).await;
-    }
+    write_all_blocks(&cache, &big).await;
     drop(cache);
     let cache = DiskCache::open(cfg).expect("reopen");
     cache.wait_for_scan();
@@ -1438,9 +1437,7 @@ async fn a_small_file_cached_before_a_restart_is_checked_when_opened_for_passthr
         .await
         .expect("no error")
         .expect("checked");
-    let mut bytes = vec![0; first.size as usize + 1];
-    let n = file.file.read_at(&mut bytes, 0).expect("read");
-    assert!(bytes[..n] == whole(first), "the object's bytes");
+    assert!(bytes_of(&file) == whole(first), "the object's bytes");
     assert!(cache.is_known_good(first));
     assert!(
         cache.closed_data_path(first).is_some(),
