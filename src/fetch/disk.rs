@@ -183,6 +183,7 @@ impl DiskTier {
         }
         // A small file cached before a restart: checked now, so this open gets passthrough
         // too. Marked known good without announcing it: this open registers the file itself.
+        // By name when the start-up scan has recorded its entry, else below once loaded.
         if let Ok(Some(file)) = self.cache.open_checked_one_block(&id).await {
             return Some(file);
         }
@@ -190,6 +191,18 @@ impl DiskTier {
             Ok(Some(status)) => status.complete,
             _ => false,
         };
+        if complete && self.cache.block_count(id.size) == 1 {
+            // A small file the cache's start-up scan had not reached (its journal is loaded
+            // now): checked on the spot too, and not announced, as above.
+            if !self.verify(&id).await {
+                return None;
+            }
+            self.cache.mark_known_good(&id);
+            if let Some(file) = self.cache.complete_data_file(&id) {
+                return Some(file);
+            }
+            return self.cache.open_complete(&id).await.ok().flatten();
+        }
         if complete && self.verifying.lock().insert(key) {
             let this = self.clone();
             tokio::spawn(async move {

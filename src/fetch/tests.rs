@@ -472,6 +472,44 @@ mod with_disk {
         assert!(completions.try_recv().is_err(), "announced once");
     }
 
+    /// A small cache file (one block) cached before a restart is checked at its first open,
+    /// whether the cache's start-up scan has reached its entry (then by name) or not (its
+    /// journal loaded first), and that open gets it for passthrough, unannounced (the open
+    /// registers it); one with a changed byte never does, and its read is fetched again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_small_cache_file_is_checked_at_its_first_open_after_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(MemoryStore::new());
+        let body = data(DBS as usize / 2 + 3, 14);
+        let obj = version(&store, "k", &body);
+        cache_whole(&disk_fetcher(&store, dir.path()), &obj).await;
+        let f = disk_fetcher(&store, dir.path());
+        let tier = f.disk().unwrap().clone();
+        let mut completions = tier.completions(8);
+        let file = tier
+            .passthrough_file(&obj)
+            .await
+            .expect("checked at the open");
+        let mut bytes = vec![0; body.len()];
+        std::os::unix::fs::FileExt::read_exact_at(&file.file, &mut bytes, 0).unwrap();
+        assert!(bytes == body);
+        assert!(completions.try_recv().is_err(), "not announced");
+        drop((file, tier, f));
+
+        let data_file = the_data_file(dir.path());
+        let mut raw = std::fs::read(&data_file).unwrap();
+        raw[100] ^= 0xff;
+        std::fs::write(&data_file, raw).unwrap();
+        let gets = store.count(Op::Get);
+        let f = disk_fetcher(&store, dir.path());
+        assert!(f.disk().unwrap().passthrough_file(&obj).await.is_none());
+        assert_eq!(
+            &f.read(&obj, 0..body.len() as u64).await.unwrap()[..],
+            &body[..]
+        );
+        assert_eq!(store.count(Op::Get), gets + 1, "fetched again");
+    }
+
     /// `read_quick`'s answer, and the name of the thread that gave it.
     async fn quick(
         f: &Arc<Fetcher>,
