@@ -466,19 +466,18 @@ fn max_idle_backings(option: IdleBackings) -> usize {
     match option {
         IdleBackings::AtMost(n) => n as usize,
         IdleBackings::Auto => {
-            match memory_limit::of_this_process() {
-                Some(limit) => {
-                    let kept = crate::fs::idle_backings_within(limit.bytes);
-                    tracing::info!(kept, memory = %limit, "--max-idle-backings auto");
-                    kept
-                }
-                None => {
-                    let kept = crate::fs::idle_backings_within(AUTO_FALLBACK_MEMORY);
-                    let assumed_mib = AUTO_FALLBACK_MEMORY >> 20;
-                    tracing::warn!(kept, assumed_mib, "--max-idle-backings auto: the memory limit could not be read (/proc/meminfo)");
-                    kept
-                }
+            let limit = memory_limit::of_this_process();
+            let memory = limit.as_ref().map_or(AUTO_FALLBACK_MEMORY, |l| l.bytes);
+            let kept = crate::fs::idle_backings_within(memory);
+            match &limit {
+                Some(limit) => tracing::info!(kept, memory = %limit, "--max-idle-backings auto"),
+                None => tracing::warn!(
+                    kept,
+                    assumed_mib = memory >> 20,
+                    "--max-idle-backings auto: the memory limit could not be read (/proc/meminfo)"
+                ),
             }
+            kept
         }
     }
 }

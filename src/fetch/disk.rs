@@ -176,10 +176,7 @@ impl DiskTier {
             return None;
         }
         if self.cache.is_known_good(&id) {
-            if let Some(file) = self.cache.complete_data_file(&id) {
-                return Some(file);
-            }
-            return self.cache.open_complete(&id).await.ok().flatten();
+            return self.known_good_file(&id).await;
         }
         // A small file cached before a restart: checked now, so this open gets passthrough
         // too. Marked known good without announcing it: this open registers the file itself.
@@ -198,10 +195,7 @@ impl DiskTier {
                 return None;
             }
             self.cache.mark_known_good(&id);
-            if let Some(file) = self.cache.complete_data_file(&id) {
-                return Some(file);
-            }
-            return self.cache.open_complete(&id).await.ok().flatten();
+            return self.known_good_file(&id).await;
         }
         if complete && self.verifying.lock().insert(key) {
             let this = self.clone();
@@ -214,6 +208,15 @@ impl DiskTier {
             });
         }
         None
+    }
+
+    /// The data file of `id`, complete and known good: the open entry's own descriptor,
+    /// duplicated, or else the file opened anew.
+    async fn known_good_file(&self, id: &ObjectIdentity) -> Option<DataFile> {
+        if let Some(file) = self.cache.complete_data_file(id) {
+            return Some(file);
+        }
+        self.cache.open_complete(id).await.ok().flatten()
     }
 
     /// Reads every block back (each read checks its CRC32C and drops a bad block).

@@ -371,12 +371,8 @@ impl DiskCache {
     /// journal, or finds `nlink` 0) or drop a block and write the object's own bytes again.
     pub async fn open_complete(&self, id: &ObjectIdentity) -> Result<Option<DataFile>, CacheError> {
         let key = id.entry_key();
-        let closed = closed_one_block(&self.state.lock().table, key);
-        if let Some(one) = closed {
-            let path = key.data_path(&self.root, one.nonce);
-            if let Some(file) = self.open_whole(path, id.size, one.nonce, None).await? {
-                return Ok(Some(file));
-            }
+        if let Some(file) = self.open_closed_one_block(id, false).await? {
+            return Ok(Some(file));
         }
         let Some(entry) = self.load(id, key, false).await? else {
             return Ok(None);
@@ -407,22 +403,29 @@ impl DiskCache {
         &self,
         id: &ObjectIdentity,
     ) -> Result<Option<DataFile>, CacheError> {
-        if id.size > self.block_size {
-            return Ok(None);
+        let file = self.open_closed_one_block(id, true).await?;
+        if file.is_some() {
+            self.mark_known_good(id);
+            self.finish_read(id.entry_key(), true);
         }
+        Ok(file)
+    }
+
+    /// The data file of `id`'s closed entry of one present block, by the name its record
+    /// keeps, if it is whole ([`Self::open_whole`]) and, with `check_crc`, its bytes match the
+    /// CRC its record keeps; `None` for any other entry.
+    async fn open_closed_one_block(
+        &self,
+        id: &ObjectIdentity,
+        check_crc: bool,
+    ) -> Result<Option<DataFile>, CacheError> {
         let key = id.entry_key();
         let Some(one) = closed_one_block(&self.state.lock().table, key) else {
             return Ok(None);
         };
         let path = key.data_path(&self.root, one.nonce);
-        let file = self
-            .open_whole(path, id.size, one.nonce, Some(one.crc))
-            .await?;
-        if file.is_some() {
-            self.mark_known_good(id);
-            self.finish_read(key, true);
-        }
-        Ok(file)
+        let crc = check_crc.then_some(one.crc);
+        self.open_whole(path, id.size, one.nonce, crc).await
     }
 
     /// Opens the data file at `path` on a blocking thread if it is whole: `size` bytes, no
